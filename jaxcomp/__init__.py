@@ -1,0 +1,1 @@
+"""jaxcomp: compressed activations and activation-gradients for pipeline training."""
