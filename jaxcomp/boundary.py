@@ -1,0 +1,159 @@
+"""One stage boundary: a forward scheme on activations, a backward scheme on their gradients.
+
+`Boundary.__call__` is a `jax.custom_vjp` op:
+  forward:  payload = fwd.send(x)  -> transport ->  y = fwd.receive(payload)
+  backward: payload = bwd.send(dy) -> transport back ->  dx = bwd.receive(payload)
+Forward states come out as outputs. Backward states go in as inputs and their *cotangents
+are the new backward states* (the "token" pattern): each state row is touched by exactly one
+valid call per step, and a call on a bubble tick (`send_ok`/`recv_ok` False) contributes
+zero, so the cotangent summed by autodiff is exactly the new state. `Reuse()` as backward
+scheme sends the gradient only at the forward TopK positions (values only: both ends
+already know the indices).
+"""
+import dataclasses
+import enum
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxcomp import codecs, feedback
+
+
+class Mode(enum.Enum):
+  TRAIN = "train"
+  WARMUP = "warmup"  # dense both ways; AQ-SGD fills its buffers
+  EVAL_COMPRESSED = "eval_compressed"  # C(x) statelessly
+  EVAL_UNCOMPRESSED = "eval_uncompressed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Reuse:
+  """Backward 'scheme' for TopK index reuse: dy is sent at the forward mask's positions."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Transport:
+  """Moves a payload across the link. Local (single device) by default: the identity."""
+
+  def forward(self, payload):
+    return payload
+
+  def backward(self, payload):
+    return payload
+
+
+class LinkState(NamedTuple):
+  """States of one boundary: forward sender/receiver and backward sender/receiver rows.
+
+  The forward sender and backward receiver live with the stage before the boundary; the
+  forward receiver and backward sender with the stage after it.
+  """
+  fwd_send: Any
+  fwd_recv: Any
+  bwd_send: Any
+  bwd_recv: Any
+
+
+def _masked(ok, tree):
+  return jax.tree.map(lambda a: jnp.where(ok, a, jnp.zeros_like(a)), tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class Boundary:
+  fwd: feedback.Scheme
+  bwd: Any  # feedback.Scheme | Reuse
+  transport: Transport = Transport()
+
+  def __post_init__(self):
+    if not isinstance(self.fwd, feedback.Scheme):
+      raise ValueError(f"forward scheme must be a Scheme, got {self.fwd!r}")
+    if isinstance(self.bwd, Reuse):
+      if not isinstance(self.fwd.codec, codecs.TopK) or isinstance(self.fwd, feedback.EFMixed):
+        raise ValueError(f"backward index reuse needs a single TopK forward message, got {self.fwd!r}")
+    elif not isinstance(self.bwd, feedback.Scheme):
+      raise ValueError(f"backward scheme must be a Scheme or Reuse(), got {self.bwd!r}")
+    elif self.bwd.keyed_by_example:
+      raise ValueError("AQ-SGD compresses activations only; use plain quantization backward")
+
+  @property
+  def reuse(self) -> bool:
+    return isinstance(self.bwd, Reuse)
+
+  def init(self, slot_rows: int, row_shape, dtype) -> LinkState:
+    """Zero states: `slot_rows` = batch size for slot-keyed schemes."""
+    def make(scheme, which):
+      if isinstance(scheme, Reuse):
+        return ()
+      return getattr(scheme, which)(slot_rows, row_shape, dtype)
+    return LinkState(make(self.fwd, "init_sender"), make(self.fwd, "init_receiver"),
+                     make(self.bwd, "init_sender"), make(self.bwd, "init_receiver"))
+
+  def wire_bytes(self, shape, dtype) -> tuple[int, int]:
+    """(forward, backward) bytes of one message of activation shape `shape`."""
+    if self.reuse:
+      r, _ = codecs._rows(shape, self.fwd.codec.per)
+      back = r * self.fwd.codec.k(shape) * jnp.dtype(dtype).itemsize
+    else:
+      back = self.bwd.wire_bytes(shape, dtype)
+    return self.fwd.wire_bytes(shape, dtype), back
+
+  def eval(self, x, compressed: bool, key=None):
+    """Stateless inference path: C(x) through the transport, or the dense tensor."""
+    codec = self.fwd.codec if compressed else feedback._IDENTITY
+    return codec.decode(self.transport.forward(codec.encode(x, key)))
+
+  def __call__(self, x, state: LinkState, key, mode: Mode = Mode.TRAIN, send_ok=True, recv_ok=True):
+    """Train/warm-up step through the boundary. Returns (y, (fwd_send', fwd_recv'))."""
+    if mode in (Mode.EVAL_COMPRESSED, Mode.EVAL_UNCOMPRESSED):
+      return self.eval(x, mode is Mode.EVAL_COMPRESSED, key), (state.fwd_send, state.fwd_recv)
+    ok = (jnp.asarray(send_ok, bool), jnp.asarray(recv_ok, bool))
+    y, fs, fr = _link(self, mode is Mode.WARMUP, x, state.fwd_send, state.fwd_recv,
+                      state.bwd_send, state.bwd_recv, key, *ok)
+    return y, (fs, fr)
+
+
+def _forward(link: Boundary, warm, x, fs, fr, key):
+  fwd = link.fwd
+  if warm:
+    payload, fs = fwd.warmup_send(x, fs)
+  else:
+    payload, fs = fwd.send(x, fs, key)
+  arrived = link.transport.forward(payload)
+  y, fr = fwd.warmup_receive(arrived, fr) if warm else fwd.receive(arrived, fr)
+  reuse = link.reuse and not warm
+  idx = (fwd.codec.indices(payload), fwd.codec.indices(arrived)) if reuse else None
+  return y, fs, fr, idx
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _link(link, warm, x, fs, fr, bs, br, key, send_ok, recv_ok):
+  y, fs, fr, _ = _forward(link, warm, x, fs, fr, key)
+  return y, fs, fr
+
+
+def _link_fwd(link, warm, x, fs, fr, bs, br, key, send_ok, recv_ok):
+  y, fs, fr, idx = _forward(link, warm, x, fs, fr, key)
+  return (y, fs, fr), (bs, br, key, send_ok, recv_ok, idx)
+
+
+def _link_bwd(link, warm, res, cotangents):
+  bs, br, key, send_ok, recv_ok, idx = res
+  dy = cotangents[0]
+  bwd_key = jax.random.fold_in(key, 1)
+  if warm:
+    dx = feedback._IDENTITY.decode(link.transport.backward(feedback._IDENTITY.encode(dy)))
+  elif link.reuse:
+    idx_sent, idx_arrived = idx  # forward sender's positions, forward receiver's copy
+    topk = link.fwd.codec
+    dx = topk.scatter(link.transport.backward(topk.values_at(dy, idx_arrived)), idx_sent)
+  else:
+    payload, bs = link.bwd.send(dy, bs, bwd_key)
+    dx, br = link.bwd.receive(link.transport.backward(payload), br)
+  # bs lives after the boundary (valid with the forward receive), br before it.
+  return (dx.astype(dy.dtype), None, None, _masked(recv_ok, bs), _masked(send_ok, br),
+          None, None, None)
+
+
+_link.defvjp(_link_fwd, _link_bwd)

@@ -1,0 +1,65 @@
+"""Dense little-endian bit packing of unsigned integer codes into uint8 streams.
+
+`pack(codes, bits)` stores code i in bits [i*bits, (i+1)*bits) of the stream, so N codes of
+width b occupy exactly ceil(N*b/8) bytes for any b in 1..16.
+"""
+import jax.numpy as jnp
+import numpy as np
+
+
+def packed_size(n: int, bits: int) -> int:
+  """Bytes needed for `n` codes of width `bits`: ceil(n*bits/8)."""
+  return -(-n * bits // 8)
+
+
+def pack(codes_N: jnp.ndarray, bits: int) -> jnp.ndarray:
+  """Packs a flat array of codes in [0, 2**bits) into uint8 [packed_size(N, bits)]."""
+  n = codes_N.shape[0]
+  codes_N = codes_N.astype(jnp.uint32)
+  if 8 % bits == 0:  # 1, 2, 4, 8: whole codes per byte
+    per_byte = 8 // bits
+    codes = jnp.pad(codes_N, (0, (-n) % per_byte)).reshape(-1, per_byte)
+    shifts = jnp.arange(per_byte, dtype=jnp.uint32) * bits
+    return jnp.sum(codes << shifts, axis=1).astype(jnp.uint8)
+  if bits == 16:
+    return jnp.stack([codes_N & 0xFF, codes_N >> 8], axis=1).astype(jnp.uint8).reshape(-1)
+  bit_NxB = (codes_N[:, None] >> jnp.arange(bits, dtype=jnp.uint32)) & 1
+  stream = bit_NxB.reshape(-1)
+  stream = jnp.pad(stream, (0, (-stream.shape[0]) % 8)).reshape(-1, 8)
+  return jnp.sum(stream << jnp.arange(8, dtype=jnp.uint32), axis=1).astype(jnp.uint8)
+
+
+def unpack(packed: jnp.ndarray, bits: int, n: int) -> jnp.ndarray:
+  """Inverse of `pack`: uint8 stream -> uint32 codes [n]."""
+  packed = packed.astype(jnp.uint32)
+  if 8 % bits == 0:
+    per_byte = 8 // bits
+    shifts = jnp.arange(per_byte, dtype=jnp.uint32) * bits
+    codes = (packed[:, None] >> shifts) & ((1 << bits) - 1)
+    return codes.reshape(-1)[:n]
+  if bits == 16:
+    pairs = packed.reshape(-1, 2)
+    return (pairs[:, 0] | (pairs[:, 1] << 8))[:n]
+  stream = ((packed[:, None] >> jnp.arange(8, dtype=jnp.uint32)) & 1).reshape(-1)
+  bit_NxB = stream[: n * bits].reshape(n, bits)
+  return jnp.sum(bit_NxB << jnp.arange(bits, dtype=jnp.uint32), axis=1)
+
+
+def pack_mask(mask_RxF: jnp.ndarray) -> jnp.ndarray:
+  """Bool [R, F] -> uint8 [R, ceil(F/8)] bitmask, one row at a time."""
+  r, f = mask_RxF.shape
+  m = jnp.pad(mask_RxF.astype(jnp.uint32), ((0, 0), (0, (-f) % 8))).reshape(r, -1, 8)
+  return jnp.sum(m << jnp.arange(8, dtype=jnp.uint32), axis=2).astype(jnp.uint8)
+
+
+def unpack_mask(packed_RxF8: jnp.ndarray, f: int) -> jnp.ndarray:
+  """uint8 [R, ceil(F/8)] -> bool [R, F]."""
+  bits = (packed_RxF8.astype(jnp.uint32)[..., None] >> jnp.arange(8, dtype=jnp.uint32)) & 1
+  return bits.reshape(packed_RxF8.shape[0], -1)[:, :f].astype(bool)
+
+
+def check_bits(bits) -> int:
+  """Validates a code width: an int in 1..16."""
+  if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 16:
+    raise ValueError(f"bits must be an integer in 1..16, got {bits!r}")
+  return int(bits)

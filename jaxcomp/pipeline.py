@@ -1,0 +1,200 @@
+"""What every executor shares: stages, the pipeline spec, train state, keys and state rows.
+
+A pipeline is S stage functions with the same Boundary between consecutive stages. A batch
+of B examples is split into M microbatches of B/M; boundary b's state tables live in
+`TrainState.links[b]`, with B slot rows (EF-style "global buffer" of a batch) or one row
+per training example (AQ-SGD).
+"""
+import dataclasses
+import os
+from typing import Any, Callable, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxcomp import feedback
+from jaxcomp.boundary import Boundary, LinkState
+
+
+@dataclasses.dataclass(frozen=True)
+class FlaxStage:
+  """A Flax module `__call__(x, train)` as a pure stage: (params, model_state, x) -> y.
+
+  `model_state` holds every non-param collection (e.g. BatchNorm `batch_stats`); dropout
+  draws from the `dropout` rng stream.
+  """
+  module: nn.Module
+
+  def init(self, rng, x):
+    variables = dict(self.module.init({"params": rng, "dropout": rng}, x, train=False))
+    return variables.pop("params", {}), variables
+
+  def apply(self, params, model_state, x, *, train: bool, rng):
+    variables = {"params": params, **model_state}
+    if train and model_state:
+      y, updated = self.module.apply(variables, x, train=True, rngs={"dropout": rng},
+                                     mutable=list(model_state))
+      return y, dict(updated)
+    return self.module.apply(variables, x, train=train, rngs={"dropout": rng}), model_state
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+  """S stages, the boundary compression between them, and the loss on the last output.
+
+  loss_fn(outputs, microbatch) -> (scalar loss, dict of scalar metrics); metrics are
+  averaged over microbatches. `tied` lists pairs ((stage, param path), (stage, param path))
+  of parameters kept equal (their gradients are summed), e.g. GPT-2's embedding and head.
+  """
+  stages: tuple
+  boundary: Boundary
+  loss_fn: Callable
+  input_key: str
+  microbatches: int = 1
+  tied: tuple = ()
+
+  def __post_init__(self):
+    if len(self.stages) < 1:
+      raise ValueError("a pipeline needs at least one stage")
+    m = self.microbatches
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+      raise ValueError(f"microbatches must be a positive integer, got {m!r}")
+
+  @property
+  def num_stages(self) -> int:
+    return len(self.stages)
+
+
+class TrainState(NamedTuple):
+  step: jax.Array
+  rng: jax.Array
+  params: tuple
+  model_state: tuple
+  opt_state: Any
+  links: tuple  # LinkState per boundary
+
+
+def split_microbatches(batch, m: int):
+  """Tree of [B, ...] -> tree of [M, B/M, ...]; B must divide by M."""
+  sizes = {x.shape[0] for x in jax.tree.leaves(batch)}
+  if len(sizes) != 1:
+    raise ValueError(f"all batch fields need one batch size, got sizes {sorted(sizes)}")
+  (b,) = sizes
+  if b % m:
+    raise ValueError(f"batch size {b} does not divide into {m} microbatches")
+  return jax.tree.map(lambda x: x.reshape(m, b // m, *x.shape[1:]), batch)
+
+
+def stage_key(step_key, microbatch, stage):
+  return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(step_key, 0), microbatch), stage)
+
+
+def link_key(step_key, microbatch, boundary):
+  return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(step_key, 1), microbatch), boundary)
+
+
+def rows(scheme, microbatch, microbatch_size, ids):
+  """State rows touched by one microbatch: its example ids (AQ-SGD) or its batch slots."""
+  if getattr(scheme, "keyed_by_example", False):
+    return ids
+  return microbatch * microbatch_size + jnp.arange(microbatch_size)
+
+
+def gather(table, r):
+  return jax.tree.map(lambda t: t[r], table)
+
+
+def scatter(table, r, new_rows):
+  return jax.tree.map(lambda t, n: t.at[r].set(n.astype(t.dtype)), table, new_rows)
+
+
+def link_rows(link: LinkState, boundary: Boundary, send_rows_of, recv_rows_of) -> LinkState:
+  """Gathers one message's rows: forward sender & backward receiver on the sending side."""
+  fwd, bwd = boundary.fwd, boundary.bwd
+  return LinkState(gather(link.fwd_send, send_rows_of(fwd)), gather(link.fwd_recv, recv_rows_of(fwd)),
+                   gather(link.bwd_send, recv_rows_of(bwd)), gather(link.bwd_recv, send_rows_of(bwd)))
+
+
+def boundary_shapes(pipe: Pipeline, params, model_state, microbatch):
+  """Abstract activation [B/M, ...] at each of the S-1 boundaries."""
+  shapes = []
+  x = jax.ShapeDtypeStruct(microbatch.shape, microbatch.dtype)
+  for s, stage in enumerate(pipe.stages):
+    x = jax.eval_shape(lambda p, ms, x: stage.apply(p, ms, x, train=False, rng=jax.random.key(0))[0],
+                       params[s], model_state[s], x)
+    shapes.append(x)
+  return shapes[:-1]
+
+
+def available_memory_bytes() -> int:
+  """Free memory of the default device (accelerator limit, or host RAM on CPU)."""
+  stats = jax.devices()[0].memory_stats() or {}
+  if "bytes_limit" in stats:
+    return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def check_aqsgd_memory(boundary: Boundary, shapes, available: int | None = None):
+  """Clear error before allocating AQ-SGD tables (two ends x every boundary) that cannot fit."""
+  if not isinstance(boundary.fwd, feedback.AQSGD):
+    return
+  total = sum(2 * boundary.fwd.buffer_bytes(s.shape[1:]) for s in shapes)
+  available = available_memory_bytes() if available is None else available
+  if total > available:
+    raise ValueError(
+        f"AQ-SGD buffers need {total / 2**30:.2f} GiB ({boundary.fwd.num_examples} examples x "
+        f"{len(shapes)} boundaries x 2 ends, {boundary.fwd.buffer_dtype}) but only "
+        f"{available / 2**30:.2f} GiB is free; use fewer examples, a smaller buffer dtype or host buffers")
+
+
+def init_state(pipe: Pipeline, optimizer: optax.GradientTransformation, rng, batch) -> TrainState:
+  """Initialises every stage on one microbatch, zero compression state, optimizer state."""
+  mb = jax.tree.map(lambda x: x[0], split_microbatches(batch, pipe.microbatches))
+  x = mb[pipe.input_key]
+  params, model_state = [], []
+  init_rng, state_rng = jax.random.split(rng)
+  for s, stage in enumerate(pipe.stages):
+    p, ms = stage.init(jax.random.fold_in(init_rng, s), x)
+    params.append(p)
+    model_state.append(ms)
+    x = stage.apply(p, ms, x, train=False, rng=init_rng)[0]
+  params, model_state = tuple(params), tuple(model_state)
+  shapes = boundary_shapes(pipe, params, model_state, mb[pipe.input_key])
+  check_aqsgd_memory(pipe.boundary, shapes)
+  batch_size = jax.tree.leaves(batch)[0].shape[0]
+  links = tuple(pipe.boundary.init(batch_size, s.shape[1:], s.dtype) for s in shapes)
+  return TrainState(jnp.zeros((), jnp.int32), state_rng, params, model_state,
+                    optimizer.init(params), links)
+
+
+def wire_bytes_per_step(pipe: Pipeline, state: TrainState, batch) -> dict[str, int]:
+  """Exact forward/backward bytes one training step sends across all boundaries."""
+  mb = jax.tree.map(lambda x: x[0], split_microbatches(batch, pipe.microbatches))
+  shapes = boundary_shapes(pipe, state.params, state.model_state, mb[pipe.input_key])
+  per_message = [pipe.boundary.wire_bytes(s.shape, s.dtype) for s in shapes]
+  m = pipe.microbatches
+  return {"fwd": m * sum(f for f, _ in per_message), "bwd": m * sum(b for _, b in per_message)}
+
+
+def _at(tree, path):
+  for p in path:
+    tree = tree[p]
+  return tree
+
+
+def _set(tree, path, value):
+  if not path:
+    return value
+  return {**tree, path[0]: _set(tree[path[0]], path[1:], value)}
+
+
+def tie_grads(grads: tuple, tied) -> tuple:
+  """Sums the gradients of each tied pair and gives the sum to both members."""
+  grads = list(grads)
+  for (sa, pa), (sb, pb) in tied:
+    total = _at(grads[sa], pa) + _at(grads[sb], pb)
+    grads[sa] = _set(grads[sa], pa, total)
+    grads[sb] = _set(grads[sb], pb, total)
+  return tuple(grads)

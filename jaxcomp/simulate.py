@@ -1,0 +1,89 @@
+"""Single-device executor: every stage and boundary in one program (the papers' method).
+
+Microbatches run one after another through all stages; boundary b between stage b and b+1
+compresses the forward activation and, via its custom_vjp, the backward gradient. Numerics
+(keys, state rows, microbatch order) match the sharded GPipe executor exactly.
+"""
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxcomp import pipeline as pl
+from jaxcomp.boundary import LinkState, Mode
+
+
+def _run(pipe: pl.Pipeline, params, model_state, fwd_tables, bwd_tables, batch, step_key, mode, train):
+  """Forward pass of a whole batch. Returns (mean loss, (metrics, model_state, fwd_tables))."""
+  mbs = pl.split_microbatches(batch, pipe.microbatches)
+  mb_size = jax.tree.leaves(mbs)[0].shape[1]
+  model_state, fwd_tables = list(model_state), list(fwd_tables)
+  losses, metrics = [], []
+  for i in range(pipe.microbatches):
+    mb = jax.tree.map(lambda x: x[i], mbs)
+    rows_of = lambda scheme: pl.rows(scheme, i, mb_size, mb.get("id"))
+    x = mb[pipe.input_key]
+    for s, stage in enumerate(pipe.stages):
+      x, model_state[s] = stage.apply(params[s], model_state[s], x, train=train,
+                                      rng=pl.stage_key(step_key, i, s))
+      if s == pipe.num_stages - 1:
+        break
+      (fs, fr), (bs, br) = fwd_tables[s], bwd_tables[s]
+      link = pl.link_rows(LinkState(fs, fr, bs, br), pipe.boundary, rows_of, rows_of)
+      x, (fs_rows, fr_rows) = pipe.boundary(x, link, pl.link_key(step_key, i, s), mode)
+      if mode in (Mode.TRAIN, Mode.WARMUP):
+        fwd_tables[s] = (pl.scatter(fs, rows_of(pipe.boundary.fwd), fs_rows),
+                         pl.scatter(fr, rows_of(pipe.boundary.fwd), fr_rows))
+    loss, m = pipe.loss_fn(x, mb)
+    losses.append(loss)
+    metrics.append(m)
+  mean = lambda xs: sum(xs) / len(xs)
+  metrics = jax.tree.map(lambda *v: mean(v), *metrics)
+  return mean(losses), (metrics, tuple(model_state), tuple(fwd_tables))
+
+
+def _tables(state: pl.TrainState):
+  """(forward tables, backward tables) per boundary: (sender, receiver) pairs."""
+  return (tuple((l.fwd_send, l.fwd_recv) for l in state.links),
+          tuple((l.bwd_send, l.bwd_recv) for l in state.links))
+
+
+def loss_and_grads(pipe: pl.Pipeline, state: pl.TrainState, batch, mode: Mode = Mode.TRAIN):
+  """One step's (loss, metrics, model_state, weight grads, new LinkStates), no optimizer.
+
+  The new backward states are the gradients w.r.t. the backward tables (see boundary.py).
+  """
+  step_key = jax.random.fold_in(state.rng, state.step)
+  fwd, bwd = _tables(state)
+  run = lambda p, b: _run(pipe, p, state.model_state, fwd, b, batch, step_key, mode, True)
+  (loss, (metrics, model_state, fwd)), (grads, bwd) = jax.value_and_grad(
+      run, argnums=(0, 1), has_aux=True)(state.params, bwd)
+  links = tuple(LinkState(*f, *b) for f, b in zip(fwd, bwd))
+  return loss, metrics, model_state, pl.tie_grads(grads, pipe.tied), links
+
+
+def make_train_step(pipe: pl.Pipeline, optimizer: optax.GradientTransformation, mode: Mode = Mode.TRAIN):
+  """jit-compiled (state, batch) -> (state, metrics). `mode` is TRAIN or WARMUP."""
+  if mode not in (Mode.TRAIN, Mode.WARMUP):
+    raise ValueError(f"train step mode must be TRAIN or WARMUP, got {mode}")
+
+  def step(state: pl.TrainState, batch):
+    loss, metrics, model_state, grads, links = loss_and_grads(pipe, state, batch, mode)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    new_state = pl.TrainState(state.step + 1, state.rng, optax.apply_updates(state.params, updates),
+                              model_state, opt_state, links)
+    return new_state, {"loss": loss, **metrics}
+
+  return jax.jit(step, donate_argnums=0)
+
+
+def make_eval_step(pipe: pl.Pipeline, compressed: bool):
+  """jit-compiled (state, batch) -> metrics, with C(x) at boundaries or dense tensors."""
+  mode = Mode.EVAL_COMPRESSED if compressed else Mode.EVAL_UNCOMPRESSED
+
+  def step(state: pl.TrainState, batch):
+    fwd, bwd = _tables(state)
+    loss, (metrics, _, _) = _run(pipe, state.params, state.model_state, fwd, bwd, batch,
+                                 jax.random.fold_in(state.rng, state.step), mode, False)
+    return {"loss": loss, **metrics}
+
+  return jax.jit(step)

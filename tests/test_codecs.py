@@ -1,0 +1,203 @@
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import parameterized
+
+from jaxcomp import codecs
+
+ALL_CODECS = [
+    codecs.Identity(), codecs.Cast("bfloat16"), codecs.Cast("float16"),
+    codecs.MinMaxQuant(1), codecs.MinMaxQuant(2), codecs.MinMaxQuant(3), codecs.MinMaxQuant(8),
+    codecs.MinMaxQuant(16), codecs.MaxAbsQuant(2), codecs.MaxAbsQuant(4, "tensor"),
+    codecs.MaxAbsQuant(5, stochastic=True), codecs.TopK(0.1), codecs.TopK(0.5), codecs.TopK(0.3, "row"),
+    codecs.RandK(0.2),
+]
+SHAPES = [(4, 33), (2, 8, 8, 6), (3, 5, 16)]
+
+
+def _x(shape, dtype=jnp.float32, seed=0):
+  return (jax.random.normal(jax.random.key(seed), shape) * 3 + 1).astype(dtype)
+
+
+@pytest.mark.parametrize("codec", ALL_CODECS, ids=repr)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_wire_bytes_is_payload_size(codec, shape, dtype):
+  x = _x(shape, dtype)
+  payload = codec.encode(x, jax.random.key(1))
+  assert codecs.nbytes(payload) == codec.wire_bytes(shape, dtype)
+  x_hat = codec.decode(payload)
+  assert x_hat.shape == x.shape and x_hat.dtype == x.dtype
+
+
+def test_wire_bytes_128x1024_fp32():
+  shape, f32 = (128, 1024), 4
+  dense = 128 * 1024 * f32
+  assert codecs.Identity().wire_bytes(shape, jnp.float32) == dense
+  assert codecs.MinMaxQuant(4).wire_bytes(shape, jnp.float32) == dense // 8 + 8
+  assert codecs.MinMaxQuant(2).wire_bytes(shape, jnp.float32) == dense // 16 + 8
+  assert codecs.MinMaxQuant(3).wire_bytes(shape, jnp.float32) == 128 * 1024 * 3 // 8 + 8
+  assert codecs.MaxAbsQuant(4).wire_bytes(shape, jnp.float32) == dense // 8 + 1024 * 2
+  # Top10%: 103 of 1024 per row; 103 uint16 indices (206 B) > 128 B mask -> mask wins
+  assert codecs.TopK(0.1).wire_bytes(shape, jnp.float32) == 128 * (103 * 4 + 128)
+  assert codecs.TopK(0.01).wire_bytes(shape, jnp.float32) == 128 * (11 * 4 + 11 * 2)
+
+
+class RoundTripTest(parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(*range(len(ALL_CODECS)))
+  def test_jit_and_eager_agree(self, i):
+    codec = ALL_CODECS[i]
+    x = _x((4, 40), seed=i)
+    eager = codec(x, jax.random.key(3))
+    traced = self.variant(lambda x, k: codec(x, k))(x, jax.random.key(3))
+    np.testing.assert_allclose(np.asarray(traced), np.asarray(eager), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bits", range(1, 17))
+def test_minmax_error_within_half_step(bits):
+  x = _x((8, 129), seed=bits)
+  x_hat = codecs.MinMaxQuant(bits)(x)
+  lo, hi = float(x.min()), float(x.max())
+  half_step = (hi - lo) / (2 * (2**bits - 1))
+  float_error = 4 * np.finfo(np.float32).eps * max(abs(lo), abs(hi))  # fp32 arithmetic
+  assert float(jnp.max(jnp.abs(x_hat - x))) <= half_step + float_error
+  assert float(x_hat.min()) == pytest.approx(lo, abs=1e-5)  # extremes are on the grid
+  assert float(x_hat.max()) == pytest.approx(hi, abs=1e-5)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 7, 8, 12])
+@pytest.mark.parametrize("granularity", ["tensor", "channel"])
+def test_maxabs_error_within_half_step(bits, granularity):
+  x = _x((6, 5, 16), seed=bits)
+  codec = codecs.MaxAbsQuant(bits, granularity)
+  payload = codec.encode(x)
+  scale = payload.arrays["scale"].astype(jnp.float32)
+  assert scale.shape == ((16,) if granularity == "channel" else ())
+  assert payload.arrays["scale"].dtype == jnp.float16
+  true_scale = jnp.max(jnp.abs(x), axis=(0, 1) if granularity == "channel" else None)
+  assert bool(jnp.all(scale >= true_scale))  # rounded up: nothing clips
+  err = jnp.abs(codec.decode(payload) - x)
+  assert bool(jnp.all(err <= scale / codec.levels * (1 + 1e-4) + 1e-6))
+
+
+def test_stochastic_rounding_is_unbiased():
+  x = _x((2, 64), seed=7)
+  codec = codecs.MaxAbsQuant(2, "tensor", stochastic=True)
+  samples = jax.vmap(lambda k: codec(x, k))(jax.random.split(jax.random.key(0), 4000))
+  step = 2 * float(jnp.max(jnp.abs(x))) / codec.levels
+  # std of the mean of 4000 draws <= step/2/sqrt(4000) ~ 0.008 step
+  assert float(jnp.max(jnp.abs(samples.mean(0) - x))) < 0.05 * step
+  assert float(jnp.max(jnp.abs(codecs.MaxAbsQuant(2, "tensor")(x) - x))) > 0.1 * step  # deterministic is biased
+  codec_mm = codecs.MinMaxQuant(1, stochastic=True)
+  samples = jax.vmap(lambda k: codec_mm(x, k))(jax.random.split(jax.random.key(1), 4000))
+  assert float(jnp.max(jnp.abs(samples.mean(0) - x))) < 0.05 * float(x.max() - x.min())
+
+
+def test_stochastic_without_key_is_an_error():
+  with pytest.raises(ValueError, match="needs a PRNG key"):
+    codecs.MinMaxQuant(4, stochastic=True).encode(_x((2, 4)))
+  with pytest.raises(ValueError, match="needs a PRNG key"):
+    codecs.RandK(0.5).encode(_x((2, 4)))
+
+
+@pytest.mark.parametrize("codec", [codecs.MinMaxQuant(4), codecs.MaxAbsQuant(4), codecs.MaxAbsQuant(3, "tensor")], ids=repr)
+@pytest.mark.parametrize("value", [0.0, 2.5, -7.0])
+def test_constant_and_zero_inputs_decode_exactly(codec, value):
+  x = jnp.full((3, 8), value)
+  x_hat = codec(x)
+  assert bool(jnp.all(jnp.isfinite(x_hat)))
+  np.testing.assert_allclose(np.asarray(x_hat), value, rtol=1e-3)
+
+
+def test_huge_inputs():
+  x = jnp.array([[-3.0e38, 1.0, 3.0e38, 2.0e38]])
+  x_hat = codecs.MinMaxQuant(8)(x)
+  np.testing.assert_allclose(np.asarray(x_hat)[0, [0, 2]], [-3.0e38, 3.0e38], rtol=1e-6)
+  x_top = jnp.array([[3.4e38, -3.4e38, 1.0]])
+  np.testing.assert_allclose(np.asarray(codecs.MaxAbsQuant(8, "tensor", scale_dtype="float32")(x_top))[0, :2],
+                             [3.4e38, -3.4e38], rtol=1e-6)
+  assert bool(jnp.all(jnp.isfinite(x_hat)))
+  assert float(jnp.max(jnp.abs(x_hat - x))) <= 6.0e38 / 255 / 2 * 1.001
+  big = jnp.array([[1e30, -5e29, 3.0]])
+  np.testing.assert_allclose(np.asarray(codecs.MaxAbsQuant(8, "tensor", scale_dtype="float32")(big))[0, :2],
+                             [1e30, -5e29], rtol=1e-2)
+  # fp16 scales cannot hold 1e30: the overflow shows up, it is not hidden
+  assert not bool(jnp.all(jnp.isfinite(codecs.MaxAbsQuant(8, "tensor")(big))))
+
+
+@pytest.mark.parametrize("codec", ALL_CODECS[3:-1], ids=repr)  # RandK may legitimately drop the NaN entry
+def test_nan_is_reported_not_hidden(codec):
+  x = _x((2, 16)).at[0, 3].set(jnp.nan)
+  assert bool(jnp.any(jnp.isnan(codec(x, jax.random.key(0)))))
+
+
+@pytest.mark.parametrize("fraction, shape", [(0.5, (4, 3, 8, 8)), (0.3, (2, 64, 48)), (0.2, (3, 1000)),
+                                             (0.1, (4, 3, 8, 8)), (0.05, (2, 64, 48)), (0.02, (3, 1000))])
+def test_topk_keeps_exactly_the_largest(fraction, shape):
+  x = _x(shape, seed=int(fraction * 100))
+  codec = codecs.TopK(fraction)
+  x_hat = np.asarray(codec(x)).reshape(shape[0], -1)
+  flat = np.asarray(x).reshape(shape[0], -1)
+  k = int(np.ceil(round(fraction * flat.shape[1], 6)))
+  assert codec.k(shape) == k
+  for row, row_hat in zip(flat, x_hat):
+    kept = row_hat != 0
+    assert kept.sum() == k
+    np.testing.assert_array_equal(row_hat[kept], row[kept])
+    assert np.abs(row[kept]).min() >= np.abs(row[~kept]).max(initial=0)
+
+
+def test_topk_ties_never_drop_below_k():
+  x = jnp.ones((3, 50))
+  for codec in [codecs.TopK(0.1), codecs.TopK(0.9)]:  # index and mask encodings
+    assert np.count_nonzero(np.asarray(codec(x)), axis=1).tolist() == [codec.k(x.shape)] * 3
+
+
+def test_topk_chooses_cheaper_position_encoding_and_both_decode():
+  x = _x((2, 256))
+  dense, sparse = codecs.TopK(0.5), codecs.TopK(0.02)
+  assert dense.uses_mask(x.shape) and "mask" in dense.encode(x).arrays
+  assert not sparse.uses_mask(x.shape) and "indices" in sparse.encode(x).arrays
+  assert sparse.encode(x).arrays["indices"].dtype == jnp.uint16
+  for codec in (dense, sparse):
+    payload = codec.encode(x)
+    idx = np.sort(np.asarray(codec.indices(payload)), axis=1)
+    np.testing.assert_array_equal(idx, np.sort(np.asarray(codec.select(x)), axis=1))
+
+
+def test_topk_per_row_and_values_at_scatter():
+  x = _x((2, 3, 20))
+  codec = codecs.TopK(0.25, per="row")
+  assert np.all(np.count_nonzero(np.asarray(codec(x)), axis=-1) == 5)
+  idx = codec.select(x)
+  assert idx.shape == (6, 5)
+  np.testing.assert_array_equal(np.asarray(codec.scatter(codec.values_at(x, idx), idx)), np.asarray(codec(x)))
+
+
+def test_randk_keeps_k_random_entries_decoded_from_seed():
+  x = _x((3, 40))
+  codec = codecs.RandK(0.25)
+  a, b = codec(x, jax.random.key(0)), codec(x, jax.random.key(1))
+  assert np.all(np.count_nonzero(np.asarray(a), axis=1) == 10)
+  np.testing.assert_array_equal(np.asarray(a)[np.asarray(a) != 0], np.asarray(x)[np.asarray(a) != 0])
+  assert not np.array_equal(np.asarray(a) != 0, np.asarray(b) != 0)
+  assert set(codec.encode(x, jax.random.key(0)).arrays) == {"values", "seed"}
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: codecs.MinMaxQuant(0), "bits must be an integer in 1..16, got 0"),
+    (lambda: codecs.MaxAbsQuant(17), "got 17"),
+    (lambda: codecs.TopK(0.0), r"fraction K must be in \(0, 1\], got 0.0"),
+    (lambda: codecs.TopK(1.5), "got 1.5"),
+    (lambda: codecs.RandK(-0.1), "got -0.1"),
+    (lambda: codecs.TopK(0.1, per="channel"), "per must be 'example' or 'row', got 'channel'"),
+    (lambda: codecs.Cast("int8"), "Cast dtype must be one of"),
+    (lambda: codecs.MaxAbsQuant(4, granularity="row"), "granularity"),
+])
+def test_bad_configs(make, match):
+  with pytest.raises(ValueError, match=match):
+    make()

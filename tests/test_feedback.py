@@ -1,0 +1,95 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxcomp import codecs, feedback
+
+ROWS, FEAT = 4, (6, 5)
+
+
+def _xs(n, seed=0):
+  return [jax.random.normal(jax.random.key(seed + i), (ROWS, *FEAT)) for i in range(n)]
+
+
+@pytest.mark.parametrize("scheme", [feedback.EF(codecs.TopK(0.1)), feedback.EF(codecs.MinMaxQuant(2)),
+                                    feedback.EFMixed(codecs.TopK(0.2))], ids=repr)
+def test_ef_telescopes(scheme):
+  """sum of delivered messages + final error == sum of inputs."""
+  state = scheme.init_sender(ROWS, FEAT, jnp.float32)
+  delivered = jnp.zeros((ROWS, *FEAT))
+  xs = _xs(12)
+  for i, x in enumerate(xs):
+    payload, state = scheme.send(x, state, jax.random.key(i))
+    delivered += scheme.receive(payload, ())[0]
+  np.testing.assert_allclose(np.asarray(delivered + state.error), np.asarray(sum(xs)), atol=1e-4)
+  assert float(jnp.abs(state.error).max()) > 0  # compression really lost something each step
+
+
+def test_efmixed_sends_k_nonzeros_in_total():
+  scheme = feedback.EFMixed(codecs.TopK(0.2))
+  state = scheme.init_sender(ROWS, FEAT, jnp.float32)
+  for x in _xs(3):
+    payload, state = scheme.send(x, state)
+    nnz = np.count_nonzero(np.asarray(scheme.receive(payload, ())[0]).reshape(ROWS, -1), axis=1)
+    assert np.all(nnz <= 6) and np.all(nnz >= 3)  # 3 + 3 of 30, possibly overlapping
+  assert scheme.wire_bytes((ROWS, *FEAT), jnp.float32) == 2 * codecs.TopK(0.1).wire_bytes((ROWS, *FEAT), jnp.float32)
+
+
+@pytest.mark.parametrize("codec", [codecs.TopK(0.1), codecs.MaxAbsQuant(2, stochastic=True)], ids=repr)
+def test_ef21_mirrors_stay_identical(codec):
+  scheme = feedback.EF21(codec)
+  s_state = scheme.init_sender(ROWS, FEAT, jnp.float32)
+  r_state = scheme.init_receiver(ROWS, FEAT, jnp.float32)
+  x = _xs(1)[0]
+  errors = []
+  for i, noise in enumerate(_xs(15, seed=100)):
+    payload, s_state = scheme.send(x + 0.01 * noise, s_state, jax.random.key(i))
+    y, r_state = scheme.receive(payload, r_state)
+    np.testing.assert_array_equal(np.asarray(s_state.estimate), np.asarray(r_state.estimate))
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(r_state.estimate))
+    errors.append(float(jnp.abs(y - x).max()))
+  assert errors[-1] < 0.2 * errors[0]  # g tracks a slowly moving x
+
+
+def test_aqsgd_mirrors_and_compresses_changes():
+  n = 10
+  scheme = feedback.AQSGD(codecs.MaxAbsQuant(2), num_examples=n)
+  s_table = scheme.init_sender(ROWS, FEAT, jnp.float32)
+  r_table = scheme.init_receiver(ROWS, FEAT, jnp.float32)
+  assert s_table.buffer.shape == (n, *FEAT) and s_table.buffer.dtype == jnp.float16
+  ids = jnp.array([7, 2, 5, 0])
+  a0 = _xs(1)[0]
+  gather = lambda t: feedback.AQSGDState(t.buffer[ids])
+  put = lambda t, rows: feedback.AQSGDState(t.buffer.at[ids].set(rows.buffer))
+
+  payload, s_rows = scheme.warmup_send(a0, gather(s_table))  # first visit: dense
+  assert codecs.nbytes(payload) == a0.size * 4
+  y, r_rows = scheme.warmup_receive(payload, gather(r_table))
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(a0))
+  s_table, r_table = put(s_table, s_rows), put(r_table, r_rows)
+  untouched = np.setdiff1d(np.arange(n), np.asarray(ids))
+  assert not np.any(np.asarray(s_table.buffer)[untouched])
+
+  direct_err, aq_err = [], []
+  for i, noise in enumerate(_xs(4, seed=50)):
+    a = a0 + 0.05 * noise  # activations drift slowly between epochs
+    payload, s_rows = scheme.send(a, gather(s_table))
+    assert codecs.nbytes(payload) == scheme.wire_bytes(a.shape, a.dtype) < a.size * 4 / 10
+    y, r_rows = scheme.receive(payload, gather(r_table))
+    s_table, r_table = put(s_table, s_rows), put(r_table, r_rows)
+    np.testing.assert_array_equal(np.asarray(s_table.buffer), np.asarray(r_table.buffer))
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(r_rows.buffer, np.float32))
+    aq_err.append(float(jnp.abs(y - a).max()))
+    direct_err.append(float(jnp.abs(scheme.codec(a) - a).max()))
+  assert max(aq_err) < 0.25 * min(direct_err)  # the change is small, so 2 bits suffice
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: feedback.EFMixed(codecs.MinMaxQuant(4)), "EF-mixed needs a TopK codec"),
+    (lambda: feedback.AQSGD(codecs.MinMaxQuant(4), num_examples=0), "num_examples >= 1"),
+    (lambda: feedback.EF("topk"), "needs a Codec"),
+])
+def test_bad_schemes(make, match):
+  with pytest.raises(ValueError, match=match):
+    make()

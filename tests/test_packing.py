@@ -1,0 +1,36 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from jaxcomp import packing
+
+
+@settings(max_examples=25, deadline=None)
+@given(bits=st.integers(1, 16), n=st.integers(1, 300), seed=st.integers(0, 2**31))
+def test_pack_round_trip_and_size(bits, n, seed):
+  codes = np.random.default_rng(seed).integers(0, 2**bits, n, dtype=np.uint32)
+  packed = packing.pack(codes, bits)
+  assert packed.dtype == np.uint8
+  assert packed.shape == (packing.packed_size(n, bits),) == (-(-n * bits // 8),)
+  np.testing.assert_array_equal(np.asarray(packing.unpack(packed, bits, n)), codes)
+
+
+def test_pack_layout_is_little_endian_dense_stream():
+  # three 3-bit codes 0b101, 0b011, 0b110 -> bits 101 110 011 (LSB first) -> 0b10011101, 0b1
+  packed = np.asarray(packing.pack(np.array([5, 3, 6]), 3))
+  np.testing.assert_array_equal(packed, [0b10011101, 0b1])
+
+
+@settings(max_examples=12, deadline=None)
+@given(r=st.integers(1, 5), f=st.integers(1, 40), seed=st.integers(0, 2**31))
+def test_mask_round_trip(r, f, seed):
+  mask = np.random.default_rng(seed).random((r, f)) < 0.3
+  packed = packing.pack_mask(mask)
+  assert packed.shape == (r, -(-f // 8))
+  np.testing.assert_array_equal(np.asarray(packing.unpack_mask(packed, f)), mask)
+
+
+@pytest.mark.parametrize("bad", [0, 17, -1, 2.5, True, "4"])
+def test_check_bits_rejects(bad):
+  with pytest.raises(ValueError, match="bits must be an integer in 1..16"):
+    packing.check_bits(bad)

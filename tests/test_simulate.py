@@ -1,0 +1,118 @@
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxcomp
+from jaxcomp import pipeline as pl, simulate
+from jaxcomp.boundary import Mode
+from jaxcomp.models.mlp import mlp_stages
+
+X = jax.random.normal(jax.random.key(0), (16, 8))
+BATCH = {"x": X, "label": (X[:, 0] > 0).astype(jnp.int32), "id": jnp.arange(16) + 3}
+
+
+def _pipe(fwd="none", bwd="none", m=2, stages=3):
+  return jaxcomp.Pipeline(mlp_stages(16, 2, stages), jaxcomp.parse_boundary(fwd, bwd, num_examples=20),
+                          jaxcomp.losses.classification, "x", microbatches=m)
+
+
+def test_uncompressed_microbatched_equals_whole_model_gradient():
+  pipe = _pipe(m=4)
+  state = jaxcomp.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
+  loss, _, _, grads, _ = simulate.loss_and_grads(pipe, state, BATCH)
+
+  def whole(params):
+    x = BATCH["x"]
+    for stage, p in zip(pipe.stages, params):
+      x = stage.apply(p, {}, x, train=True, rng=jax.random.key(0))[0]
+    return jaxcomp.losses.classification(x, BATCH)[0]
+
+  ref_loss, ref_grads = jax.value_and_grad(whole)(state.params)
+  np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7),
+               grads, ref_grads)
+
+
+def test_every_microbatch_slot_gets_its_own_ef_rows():
+  pipe = _pipe("ef+topk:0.2", "ef21+quant:2", m=4)
+  state = jaxcomp.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
+  assert state.links[0].fwd_send.error.shape == (16, 16)  # one row per batch slot
+  _, _, _, _, links = simulate.loss_and_grads(pipe, state, BATCH)
+  per_microbatch = lambda a: np.abs(np.asarray(a)).reshape(4, -1).max(axis=1)  # 4 slots x 4 rows
+  for link in links:
+    assert np.all(per_microbatch(link.fwd_send.error) > 0)
+    np.testing.assert_array_equal(np.asarray(link.bwd_send.estimate), np.asarray(link.bwd_recv.estimate))
+    assert np.all(per_microbatch(link.bwd_send.estimate) > 0)
+
+
+def test_aqsgd_warmup_then_compressed_keeps_mirrors():
+  pipe = _pipe("aqsgd+quant:2", "quant:4", m=2)
+  opt = optax.sgd(0.05)
+  state = jaxcomp.init_state(pipe, opt, jax.random.key(1), BATCH)
+  assert state.links[0].fwd_send.buffer.shape == (20, 16)
+  state, _ = simulate.make_train_step(pipe, opt, Mode.WARMUP)(state, BATCH)
+  touched = np.asarray(BATCH["id"])
+  for link in state.links:
+    buf = np.asarray(link.fwd_send.buffer)
+    assert np.all(np.abs(buf[touched]).max(axis=1) > 0) and not buf[[0, 1, 2, 19]].any()
+  step = simulate.make_train_step(pipe, opt)
+  for _ in range(3):
+    state, metrics = step(state, BATCH)
+  for link in state.links:
+    np.testing.assert_array_equal(np.asarray(link.fwd_send.buffer), np.asarray(link.fwd_recv.buffer))
+  assert np.isfinite(float(metrics["loss"]))
+
+
+@pytest.mark.parametrize("fwd, bwd", [("quant:2", "quant:8"), ("topk:0.3", "reuse"), ("ef21+topk:0.2", "topk:0.5")])
+def test_training_reduces_loss_and_eval_reports_both_modes(fwd, bwd):
+  pipe = _pipe(fwd, bwd, m=2)
+  opt = optax.adam(1e-2)
+  state = jaxcomp.init_state(pipe, opt, jax.random.key(1), BATCH)
+  step = simulate.make_train_step(pipe, opt)
+  first = None
+  for _ in range(40):
+    state, metrics = step(state, BATCH)
+    first = first if first is not None else float(metrics["loss"])
+  assert float(metrics["loss"]) < 0.5 * first
+  on = simulate.make_eval_step(pipe, compressed=True)(state, BATCH)
+  off = simulate.make_eval_step(pipe, compressed=False)(state, BATCH)
+  assert set(on) == set(off) == {"loss", "accuracy"}
+  assert float(on["loss"]) != float(off["loss"])
+
+
+def test_nan_input_shows_up_in_the_loss():
+  pipe = _pipe("quant:4", "quant:8", m=1)
+  opt = optax.sgd(0.1)
+  state = jaxcomp.init_state(pipe, opt, jax.random.key(1), BATCH)
+  bad = {**BATCH, "x": BATCH["x"].at[3, 2].set(jnp.nan)}
+  _, metrics = simulate.make_train_step(pipe, opt)(state, bad)
+  assert np.isnan(float(metrics["loss"]))
+
+
+def test_bad_pipeline_configs():
+  pipe = _pipe(m=3)
+  with pytest.raises(ValueError, match="batch size 16 does not divide into 3 microbatches"):
+    jaxcomp.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
+  with pytest.raises(ValueError, match="microbatches must be a positive integer, got 0"):
+    _pipe(m=0)
+  with pytest.raises(ValueError, match="train step mode must be TRAIN or WARMUP"):
+    simulate.make_train_step(_pipe(), optax.sgd(0.1), Mode.EVAL_COMPRESSED)
+  aq = _pipe("aqsgd+quant:2", "quant:4")
+  shapes = [jax.ShapeDtypeStruct((8, 16), jnp.float32)] * 2
+  with pytest.raises(ValueError, match=r"AQ-SGD buffers need .* GiB .* only 0.00 GiB is free"):
+    pl.check_aqsgd_memory(aq.boundary, shapes, available=1000)
+  pl.check_aqsgd_memory(aq.boundary, shapes, available=10**6)
+
+
+def test_readme_example_runs_and_learns(capsys):
+  readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+  code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+  namespace = {}
+  exec(compile(code, "README.md", "exec"), namespace)
+  assert float(namespace["metrics"]["loss"]) < 0.1
+  assert "'fwd': 12312" in capsys.readouterr().out  # 3 boundaries x (256x64 2-bit codes + min/max)

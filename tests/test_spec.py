@@ -1,0 +1,46 @@
+import pytest
+
+from jaxcomp import codecs, feedback, spec
+from jaxcomp.boundary import Reuse
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("topk:0.1", feedback.Plain(codecs.TopK(0.1))),
+    ("quant:4", feedback.Plain(codecs.MinMaxQuant(4))),
+    ("quant:2:stoch", feedback.Plain(codecs.MinMaxQuant(2, stochastic=True))),
+    ("maxabs:3:tensor:stoch", feedback.Plain(codecs.MaxAbsQuant(3, "tensor", stochastic=True))),
+    ("ef21+topk:0.1", feedback.EF21(codecs.TopK(0.1))),
+    ("EF+TopK:0.05:row", feedback.EF(codecs.TopK(0.05, per="row"))),
+    ("efmixed+topk:0.1", feedback.EFMixed(codecs.TopK(0.1))),
+    ("aqsgd+quant:2", feedback.AQSGD(codecs.MinMaxQuant(2), num_examples=50)),
+    ("randk:0.3", feedback.Plain(codecs.RandK(0.3))),
+    ("bf16", feedback.Plain(codecs.Cast("bfloat16"))),
+    ("none", feedback.Plain(codecs.Identity())),
+    ("reuse", Reuse()),
+])
+def test_parse_scheme(text, expected):
+  assert spec.parse_scheme(text, num_examples=50) == expected
+
+
+@pytest.mark.parametrize("text, match", [
+    ("gzip:3", "unknown compressor 'gzip:3'"),
+    ("quant:0", "bits must be an integer in 1..16, got 0"),
+    ("quant:17", "got 17"),
+    ("quant:four", "bad number 'four'"),
+    ("topk:1.5", r"fraction K must be in \(0, 1\], got 1.5"),
+    ("topk:0", "got 0.0"),
+    ("topk", "unknown compressor 'topk'"),
+    ("ef22+topk:0.1", "unknown scheme 'ef22'"),
+    ("topk:0.1:col", "unknown option"),
+    ("aqsgd+quant:2", "needs the number of training examples"),
+])
+def test_parse_errors_name_the_bad_value(text, match):
+  kwargs = {} if text.startswith("aqsgd") else {"num_examples": 10}
+  with pytest.raises(ValueError, match=match):
+    spec.parse_scheme(text, **kwargs)
+
+
+def test_parse_boundary_validates_reuse():
+  assert spec.parse_boundary("topk:0.3", "reuse").bwd == Reuse()
+  with pytest.raises(ValueError, match="index reuse needs a single TopK"):
+    spec.parse_boundary("quant:4", "reuse")
