@@ -41,6 +41,11 @@ def _run(pipe: pl.Pipeline, params, model_state, fwd_tables, bwd_tables, batch, 
   return mean(losses), (metrics, tuple(model_state), tuple(fwd_tables))
 
 
+def init_state(pipe: pl.Pipeline, optimizer: optax.GradientTransformation, rng, batch) -> pl.TrainState:
+  """Executor protocol: the train state on the default device (see `pipeline.init_state`)."""
+  return pl.init_state(pipe, optimizer, rng, batch)
+
+
 def _tables(state: pl.TrainState):
   """(forward tables, backward tables) per boundary: (sender, receiver) pairs."""
   return (tuple((l.fwd_send, l.fwd_recv) for l in state.links),
