@@ -114,14 +114,32 @@ class Boundary:
     return y, (fs, fr)
 
 
-def _forward(link: Boundary, warm, x, fs, fr, key):
+def _zeros_like(tree):
+  return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), tree)
+
+
+def _send(ok, send, x, state):
+  """(payload, state') = send(x, state) where `ok`; zeros and the old state elsewhere.
+
+  In SPMD every device runs every boundary op; the cond keeps codec work (and any state
+  change) to the device that really sends.
+  """
+  skip = lambda x, state: (_zeros_like(jax.eval_shape(send, x, state)[0]), state)
+  return jax.lax.cond(ok, send, skip, x, state)
+
+
+def _receive(ok, receive, payload, state):
+  """(x_hat, state') = receive(payload, state) where `ok`; zeros and the old state elsewhere."""
+  skip = lambda payload, state: (_zeros_like(jax.eval_shape(receive, payload, state)[0]), state)
+  return jax.lax.cond(ok, receive, skip, payload, state)
+
+
+def _forward(link: Boundary, warm, x, fs, fr, key, send_ok, recv_ok):
   fwd = link.fwd
-  if warm:
-    payload, fs = fwd.warmup_send(x, fs)
-  else:
-    payload, fs = fwd.send(x, fs, key)
+  send = fwd.warmup_send if warm else (lambda x, s: fwd.send(x, s, key))
+  payload, fs = _send(send_ok, send, x, fs)
   arrived = link.transport.forward(payload)
-  y, fr = fwd.warmup_receive(arrived, fr) if warm else fwd.receive(arrived, fr)
+  y, fr = _receive(recv_ok, fwd.warmup_receive if warm else fwd.receive, arrived, fr)
   reuse = link.reuse and not warm
   idx = (fwd.codec.indices(payload), fwd.codec.indices(arrived)) if reuse else None
   return y, fs, fr, idx
@@ -129,31 +147,34 @@ def _forward(link: Boundary, warm, x, fs, fr, key):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _link(link, warm, x, fs, fr, bs, br, key, send_ok, recv_ok):
-  y, fs, fr, _ = _forward(link, warm, x, fs, fr, key)
+  y, fs, fr, _ = _forward(link, warm, x, fs, fr, key, send_ok, recv_ok)
   return y, fs, fr
 
 
 def _link_fwd(link, warm, x, fs, fr, bs, br, key, send_ok, recv_ok):
-  y, fs, fr, idx = _forward(link, warm, x, fs, fr, key)
+  y, fs, fr, idx = _forward(link, warm, x, fs, fr, key, send_ok, recv_ok)
   return (y, fs, fr), (bs, br, key, send_ok, recv_ok, idx)
 
 
 def _link_bwd(link, warm, res, cotangents):
+  """The gradient travels back: sent by the forward receiver, decoded by the forward sender."""
   bs, br, key, send_ok, recv_ok, idx = res
   dy = cotangents[0]
   bwd_key = jax.random.fold_in(key, 1)
   if warm:
-    dx = feedback._IDENTITY.decode(link.transport.backward(feedback._IDENTITY.encode(dy)))
+    identity = feedback._IDENTITY
+    payload, _ = _send(recv_ok, lambda g, s: (identity.encode(g), s), dy, ())
+    dx, _ = _receive(send_ok, lambda p, s: (identity.decode(p), s), link.transport.backward(payload), ())
   elif link.reuse:
     idx_sent, idx_arrived = idx  # forward sender's positions, forward receiver's copy
     topk = link.fwd.codec
-    dx = topk.scatter(link.transport.backward(topk.values_at(dy, idx_arrived)), idx_sent)
+    payload, _ = _send(recv_ok, lambda g, s: (topk.values_at(g, idx_arrived), s), dy, ())
+    dx, _ = _receive(send_ok, lambda p, s: (topk.scatter(p, idx_sent), s), link.transport.backward(payload), ())
   else:
-    payload, bs = link.bwd.send(dy, bs, bwd_key)
-    dx, br = link.bwd.receive(link.transport.backward(payload), br)
+    payload, bs = _send(recv_ok, lambda g, s: link.bwd.send(g, s, bwd_key), dy, bs)
+    dx, br = _receive(send_ok, link.bwd.receive, link.transport.backward(payload), br)
   # bs lives after the boundary (valid with the forward receive), br before it.
-  return (dx.astype(dy.dtype), None, None, _masked(recv_ok, bs), _masked(send_ok, br),
-          None, None, None)
+  return (dx.astype(dy.dtype), None, None, _masked(recv_ok, bs), _masked(send_ok, br), None, None, None)
 
 
 _link.defvjp(_link_fwd, _link_bwd)

@@ -1,0 +1,140 @@
+"""The shard_map GPipe executor against the single-device simulate executor."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxcomp
+from jaxcomp import gpipe, simulate
+from jaxcomp.boundary import Mode
+from jaxcomp.models.mlp import mlp_stages
+from jaxcomp.pipeline import FlaxStage
+
+X = jax.random.normal(jax.random.key(0), (16, 8))
+BATCH = {"x": X, "label": (X[:, 0] > 0).astype(jnp.int32), "id": jnp.arange(16) + 2}
+
+
+class BNStage(nn.Module):
+  """Dense(width) + BatchNorm + relu: heterogeneous widths and a model-state collection."""
+  width: int
+  out: int = 0
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9)(nn.Dense(self.width)(x)))
+    return nn.Dense(self.out)(x) if self.out else x
+
+
+def _hetero_stages():
+  return tuple(FlaxStage(m) for m in (BNStage(24), BNStage(8), BNStage(12, out=2)))
+
+
+def _pipe(fwd, bwd, stages=None, m=2):
+  stages = stages or mlp_stages(16, 2, 4)
+  return jaxcomp.Pipeline(stages, jaxcomp.parse_boundary(fwd, bwd, num_examples=20),
+                          jaxcomp.losses.classification, "x", microbatches=m)
+
+
+def _assert_trees_close(a, b, atol):
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32),
+                                                       atol=atol, rtol=0), a, b)
+
+
+def _compare(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.TRAIN,), atol=2e-6):
+  sim_pipe = sim_pipe or pipe
+  ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages, data))
+  state = simulate.init_state(sim_pipe, opt, jax.random.key(1), BATCH)
+  flat = ex.stack(pipe, opt, simulate.init_state(pipe, opt, jax.random.key(1), jax.tree.map(
+      lambda x: x[: x.shape[0] // data], BATCH)), BATCH)
+  for mode in modes:
+    sim_step, g_step = simulate.make_train_step(sim_pipe, opt, mode), ex.make_train_step(pipe, opt, mode)
+    for _ in range(steps):
+      state, sim_metrics = sim_step(state, BATCH)
+      flat, g_metrics = g_step(flat, BATCH)
+      np.testing.assert_allclose(float(g_metrics["loss"]), float(sim_metrics["loss"]), rtol=1e-5)
+      np.testing.assert_allclose(float(g_metrics["accuracy"]), float(sim_metrics["accuracy"]), atol=1e-6)
+  back = ex.unstack(pipe, opt, flat, BATCH, state)
+  _assert_trees_close(back.params, state.params, atol)
+  _assert_trees_close(back.model_state, state.model_state, atol)
+  if data == 1:
+    _assert_trees_close(back.links, state.links, atol)
+  for compressed in (True, False):
+    sim_eval = simulate.make_eval_step(sim_pipe, compressed)(state, BATCH)
+    g_eval = ex.make_eval_step(pipe, compressed)(flat, BATCH)
+    np.testing.assert_allclose(float(g_eval["loss"]), float(sim_eval["loss"]), rtol=1e-5)
+  return state
+
+
+@pytest.mark.parametrize("fwd, bwd", [
+    ("quant:4", "quant:8"), ("ef+topk:0.2", "ef21+quant:2"), ("efmixed+topk:0.3", "ef+topk:0.2"),
+    ("ef21+maxabs:2:stoch", "topk:0.5"), ("topk:0.3", "reuse"),
+])
+def test_matches_simulate(fwd, bwd):
+  _compare(_pipe(fwd, bwd), optax.sgd(0.1, momentum=0.9), steps=3)
+
+
+def test_aqsgd_warmup_then_compressed_matches_simulate():
+  _compare(_pipe("aqsgd+quant:2", "quant:4"), optax.adam(1e-2), steps=2, modes=(Mode.WARMUP, Mode.TRAIN))
+
+
+def test_heterogeneous_stages_with_batchnorm_match_simulate():
+  # SGD, not Adam: Adam turns a 1-ulp gradient difference between the two programs'
+  # float sums into a whole lr step wherever the true gradient is ~0.
+  state = _compare(_pipe("ef21+topk:0.25", "quant:6", stages=_hetero_stages(), m=4),
+                   optax.sgd(0.05, momentum=0.9), steps=2)
+  assert [l.fwd_send.estimate.shape for l in state.links] == [(16, 24), (16, 8)]
+
+
+def test_eight_stages():
+  _compare(_pipe("quant:3", "topk:0.5", stages=mlp_stages(8, 2, 8), m=2), optax.sgd(0.1), steps=2)
+
+
+def test_data_parallel_averages_weight_gradients():
+  """(data=2, stage=4): each shard runs M=2 microbatches; simulate runs the same 4 in order."""
+  pipe = _pipe("quant:4", "topk:0.5", m=2)
+  _compare(pipe, optax.sgd(0.1), steps=2, data=2, sim_pipe=_pipe("quant:4", "topk:0.5", m=4))
+
+
+@pytest.mark.parametrize("fwd, bwd, stages", [
+    ("quant:4", "quant:8", None), ("quant:2", "ef+topk:0.1", None), ("topk:0.3", "reuse", None),
+    ("maxabs:4", "quant:2", _hetero_stages()),
+])
+def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages):
+  pipe = _pipe(fwd, bwd, stages=stages, m=2)
+  opt = optax.sgd(0.1)
+  ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages))
+  flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
+  sent = gpipe.collective_permute_bytes(ex.compiled_text(pipe, opt, flat, BATCH))
+  expected = jaxcomp.wire_bytes_per_step(pipe, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
+  assert sent == expected
+
+
+def test_quantized_bytes_are_a_fraction_of_fp32():
+  opt = optax.sgd(0.1)
+  ex = gpipe.GPipe(gpipe.make_mesh(4))
+  sent = {}
+  for name in ("none", "quant:4", "quant:2"):
+    pipe = _pipe(name, name, m=2)
+    flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
+    sent[name] = gpipe.collective_permute_bytes(ex.compiled_text(pipe, opt, flat, BATCH))
+  messages = 3 * 2  # boundaries x microbatches
+  for direction in ("fwd", "bwd"):
+    dense = sent["none"][direction]
+    assert dense == messages * 8 * 16 * 4
+    assert sent["quant:4"][direction] == dense // 8 + messages * 8  # + fp32 (min, max) per message
+    assert sent["quant:2"][direction] == dense // 16 + messages * 8
+
+
+def test_clear_errors():
+  with pytest.raises(ValueError, match="needs 16 devices, but only 8 are available"):
+    gpipe.make_mesh(8, data=2)
+  ex = gpipe.GPipe(gpipe.make_mesh(4))
+  with pytest.raises(ValueError, match="the model has 3 stages but the mesh's stage axis has 4 devices"):
+    ex.init_state(_pipe("none", "none", stages=_hetero_stages()), optax.sgd(0.1), jax.random.key(0), BATCH)
+  with pytest.raises(ValueError, match="batch size 16 does not divide into 3 microbatches"):
+    ex.init_state(_pipe("none", "none", m=3), optax.sgd(0.1), jax.random.key(0), BATCH)
+  ex2 = gpipe.GPipe(gpipe.make_mesh(2, data=3))
+  with pytest.raises(ValueError, match="batch size 16 does not split over 3 data shards"):
+    ex2.init_state(_pipe("none", "none", stages=mlp_stages(8, 2, 2)), optax.sgd(0.1), jax.random.key(0), BATCH)
