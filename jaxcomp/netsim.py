@@ -238,10 +238,13 @@ def sweep(
     rows = []
     for name, (fwd_bytes, bwd_bytes) in configs.items():
         for bandwidth in bandwidths_bps:
-            timeline = simulate_step(
-                fwd_s, bwd_s, fwd_bytes, bwd_bytes, microbatches, bandwidth,
-                latency_s, dp_allreduce_s,
-            )
+            try:
+                timeline = simulate_step(
+                    fwd_s, bwd_s, fwd_bytes, bwd_bytes, microbatches, bandwidth,
+                    latency_s, dp_allreduce_s,
+                )
+            except ValueError as err:
+                raise ValueError(f"config {name!r}: {err}") from err
             rows.append(
                 SweepRow(name, bandwidth, timeline.makespan, throughput(samples_per_step, timeline))
             )

@@ -272,6 +272,8 @@ def test_sweep_rejects_empty_inputs():
         netsim.sweep([1e9], {}, [1], [1], 1, samples_per_step=1)
     with pytest.raises(ValueError, match="bandwidths_bps"):
         netsim.sweep([], CONFIGS, [1, 1], [1, 1], 1, samples_per_step=1)
+    with pytest.raises(ValueError, match=r"config 'bad': bwd_bytes\[0\].*-1"):
+        netsim.sweep([1e9], {"bad": ([1], [-1])}, [1, 1], [1, 1], 1, samples_per_step=1)
 
 
 def test_render_markdown_with_speedups():
