@@ -109,8 +109,6 @@ class GPipe:
     if pipe.num_stages != self.num_stages:
       raise ValueError(f"the model has {pipe.num_stages} stages but the mesh's stage axis has "
                        f"{self.num_stages} devices")
-    if pipe.tied:
-      raise ValueError("the gpipe executor does not support tied parameters; use simulate")
 
   def _layout(self, pipe, state: pl.TrainState, batch):
     """Static shapes: boundary activations of one microbatch on one data shard."""
@@ -315,7 +313,7 @@ class GPipe:
 
       (loss, (metrics, ms, fwd)), (grads, bwd) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(
           state.params[0], bs_bt)
-      grads = jax.lax.pmean(grads, DATA)
+      grads = _finish_grads(pipe, params_fl, jax.lax.pmean(grads, DATA), jax.lax.axis_index(STAGE))
       ms = jax.lax.pmean(ms, DATA)  # BatchNorm running statistics synchronised over data shards
       s = jax.lax.axis_index(STAGE)
 
@@ -341,6 +339,32 @@ class GPipe:
     mapped = jax.shard_map(device_step, mesh=self.mesh, in_specs=(state_specs, batch_specs),
                            out_specs=out_specs, check_vma=False)
     return jax.jit(mapped, donate_argnums=0 if train else ())
+
+
+def _leaf_span(fl: _Flat, stage, path):
+  """(offset, size) of the parameter at `path` inside stage `stage`'s flat row."""
+  offset = 0
+  tree = jax.tree.unflatten(fl.treedefs[stage], fl.leaves[stage])
+  for keys, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    n = int(np.prod(leaf.shape, dtype=np.int64))
+    if tuple(getattr(k, "key", getattr(k, "idx", None)) for k in keys) == tuple(path):
+      return offset, n
+    offset += n
+  raise ValueError(f"tied parameter path {path!r} not found in stage {stage}")
+
+
+def _finish_grads(pipe, params_fl, grads_row, s):
+  """Ties (psum of each tied segment over its two stages) and global-norm clipping."""
+  for (sa, pa), (sb, pb) in pipe.tied:
+    (oa, n), (ob, _) = _leaf_span(params_fl, sa, pa), _leaf_span(params_fl, sb, pb)
+    mine = jnp.where(s == sa, grads_row[oa: oa + n], jnp.where(s == sb, grads_row[ob: ob + n], 0.0))
+    total = jax.lax.psum(mine, STAGE)
+    grads_row = jnp.where(s == sa, grads_row.at[oa: oa + n].set(total),
+                          jnp.where(s == sb, grads_row.at[ob: ob + n].set(total), grads_row))
+  if pipe.grad_clip_norm is not None:
+    grads_row = grads_row * pl.clip_factor(jax.lax.psum(jnp.sum(jnp.square(grads_row)), STAGE),
+                                           pipe.grad_clip_norm)
+  return grads_row
 
 
 def _with_metrics(run, metric_shape):

@@ -47,6 +47,8 @@ class Pipeline:
   loss_fn(outputs, microbatch) -> (scalar loss, dict of scalar metrics); metrics are
   averaged over microbatches. `tied` lists pairs ((stage, param path), (stage, param path))
   of parameters kept equal (their gradients are summed), e.g. GPT-2's embedding and head.
+  `grad_clip_norm` clips the global gradient norm over all stages (an executor's job: no
+  single stage's optimizer sees the global norm).
   """
   stages: tuple
   boundary: Boundary
@@ -54,6 +56,7 @@ class Pipeline:
   input_key: str
   microbatches: int = 1
   tied: tuple = ()
+  grad_clip_norm: float | None = None
 
   def __post_init__(self):
     if len(self.stages) < 1:
@@ -188,6 +191,21 @@ def _set(tree, path, value):
   if not path:
     return value
   return {**tree, path[0]: _set(tree[path[0]], path[1:], value)}
+
+
+def clip_factor(squared_norm, max_norm):
+  """g <- g * min(1, max_norm / ||g||), as optax.clip_by_global_norm."""
+  norm = jnp.sqrt(squared_norm)
+  return jnp.where(norm > max_norm, max_norm / jnp.where(norm > 0, norm, 1.0), 1.0)
+
+
+def finish_grads(pipe: Pipeline, grads: tuple) -> tuple:
+  """Ties, then global-norm clipping: what happens to the gradients of all stages at once."""
+  grads = tie_grads(grads, pipe.tied)
+  if pipe.grad_clip_norm is None:
+    return grads
+  factor = clip_factor(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)), pipe.grad_clip_norm)
+  return jax.tree.map(lambda g: g * factor, grads)
 
 
 def tie_grads(grads: tuple, tied) -> tuple:

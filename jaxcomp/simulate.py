@@ -63,7 +63,7 @@ def loss_and_grads(pipe: pl.Pipeline, state: pl.TrainState, batch, mode: Mode = 
   (loss, (metrics, model_state, fwd)), (grads, bwd) = jax.value_and_grad(
       run, argnums=(0, 1), has_aux=True)(state.params, bwd)
   links = tuple(LinkState(*f, *b) for f, b in zip(fwd, bwd))
-  return loss, metrics, model_state, pl.tie_grads(grads, pipe.tied), links
+  return loss, metrics, model_state, pl.finish_grads(pipe, grads), links
 
 
 def make_train_step(pipe: pl.Pipeline, optimizer: optax.GradientTransformation, mode: Mode = Mode.TRAIN):

@@ -1,4 +1,6 @@
 """The shard_map GPipe executor against the single-device simulate executor."""
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -95,6 +97,31 @@ def test_data_parallel_averages_weight_gradients():
   """(data=2, stage=4): each shard runs M=2 microbatches; simulate runs the same 4 in order."""
   pipe = _pipe("quant:4", "topk:0.5", m=2)
   _compare(pipe, optax.sgd(0.1), steps=2, data=2, sim_pipe=_pipe("quant:4", "topk:0.5", m=4))
+
+
+def test_tied_parameters_and_global_norm_clipping_match_simulate():
+  tied = (((1, ("Dense_0", "kernel")), (2, ("Dense_0", "kernel"))),)
+  pipe = dataclasses.replace(_pipe("quant:4", "quant:8"), tied=tied, grad_clip_norm=0.05)
+  opt = optax.sgd(0.5)
+  state = simulate.init_state(pipe, opt, jax.random.key(1), BATCH)
+  kernel = state.params[1]["Dense_0"]["kernel"]
+  params = (state.params[0], state.params[1], {**state.params[2], "Dense_0": {**state.params[2]["Dense_0"], "kernel": jnp.array(kernel)}},
+            state.params[3])
+  state = state._replace(params=params)
+  _, _, _, grads, _ = simulate.loss_and_grads(pipe, state, BATCH)
+  norm = np.sqrt(sum(float(jnp.sum(g**2)) for g in jax.tree.leaves(grads)))
+  assert norm == pytest.approx(0.05, rel=1e-4)  # clipped
+  np.testing.assert_array_equal(np.asarray(grads[1]["Dense_0"]["kernel"]), np.asarray(grads[2]["Dense_0"]["kernel"]))
+  ex = gpipe.GPipe(gpipe.make_mesh(4))
+  flat = ex.stack(pipe, opt, state, BATCH)
+  sim_step, g_step = simulate.make_train_step(pipe, opt), ex.make_train_step(pipe, opt)
+  for _ in range(2):
+    state, _ = sim_step(state, BATCH)
+    flat, _ = g_step(flat, BATCH)
+  back = ex.unstack(pipe, opt, flat, BATCH, state)
+  _assert_trees_close(back.params, state.params, 2e-6)
+  np.testing.assert_array_equal(np.asarray(back.params[1]["Dense_0"]["kernel"]),
+                                np.asarray(back.params[2]["Dense_0"]["kernel"]))
 
 
 @pytest.mark.parametrize("fwd, bwd, stages", [
