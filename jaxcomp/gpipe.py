@@ -12,8 +12,9 @@ boundary b with a microbatch in flight (0 <= t-b < M) runs its custom_vjp op wit
 `ppermute` from b to b+1 carrying the *encoded payload*; autodiff replays the schedule in
 reverse and each op's backward rule ppermutes the encoded gradient from b+1 to b. Bubble
 ticks issue no collective at all, so the program sends exactly M x sum_b wire_bytes(b)
-each way. Weight gradients are averaged over `data`; the optimizer runs per stage.
-Numerics (keys, state rows, microbatch order) equal `simulate`'s.
+each way. Weight gradients are averaged over `data` (densely, or compressed by
+`grad_scheme`: each replica sends C(g + e) to the others with an all-gather, e' = g + e - C(g + e));
+the optimizer runs per stage. Numerics (keys, state rows, microbatch order) equal `simulate`'s.
 """
 import dataclasses
 import re
@@ -25,7 +26,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxcomp import pipeline as pl
+from jaxcomp import feedback, pipeline as pl
 from jaxcomp.boundary import Boundary, LinkState, Mode, Transport
 
 STAGE, DATA = "stage", "data"
@@ -93,8 +94,18 @@ def _feature_size(shape):
 
 @dataclasses.dataclass(frozen=True)
 class GPipe:
-  """The sharded executor: `init_state`, `make_train_step`, `make_eval_step` as `simulate`."""
+  """The sharded executor: `init_state`, `make_train_step`, `make_eval_step` as `simulate`.
+
+  `grad_scheme` (Plain or EF around a codec, e.g. `parse_scheme("ef+quant:4")`) compresses the
+  data-parallel weight-gradient exchange; warm-up steps (Mode.WARMUP) exchange dense gradients.
+  """
   mesh: jax.sharding.Mesh
+  grad_scheme: Any = None
+
+  def __post_init__(self):
+    g = self.grad_scheme
+    if g is not None and (not isinstance(g, feedback.Scheme) or type(g) not in (feedback.Plain, feedback.EF)):
+      raise ValueError(f"grad_scheme must be a Plain or EF scheme (no receiver state), got {g!r}")
 
   @property
   def num_stages(self) -> int:
@@ -155,9 +166,14 @@ class GPipe:
     before, after = (lambda s: s), (lambda s: s - 1)
     links = LinkState(table("fwd_send", before), table("fwd_recv", after),
                       table("bwd_send", after), table("bwd_recv", before))
-    flat_state = pl.TrainState(state.step, state.rng, _Flat(state.params).stack(state.params),
+    params = _Flat(state.params)
+    grad_state = ()
+    if self.grad_scheme is not None:  # one row per (stage, data) device
+      rows = self.grad_scheme.init_sender(1, (params.size,), jnp.float32)
+      grad_state = jax.tree.map(lambda r: jnp.tile(r[None], (s_count, self.data, 1)), rows)
+    flat_state = pl.TrainState(state.step, state.rng, params.stack(state.params),
                                _Flat(state.model_state).stack(state.model_state),
-                               _Flat(opt_states).stack(opt_states), links)
+                               _Flat(opt_states).stack(opt_states), links, grad_state)
     return jax.device_put(flat_state, self.shardings(flat_state))
 
   def shardings(self, flat_state):
@@ -165,7 +181,8 @@ class GPipe:
     rows = NamedSharding(self.mesh, P(STAGE, DATA))
     replicated = NamedSharding(self.mesh, P())
     return pl.TrainState(replicated, replicated, stage, stage, stage,
-                         jax.tree.map(lambda _: rows, flat_state.links))
+                         jax.tree.map(lambda _: rows, flat_state.links),
+                         jax.tree.map(lambda _: rows, flat_state.grad_state))
 
   def unstack(self, pipe, optimizer, flat_state, batch, template: pl.TrainState) -> pl.TrainState:
     """Sharded GPipe state -> simulate layout (data shard 0's tables), for checks and export."""
@@ -268,6 +285,21 @@ class GPipe:
     mode = Mode.EVAL_COMPRESSED if compressed else Mode.EVAL_UNCOMPRESSED
     return self._compile(pipe, None, mode, train=False)
 
+  def _compressed_mean(self, grads_row, grad_state, key):
+    """Each replica sends C(g + e) (one [1, P] message); all average the decoded messages."""
+    key = jax.random.fold_in(jax.random.fold_in(key, jax.lax.axis_index(STAGE)), jax.lax.axis_index(DATA))
+    rows = jax.tree.map(lambda a: a[0], grad_state)  # [1, P]
+    payload, rows = self.grad_scheme.send(grads_row[None], rows, key)
+    return _gathered_mean(self.grad_scheme, payload)[0], jax.tree.map(lambda a: a[None], rows)
+
+  def grad_wire_bytes(self, pipe, optimizer, batch) -> int:
+    """Bytes all replicas send per step for the data-parallel gradient exchange (all stages)."""
+    d = self.data
+    params = _Flat(_abstract_template(pipe, optimizer, self._local(batch)).params)
+    if self.grad_scheme is None:  # ring all-reduce: 2 (D-1)/D of the gradient per device
+      return int(2 * (d - 1) * params.size * 4) * self.num_stages
+    return self.grad_scheme.wire_bytes((1, params.size), jnp.float32) * (d - 1) * d * self.num_stages
+
   def compiled_text(self, pipe, optimizer, state, batch, mode: Mode = Mode.TRAIN) -> str:
     """HLO of the compiled train step for this batch shape (for wire accounting)."""
     self._check(pipe)
@@ -313,7 +345,12 @@ class GPipe:
 
       (loss, (metrics, ms, fwd)), (grads, bwd) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(
           state.params[0], bs_bt)
-      grads = _finish_grads(pipe, params_fl, jax.lax.pmean(grads, DATA), jax.lax.axis_index(STAGE))
+      grad_state = state.grad_state
+      if self.grad_scheme is None or mode is Mode.WARMUP:
+        grads = jax.lax.pmean(grads, DATA)
+      else:
+        grads, grad_state = self._compressed_mean(grads, grad_state, jax.random.fold_in(step_key, 2))
+      grads = _finish_grads(pipe, params_fl, grads, jax.lax.axis_index(STAGE))
       ms = jax.lax.pmean(ms, DATA)  # BatchNorm running statistics synchronised over data shards
       s = jax.lax.axis_index(STAGE)
 
@@ -328,12 +365,14 @@ class GPipe:
                                            state.params[0], grads, state.opt_state[0])
       add = lambda tree: jax.tree.map(lambda a: a[None], tree)
       links = LinkState(add(fwd[0]), add(fwd[1]), add(bwd[0]), add(bwd[1]))
-      new_state = pl.TrainState(state.step + 1, state.rng, params_row[None], ms, opt_row[None], links)
+      new_state = pl.TrainState(state.step + 1, state.rng, params_row[None], ms, opt_row[None], links,
+                                grad_state)
       total = lambda v: jax.lax.pmean(jax.lax.psum(v, STAGE), DATA)
       return new_state, jax.tree.map(total, {"loss": loss, **metrics})
 
     state_specs = pl.TrainState(P(), P(), P(STAGE), P(STAGE), P(STAGE),
-                                jax.tree.map(lambda _: P(STAGE, DATA), state.links))
+                                jax.tree.map(lambda _: P(STAGE, DATA), state.links),
+                                jax.tree.map(lambda _: P(STAGE, DATA), state.grad_state))
     batch_specs = jax.tree.map(lambda _: P(DATA), batch)
     out_specs = (state_specs, P()) if train else P()
     mapped = jax.shard_map(device_step, mesh=self.mesh, in_specs=(state_specs, batch_specs),
@@ -365,6 +404,12 @@ def _finish_grads(pipe, params_fl, grads_row, s):
     grads_row = grads_row * pl.clip_factor(jax.lax.psum(jnp.sum(jnp.square(grads_row)), STAGE),
                                            pipe.grad_clip_norm)
   return grads_row
+
+
+def _gathered_mean(scheme, payload):
+  """Mean over data replicas of the decoded payloads every replica all-gathered."""
+  gathered = jax.tree.map(lambda a: jax.lax.all_gather(a, DATA), payload)
+  return jax.vmap(scheme.codec.decode)(gathered).mean(axis=0)
 
 
 def _with_metrics(run, metric_shape):
@@ -416,14 +461,29 @@ def _array_bytes(text):
   return total
 
 
-def collective_permute_bytes(hlo_text: str) -> dict[str, int]:
-  """Bytes every collective-permute of a compiled program moves, by direction.
+def _group_size_and_count(line):
+  iota = re.search(r"replica_groups=\[(\d+),(\d+)\]", line)
+  if iota:
+    return int(iota.group(2)), int(iota.group(1))
+  groups = re.search(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}", line).group(1)
+  members = re.findall(r"\{([\d,]*)\}", groups)
+  return len(members[0].split(",")), len(members)
 
-  Each op moves its operand once per source->target pair; a pair (a, a+1) is forward
-  (activations), (a+1, a) backward (gradients).
+
+def collective_permute_bytes(hlo_text: str) -> dict[str, int]:
+  """Bytes the collectives of a compiled program send, summed over all devices.
+
+  fwd/bwd: each collective-permute moves its operand once per source->target pair; a pair
+  (a, a+1) is forward (activations), (a+1, a) backward (gradients). data: each all-gather
+  over a group of n sends every member's operand (result / n) to the n-1 others.
   """
-  totals = {"fwd": 0, "bwd": 0}
+  totals = {"fwd": 0, "bwd": 0, "data": 0}
   for line in hlo_text.splitlines():
+    if " all-gather(" in line or " all-gather-start(" in line:
+      size, count = _group_size_and_count(line)
+      result = line.split("=", 1)[1].split("all-gather", 1)[0]
+      totals["data"] += _array_bytes(_ARRAY.search(result).group(0)) // size * (size - 1) * size * count
+      continue
     if "collective-permute(" not in line and "collective-permute-start(" not in line:
       continue
     result = line.split("=", 1)[1].split("collective-permute", 1)[0]

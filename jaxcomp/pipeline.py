@@ -77,6 +77,7 @@ class TrainState(NamedTuple):
   model_state: tuple
   opt_state: Any
   links: tuple  # LinkState per boundary
+  grad_state: Any = ()  # data-parallel gradient compression state (gpipe executor)
 
 
 def split_microbatches(batch, m: int):
