@@ -301,29 +301,3 @@ def test_render_markdown_rejects_unknown_baseline_and_missing_cells():
 )
 def test_format_bandwidth(bps, text):
     assert netsim.format_bandwidth(bps) == text
-
-
-# --- demo ------------------------------------------------------------------------------------
-
-SHAPE = (8, 1024, 768)
-ELEMS = 8 * 1024 * 768
-
-
-def test_demo_message_sizes():
-    assert netsim._quant_bytes(SHAPE, 4) == ELEMS // 2 + 2 * 768
-    assert netsim._quant_bytes(SHAPE, 3) == 3 * ELEMS // 8 + 2 * 768
-    assert netsim._quant_bytes((3, 5), 3) == 6 + 2 * 5  # 45 bits round up to 6 bytes
-    k = math.ceil(0.1 * 1024 * 768)  # per example
-    assert netsim._topk_values_bytes(SHAPE, 0.1) == 8 * 4 * k
-    assert netsim._topk_index_bytes(SHAPE, 0.1) == 8 * 1024 * 768 // 8  # bitmap is smaller
-    assert netsim._topk_index_bytes((2, 1000), 0.01) == 2 * 4 * 10  # int32 indices are
-
-
-def test_demo_table_prints_all_configs_and_bandwidths(capsys):
-    table = netsim.demo_table()
-    assert capsys.readouterr().out == table + "\n"
-    lines = table.splitlines()
-    assert lines[0] == "| config | 10 Gbps | 1 Gbps | 500 Mbps | 300 Mbps | 100 Mbps |"
-    assert [line.split(" | ")[0] for line in lines[2:]] == [
-        "| fp32", "| fw4-bw8", "| fw3-bw6", "| Top10%",
-    ]
