@@ -164,7 +164,8 @@ def init_state(pipe: Pipeline, optimizer: optax.GradientTransformation, rng, bat
     params.append(p)
     model_state.append(ms)
     x = stage.apply(p, ms, x, train=False, rng=init_rng)[0]
-  params, model_state = tuple(params), tuple(model_state)
+  params = tie_params(tuple(params), pipe.tied)
+  model_state = tuple(model_state)
   shapes = boundary_shapes(pipe, params, model_state, mb[pipe.input_key])
   check_aqsgd_memory(pipe.boundary, shapes)
   batch_size = jax.tree.leaves(batch)[0].shape[0]
@@ -207,6 +208,14 @@ def finish_grads(pipe: Pipeline, grads: tuple) -> tuple:
     return grads
   factor = clip_factor(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)), pipe.grad_clip_norm)
   return jax.tree.map(lambda g: g * factor, grads)
+
+
+def tie_params(params: tuple, tied) -> tuple:
+  """Tied copies start equal: each pair's second member takes a copy of the first."""
+  params = list(params)
+  for (sa, pa), (sb, pb) in tied:
+    params[sb] = _set(params[sb], pb, jnp.array(_at(params[sa], pa)))
+  return tuple(params)
 
 
 def tie_grads(grads: tuple, tied) -> tuple:

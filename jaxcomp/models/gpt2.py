@@ -1,0 +1,130 @@
+"""GPT-2 (Radford et al.) in Flax, numerically matching Hugging Face's, cut into stages.
+
+Block: h = x + attn(ln_1(x)); y = h + mlp(ln_2(h)), causal attention softmax(q k^T / sqrt(d_h)),
+mlp = c_proj(gelu_tanh(c_fc(.))), LayerNorm eps 1e-5, logits = ln_f(x) wte^T (tied head).
+Stage 0 embeds tokens (wte[tokens] + wpe[:T]); the last stage has ln_f and the head. Block
+parameters are named `h_{i}` by their global index, so HF weights map onto any cut.
+"""
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxcomp.pipeline import FlaxStage
+
+
+@dataclasses.dataclass(frozen=True)
+class GPT2Config:
+  vocab_size: int = 50257
+  n_positions: int = 1024
+  n_embd: int = 768
+  n_layer: int = 12
+  n_head: int = 12
+  dropout: float = 0.1  # HF resid_pdrop = embd_pdrop = attn_pdrop
+  dtype: str = "float32"  # compute dtype; parameters stay fp32
+
+  @classmethod
+  def small(cls, **kw):
+    return cls(**kw)
+
+  @classmethod
+  def medium(cls, **kw):
+    return cls(n_embd=1024, n_layer=24, n_head=16, **kw)
+
+  @classmethod
+  def large(cls, **kw):
+    return cls(n_embd=1280, n_layer=36, n_head=20, **kw)
+
+  @classmethod
+  def xl(cls, **kw):
+    return cls(n_embd=1600, n_layer=48, n_head=25, **kw)
+
+  @classmethod
+  def tiny(cls, **kw):
+    """For tests and offline runs: 4 blocks of width 64 over a byte-level vocabulary."""
+    return cls(**{"vocab_size": 257, "n_positions": 256, "n_embd": 64, "n_layer": 4, "n_head": 4, **kw})
+
+
+_LN = dict(epsilon=1e-5)
+_INIT = nn.initializers.normal(0.02)
+
+
+class Block(nn.Module):
+  cfg: GPT2Config
+
+  @nn.compact
+  def __call__(self, x_BxTxD, train: bool):
+    cfg = self.cfg
+    b, t, d = x_BxTxD.shape
+    hd = d // cfg.n_head
+    drop = lambda y: nn.Dropout(cfg.dropout, deterministic=not train)(y)
+    dense = lambda n, name: nn.Dense(n, kernel_init=_INIT, dtype=cfg.dtype, name=name)
+
+    h = nn.LayerNorm(**_LN, dtype=cfg.dtype, name="ln_1")(x_BxTxD)
+    qkv = dense(3 * d, "c_attn")(h)
+    q, k, v = (a.reshape(b, t, cfg.n_head, hd) for a in jnp.split(qkv, 3, axis=-1))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(hd).astype(jnp.float32)
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    probs = jax.nn.softmax(jnp.where(causal, scores, jnp.finfo(jnp.float32).min), axis=-1)
+    probs = drop(probs.astype(cfg.dtype))
+    attn = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, t, d)
+    x = x_BxTxD + drop(dense(d, "c_proj")(attn))
+
+    h = nn.LayerNorm(**_LN, dtype=cfg.dtype, name="ln_2")(x)
+    h = dense(d, "mlp_c_proj")(nn.gelu(dense(4 * d, "mlp_c_fc")(h), approximate=True))
+    return x + drop(h)
+
+
+class GPT2Stage(nn.Module):
+  """Blocks [first_block, first_block + num_blocks), with the embedding and/or head if at an end."""
+  cfg: GPT2Config
+  first_block: int
+  num_blocks: int
+  embed: bool
+  head: bool
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    cfg = self.cfg
+    if self.embed:
+      wte = self.param("wte", _INIT, (cfg.vocab_size, cfg.n_embd))
+      wpe = self.param("wpe", nn.initializers.normal(0.01), (cfg.n_positions, cfg.n_embd))
+      x = (wte[x] + wpe[: x.shape[1]]).astype(cfg.dtype)
+      x = nn.Dropout(cfg.dropout, deterministic=not train)(x)
+    for i in range(self.first_block, self.first_block + self.num_blocks):
+      x = Block(cfg, name=f"h_{i}")(x, train)
+    if self.head:
+      x = nn.LayerNorm(**_LN, dtype=cfg.dtype, name="ln_f")(x)
+      wte = wte if self.embed else self.param("wte", _INIT, (cfg.vocab_size, cfg.n_embd))
+      x = jnp.einsum("btd,vd->btv", x, wte.astype(cfg.dtype))
+    return x
+
+
+def block_splits(n_layer: int, num_stages: int, cuts=None) -> list[tuple[int, int]]:
+  """(first block, block count) per stage. `cuts` = last block index of every stage but the last;
+  by default blocks split evenly (GPT-2 small, 4 stages: cuts after blocks 2, 5, 8)."""
+  if isinstance(num_stages, bool) or not isinstance(num_stages, int) or not 1 <= num_stages <= n_layer:
+    raise ValueError(f"num_stages must be an integer in 1..{n_layer} (n_layer), got {num_stages!r}")
+  if cuts is None:
+    sizes = [n_layer // num_stages + (s < n_layer % num_stages) for s in range(num_stages)]
+    cuts = [sum(sizes[: s + 1]) - 1 for s in range(num_stages - 1)]
+  cuts = list(cuts)
+  out_of_range = bool(cuts) and (cuts[0] < 0 or cuts[-1] > n_layer - 2)
+  if len(cuts) != num_stages - 1 or cuts != sorted(set(cuts)) or out_of_range:
+    raise ValueError(f"cuts must be {num_stages - 1} increasing block indices in 0..{n_layer - 2}, got {cuts}")
+  bounds = [-1, *cuts, n_layer - 1]
+  return [(bounds[s] + 1, bounds[s + 1] - bounds[s]) for s in range(num_stages)]
+
+
+def gpt2_stages(cfg: GPT2Config, num_stages: int = 4, cuts=None) -> tuple[FlaxStage, ...]:
+  """GPT-2 as pipeline stages: embedding on the first, ln_f and the tied head on the last."""
+  splits = block_splits(cfg.n_layer, num_stages, cuts)
+  last = num_stages - 1
+  return tuple(FlaxStage(GPT2Stage(cfg, first, n, embed=s == 0, head=s == last))
+               for s, (first, n) in enumerate(splits))
+
+
+def gpt2_tied(num_stages: int) -> tuple:
+  """The embedding on stage 0 and the head's copy on the last stage stay equal (grads summed)."""
+  return () if num_stages == 1 else (((0, ("wte",)), (num_stages - 1, ("wte",))),)
