@@ -66,7 +66,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
 
   cfg = gpt2.GPT2Config.tiny() if args.model == "tiny" else gpt2.GPT2Config.small()
-  stages = tuple(jaxcomp.FlaxStage(m) for m in gpt2.gpt2_stages(cfg, 4))
+  stages = gpt2.gpt2_stages(cfg, 4)
   tokens = jax.random.randint(jax.random.key(0), (args.batch, args.seq), 0, cfg.vocab_size)
   batch = {"tokens": tokens, "id": jnp.arange(args.batch)}
   base = jaxcomp.Pipeline(stages, spec.parse_boundary("none", "none"), jaxcomp.losses.language_model,

@@ -59,7 +59,7 @@ def pipeline_table(batch=8, seq=64, microbatches=2) -> str:
            "|---|---:|---:|---:|---:|"]
   dense_total = None
   for name, (fwd, bwd) in PIPELINE_CONFIGS.items():
-    pipe = jaxcomp.Pipeline(tuple(jaxcomp.FlaxStage(m) for m in gpt2.gpt2_stages(cfg, 4)),
+    pipe = jaxcomp.Pipeline(gpt2.gpt2_stages(cfg, 4),
                             spec.parse_boundary(fwd, bwd), jaxcomp.losses.language_model, "tokens", microbatches)
     state = ex.init_state(pipe, opt, jax.random.key(1), data)
     sent = gpipe.collective_permute_bytes(ex.compiled_text(pipe, opt, state, data))
