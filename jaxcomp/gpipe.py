@@ -127,10 +127,10 @@ class GPipe:
     mb = jax.tree.map(lambda x: x[0], pl.split_microbatches(local, pipe.microbatches))
     return pl.boundary_shapes(pipe, state.params, state.model_state, mb[pipe.input_key])
 
-  def init_state(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation, rng, batch):
+  def init_state(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None):
     """The simulate-layout state, flattened, padded and placed on the mesh."""
     self._check(pipe)
-    state = pl.init_state(pipe, optimizer, rng, self._local(batch))
+    state = pl.init_state(pipe, optimizer, rng, self._local(batch), params)
     return self.stack(pipe, optimizer, state, batch)
 
   def _local(self, batch):
@@ -291,6 +291,14 @@ class GPipe:
     rows = jax.tree.map(lambda a: a[0], grad_state)  # [1, P]
     payload, rows = self.grad_scheme.send(grads_row[None], rows, key)
     return _gathered_mean(self.grad_scheme, payload)[0], jax.tree.map(lambda a: a[None], rows)
+
+  def wire_bytes_per_step(self, pipe, batch) -> dict[str, int]:
+    """Executor protocol: every data shard's pipeline bytes each way, plus gradient exchange."""
+    local = pl.wire_bytes_per_step(pipe, None, self._local(batch))
+    out = {k: v * self.data for k, v in local.items()}
+    if self.data > 1:
+      out["data"] = self.grad_wire_bytes(pipe, optax.identity(), batch)
+    return out
 
   def grad_wire_bytes(self, pipe, optimizer, batch) -> int:
     """Bytes all replicas send per step for the data-parallel gradient exchange (all stages)."""

@@ -153,8 +153,12 @@ def check_aqsgd_memory(boundary: Boundary, shapes, available: int | None = None)
         f"{available / 2**30:.2f} GiB is free; use fewer examples, a smaller buffer dtype or host buffers")
 
 
-def init_state(pipe: Pipeline, optimizer: optax.GradientTransformation, rng, batch) -> TrainState:
-  """Initialises every stage on one microbatch, zero compression state, optimizer state."""
+def init_state(pipe: Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None) -> TrainState:
+  """Initialises every stage on one microbatch, zero compression state, optimizer state.
+
+  `params` (per-stage trees, e.g. pretrained weights) replace the random initialisation.
+  """
+  given = params
   mb = jax.tree.map(lambda x: x[0], split_microbatches(batch, pipe.microbatches))
   x = mb[pipe.input_key]
   params, model_state = [], []
@@ -164,6 +168,9 @@ def init_state(pipe: Pipeline, optimizer: optax.GradientTransformation, rng, bat
     params.append(p)
     model_state.append(ms)
     x = stage.apply(p, ms, x, train=False, rng=init_rng)[0]
+  if given is not None:
+    jax.tree.map(lambda a, b: _check_shape(a, b), given, tuple(params))
+    params = [jax.tree.map(jnp.asarray, p) for p in given]
   params = tie_params(tuple(params), pipe.tied)
   model_state = tuple(model_state)
   shapes = boundary_shapes(pipe, params, model_state, mb[pipe.input_key])
@@ -174,8 +181,25 @@ def init_state(pipe: Pipeline, optimizer: optax.GradientTransformation, rng, bat
                     optimizer.init(params), links)
 
 
-def wire_bytes_per_step(pipe: Pipeline, state: TrainState, batch) -> dict[str, int]:
-  """Exact forward/backward bytes one training step sends across all boundaries."""
+def uncompressed(pipe: Pipeline) -> Pipeline:
+  """The same pipeline with dense tensors both ways (what warm-up epochs send)."""
+  dense = feedback.Plain(feedback._IDENTITY)
+  return dataclasses.replace(pipe, boundary=Boundary(dense, dense, pipe.boundary.transport))
+
+
+def _check_shape(given, initialised):
+  if tuple(given.shape) != tuple(initialised.shape):
+    raise ValueError(f"given parameter of shape {tuple(given.shape)} does not fit the model's "
+                     f"{tuple(initialised.shape)}")
+
+
+def wire_bytes_per_step(pipe: Pipeline, state: TrainState | None, batch) -> dict[str, int]:
+  """Exact forward/backward bytes one training step sends across all boundaries.
+
+  `state` may be None (shapes are then traced from an abstract initialisation).
+  """
+  if state is None:
+    state = jax.eval_shape(lambda b: init_state(pipe, optax.identity(), jax.random.key(0), b), batch)
   mb = jax.tree.map(lambda x: x[0], split_microbatches(batch, pipe.microbatches))
   shapes = boundary_shapes(pipe, state.params, state.model_state, mb[pipe.input_key])
   per_message = [pipe.boundary.wire_bytes(s.shape, s.dtype) for s in shapes]

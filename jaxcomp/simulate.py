@@ -41,9 +41,14 @@ def _run(pipe: pl.Pipeline, params, model_state, fwd_tables, bwd_tables, batch, 
   return mean(losses), (metrics, tuple(model_state), tuple(fwd_tables))
 
 
-def init_state(pipe: pl.Pipeline, optimizer: optax.GradientTransformation, rng, batch) -> pl.TrainState:
+def init_state(pipe: pl.Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None) -> pl.TrainState:
   """Executor protocol: the train state on the default device (see `pipeline.init_state`)."""
-  return pl.init_state(pipe, optimizer, rng, batch)
+  return pl.init_state(pipe, optimizer, rng, batch, params)
+
+
+def wire_bytes_per_step(pipe: pl.Pipeline, batch) -> dict[str, int]:
+  """Executor protocol: bytes one training step sends over all boundaries, each way."""
+  return pl.wire_bytes_per_step(pipe, None, batch)
 
 
 def _tables(state: pl.TrainState):

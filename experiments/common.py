@@ -1,0 +1,124 @@
+"""What every experiment shares: the CLI, presets, executor choice and result writing.
+
+An experiment module defines its recipe (defaults), a preset table (paper row -> overrides)
+and `build(config) -> (Pipeline, optimizer, train.Data)`; `main` does the rest. Precedence:
+recipe < preset < explicit flags.
+"""
+import argparse
+import dataclasses
+import json
+import pathlib
+import re
+import sys
+from typing import Callable
+
+import jax
+
+from jaxcomp import gpipe, results, simulate, train
+from jaxcomp.spec import parse_boundary
+
+COMMON_FLAGS = {  # flag -> (type, help); defaults come from the recipe
+    "fwd": (str, "forward (activation) compression spec, e.g. quant:4, topk:0.1, aqsgd+topk:0.5"),
+    "bwd": (str, "backward (gradient) compression spec, e.g. quant:8, reuse"),
+    "epochs": (int, "training epochs"),
+    "steps": (int, "stop after this many steps in total (short runs)"),
+    "seed": (int, "random seed (init, data order, stochastic rounding)"),
+    "batch_size": (int, "global batch size"),
+    "microbatches": (int, "GPipe microbatches per batch (per data shard)"),
+    "stages": (int, "pipeline stages"),
+    "lr": (float, "peak learning rate"),
+    "warmup_epochs": (int, "epochs sent uncompressed first (AQ-SGD fills its buffers)"),
+    "init_epoch": (int, "warm start from the baseline's checkpoint after this many epochs (baseN)"),
+    "train_examples": (int, "use only the first N training examples (quick runs)"),
+    "eval_examples": (int, "use only the first N evaluation examples"),
+    "data_parallel": (int, "data-parallel replicas (gpipe executor)"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  name: str
+  recipe: Callable  # CLI args -> the paper's defaults (offline defaults when no dataset is given)
+  presets: dict  # preset name -> overrides
+  build: Callable  # config dict -> (Pipeline, optimizer, train.Data, initial params or None)
+  add_flags: Callable = lambda parser: None  # experiment-specific flags
+
+
+def parser_for(exp: Experiment) -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog=f"python -m experiments.{exp.name}",
+                              description=f"{exp.name}: presets reproduce the papers' rows")
+  p.add_argument("--preset", help="a paper row (see --list-presets)")
+  p.add_argument("--list-presets", action="store_true", help="print the presets and exit")
+  for flag, (kind, text) in COMMON_FLAGS.items():
+    p.add_argument("--" + flag.replace("_", "-"), type=kind, help=text)
+  p.add_argument("--executor", choices=["simulate", "gpipe"], help="one device, or stages across devices")
+  p.add_argument("--out", help="output folder (default runs/<experiment>)")
+  p.add_argument("--run-name", help="name of this run's files (default: the preset or the specs)")
+  p.add_argument("--resume", action="store_true", help="continue from this run's latest checkpoint")
+  p.add_argument("--init-from", help="baseline run folder (with ckpt/) for warm starts (baseN presets)")
+  p.add_argument("--no-progress", action="store_true", help="no progress bar")
+  exp.add_flags(p)
+  return p
+
+
+def resolve(exp: Experiment, args: argparse.Namespace) -> dict:
+  """recipe < preset < flags; validates the preset name and the compression specs."""
+  config = dict(exp.recipe(args))
+  if args.preset is not None:
+    if args.preset not in exp.presets:
+      raise ValueError(f"unknown preset {args.preset!r}; valid presets: {', '.join(exp.presets)}")
+    config.update(exp.presets[args.preset])
+  config.update({k: v for k, v in vars(args).items() if v is not None and v is not False})
+  config.pop("list_presets", None)
+  parse_boundary(config["fwd"], config["bwd"], num_examples=1)  # fail early on a bad spec
+  if config.get("init_epoch") and not config.get("init_from"):
+    raise ValueError(f"preset {args.preset!r} warm-starts from a baseline after {config['init_epoch']} epochs: "
+                     "run the baseline preset first and pass its folder with --init-from")
+  config.setdefault("run_name", args.preset or re.sub(r"[^A-Za-z0-9.+-]+", "_", f"{config['fwd']}__{config['bwd']}"))
+  config.setdefault("out", str(pathlib.Path("runs") / exp.name))
+  return config
+
+
+def executor_for(config: dict, num_stages: int):
+  if config.get("executor", "simulate") == "simulate":
+    return simulate
+  return gpipe.GPipe(gpipe.make_mesh(num_stages, config.get("data_parallel") or 1))
+
+
+def run(exp: Experiment, config: dict):
+  """Builds, trains and writes results after every epoch. Returns (state, history)."""
+  pipe, optimizer, data, initial_params = exp.build(config)
+  out = pathlib.Path(config["out"])
+  run_dir = out / config["run_name"]
+  serializable = {k: v for k, v in config.items() if isinstance(v, (int, float, str, bool, type(None)))}
+  serializable["data"] = data.name
+  write = lambda history: results.write(out / "results", config["run_name"], serializable, history)
+  init_from = (str(pathlib.Path(config["init_from"]).resolve() / "ckpt"), config["init_epoch"]) \
+      if config.get("init_epoch") else None
+  cfg = train.RunConfig(epochs=config["epochs"], steps=config.get("steps"),
+                        warmup_epochs=config.get("warmup_epochs", 0),
+                        checkpoint_dir=str((run_dir / "ckpt").resolve()), resume=config.get("resume", False),
+                        init_from=init_from, progress=not config.get("no_progress", False))
+  print(f"[{exp.name}] run {config['run_name']}: data = {data.name}; fwd {config['fwd']}, bwd {config['bwd']}; "
+        f"{pipe.num_stages} stages x {pipe.microbatches} microbatches on {jax.devices()[0].platform}")
+  state, history = train.fit(pipe, optimizer, executor_for(config, pipe.num_stages), data, cfg,
+                             jax.random.key(config["seed"]), on_epoch=write, initial_params=initial_params)
+  if history:
+    last = history[-1]
+    print(json.dumps({k: last[k] for k in ("epoch", "train_loss", "eval_off", "eval_on", "wire_bytes_fwd",
+                                           "wire_bytes_bwd", "steps_per_s")}))
+    print(f"results: {out / 'results' / config['run_name']}.json/.csv/.md")
+  return state, history
+
+
+def main(exp: Experiment, argv=None):
+  args = parser_for(exp).parse_args(argv)
+  if args.list_presets:
+    for name, overrides in exp.presets.items():
+      print(f"{name:24s} {overrides}")
+    return None
+  try:
+    config = resolve(exp, args)
+  except ValueError as err:
+    sys.exit(f"error: {err}")
+  return run(exp, config)

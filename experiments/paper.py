@@ -1,0 +1,20 @@
+"""The papers' reported numbers (../shared/SPEC.md), keyed by preset name: targets, not results."""
+
+# ResNet18 / CIFAR-10 test accuracy %, (compression off at eval, on at eval); Rudakov et al. Tables 1-4
+RESNET = {
+    "baseline": (93.0, 93.0),
+    "fw4-bw8": (93.10, 92.95), "fw4-bw6": (91.93, 91.76), "fw4-bw4": (83.39, 82.66), "fw4-bw2": (65.11, 64.27),
+    "fw2-bw8": (77.09, 92.05), "fw2-bw6": (84.87, 91.59), "fw2-bw4": (81.32, 83.92),
+    "top50": (93.16, 93.38), "top30": (91.26, 93.06), "top20": (86.74, 92.73), "top10": (75.89, 91.87),
+    "top5": (55.09, 90.01), "top2": (49.95, 85.52),
+    "ef-top10-base20": (91.02, 89.85), "efmixed-top10-base20": (61.37, 90.97), "ef21-top5": (89.37, 89.29),
+    "ef21-top10": (90.83, 91.19), "ef21-top10-base20": (90.71, 91.77),
+    "aqsgd-top50-base10": (92.44, 92.54), "aqsgd-top30-base10": (91.86, 91.61),
+    "aqsgd-top20-base10": (90.82, 87.8), "aqsgd-top10-base10": (85.91, 84.16),
+}
+
+# GPT-2 small / Wikitext-2 eval loss (perplexity); Rudakov et al. Table 5
+GPT2 = {
+    "baseline": (3.05, 21.01), "top50-reuse": (3.11, 22.38), "top30-reuse": (3.27, 26.28),
+    "top20-reuse": (3.51, 33.32), "top10-reuse": (4.31, 74.51), "top10-separate": (8.0, 2990.0),
+}

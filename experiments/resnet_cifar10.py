@@ -1,0 +1,79 @@
+"""ResNet18 on CIFAR-10 in 4 pipeline stages: Rudakov et al. Tables 1-4 as presets.
+
+    python -m experiments.resnet_cifar10 --preset fw4-bw8
+    python -m experiments.resnet_cifar10 --preset baseline --epochs 20            # then:
+    python -m experiments.resnet_cifar10 --preset ef21-top10-base20 --init-from runs/resnet_cifar10/baseline
+
+Recipe: batch 100, SGD lr 0.01 momentum 0.9 weight decay 5e-4, cosine over 200 epochs,
+100 epochs. Data: CIFAR-10 from --data-dir (cifar-10-batches-py) or tensorflow-datasets;
+without either it runs on a generated stand-in and says so.
+"""
+import optax
+
+from experiments import common
+from jaxcomp import losses, train
+from jaxcomp.data import batching, cifar10
+from jaxcomp.models import resnet
+from jaxcomp.pipeline import Pipeline
+from jaxcomp.spec import parse_boundary
+
+RECIPE = dict(fwd="none", bwd="none", epochs=100, batch_size=100, microbatches=1, stages=4, lr=0.01, seed=0,
+              momentum=0.9, weight_decay=5e-4, cosine_epochs=200, width=64, data_source="auto", data_dir=None)
+
+
+def _presets():
+  presets = {"baseline": {}}
+  for a in (4, 2):
+    for b in (8, 6, 4, 2):
+      if (a, b) != (2, 2):
+        presets[f"fw{a}-bw{b}"] = dict(fwd=f"quant:{a}", bwd=f"quant:{b}")
+  for k in (50, 30, 20, 10, 5, 2):
+    presets[f"top{k}"] = dict(fwd=f"topk:{k / 100}", bwd=f"topk:{k / 100}")
+  presets["ef-top10-base20"] = dict(fwd="ef+topk:0.1", bwd="ef+topk:0.1", init_epoch=20)
+  presets["efmixed-top10-base20"] = dict(fwd="efmixed+topk:0.1", bwd="efmixed+topk:0.1", init_epoch=20)
+  presets["ef21-top5"] = dict(fwd="ef21+topk:0.05", bwd="ef21+topk:0.05")
+  presets["ef21-top10"] = dict(fwd="ef21+topk:0.1", bwd="ef21+topk:0.1")
+  presets["ef21-top10-base20"] = dict(fwd="ef21+topk:0.1", bwd="ef21+topk:0.1", init_epoch=20)
+  for k in (50, 30, 20, 10):  # buffers fill during the first epoch after the warm start
+    presets[f"aqsgd-top{k}-base10"] = dict(fwd=f"aqsgd+topk:{k / 100}", bwd=f"topk:{k / 100}", init_epoch=10,
+                                           warmup_epochs=11)
+  return presets
+
+
+PRESETS = _presets()
+
+
+def _subset(split, n):
+  return split if n is None else {k: v[:n] for k, v in split.items()}
+
+
+def build(config):
+  data = cifar10.load(config["data_source"], config["data_dir"])
+  train_split = _subset(data.train, config.get("train_examples"))
+  test_split = _subset(data.test, config.get("eval_examples"))
+  data = cifar10.ImageData(data.name, train_split, test_split)
+  bs = config["batch_size"]
+  steps_per_epoch = batching.num_batches(len(train_split["label"]), bs)
+  schedule = optax.cosine_decay_schedule(config["lr"], config["cosine_epochs"] * steps_per_epoch)
+  optimizer = optax.chain(optax.add_decayed_weights(config["weight_decay"]),
+                          optax.sgd(schedule, momentum=config["momentum"]))
+  boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=len(train_split["label"]))
+  stages = resnet.resnet18_stages(resnet.ResNet18Config(width=config["width"]), config["stages"])
+  pipe = Pipeline(stages, boundary, losses.classification, "image", config["microbatches"])
+  example = next(cifar10.eval_batches(cifar10.ImageData(data.name, train_split, train_split), bs))
+  return pipe, optimizer, train.Data(
+      train_batches=lambda epoch: cifar10.train_batches(data, bs, config["seed"], epoch),
+      steps_per_epoch=steps_per_epoch, eval_batches=lambda: cifar10.eval_batches(data, bs),
+      example_batch=example, name=data.name), None
+
+
+def _flags(parser):
+  parser.add_argument("--width", type=int, help="channels of layer1 (64 = ResNet18)")
+  parser.add_argument("--data-source", choices=cifar10.SOURCES, help="where CIFAR-10 comes from")
+  parser.add_argument("--data-dir", help="folder with cifar-10-batches-py, or tfds data_dir")
+
+
+EXPERIMENT = common.Experiment("resnet_cifar10", lambda args: RECIPE, PRESETS, build, _flags)
+
+if __name__ == "__main__":
+  common.main(EXPERIMENT)

@@ -1,0 +1,59 @@
+"""Orbax checkpoints of a whole run: train state plus a JSON run position.
+
+Two items per saved epoch: `model` (step, PRNG key data, params, model state, optimizer
+state) and `compression` (every link table and the data-parallel gradient state), so a warm
+start ("baseN") can take the model of a differently compressed baseline run; plus `meta`
+(epoch, history, config). Restoring onto an abstract target brings back exact dtypes,
+shapes and NamedTuple structure.
+"""
+import jax
+import orbax.checkpoint as ocp
+
+from jaxcomp.pipeline import TrainState
+
+
+def _model(state: TrainState):
+  return (state.step, jax.random.key_data(state.rng), state.params, state.model_state, state.opt_state)
+
+
+def _abstract(tree):
+  return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+
+
+class Checkpointer:
+  """Saves one checkpoint per epoch under `directory`, keeping the newest `keep`."""
+
+  def __init__(self, directory, keep: int = 2):
+    self.manager = ocp.CheckpointManager(
+        directory,
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+
+  def save(self, epoch: int, state: TrainState, meta: dict):
+    self.manager.save(epoch, args=ocp.args.Composite(
+        model=ocp.args.StandardSave(_model(state)),
+        compression=ocp.args.StandardSave((state.links, state.grad_state)),
+        meta=ocp.args.JsonSave(meta)))
+    self.manager.wait_until_finished()
+
+  def latest_epoch(self) -> int | None:
+    return self.manager.latest_step()
+
+  def epochs(self) -> list[int]:
+    return list(self.manager.all_steps())
+
+  def restore(self, epoch: int, like: TrainState, model_only: bool = False):
+    """(state, meta) at `epoch`, shaped like `like`; `model_only` keeps like's compression state."""
+    if epoch not in self.manager.all_steps():
+      raise FileNotFoundError(f"no checkpoint for epoch {epoch} in {self.manager.directory}; "
+                              f"saved epochs: {self.epochs()}")
+    items = dict(model=ocp.args.StandardRestore(_abstract(_model(like))), meta=ocp.args.JsonRestore())
+    if not model_only:
+      items["compression"] = ocp.args.StandardRestore(_abstract((like.links, like.grad_state)))
+    out = self.manager.restore(epoch, args=ocp.args.Composite(**items))
+    step, rng, params, model_state, opt_state = out.model
+    links, grad_state = (like.links, like.grad_state) if model_only else out.compression
+    state = TrainState(step, jax.random.wrap_key_data(rng), params, model_state, opt_state, links, grad_state)
+    return state, out.meta
+
+  def close(self):
+    self.manager.close()

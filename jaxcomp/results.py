@@ -1,0 +1,58 @@
+"""Run results on disk: one JSON, one CSV and one markdown table per run, written atomically.
+
+Each file belongs to one run name, so runs never overwrite each other, and a file is
+replaced only by a complete new version (write to a temporary name, then rename).
+"""
+import csv
+import io
+import json
+import os
+import pathlib
+
+
+def _atomic_write(path: pathlib.Path, text: str):
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(text)
+  os.replace(tmp, path)
+
+
+def flatten(record: dict, prefix: str = "") -> dict:
+  """{'eval_on': {'accuracy': 1}} -> {'eval_on.accuracy': 1}."""
+  out = {}
+  for k, v in record.items():
+    if isinstance(v, dict):
+      out.update(flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def markdown(rows: list[dict], columns: list[str] | None = None) -> str:
+  flat = [flatten(r) for r in rows]
+  columns = columns or list(dict.fromkeys(k for r in flat for k in r))
+  fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in flat]
+  return "\n".join(lines)
+
+
+def write(out_dir, run: str, config: dict, history: list[dict]) -> dict[str, pathlib.Path]:
+  """Writes <run>.json, <run>.csv, <run>.md under out_dir; returns their paths."""
+  out_dir = pathlib.Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  paths = {ext: out_dir / f"{run}.{ext}" for ext in ("json", "csv", "md")}
+  _atomic_write(paths["json"], json.dumps({"run": run, "config": config, "history": history}, indent=1))
+  flat = [flatten(r) for r in history]
+  buf = io.StringIO()
+  if flat:
+    writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in flat for k in r)))
+    writer.writeheader()
+    writer.writerows(flat)
+  _atomic_write(paths["csv"], buf.getvalue())
+  _atomic_write(paths["md"], f"# {run}\n\n{markdown(history)}\n")
+  return paths
+
+
+def load(out_dir) -> list[dict]:
+  """Every run's JSON under out_dir, by run name."""
+  return [json.loads(p.read_text()) for p in sorted(pathlib.Path(out_dir).glob("*.json"))]

@@ -1,0 +1,141 @@
+"""The training driver every experiment shares: epochs, evaluation, checkpoints, resume.
+
+Per epoch: train with a progress bar (AQ-SGD warm-up epochs in Mode.WARMUP), evaluate with
+compression on and off, record loss/metrics, bytes on the wire per step and steps/s, save
+an Orbax checkpoint, hand the history to `on_epoch` (results writing). A NaN/Inf loss stops
+the run at once with `NonFiniteLossError`; the last good checkpoint is never overwritten.
+Resume restores the latest checkpoint; data order, keys and every state continue exactly.
+"""
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Iterator
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from jaxcomp import pipeline as pl
+from jaxcomp.boundary import Mode
+from jaxcomp.checkpoint import Checkpointer
+
+
+class NonFiniteLossError(RuntimeError):
+  """The training loss became NaN or Inf."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+  """What the driver needs from a dataset.
+
+  train_batches(epoch): that epoch's batches (dicts of numpy arrays) in an order fixed by
+  the seed and the epoch (checkpoints are taken at epoch ends, so resuming needs no more);
+  eval_batches(): the evaluation set.
+  """
+  train_batches: Callable[[int], Iterator[dict]]
+  steps_per_epoch: int
+  eval_batches: Callable[[], Iterator[dict]]
+  example_batch: dict
+  name: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  epochs: int
+  steps: int | None = None  # stop after this many steps in total (short runs)
+  warmup_epochs: int = 0  # AQ-SGD: epochs sent uncompressed while buffers fill
+  checkpoint_dir: str | None = None
+  resume: bool = False
+  init_from: tuple[str, int] | None = None  # (baseline checkpoint dir, epoch): warm start
+  progress: bool = True
+
+  def __post_init__(self):
+    if self.epochs < 1:
+      raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+    if self.steps is not None and self.steps < 1:
+      raise ValueError(f"steps must be >= 1, got {self.steps}")
+
+
+def evaluate(eval_step, state, batches) -> dict:
+  """Metrics averaged over the evaluation set, weighted by batch size."""
+  totals, count = {}, 0
+  for batch in batches:
+    n = len(next(iter(batch.values())))
+    for k, v in eval_step(state, batch).items():
+      totals[k] = totals.get(k, 0.0) + float(v) * n
+    count += n
+  return {k: v / count for k, v in totals.items()}
+
+
+def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
+        on_epoch: Callable[[list[dict]], Any] | None = None, initial_params=None):
+  """Trains `pipe` (from `initial_params`, e.g. pretrained, if given); returns (state, history)."""
+  state = executor.init_state(pipe, optimizer, rng, data.example_batch, initial_params)
+  ckpt = Checkpointer(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+  history, start_epoch = [], 0
+  if ckpt and not cfg.resume and ckpt.latest_epoch() is not None:
+    raise ValueError(f"{cfg.checkpoint_dir} already holds checkpoints (epochs {ckpt.epochs()}); resume the run "
+                     "or give the new run another name/folder (nothing was overwritten)")
+  if cfg.resume and ckpt and ckpt.latest_epoch() is not None:
+    state, meta = ckpt.restore(ckpt.latest_epoch(), state)
+    history, start_epoch = meta["history"], meta["epoch"]
+  elif cfg.init_from:
+    directory, epoch = cfg.init_from
+    baseline = Checkpointer(directory)
+    state, _ = baseline.restore(epoch, state, model_only=True)
+    baseline.close()
+    start_epoch = epoch
+  wire = {Mode.TRAIN: executor.wire_bytes_per_step(pipe, data.example_batch),
+          Mode.WARMUP: executor.wire_bytes_per_step(pl.uncompressed(pipe), data.example_batch)}
+  steps = {}
+  eval_steps = {c: executor.make_eval_step(pipe, c) for c in (True, False)}
+  global_step = int(state.step)
+  for epoch in range(start_epoch, cfg.epochs):
+    if cfg.steps is not None and global_step >= cfg.steps:
+      break
+    mode = Mode.WARMUP if epoch < cfg.warmup_epochs else Mode.TRAIN
+    if mode not in steps:
+      steps[mode] = executor.make_train_step(pipe, optimizer, mode)
+    todo = data.steps_per_epoch
+    if cfg.steps is not None:
+      todo = min(todo, cfg.steps - global_step)
+    bar = tqdm(total=todo, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not cfg.progress, leave=False)
+    losses, timed_steps, start = [], 0, None
+    for i, batch in enumerate(data.train_batches(epoch)):
+      if i == todo:
+        break
+      state, metrics = steps[mode](state, batch)
+      loss = float(metrics["loss"])
+      if not math.isfinite(loss):
+        bar.close()
+        last = ckpt.latest_epoch() if ckpt else None
+        raise NonFiniteLossError(
+            f"training loss is {loss} at epoch {epoch + 1}, step {i + 1} of the epoch (global step "
+            f"{global_step + 1}); stopped. Last good checkpoint: "
+            f"{f'epoch {last} in {cfg.checkpoint_dir}' if last is not None else 'none'}")
+      losses.append(loss)
+      global_step += 1
+      if i == 0:
+        start = time.perf_counter()  # the first step compiles: not timed
+      else:
+        timed_steps += 1
+      bar.update(1)
+      bar.set_postfix(loss=f"{loss:.4f}")
+    elapsed = time.perf_counter() - start if start is not None else 0.0
+    bar.close()
+    record = {
+        "epoch": epoch + 1, "step": global_step, "mode": mode.value,
+        "train_loss": float(np.mean(losses)) if losses else float("nan"),
+        "eval_on": evaluate(eval_steps[True], state, data.eval_batches()),
+        "eval_off": evaluate(eval_steps[False], state, data.eval_batches()),
+        "wire_bytes_fwd": wire[mode]["fwd"], "wire_bytes_bwd": wire[mode]["bwd"],
+        "steps_per_s": timed_steps / elapsed if timed_steps and elapsed > 0 else None,
+    }
+    history.append(record)
+    if ckpt:
+      ckpt.save(epoch + 1, state, {"epoch": epoch + 1, "history": history})
+    if on_epoch:
+      on_epoch(history)
+  if ckpt:
+    ckpt.close()
+  return state, history

@@ -1,0 +1,125 @@
+"""Dataset loaders on small files written here in the real formats; batching determinism."""
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+from jaxcomp.data import batching, cifar10, text
+
+
+def _write_cifar(directory, per_file=4):
+  rng = np.random.default_rng(0)
+  folder = directory / "cifar-10-batches-py"
+  folder.mkdir()
+  written = {}
+  for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+    data = rng.integers(0, 256, (per_file, 3072), dtype=np.uint8)  # rows: 1024 R, 1024 G, 1024 B
+    labels = rng.integers(0, 10, per_file).tolist()
+    with open(folder / name, "wb") as f:
+      pickle.dump({b"data": data, b"labels": labels, b"batch_label": name.encode()}, f)
+    written[name] = (data, labels)
+  return written
+
+
+def test_cifar10_pickle_files(tmp_path):
+  written = _write_cifar(tmp_path)
+  data = cifar10.load("files", tmp_path)
+  assert data.name == "CIFAR-10"
+  assert data.train["image"].shape == (20, 32, 32, 3) and data.test["image"].shape == (4, 32, 32, 3)
+  raw, labels = written["data_batch_2"]
+  # image 1 of batch 2 is train image 5; pixel (row 3, col 7) of channel G is at 1024 + 3*32 + 7
+  assert data.train["image"][5, 3, 7, 1] == raw[1, 1024 + 3 * 32 + 7]
+  assert data.train["label"][5] == labels[1]
+  assert cifar10.load("auto", tmp_path).name == "CIFAR-10"
+
+
+def test_cifar10_errors(tmp_path):
+  with pytest.raises(ValueError, match="unknown CIFAR-10 source 'imagenet'"):
+    cifar10.load("imagenet")
+  with pytest.raises(FileNotFoundError, match="data_batch_1"):
+    cifar10.load("files", tmp_path)
+  with pytest.raises(ValueError, match="needs data_dir"):
+    cifar10.load("files")
+
+
+def test_synthetic_stand_in_is_labelled_and_learnable():
+  data = cifar10.synthetic(2000, 500)
+  assert "NOT CIFAR-10" in data.name
+  x = cifar10.normalise(data.train["image"]).reshape(2000, -1)
+  means = np.stack([x[data.train["label"] == c].mean(0) for c in range(10)])
+  test = cifar10.normalise(data.test["image"]).reshape(500, -1)
+  predicted = np.argmax(test @ means.T - 0.5 * (means**2).sum(1), axis=1)
+  assert (predicted == data.test["label"]).mean() > 0.5  # chance is 0.1
+
+
+def test_augmentation_crops_and_flips_deterministically():
+  images = np.random.default_rng(0).integers(0, 256, (64, 32, 32, 3), dtype=np.uint8)
+  a = cifar10.augment(images, np.random.default_rng(1))
+  b = cifar10.augment(images, np.random.default_rng(1))
+  np.testing.assert_array_equal(a, b)
+  assert a.shape == images.shape and a.dtype == np.uint8
+  padded = np.pad(images, ((0, 0), (4, 4), (4, 4), (0, 0)))
+  found = []  # the (dy, dx, flipped) that produced each output
+  for i in range(64):
+    matches = [(dy, dx, f) for dy in range(9) for dx in range(9) for f in (0, 1)
+               if np.array_equal(a[i], (lambda c: c[:, ::-1] if f else c)(padded[i, dy:dy + 32, dx:dx + 32]))]
+    assert matches, f"output {i} is no crop/flip of its input"
+    found.append(matches[0])
+  assert 15 < sum(f for _, _, f in found) < 49  # about half flipped
+  assert len({(dy, dx) for dy, dx, _ in found}) > 20  # offsets vary over the 9x9 range
+
+
+def test_batches_are_deterministic_per_seed_and_epoch():
+  arrays = {"x": np.arange(50)}
+  epoch1 = [b["x"].tolist() for b in batching.iterate(arrays, 8, seed=3, epoch=1)]
+  assert epoch1 == [b["x"].tolist() for b in batching.iterate(arrays, 8, seed=3, epoch=1)]
+  assert epoch1 != [b["x"].tolist() for b in batching.iterate(arrays, 8, seed=3, epoch=2)]
+  assert len(epoch1) == 6 and len(set(sum(epoch1, []))) == 48  # remainder dropped, no repeats
+  first = next(batching.iterate(arrays, 8, seed=3, epoch=1))
+  np.testing.assert_array_equal(first["id"], first["x"])
+  with pytest.raises(ValueError, match=r"batch_size must be in 1..50 \(the split's size\), got 64"):
+    next(batching.iterate(arrays, 64, 0, 0))
+
+
+def test_blocks_and_offline_corpus():
+  np.testing.assert_array_equal(text.blocks(range(10), 3), [[0, 1, 2], [3, 4, 5], [6, 7, 8]])
+  with pytest.raises(ValueError, match="block_size 20 is larger than the corpus"):
+    text.blocks(range(10), 20)
+  data = text.load("offline", 64)
+  assert "NOT Wikitext-2" in data.name and data.vocab_size == 257
+  assert data.train.shape[1] == 64 and data.train.shape[0] > 500 and data.train.max() < 256
+  assert text.ByteTokenizer().decode(data.train[0][:20]).strip()
+  with pytest.raises(ValueError, match="unknown text source 'ptb'"):
+    text.load("ptb", 64)
+
+
+def _write_bpe(directory):
+  from tokenizers import pre_tokenizers
+  alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+  vocab = {ch: i for i, ch in enumerate(alphabet)}
+  merges = [("t", "h"), ("th", "e"), ("Ġ", "the")]
+  for a, b in merges:
+    vocab[a + b] = len(vocab)
+  (directory / "vocab.json").write_text(json.dumps(vocab))
+  (directory / "merges.txt").write_text("#version: 0.2\n" + "\n".join(f"{a} {b}" for a, b in merges) + "\n")
+  return vocab
+
+
+def test_wikitext2_raw_files_with_gpt2_bpe(tmp_path):
+  vocab = _write_bpe(tmp_path)
+  corpus = " = Title = \n the cat sat on the mat . the end \n"
+  for name in text.SPLIT_FILES.values():
+    (tmp_path / name).write_text(corpus * 20)
+  tok = text.BPETokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
+  ids = tok.encode(" the cat")
+  assert ids[0] == vocab["Ġthe"] and tok.decode(ids) == " the cat"
+  data = text.load("wikitext2", 16, data_dir=tmp_path, tokenizer_dir=tmp_path)
+  assert data.name.startswith("Wikitext-2") and data.vocab_size == len(vocab)
+  all_ids = tok.encode(corpus * 20)
+  np.testing.assert_array_equal(data.train.reshape(-1), all_ids[: data.train.size])
+  (tmp_path / "wiki.valid.raw").unlink()
+  with pytest.raises(FileNotFoundError, match="wiki.valid.raw not found"):
+    text.load_wikitext2(tmp_path)
+  with pytest.raises(ValueError, match="needs tokenizer_dir"):
+    text.load("wikitext2", 16, data_dir=tmp_path)

@@ -1,0 +1,76 @@
+"""Experiment CLIs: 2-step smokes of the presets on the offline defaults, errors, report."""
+import json
+
+import pytest
+
+from experiments import gpt2_wikitext, report, resnet_cifar10
+from experiments.common import main
+
+RESNET_TINY = ["--steps", "2", "--width", "8", "--batch-size", "10", "--train-examples", "40",
+               "--eval-examples", "20", "--no-progress"]
+GPT2_TINY = ["--steps", "2", "--batch-size", "4", "--block-size", "32", "--train-examples", "16",
+             "--eval-examples", "8", "--no-progress"]
+
+
+def _result(out, run):
+  return json.loads((out / "results" / f"{run}.json").read_text())
+
+
+@pytest.mark.parametrize("preset", ["baseline", "fw4-bw8", "fw2-bw4", "top10", "ef21-top10", "ef21-top5"])
+def test_resnet_presets_smoke(tmp_path, preset):
+  main(resnet_cifar10.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *RESNET_TINY])
+  run = _result(tmp_path, preset)
+  last = run["history"][-1]
+  assert "NOT CIFAR-10" in run["config"]["data"]
+  assert set(last["eval_on"]) == set(last["eval_off"]) == {"accuracy", "loss"}
+  dense = 10 * (32 * 32 * 8 + 16 * 16 * 16 + 8 * 8 * 32) * 4  # batch x boundary activations x fp32
+  if preset == "baseline":
+    assert last["wire_bytes_fwd"] == last["wire_bytes_bwd"] == dense
+  else:
+    assert last["wire_bytes_fwd"] < dense / 3
+
+
+@pytest.mark.parametrize("preset", ["top10-reuse", "top10-separate", "aqsgd-fw2-bw4", "direct-fw3-bw6"])
+def test_gpt2_presets_smoke(tmp_path, preset):
+  main(gpt2_wikitext.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *GPT2_TINY])
+  run = _result(tmp_path, preset)
+  assert "NOT Wikitext-2" in run["config"]["data"]
+  assert run["config"]["model"] == "tiny"
+  last = run["history"][-1]
+  assert last["eval_on"]["perplexity"] > 1 and last["mode"] == ("warmup" if preset.startswith("aqsgd") else "train")
+
+
+def test_gpipe_executor_from_the_cli(tmp_path):
+  main(gpt2_wikitext.EXPERIMENT, ["--preset", "top10-reuse", "--executor", "gpipe", "--microbatches", "2",
+                                  "--out", str(tmp_path), *GPT2_TINY])
+  assert _result(tmp_path, "top10-reuse")["history"][-1]["steps_per_s"] is not None
+
+
+def test_warm_start_preset_needs_a_baseline(tmp_path):
+  with pytest.raises(SystemExit, match="run the baseline preset first and pass its folder with --init-from"):
+    main(resnet_cifar10.EXPERIMENT, ["--preset", "ef21-top10-base20", *RESNET_TINY])
+  base = ["--out", str(tmp_path), *RESNET_TINY, "--steps", "4", "--train-examples", "20"]
+  main(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", "--epochs", "3", *base])
+  main(resnet_cifar10.EXPERIMENT, ["--preset", "ef21-top10-base20", "--init-epoch", "1", "--epochs", "3",
+                                   "--init-from", str(tmp_path / "baseline"), *base])
+  assert [r["epoch"] for r in _result(tmp_path, "ef21-top10-base20")["history"]] == [2]
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--preset", "top11"], "unknown preset 'top11'; valid presets: baseline, fw4-bw8"),
+    (["--fwd", "quant:17"], "bits must be an integer in 1..16, got 17"),
+    (["--fwd", "zip:3"], "unknown compressor 'zip:3'"),
+    (["--bwd", "reuse"], "index reuse needs a single TopK forward"),
+])
+def test_cli_errors_name_the_bad_value(argv, match):
+  with pytest.raises(SystemExit, match=match):
+    main(resnet_cifar10.EXPERIMENT, argv)
+
+
+def test_report_table_and_plot(tmp_path):
+  for preset in ("baseline", "top10"):
+    main(resnet_cifar10.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *RESNET_TINY])
+  report.main([str(tmp_path / "results"), "--paper", "resnet"])
+  table = (tmp_path / "results" / "report.md").read_text()
+  assert "| top10 |" in table and "| 75.89 | 91.87 |" in table
+  assert (tmp_path / "results" / "curves.png").stat().st_size > 10_000

@@ -1,0 +1,112 @@
+"""The training driver: bit-identical resume, NaN stop, warm start, result files."""
+import json
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import jaxcomp
+from jaxcomp import results, simulate, train
+from jaxcomp.checkpoint import Checkpointer
+from jaxcomp.data import batching
+from jaxcomp.models.mlp import mlp_stages
+
+N, B = 48, 8
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(N, 6)).astype(np.float32)
+ARRAYS = {"x": X, "label": (X[:, 0] > 0).astype(np.int32)}
+
+
+def _data(poison_epoch=None):
+  def batches(epoch):
+    for batch in batching.iterate(ARRAYS, B, seed=3, epoch=epoch):
+      if epoch == poison_epoch:
+        batch = {**batch, "x": batch["x"] * np.nan}
+      yield batch
+  return train.Data(batches, N // B, lambda: batching.iterate(ARRAYS, B, 0, 0, shuffle=False),
+                    next(batching.iterate(ARRAYS, B, 0, 0, shuffle=False)), "toy")
+
+
+def _pipe(fwd="aqsgd+quant:2", bwd="ef+quant:4"):
+  return jaxcomp.Pipeline(mlp_stages(8, 2, 3), jaxcomp.parse_boundary(fwd, bwd, num_examples=N),
+                          jaxcomp.losses.classification, "x", microbatches=2)
+
+
+OPT = optax.adam(1e-2)
+
+
+def _fit(tmp, epochs, resume=False, data=None, pipe=None, **kw):
+  cfg = train.RunConfig(epochs=epochs, warmup_epochs=1, checkpoint_dir=str(tmp), resume=resume, progress=False, **kw)
+  return train.fit(pipe or _pipe(), OPT, simulate, data or _data(), cfg, jax.random.key(0))
+
+
+def test_resumed_run_is_bit_identical(tmp_path):
+  full, full_history = _fit(tmp_path / "a", 3)
+  _fit(tmp_path / "b", 1)
+  resumed, history = _fit(tmp_path / "b", 3, resume=True)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               jax.random.key_data(full.rng), jax.random.key_data(resumed.rng))
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               full._replace(rng=0), resumed._replace(rng=0))
+  assert [r["epoch"] for r in history] == [1, 2, 3]
+  assert [r["mode"] for r in history] == ["warmup", "train", "train"]
+  assert history[1]["eval_on"] == full_history[1]["eval_on"]
+  assert float(np.abs(np.asarray(resumed.links[0].fwd_send.buffer)).max()) > 0  # AQ-SGD state came back
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+  written = []
+  with pytest.raises(train.NonFiniteLossError, match=r"training loss is nan at epoch 2, step 1 .* epoch 1 in"):
+    cfg = train.RunConfig(epochs=3, checkpoint_dir=str(tmp_path), progress=False)
+    train.fit(_pipe(), OPT, simulate, _data(poison_epoch=1), cfg, jax.random.key(0),
+              on_epoch=lambda h: written.append(results.write(tmp_path / "res", "run", {}, h)))
+  assert Checkpointer(tmp_path).epochs() == [1]
+  assert len(json.loads((tmp_path / "res" / "run.json").read_text())["history"]) == 1
+
+
+def test_warm_start_takes_the_baselines_model(tmp_path):
+  baseline = _pipe("none", "none")
+  _fit(tmp_path / "base", 2, pipe=baseline)
+  base_state, _ = Checkpointer(tmp_path / "base").restore(1, simulate.init_state(baseline, OPT, jax.random.key(9), _data().example_batch))
+  cfg = train.RunConfig(epochs=2, checkpoint_dir=str(tmp_path / "warm"), init_from=(str(tmp_path / "base"), 1),
+                        progress=False)
+  pipe = _pipe("ef21+topk:0.5", "quant:8")
+  captured = {}
+  orig = simulate.init_state
+
+  class Spy:  # records the state the driver starts training from
+    init_state = staticmethod(orig)
+    wire_bytes_per_step = staticmethod(simulate.wire_bytes_per_step)
+    make_eval_step = staticmethod(simulate.make_eval_step)
+
+    @staticmethod
+    def make_train_step(pipe, opt, mode):
+      step = simulate.make_train_step(pipe, opt, mode)
+      def first(state, batch):
+        captured.setdefault("params", jax.tree.map(np.asarray, state.params))
+        captured.setdefault("estimate", np.asarray(state.links[0].fwd_send.estimate))
+        return step(state, batch)
+      return first
+
+  _, history = train.fit(pipe, OPT, Spy, _data(), cfg, jax.random.key(5))
+  assert [r["epoch"] for r in history] == [2]
+  jax.tree.map(np.testing.assert_array_equal, captured["params"], jax.tree.map(np.asarray, base_state.params))
+  assert not captured["estimate"].any()  # compression state starts fresh
+
+
+def test_existing_checkpoints_are_not_overwritten(tmp_path):
+  _fit(tmp_path, 1)
+  with pytest.raises(ValueError, match="already holds checkpoints"):
+    _fit(tmp_path, 2)
+  assert Checkpointer(tmp_path).epochs() == [1]
+
+
+def test_results_files(tmp_path):
+  history = [{"epoch": 1, "eval_on": {"accuracy": 0.5}, "wire_bytes_fwd": 10}]
+  paths = results.write(tmp_path, "r1", {"fwd": "quant:4"}, history)
+  results.write(tmp_path, "r2", {}, history)
+  assert json.loads(paths["json"].read_text())["config"] == {"fwd": "quant:4"}
+  assert paths["csv"].read_text().splitlines()[0] == "epoch,eval_on.accuracy,wire_bytes_fwd"
+  assert "| 1 | 0.5 | 10 |" in paths["md"].read_text()
+  assert [r["run"] for r in results.load(tmp_path)] == ["r1", "r2"]
