@@ -23,10 +23,16 @@ def pack(codes_N: jnp.ndarray, bits: int) -> jnp.ndarray:
     return jnp.sum(codes << shifts, axis=1).astype(jnp.uint8)
   if bits == 16:
     return jnp.stack([codes_N & 0xFF, codes_N >> 8], axis=1).astype(jnp.uint8).reshape(-1)
-  bit_NxB = (codes_N[:, None] >> jnp.arange(bits, dtype=jnp.uint32)) & 1
-  stream = bit_NxB.reshape(-1)
-  stream = jnp.pad(stream, (0, (-stream.shape[0]) % 8)).reshape(-1, 8)
-  return jnp.sum(stream << jnp.arange(8, dtype=jnp.uint32), axis=1).astype(jnp.uint8)
+  # any other width: 8 codes fill exactly `bits` bytes; assemble them in uint32 words
+  groups = jnp.pad(codes_N, (0, (-n) % 8)).reshape(-1, 8)
+  words = [jnp.zeros(groups.shape[0], jnp.uint32) for _ in range(-(-8 * bits // 32))]
+  for i in range(8):
+    word, offset = divmod(i * bits, 32)
+    words[word] = words[word] | (groups[:, i] << offset)
+    if offset + bits > 32:
+      words[word + 1] = words[word + 1] | (groups[:, i] >> (32 - offset))
+  byte_Gx4W = jnp.stack([(w >> (8 * k)) & 0xFF for w in words for k in range(4)], axis=1)
+  return byte_Gx4W[:, :bits].astype(jnp.uint8).reshape(-1)[: packed_size(n, bits)]
 
 
 def unpack(packed: jnp.ndarray, bits: int, n: int) -> jnp.ndarray:
@@ -40,9 +46,19 @@ def unpack(packed: jnp.ndarray, bits: int, n: int) -> jnp.ndarray:
   if bits == 16:
     pairs = packed.reshape(-1, 2)
     return (pairs[:, 0] | (pairs[:, 1] << 8))[:n]
-  stream = ((packed[:, None] >> jnp.arange(8, dtype=jnp.uint32)) & 1).reshape(-1)
-  bit_NxB = stream[: n * bits].reshape(n, bits)
-  return jnp.sum(bit_NxB << jnp.arange(bits, dtype=jnp.uint32), axis=1)
+  num_words = -(-8 * bits // 32)
+  byte_GxB = jnp.pad(packed, (0, (-packed.shape[0]) % bits)).reshape(-1, bits)
+  byte_Gx4W = jnp.pad(byte_GxB, ((0, 0), (0, 4 * num_words - bits)))
+  words = [sum(byte_Gx4W[:, 4 * w + k] << (8 * k) for k in range(4)) for w in range(num_words)]
+  mask = (1 << bits) - 1
+  codes = []
+  for i in range(8):
+    word, offset = divmod(i * bits, 32)
+    c = words[word] >> offset
+    if offset + bits > 32:
+      c = c | (words[word + 1] << (32 - offset))
+    codes.append(c & mask)
+  return jnp.stack(codes, axis=1).reshape(-1)[:n]
 
 
 def pack_mask(mask_RxF: jnp.ndarray) -> jnp.ndarray:

@@ -1,0 +1,57 @@
+"""Encode/decode throughput of every codec against the device's measured copy bandwidth.
+
+`python -m benchmarks.codec_throughput [--shape 8,1024,768] [--repeats 20]`
+Bandwidth of an op = (bytes it must read + bytes it must write) / time: encode reads the
+fp32 activation and writes the payload; decode reads the payload and writes the tensor. The
+copy bound is x + 1 over the same tensor (read + write). Ratios near 1 mean the codec runs
+at memory speed.
+"""
+import argparse
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks.timing import median_seconds
+from jaxcomp import codecs, spec
+
+SPECS = ["bf16", "quant:2", "quant:4", "quant:8", "maxabs:2", "maxabs:3", "maxabs:4", "maxabs:4:stoch",
+         "topk:0.1", "topk:0.01"]
+
+
+def measure(shape, repeats):
+  x = jax.random.normal(jax.random.key(0), shape, jnp.float32)
+  dense = x.size * 4
+  copy_s = median_seconds(jax.jit(lambda x: x + 1.0), x, repeats=repeats)
+  copy_bw = 2 * dense / copy_s
+  rows = []
+  for text in SPECS:
+    codec = spec.parse_codec(text)
+    key = jax.random.key(1)
+    encode = jax.jit(lambda x, k, codec=codec: codec.encode(x, k))
+    payload = encode(x, key)
+    wire = codecs.nbytes(payload)
+    decode = jax.jit(codec.decode)
+    t_enc = median_seconds(encode, x, key, repeats=repeats)
+    t_dec = median_seconds(decode, payload, repeats=repeats)
+    enc_bw, dec_bw = (dense + wire) / t_enc, (wire + dense) / t_dec
+    rows.append((text, wire / dense, dense / t_enc / 1e9, enc_bw / copy_bw, dense / t_dec / 1e9, dec_bw / copy_bw))
+  return copy_bw, rows
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--shape", default="8,128,768", help="activation shape (GPT-2 small: 8,1024,768)")
+  parser.add_argument("--repeats", type=int, default=20)
+  args = parser.parse_args(argv)
+  shape = tuple(int(s) for s in args.shape.split(","))
+  copy_bw, rows = measure(shape, args.repeats)
+  print(f"device: {jax.devices()[0].device_kind}; input fp32 {list(shape)} = {4 * jnp.prod(jnp.array(shape)) / 2**20:.1f} MiB; "
+        f"copy bandwidth (read+write) {copy_bw / 1e9:.1f} GB/s\n")
+  print("| codec | wire/fp32 | encode GB/s of input | encode / copy bw | decode GB/s of output | decode / copy bw |")
+  print("|---|---:|---:|---:|---:|---:|")
+  for text, ratio, enc, enc_frac, dec, dec_frac in rows:
+    print(f"| `{text}` | {ratio:.4f} | {enc:.2f} | {enc_frac:.2f} | {dec:.2f} | {dec_frac:.2f} |")
+
+
+if __name__ == "__main__":
+  main()
