@@ -5,7 +5,6 @@ Trains GPT-2 with AQ-SGD fw2-bw4 for one shuffled epoch in each configuration an
 the mean step time and the buffers' size; host-buffered steps gather and write back only
 the batch's rows.
 """
-import argparse
 import time
 
 import jax
@@ -14,24 +13,23 @@ import numpy as np
 import optax
 
 import jaxcomp
+from benchmarks.common import gpt2_config, gpt2_parser, ratio_table
 from jaxcomp import hostbuffer, simulate
 from jaxcomp.data import batching
 from jaxcomp.models import gpt2
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--model", choices=["tiny", "small"], default="tiny")
+  parser = gpt2_parser(__doc__, microbatches=1)
   parser.add_argument("--examples", type=int, default=512)
-  parser.add_argument("--batch", type=int, default=8)
-  parser.add_argument("--seq", type=int, default=128)
   args = parser.parse_args(argv)
-  cfg = (gpt2.GPT2Config.tiny if args.model == "tiny" else gpt2.GPT2Config.small)(dropout=0.0)
+  cfg = gpt2_config(args.model)
   tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (args.examples, args.seq), dtype=np.int32)
   opt = optax.adamw(1e-4)
   make = lambda n: jaxcomp.Pipeline(gpt2.gpt2_stages(cfg, 4), jaxcomp.parse_boundary("aqsgd+maxabs:2", "maxabs:4",
                                                                                      num_examples=n),
-                                    jaxcomp.losses.language_model, "tokens", tied=gpt2.gpt2_tied(4))
+                                    jaxcomp.losses.language_model, "tokens", args.microbatches,
+                                    tied=gpt2.gpt2_tied(4))
   batches = list(batching.iterate({"tokens": tokens}, args.batch, 0, 0))
   rows = [(args.seq, cfg.n_embd)] * 3
   results = {}
@@ -56,10 +54,7 @@ def main(argv=None):
   size = hostbuffer.memory_estimate(args.examples, rows) / 2**20
   print(f"device: {jax.devices()[0].device_kind}; GPT-2 {args.model}; {args.examples} examples; AQ-SGD tables "
         f"{size:.1f} MiB per end (device: 2 ends; host: one shared copy)\n")
-  print("| buffers | ms/step | / device table |")
-  print("|---|---:|---:|")
-  for name, t in results.items():
-    print(f"| {name} | {t * 1e3:.2f} | {t / results['device table']:.3f} |")
+  print(ratio_table("buffers (ms per step)", results, "device table"))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import argparse
 import jax
 import jax.numpy as jnp
 
-from benchmarks.timing import median_seconds
+from benchmarks.common import median_seconds
 from jaxcomp import codecs, spec
 
 SPECS = ["bf16", "quant:2", "quant:4", "quant:8", "maxabs:2", "maxabs:3", "maxabs:4", "maxabs:4:stoch",

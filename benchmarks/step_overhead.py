@@ -5,14 +5,12 @@ GPT-2 in 4 stages; the same batch and executor for every preset. All presets are
 first, then timed in interleaved rounds (so machine drift hits all alike); each figure is the
 median over rounds of synchronised steps. Ratio 1.05 = 5% overhead.
 """
-import argparse
-
 import jax
 import jax.numpy as jnp
 import optax
 
 import jaxcomp
-from benchmarks.timing import median_seconds
+from benchmarks.common import gpt2_config, gpt2_parser, median_seconds, ratio_table
 from jaxcomp import gpipe, simulate
 from jaxcomp.boundary import Mode
 from jaxcomp.models import gpt2
@@ -23,15 +21,11 @@ PRESETS = {"fp32": ("none", "none"), "fw4-bw8": ("maxabs:4", "maxabs:8"), "fw2-b
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--model", choices=["tiny", "small"], default="tiny")
-  parser.add_argument("--batch", type=int, default=8)
-  parser.add_argument("--seq", type=int, default=128)
-  parser.add_argument("--microbatches", type=int, default=2)
+  parser = gpt2_parser(__doc__, microbatches=2)
   parser.add_argument("--executor", choices=["simulate", "gpipe"], default="simulate")
   parser.add_argument("--repeats", type=int, default=10)
   args = parser.parse_args(argv)
-  cfg = (gpt2.GPT2Config.tiny if args.model == "tiny" else gpt2.GPT2Config.small)(dropout=0.0)
+  cfg = gpt2_config(args.model)
   tokens = jax.random.randint(jax.random.key(0), (args.batch, args.seq), 0, cfg.vocab_size)
   batch = {"tokens": tokens, "id": jnp.arange(args.batch)}
   opt = optax.adamw(1e-4)
@@ -55,13 +49,9 @@ def main(argv=None):
     for name, run in runs.items():
       samples[name].append(median_seconds(run, repeats=3, warmup=1))
   times = {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
-  base = times["fp32"]
   print(f"device: {jax.devices()[0].device_kind}; GPT-2 {args.model}, 4 stages, {args.executor}, batch "
         f"{args.batch}x{args.seq}, {args.microbatches} microbatches\n")
-  print("| preset | step ms | / fp32 step |")
-  print("|---|---:|---:|")
-  for name, t in times.items():
-    print(f"| {name} | {t * 1e3:.1f} | {t / base:.3f} |")
+  print(ratio_table("preset (ms per train step)", times, "fp32"))
 
 
 if __name__ == "__main__":

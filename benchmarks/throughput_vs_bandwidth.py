@@ -8,14 +8,12 @@
 3. feeds both to `jaxcomp.netsim` (GPipe schedule, full-duplex links, given latency) and
    prints samples/s per bandwidth, with the speed-up over fp32.
 """
-import argparse
-
 import jax
 import jax.numpy as jnp
 import optax
 
 import jaxcomp
-from benchmarks.timing import median_seconds
+from benchmarks.common import gpt2_config, gpt2_parser, median_seconds
 from jaxcomp import netsim, pipeline as pl, spec
 from jaxcomp.models import gpt2
 
@@ -56,16 +54,12 @@ def codec_seconds(scheme, x, repeats):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--model", choices=["tiny", "small"], default="tiny")
-  parser.add_argument("--batch", type=int, default=8)
-  parser.add_argument("--seq", type=int, default=128)
-  parser.add_argument("--microbatches", type=int, default=4)
+  parser = gpt2_parser(__doc__, microbatches=4)
   parser.add_argument("--latency-ms", type=float, default=1.0)
   parser.add_argument("--repeats", type=int, default=10)
   args = parser.parse_args(argv)
 
-  cfg = gpt2.GPT2Config.tiny() if args.model == "tiny" else gpt2.GPT2Config.small()
+  cfg = gpt2_config(args.model)
   stages = gpt2.gpt2_stages(cfg, 4)
   tokens = jax.random.randint(jax.random.key(0), (args.batch, args.seq), 0, cfg.vocab_size)
   batch = {"tokens": tokens, "id": jnp.arange(args.batch)}

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.timing import median_seconds
+from benchmarks.common import median_seconds
 
 
 def exact(a, k):
