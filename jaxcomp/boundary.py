@@ -6,9 +6,10 @@
 Forward states come out as outputs. Backward states go in as inputs and their *cotangents
 are the new backward states* (the "token" pattern): each state row is touched by exactly one
 valid call per step, and a call on a bubble tick (`send_ok`/`recv_ok` False) contributes
-zero, so the cotangent summed by autodiff is exactly the new state. `Reuse()` as backward
-scheme sends the gradient only at the forward TopK positions (values only: both ends
-already know the indices).
+zero, so the cotangent summed by autodiff is exactly the new state. Sending and receiving
+run under `lax.cond` on those flags: in SPMD, devices that are not this link's ends do no
+codec work and change no state. `Reuse()` as backward scheme sends the gradient only at the
+forward TopK positions (values only: both ends already know the indices).
 """
 import dataclasses
 import enum
