@@ -8,7 +8,6 @@ the batch's rows.
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 

@@ -15,7 +15,7 @@ from typing import Callable
 import jax
 
 from jaxcomp import gpipe, results, simulate, train
-from jaxcomp.spec import parse_boundary
+from jaxcomp.spec import parse_boundary, parse_scheme
 
 COMMON_FLAGS = {  # flag -> (type, help); defaults come from the recipe
     "fwd": (str, "forward (activation) compression spec, e.g. quant:4, topk:0.1, aqsgd+topk:0.5"),
@@ -32,6 +32,7 @@ COMMON_FLAGS = {  # flag -> (type, help); defaults come from the recipe
     "train_examples": (int, "use only the first N training examples (quick runs)"),
     "eval_examples": (int, "use only the first N evaluation examples"),
     "data_parallel": (int, "data-parallel replicas (gpipe executor)"),
+    "grad_compression": (str, "compress data-parallel weight gradients, e.g. ef+quant:4 (gpipe; dense in warm-up)"),
 }
 
 
@@ -81,8 +82,12 @@ def resolve(exp: Experiment, args: argparse.Namespace) -> dict:
 
 def executor_for(config: dict, num_stages: int):
   if config.get("executor", "simulate") == "simulate":
+    if config.get("grad_compression") or (config.get("data_parallel") or 1) > 1:
+      raise ValueError("data parallelism and --grad-compression need --executor gpipe")
     return simulate
-  return gpipe.GPipe(gpipe.make_mesh(num_stages, config.get("data_parallel") or 1))
+  grad = config.get("grad_compression")
+  return gpipe.GPipe(gpipe.make_mesh(num_stages, config.get("data_parallel") or 1),
+                     parse_scheme(grad) if grad else None)
 
 
 def run(exp: Experiment, config: dict):

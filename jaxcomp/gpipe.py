@@ -27,7 +27,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxcomp import feedback, pipeline as pl
-from jaxcomp.boundary import Boundary, LinkState, Mode, Transport
+from jaxcomp.boundary import LinkState, Mode, Transport
 
 STAGE, DATA = "stage", "data"
 
@@ -292,19 +292,21 @@ class GPipe:
     payload, rows = self.grad_scheme.send(grads_row[None], rows, key)
     return _gathered_mean(self.grad_scheme, payload)[0], jax.tree.map(lambda a: a[None], rows)
 
-  def wire_bytes_per_step(self, pipe, batch) -> dict[str, int]:
-    """Executor protocol: every data shard's pipeline bytes each way, plus gradient exchange."""
-    local = pl.wire_bytes_per_step(pipe, None, self._local(batch))
+  def wire_bytes_per_step(self, pipe, batch, mode: Mode = Mode.TRAIN) -> dict[str, int]:
+    """Executor protocol: every data shard's pipeline bytes each way, plus gradient exchange
+    (warm-up steps send everything dense)."""
+    warm = mode is Mode.WARMUP
+    local = pl.wire_bytes_per_step(pl.uncompressed(pipe) if warm else pipe, None, self._local(batch))
     out = {k: v * self.data for k, v in local.items()}
     if self.data > 1:
-      out["data"] = self.grad_wire_bytes(pipe, optax.identity(), batch)
+      out["data"] = self.grad_wire_bytes(pipe, optax.identity(), batch, dense=warm)
     return out
 
-  def grad_wire_bytes(self, pipe, optimizer, batch) -> int:
+  def grad_wire_bytes(self, pipe, optimizer, batch, dense: bool = False) -> int:
     """Bytes all replicas send per step for the data-parallel gradient exchange (all stages)."""
     d = self.data
     params = _Flat(_abstract_template(pipe, optimizer, self._local(batch)).params)
-    if self.grad_scheme is None:  # ring all-reduce: 2 (D-1)/D of the gradient per device
+    if self.grad_scheme is None or dense:  # ring all-reduce: 2 (D-1)/D of the gradient per device
       return int(2 * (d - 1) * params.size * 4) * self.num_stages
     return self.grad_scheme.wire_bytes((1, params.size), jnp.float32) * (d - 1) * d * self.num_stages
 

@@ -5,7 +5,6 @@ compresses the forward activation and, via its custom_vjp, the backward gradient
 (keys, state rows, microbatch order) match the sharded GPipe executor exactly.
 """
 import jax
-import jax.numpy as jnp
 import optax
 
 from jaxcomp import pipeline as pl
@@ -46,9 +45,10 @@ def init_state(pipe: pl.Pipeline, optimizer: optax.GradientTransformation, rng, 
   return pl.init_state(pipe, optimizer, rng, batch, params)
 
 
-def wire_bytes_per_step(pipe: pl.Pipeline, batch) -> dict[str, int]:
-  """Executor protocol: bytes one training step sends over all boundaries, each way."""
-  return pl.wire_bytes_per_step(pipe, None, batch)
+def wire_bytes_per_step(pipe: pl.Pipeline, batch, mode: Mode = Mode.TRAIN) -> dict[str, int]:
+  """Executor protocol: bytes one training step sends over all boundaries, each way
+  (warm-up steps send dense tensors)."""
+  return pl.wire_bytes_per_step(pl.uncompressed(pipe) if mode is Mode.WARMUP else pipe, None, batch)
 
 
 def _tables(state: pl.TrainState):

@@ -11,7 +11,6 @@ import math
 import time
 from typing import Any, Callable, Iterator
 
-import jax
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -85,8 +84,7 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     state, _ = baseline.restore(epoch, state, model_only=True)
     baseline.close()
     start_epoch = epoch
-  wire = {Mode.TRAIN: executor.wire_bytes_per_step(pipe, data.example_batch),
-          Mode.WARMUP: executor.wire_bytes_per_step(pl.uncompressed(pipe), data.example_batch)}
+  wire = {m: executor.wire_bytes_per_step(pipe, data.example_batch, m) for m in (Mode.TRAIN, Mode.WARMUP)}
   steps = {}
   eval_steps = {c: executor.make_eval_step(pipe, c) for c in (True, False)}
   global_step = int(state.step)
@@ -128,7 +126,7 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
         "train_loss": float(np.mean(losses)) if losses else float("nan"),
         "eval_on": evaluate(eval_steps[True], state, data.eval_batches()),
         "eval_off": evaluate(eval_steps[False], state, data.eval_batches()),
-        "wire_bytes_fwd": wire[mode]["fwd"], "wire_bytes_bwd": wire[mode]["bwd"],
+        **{f"wire_bytes_{k}": v for k, v in wire[mode].items()},
         "steps_per_s": timed_steps / elapsed if timed_steps and elapsed > 0 else None,
     }
     history.append(record)

@@ -7,7 +7,7 @@ import pytest
 from absl.testing import parameterized
 
 from jaxcomp import codecs, feedback
-from jaxcomp.boundary import Boundary, LinkState, Mode, Reuse
+from jaxcomp.boundary import Boundary, Mode, Reuse
 
 B, D = 4, 12
 W1 = jax.random.normal(jax.random.key(1), (D, D)) / 3

@@ -42,8 +42,10 @@ def test_gpt2_presets_smoke(tmp_path, preset):
 
 def test_gpipe_executor_from_the_cli(tmp_path):
   main(gpt2_wikitext.EXPERIMENT, ["--preset", "top10-reuse", "--executor", "gpipe", "--microbatches", "2",
+                                  "--data-parallel", "2", "--grad-compression", "ef+quant:4",
                                   "--out", str(tmp_path), *GPT2_TINY])
-  assert _result(tmp_path, "top10-reuse")["history"][-1]["steps_per_s"] is not None
+  last = _result(tmp_path, "top10-reuse")["history"][-1]
+  assert last["steps_per_s"] is not None and last["wire_bytes_data"] > 0
 
 
 def test_warm_start_preset_needs_a_baseline(tmp_path):

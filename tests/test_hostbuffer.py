@@ -1,6 +1,5 @@
 """AQ-SGD buffers on the host give bit-identical training to the on-device table."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
