@@ -60,7 +60,7 @@ def build(config):
   boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=len(train_blocks))
   pipe = Pipeline(gpt2.gpt2_stages(cfg, s), boundary, losses.language_model, "tokens", config["microbatches"],
                   tied=gpt2.gpt2_tied(s), grad_clip_norm=config["grad_clip"])
-  example = next(text.eval_batches(text.TextData(data.name, train_blocks, train_blocks, data.vocab_size), bs))
+  example = next(text.train_batches(data, bs, config["seed"], 0))
   return pipe, optimizer, train.Data(
       train_batches=lambda epoch: text.train_batches(data, bs, config["seed"], epoch),
       steps_per_epoch=batching.num_batches(len(train_blocks), bs),

@@ -60,7 +60,7 @@ def build(config):
   boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=len(train_split["label"]))
   stages = resnet.resnet18_stages(resnet.ResNet18Config(width=config["width"]), config["stages"])
   pipe = Pipeline(stages, boundary, losses.classification, "image", config["microbatches"])
-  example = next(cifar10.eval_batches(cifar10.ImageData(data.name, train_split, train_split), bs))
+  example = next(cifar10.train_batches(data, bs, config["seed"], 0))
   return pipe, optimizer, train.Data(
       train_batches=lambda epoch: cifar10.train_batches(data, bs, config["seed"], epoch),
       steps_per_epoch=steps_per_epoch, eval_batches=lambda: cifar10.eval_batches(data, bs),
