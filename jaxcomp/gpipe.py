@@ -232,20 +232,18 @@ class GPipe:
         return x_buf, ms_fl.put(j, ms), loss.astype(jnp.float32), metrics
       return run
 
+    def operands(t):
+      ic = jnp.clip(t - s, 0, m_count - 1)
+      mb = jax.tree.map(lambda a: a[ic], mbs)
+      return (params[0], model_state[0], x_buf, mb, pl.stage_key(step_key, ic, s))
+
     # the metric structure comes from the last stage; other branches return zeros of it
-    last = branch(s_count - 1)
-    metric_shape = None
+    metric_shape = jax.eval_shape(branch(s_count - 1), *operands(0))[3]
+    branches = [_with_metrics(branch(j), metric_shape) for j in range(s_count)]
 
     for t in range(m_count + s_count - 1):
-      i = t - s
-      valid = (i >= 0) & (i < m_count)
-      ic = jnp.clip(i, 0, m_count - 1)
-      mb = jax.tree.map(lambda a: a[ic], mbs)
-      operands = (params[0], model_state[0], x_buf, mb, pl.stage_key(step_key, ic, s))
-      if metric_shape is None:
-        metric_shape = jax.eval_shape(last, *operands)[3]
-      branches = [_with_metrics(branch(j), metric_shape) for j in range(s_count)]
-      y_buf, ms_new, loss, metrics = jax.lax.switch(s, branches, *operands)
+      valid = (t - s >= 0) & (t - s < m_count)
+      y_buf, ms_new, loss, metrics = jax.lax.switch(s, branches, *operands(t))
       model_state = model_state.at[0].set(jnp.where(valid, ms_new, model_state[0]))
       loss_sum += jnp.where(valid, loss, 0.0)
       metrics = jax.tree.map(lambda v: jnp.where(valid, v, 0.0), metrics)
@@ -261,13 +259,13 @@ class GPipe:
         ids = mbs["id"][m] if "id" in mbs else None
         rows_of = lambda scheme: pl.rows(scheme, m, mb_size, ids)
         boundary = dataclasses.replace(pipe.boundary, transport=PPermute(b))
-        fs_rows_i, fr_rows_i = rows_of(boundary.fwd), rows_of(boundary.fwd)
-        link = LinkState(_rows(fwd_tables[0], fs_rows_i, shape), _rows(fwd_tables[1], fr_rows_i, shape),
-                         _rows(bs_t, rows_of(boundary.bwd), shape), _rows(br_t, rows_of(boundary.bwd), shape))
+        fwd_rows, bwd_rows = rows_of(boundary.fwd), rows_of(boundary.bwd)  # both ends handle microbatch m
+        link = LinkState(_rows(fwd_tables[0], fwd_rows, shape), _rows(fwd_tables[1], fwd_rows, shape),
+                         _rows(bs_t, bwd_rows, shape), _rows(br_t, bwd_rows, shape))
         x_b, (fs, fr) = boundary(_unpad(y_buf, shape), link, pl.link_key(step_key, m, b), mode,
                                  send_ok, recv_ok)
         if mode in (Mode.TRAIN, Mode.WARMUP):
-          fwd_tables = [_put_rows(fwd_tables[0], fs_rows_i, fs), _put_rows(fwd_tables[1], fr_rows_i, fr)]
+          fwd_tables = [_put_rows(fwd_tables[0], fwd_rows, fs), _put_rows(fwd_tables[1], fwd_rows, fr)]
         next_x = jnp.where(recv_ok, _pad(x_b, a_max, act_dtype), next_x)
       x_buf = next_x
     return loss_sum / m_count, jax.tree.map(lambda v: v / m_count, metric_sums), model_state, fwd_tables
