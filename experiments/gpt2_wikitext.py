@@ -64,7 +64,8 @@ def build(config):
   return pipe, optimizer, train.Data(
       train_batches=lambda epoch: text.train_batches(data, bs, config["seed"], epoch),
       steps_per_epoch=batching.num_batches(len(train_blocks), bs),
-      eval_batches=lambda: text.eval_batches(data, bs), example_batch=example, name=data.name), params
+      eval_batches=lambda: text.eval_batches(data, bs), example_batch=example, name=data.name,
+      eval_summary=losses.with_perplexity), params
 
 
 def _flags(parser):

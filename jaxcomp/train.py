@@ -29,13 +29,15 @@ class Data:
 
   train_batches(epoch): that epoch's batches (dicts of numpy arrays) in an order fixed by
   the seed and the epoch (checkpoints are taken at epoch ends, so resuming needs no more);
-  eval_batches(): the evaluation set.
+  eval_batches(): the evaluation set; eval_summary(means) -> metrics derives corpus-level
+  metrics (e.g. perplexity) from the batch-weighted means.
   """
   train_batches: Callable[[int], Iterator[dict]]
   steps_per_epoch: int
   eval_batches: Callable[[], Iterator[dict]]
   example_batch: dict
   name: str = ""
+  eval_summary: Callable[[dict], dict] = dict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,15 +57,15 @@ class RunConfig:
       raise ValueError(f"steps must be >= 1, got {self.steps}")
 
 
-def evaluate(eval_step, state, batches) -> dict:
-  """Metrics averaged over the evaluation set, weighted by batch size."""
+def evaluate(eval_step, state, batches, summary: Callable[[dict], dict] = dict) -> dict:
+  """summary(metrics averaged over the evaluation set, weighted by batch size)."""
   totals, count = {}, 0
   for batch in batches:
     n = len(next(iter(batch.values())))
     for k, v in eval_step(state, batch).items():
       totals[k] = totals.get(k, 0.0) + float(v) * n
     count += n
-  return {k: v / count for k, v in totals.items()}
+  return summary({k: v / count for k, v in totals.items()})
 
 
 def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
@@ -124,8 +126,8 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     record = {
         "epoch": epoch + 1, "step": global_step, "mode": mode.value,
         "train_loss": float(np.mean(losses)) if losses else float("nan"),
-        "eval_on": evaluate(eval_steps[True], state, data.eval_batches()),
-        "eval_off": evaluate(eval_steps[False], state, data.eval_batches()),
+        "eval_on": evaluate(eval_steps[True], state, data.eval_batches(), data.eval_summary),
+        "eval_off": evaluate(eval_steps[False], state, data.eval_batches(), data.eval_summary),
         **{f"wire_bytes_{k}": v for k, v in wire[mode].items()},
         "steps_per_s": timed_steps / elapsed if timed_steps and elapsed > 0 else None,
     }

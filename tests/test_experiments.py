@@ -1,5 +1,6 @@
 """Experiment CLIs: 2-step smokes of the presets on the offline defaults, errors, report."""
 import json
+import math
 
 import pytest
 
@@ -38,6 +39,8 @@ def test_gpt2_presets_smoke(tmp_path, preset):
   assert run["config"]["model"] == "tiny"
   last = run["history"][-1]
   assert last["eval_on"]["perplexity"] > 1 and last["mode"] == ("warmup" if preset.startswith("aqsgd") else "train")
+  for which in ("eval_on", "eval_off"):  # corpus perplexity over 2 eval batches: exp(mean token CE)
+    assert last[which]["perplexity"] == pytest.approx(math.exp(last[which]["loss"]), rel=1e-12)
 
 
 def test_gpipe_executor_from_the_cli(tmp_path):
