@@ -112,7 +112,9 @@ class Boundary:
     ok = (jnp.asarray(send_ok, bool), jnp.asarray(recv_ok, bool))
     y, fs, fr = _link(self, mode is Mode.WARMUP, x, state.fwd_send, state.fwd_recv,
                       state.bwd_send, state.bwd_recv, key, *ok)
-    return y, (fs, fr)
+    # States are not differentiated. Without this, writing the new rows back into a table
+    # inside a differentiated step runs scatter's JVP rule, which costs O(table) per step.
+    return y, jax.lax.stop_gradient((fs, fr))
 
 
 def _zeros_like(tree):

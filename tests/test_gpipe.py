@@ -193,3 +193,23 @@ def test_clear_errors():
   ex2 = gpipe.GPipe(gpipe.make_mesh(2, data=3))
   with pytest.raises(ValueError, match="batch size 16 does not split over 3 data shards"):
     ex2.init_state(_pipe("none", "none", stages=mlp_stages(8, 2, 2)), optax.sgd(0.1), jax.random.key(0), BATCH)
+
+
+@pytest.mark.parametrize("executor", ["simulate", "gpipe"])
+def test_step_work_does_not_grow_with_the_aqsgd_table(executor):
+  """Only a batch's rows of the per-example tables are touched: the compiled step's flops are
+  the same for 16 and 4096 examples (writing rows back under autodiff used to cost O(table))."""
+  ex = simulate if executor == "simulate" else gpipe.GPipe(gpipe.make_mesh(3))
+
+  def flops(num_examples):
+    pipe = jaxcomp.Pipeline(mlp_stages(64, 2, 3), jaxcomp.parse_boundary("aqsgd+quant:2", "quant:4",
+                                                                        num_examples=num_examples),
+                            jaxcomp.losses.classification, "x", microbatches=2)
+    opt = optax.sgd(0.1)
+    state = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
+    step = (simulate.make_train_step(pipe, opt) if executor == "simulate"
+            else ex._build(pipe, opt, Mode.TRAIN, True, state, BATCH))
+    cost = step.lower(state, BATCH).compile().cost_analysis()
+    return (cost[0] if isinstance(cost, list) else cost)["flops"]
+
+  assert flops(4096) == flops(16)
