@@ -14,7 +14,8 @@ from typing import Callable
 
 import jax
 
-from jaxcomp import gpipe, results, simulate, train
+from jaxcomp import gpipe, hostbuffer, results, simulate, train
+from jaxcomp.feedback import AQSGD
 from jaxcomp.spec import parse_boundary, parse_scheme
 
 COMMON_FLAGS = {  # flag -> (type, help); defaults come from the recipe
@@ -53,6 +54,9 @@ def parser_for(exp: Experiment) -> argparse.ArgumentParser:
   for flag, (kind, text) in COMMON_FLAGS.items():
     p.add_argument("--" + flag.replace("_", "-"), type=kind, help=text)
   p.add_argument("--executor", choices=["simulate", "gpipe"], help="one device, or stages across devices")
+  p.add_argument("--aqsgd-buffers", metavar="device|host|DIR",
+                 help="where AQ-SGD's per-example tables live: on the device (default), in host RAM, or in "
+                      "memory-mapped .npy files under DIR (simulate executor, aqsgd+ forward spec)")
   p.add_argument("--out", help="output folder (default runs/<experiment>)")
   p.add_argument("--run-name", help="name of this run's files (default: the preset or the specs)")
   p.add_argument("--resume", action="store_true", help="continue from this run's latest checkpoint")
@@ -71,7 +75,14 @@ def resolve(exp: Experiment, args: argparse.Namespace) -> dict:
     config.update(exp.presets[args.preset])
   config.update({k: v for k, v in vars(args).items() if v is not None and v is not False})
   config.pop("list_presets", None)
-  parse_boundary(config["fwd"], config["bwd"], num_examples=1)  # fail early on a bad spec
+  boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=1)  # fail early on a bad spec
+  buffers = config.get("aqsgd_buffers", "device")
+  if buffers != "device" and not isinstance(boundary.fwd, AQSGD):
+    raise ValueError(f"--aqsgd-buffers {buffers} holds AQ-SGD tables, but the forward spec {config['fwd']!r} keeps "
+                     "none; use an aqsgd+ spec or leave the buffers on the device")
+  if buffers != "device" and config.get("executor", "simulate") != "simulate":
+    raise ValueError(f"--aqsgd-buffers {buffers} needs --executor simulate; the {config['executor']} executor "
+                     "keeps AQ-SGD tables on the stage devices")
   if config.get("init_epoch") and not config.get("init_from"):
     raise ValueError(f"preset {args.preset!r} warm-starts from a baseline after {config['init_epoch']} epochs: "
                      "run the baseline preset first and pass its folder with --init-from")
@@ -80,13 +91,17 @@ def resolve(exp: Experiment, args: argparse.Namespace) -> dict:
   return config
 
 
-def executor_for(config: dict, num_stages: int):
+def executor_for(config: dict, pipe, example_batch):
+  """simulate, a GPipe, or HostBuffered (its tables checked for space and created now)."""
   if config.get("executor", "simulate") == "simulate":
     if config.get("grad_compression") or (config.get("data_parallel") or 1) > 1:
       raise ValueError("data parallelism and --grad-compression need --executor gpipe")
-    return simulate
+    buffers = config.get("aqsgd_buffers", "device")
+    if buffers == "device":
+      return simulate
+    return hostbuffer.HostBuffered.for_pipeline(pipe, example_batch, None if buffers == "host" else buffers)
   grad = config.get("grad_compression")
-  return gpipe.GPipe(gpipe.make_mesh(num_stages, config.get("data_parallel") or 1),
+  return gpipe.GPipe(gpipe.make_mesh(pipe.num_stages, config.get("data_parallel") or 1),
                      parse_scheme(grad) if grad else None)
 
 
@@ -106,7 +121,12 @@ def run(exp: Experiment, config: dict):
                         init_from=init_from, progress=not config.get("no_progress", False))
   print(f"[{exp.name}] run {config['run_name']}: data = {data.name}; fwd {config['fwd']}, bwd {config['bwd']}; "
         f"{pipe.num_stages} stages x {pipe.microbatches} microbatches on {jax.devices()[0].platform}")
-  state, history = train.fit(pipe, optimizer, executor_for(config, pipe.num_stages), data, cfg,
+  executor = executor_for(config, pipe, data.example_batch)
+  if isinstance(executor, hostbuffer.HostBuffered):
+    print(executor.tables.summary)
+  elif isinstance(pipe.boundary.fwd, AQSGD):
+    print(hostbuffer.device_summary(pipe, data.example_batch))  # train.fit's init_state checks that they fit
+  state, history = train.fit(pipe, optimizer, executor, data, cfg,
                              jax.random.key(config["seed"]), on_epoch=write, initial_params=initial_params)
   if history:
     last = history[-1]

@@ -1,24 +1,33 @@
-"""AQ-SGD buffers in host memory (or a memory-mapped file) instead of on the device.
+"""AQ-SGD's per-example tables: their memory need, and keeping them in host memory or a memory-mapped file.
 
-The per-example tables m(xi) of every boundary live on the host; the device only ever holds
-the B rows of the current batch. The pipeline is built with `AQSGD(num_examples=B)` and each
-batch's "id" remapped to 0..B-1, so the step does exactly the arithmetic of the on-device
-table (tests check bitwise equality). Sender and receiver mirrors are bitwise identical by
-construction (same update from the same payload), so one host copy per boundary serves
-both ends when they share a process.
+Each boundary's table m(xi) has N rows (one per training example) of the boundary
+activation's shape: N x prod(row) x itemsize bytes per boundary, twice on the device
+(sender and receiver end), once on the host.
+
+On the host the device only ever holds the B rows of the current batch. The pipeline is run
+with `AQSGD(num_examples=B)` and each batch's "id" remapped to 0..B-1, so the step does
+exactly the arithmetic of the on-device table (tests check bitwise equality). Sender and
+receiver mirrors are bitwise identical by construction (same update from the same payload),
+so one host copy per boundary serves both ends when they share a process.
 
 Prefetch: while the device runs step t, a thread gathers step t+1's rows; after step t's
 rows are written back, rows of examples that appear in both batches are patched with the
 fresh values (the read-after-write hazard), so the prefetched rows are never stale.
 """
 import concurrent.futures
+import dataclasses
 import os
 import pathlib
 import shutil
 
+import jax
 import numpy as np
+import optax
 
-from jaxcomp.feedback import AQSGDState
+from jaxcomp import pipeline as pl
+from jaxcomp import simulate
+from jaxcomp.boundary import Mode
+from jaxcomp.feedback import AQSGD, AQSGDState
 
 
 def memory_estimate(num_examples: int, row_shapes, dtype=np.float16) -> int:
@@ -26,30 +35,74 @@ def memory_estimate(num_examples: int, row_shapes, dtype=np.float16) -> int:
   return sum(num_examples * int(np.prod(r)) * np.dtype(dtype).itemsize for r in row_shapes)
 
 
+def summary(where: str, num_examples: int, row_shapes, dtype, free: int, ends: int = 1) -> str:
+  """One line: where the tables live, boundaries x examples x row x dtype [x ends] = size, free space there."""
+  shapes = {tuple(r) for r in row_shapes}
+  rows = shapes.pop() if len(shapes) == 1 else [tuple(r) for r in row_shapes]
+  need = ends * memory_estimate(num_examples, row_shapes, dtype)
+  copies = f" x {ends} ends" if ends > 1 else ""
+  return (f"AQ-SGD tables {where}: {len(row_shapes)} boundaries x {num_examples} examples x {rows} "
+          f"{np.dtype(dtype).name}{copies} = {need / 2**30:.3g} GiB ({free / 2**30:.3g} GiB free)")
+
+
+def _aqsgd(pipe: pl.Pipeline) -> AQSGD:
+  if not isinstance(pipe.boundary.fwd, AQSGD):
+    raise ValueError(f"AQ-SGD tables need an AQ-SGD forward scheme, got {pipe.boundary.fwd!r}")
+  return pipe.boundary.fwd
+
+
+def table_rows(pipe: pl.Pipeline, batch) -> list[tuple]:
+  """Row shape of each boundary's table (one example's activation), traced abstractly: nothing is allocated."""
+  dense = pl.uncompressed(pipe)  # no tables, so no memory check while tracing
+  state = jax.eval_shape(lambda b: pl.init_state(dense, optax.identity(), jax.random.key(0), b), batch)
+  mb = jax.tree.map(lambda x: x[0], pl.split_microbatches(batch, pipe.microbatches))
+  return [s.shape[1:] for s in pl.boundary_shapes(pipe, state.params, state.model_state, mb[pipe.input_key])]
+
+
+def device_summary(pipe: pl.Pipeline, batch) -> str:
+  """The `summary` line of on-device tables: both ends of every boundary, as pipeline.check_aqsgd_memory counts."""
+  fwd = _aqsgd(pipe)
+  return summary(f"on device ({jax.devices()[0].platform})", fwd.num_examples, table_rows(pipe, batch),
+                 fwd.buffer_dtype, pl.available_memory_bytes(), ends=2)
+
+
+def free_bytes(directory=None) -> int:
+  """Free host RAM, or free disk space where `directory` is (or would be created)."""
+  if directory is None:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+  existing = pathlib.Path(directory).absolute()
+  while not existing.exists():
+    existing = existing.parent
+  return shutil.disk_usage(existing).free
+
+
+def _table_path(directory, boundary: int) -> pathlib.Path:
+  return pathlib.Path(directory) / f"boundary{boundary}.npy"
+
+
 class HostTables:
-  """One [N, *row] table per boundary in RAM, or memory-mapped under `directory`."""
+  """One [N, *row] table per boundary in RAM, or memory-mapped under `directory` (new, zeroed tables).
+
+  Raises a ValueError naming the sizes, before anything is allocated or created, when they do not fit.
+  """
 
   def __init__(self, num_examples: int, row_shapes, dtype=np.float16, directory=None, available=None):
     self.dtype = np.dtype(dtype)
-    need = memory_estimate(num_examples, row_shapes, dtype)
-    if directory is None:
-      where = "host memory"
-      free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") if available is None else available
-    else:
-      pathlib.Path(directory).mkdir(parents=True, exist_ok=True)
-      where = f"disk at {directory}"
-      free = shutil.disk_usage(directory).free if available is None else available
-    self.summary = (f"AQ-SGD host buffers: {len(row_shapes)} boundaries x {num_examples} examples x "
-                    f"rows {[tuple(r) for r in row_shapes]} {self.dtype.name} = {need / 2**30:.3f} GiB "
-                    f"in {where} ({free / 2**30:.2f} GiB free)")
-    if need > free:
+    free = free_bytes(directory) if available is None else available
+    if directory is not None:  # tables about to be replaced free their space
+      free += sum(_table_path(directory, b).stat().st_blocks * 512 for b in range(len(row_shapes))
+                  if _table_path(directory, b).exists())
+    where = "in host memory" if directory is None else f"on disk at {directory}"
+    self.summary = summary(where, num_examples, row_shapes, self.dtype, free)
+    if memory_estimate(num_examples, row_shapes, self.dtype) > free:
       raise ValueError(f"{self.summary}: does not fit; use a memmap directory with more space, fewer examples "
                        "or a smaller dtype")
     if directory is None:
       self.tables = [np.zeros((num_examples, *r), self.dtype) for r in row_shapes]
     else:
-      self.tables = [np.lib.format.open_memmap(str(pathlib.Path(directory) / f"boundary{b}.npy"), mode="w+",
-                                               dtype=self.dtype, shape=(num_examples, *r))
+      pathlib.Path(directory).mkdir(parents=True, exist_ok=True)
+      self.tables = [np.lib.format.open_memmap(str(_table_path(directory, b)), mode="w+", dtype=self.dtype,
+                                               shape=(num_examples, *r))
                      for b, r in enumerate(row_shapes)]
 
   def gather(self, ids) -> list[np.ndarray]:
@@ -70,7 +123,12 @@ def _with_rows(state, rows):
 
 
 class HostBufferedStep:
-  """Wraps a (simulate-layout) train step so AQ-SGD rows come from and go back to `tables`."""
+  """Wraps a (simulate-layout) train step so AQ-SGD rows come from and go back to `tables`.
+
+  Called as step(state, batch, next_ids): `next_ids` (the next batch's "id", or None) are
+  gathered ahead while the device runs; `takes_next_ids` tells train.fit to pass them.
+  """
+  takes_next_ids = True
 
   def __init__(self, step, tables: HostTables, prefetch: bool = True):
     self.step, self.tables, self.prefetch = step, tables, prefetch
@@ -102,3 +160,52 @@ class HostBufferedStep:
   def close(self):
     if self.pool:
       self.pool.shutdown()
+
+
+class HostBuffered:
+  """The executor protocol of `simulate` with the AQ-SGD tables in `tables` instead of the train state.
+
+  The caller's pipeline (AQSGD over N examples) runs on the device as AQSGD over the B rows
+  of one batch; every train step is a HostBufferedStep. Evaluation never reads the tables.
+  `host_state` (the tables) is what train.fit saves with each checkpoint and restores on resume.
+  `tables` start as given: one new HostTables per run.
+  """
+
+  def __init__(self, tables: HostTables, batch_size: int, prefetch: bool = True):
+    self.tables, self.batch_size, self.prefetch = tables, batch_size, prefetch
+
+  @classmethod
+  def for_pipeline(cls, pipe: pl.Pipeline, batch, directory=None, prefetch: bool = True):
+    """New tables for `pipe`'s AQ-SGD boundaries and batches like `batch`; HostTables's check first."""
+    fwd = _aqsgd(pipe)
+    tables = HostTables(fwd.num_examples, table_rows(pipe, batch), fwd.buffer_dtype, directory)
+    return cls(tables, len(batch["id"]), prefetch)
+
+  @property
+  def host_state(self) -> list[np.ndarray]:
+    return self.tables.tables
+
+  def _on_device(self, pipe: pl.Pipeline) -> pl.Pipeline:
+    """`pipe` with AQ-SGD tables of one batch's rows."""
+    small = dataclasses.replace(_aqsgd(pipe), num_examples=self.batch_size)
+    return dataclasses.replace(pipe, boundary=dataclasses.replace(pipe.boundary, fwd=small))
+
+  def init_state(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None):
+    """`simulate.init_state` of the device pipeline; ValueError if `pipe` or `batch` do not match the tables."""
+    state = simulate.init_state(self._on_device(pipe), optimizer, rng, batch, params)
+    expected = [(len(t), *t.shape[1:]) for t in self.tables.tables]
+    got = [(pipe.boundary.fwd.num_examples, *link.fwd_send.buffer.shape[1:]) for link in state.links]
+    if got != expected or len(batch["id"]) != self.batch_size:
+      raise ValueError(f"host tables (examples, *row) {expected} for batches of {self.batch_size}; the pipeline "
+                       f"needs {got} for batches of {len(batch['id'])}")
+    return state
+
+  def make_train_step(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation, mode: Mode = Mode.TRAIN):
+    return HostBufferedStep(simulate.make_train_step(self._on_device(pipe), optimizer, mode), self.tables,
+                            self.prefetch)
+
+  def make_eval_step(self, pipe: pl.Pipeline, compressed: bool):
+    return simulate.make_eval_step(self._on_device(pipe), compressed)
+
+  def wire_bytes_per_step(self, pipe: pl.Pipeline, batch, mode: Mode = Mode.TRAIN) -> dict[str, int]:
+    return simulate.wire_bytes_per_step(self._on_device(pipe), batch, mode)

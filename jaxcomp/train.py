@@ -5,8 +5,15 @@ compression on and off, record loss/metrics, bytes on the wire per step and step
 an Orbax checkpoint, hand the history to `on_epoch` (results writing). A NaN/Inf loss stops
 the run at once with `NonFiniteLossError`; the last good checkpoint is never overwritten.
 Resume restores the latest checkpoint; data order, keys and every state continue exactly.
+
+The executor is `simulate`, a `gpipe.GPipe` or `hostbuffer.HostBuffered`; two optional hooks
+serve the last (AQ-SGD tables in host memory): a train step with `takes_next_ids` is called
+step(state, batch, next_ids) with the next batch's ids in the epoch (None after its last), so
+it can prefetch; an executor's `host_state` (numpy arrays outside the TrainState) is saved
+with every checkpoint and restored in place on resume.
 """
 import dataclasses
+import itertools
 import math
 import time
 from typing import Any, Callable, Iterator
@@ -68,17 +75,35 @@ def evaluate(eval_step, state, batches, summary: Callable[[dict], dict] = dict) 
   return summary({k: v / count for k, v in totals.items()})
 
 
+def _with_next(batches):
+  """(batch, the batch after it or None) pairs."""
+  batches = iter(batches)
+  current = next(batches, None)
+  while current is not None:
+    following = next(batches, None)
+    yield current, following
+    current = following
+
+
+def _train_step(step, state, batch, following):
+  """step(state, batch), plus the next batch's ids for steps that prefetch (`takes_next_ids`)."""
+  if getattr(step, "takes_next_ids", False):
+    return step(state, batch, None if following is None else following["id"])
+  return step(state, batch)
+
+
 def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
         on_epoch: Callable[[list[dict]], Any] | None = None, initial_params=None):
   """Trains `pipe` (from `initial_params`, e.g. pretrained, if given); returns (state, history)."""
   state = executor.init_state(pipe, optimizer, rng, data.example_batch, initial_params)
+  host_state = getattr(executor, "host_state", None)
   ckpt = Checkpointer(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
   history, start_epoch = [], 0
   if ckpt and not cfg.resume and ckpt.latest_epoch() is not None:
     raise ValueError(f"{cfg.checkpoint_dir} already holds checkpoints (epochs {ckpt.epochs()}); resume the run "
                      "or give the new run another name/folder (nothing was overwritten)")
   if cfg.resume and ckpt and ckpt.latest_epoch() is not None:
-    state, meta = ckpt.restore(ckpt.latest_epoch(), state)
+    state, meta = ckpt.restore(ckpt.latest_epoch(), state, host_state=host_state)
     history, start_epoch = meta["history"], meta["epoch"]
   elif cfg.init_from:
     directory, epoch = cfg.init_from
@@ -101,10 +126,9 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
       todo = min(todo, cfg.steps - global_step)
     bar = tqdm(total=todo, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not cfg.progress, leave=False)
     losses, timed_steps, start = [], 0, None
-    for i, batch in enumerate(data.train_batches(epoch)):
-      if i == todo:
-        break
-      state, metrics = steps[mode](state, batch)
+    batches = _with_next(itertools.islice(data.train_batches(epoch), todo))
+    for i, (batch, following) in enumerate(batches):
+      state, metrics = _train_step(steps[mode], state, batch, following)
       loss = float(metrics["loss"])
       if not math.isfinite(loss):
         bar.close()
@@ -133,7 +157,7 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     }
     history.append(record)
     if ckpt:
-      ckpt.save(epoch + 1, state, {"epoch": epoch + 1, "history": history})
+      ckpt.save(epoch + 1, state, {"epoch": epoch + 1, "history": history}, host_state)
     if on_epoch:
       on_epoch(history)
   if ckpt:

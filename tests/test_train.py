@@ -1,4 +1,4 @@
-"""The training driver: bit-identical resume, NaN stop, warm start, result files."""
+"""The training driver: bit-identical resume (device or host AQ-SGD tables), NaN stop, warm start, result files."""
 import json
 
 import jax
@@ -7,7 +7,7 @@ import optax
 import pytest
 
 import jaxcomp
-from jaxcomp import results, simulate, train
+from jaxcomp import hostbuffer, results, simulate, train
 from jaxcomp.checkpoint import Checkpointer
 from jaxcomp.data import batching
 from jaxcomp.models.mlp import mlp_stages
@@ -36,23 +36,84 @@ def _pipe(fwd="aqsgd+quant:2", bwd="ef+quant:4"):
 OPT = optax.adam(1e-2)
 
 
-def _fit(tmp, epochs, resume=False, data=None, pipe=None, **kw):
+def _fit(tmp, epochs, resume=False, data=None, pipe=None, executor=simulate, **kw):
   cfg = train.RunConfig(epochs=epochs, warmup_epochs=1, checkpoint_dir=str(tmp), resume=resume, progress=False, **kw)
-  return train.fit(pipe or _pipe(), OPT, simulate, data or _data(), cfg, jax.random.key(0))
+  return train.fit(pipe or _pipe(), OPT, executor, data or _data(), cfg, jax.random.key(0))
+
+
+def _assert_equal(a, b):
+  jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
+
+
+def _host(tables_dir=None):
+  """A new host-buffered executor (fresh zero tables, as in a new process)."""
+  return hostbuffer.HostBuffered.for_pipeline(_pipe(), _data().example_batch, tables_dir)
+
+
+def _assert_same_as_device(state, history, host, device_run):
+  """Bitwise: history (but timing), params, optimizer, keys, backward states, host tables = device tables."""
+  expected, expected_history = device_run
+  untimed = lambda h: [{k: v for k, v in r.items() if k != "steps_per_s"} for r in h]
+  assert untimed(history) == untimed(expected_history)
+  without_tables = lambda s: (jax.random.key_data(s.rng), s.step, s.params, s.model_state, s.opt_state,
+                              [(link.bwd_send, link.bwd_recv) for link in s.links])
+  _assert_equal(without_tables(state), without_tables(expected))
+  for table, link in zip(host.tables.tables, expected.links, strict=True):
+    np.testing.assert_array_equal(table, np.asarray(link.fwd_send.buffer))
+  assert float(np.abs(host.tables.tables[0]).max()) > 0
+
+
+@pytest.fixture(scope="module")
+def device_run(tmp_path_factory):
+  """An uninterrupted 2-epoch run (warm-up, then AQ-SGD) with the tables on the device."""
+  return _fit(tmp_path_factory.mktemp("device"), 2)
 
 
 def test_resumed_run_is_bit_identical(tmp_path):
   full, full_history = _fit(tmp_path / "a", 3)
   _fit(tmp_path / "b", 1)
   resumed, history = _fit(tmp_path / "b", 3, resume=True)
-  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-               jax.random.key_data(full.rng), jax.random.key_data(resumed.rng))
-  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-               full._replace(rng=0), resumed._replace(rng=0))
+  _assert_equal(jax.random.key_data(full.rng), jax.random.key_data(resumed.rng))
+  _assert_equal(full._replace(rng=0), resumed._replace(rng=0))
   assert [r["epoch"] for r in history] == [1, 2, 3]
   assert [r["mode"] for r in history] == ["warmup", "train", "train"]
   assert history[1]["eval_on"] == full_history[1]["eval_on"]
   assert float(np.abs(np.asarray(resumed.links[0].fwd_send.buffer)).max()) > 0  # AQ-SGD state came back
+
+
+def test_host_tables_train_bit_identical_to_device_tables(tmp_path, device_run, monkeypatch):
+  calls = []  # (ids, next_ids) of every host-buffered step
+  call = hostbuffer.HostBufferedStep.__call__
+  monkeypatch.setattr(hostbuffer.HostBufferedStep, "__call__",
+                      lambda self, state, batch, next_ids=None: calls.append((batch["id"], next_ids))
+                      or call(self, state, batch, next_ids))
+  host = _host()
+  state, history = _fit(tmp_path, 2, executor=host)
+  _assert_same_as_device(state, history, host, device_run)
+  assert [r["mode"] for r in history] == ["warmup", "train"]
+  per_epoch = N // B
+  assert len(calls) == 2 * per_epoch
+  for t, (_, next_ids) in enumerate(calls):  # the driver hands every step the next batch's ids, within an epoch
+    if (t + 1) % per_epoch:
+      np.testing.assert_array_equal(next_ids, calls[t + 1][0])
+    else:
+      assert next_ids is None
+
+
+@pytest.mark.parametrize("memmap", [False, True])
+def test_resumed_host_buffered_run_is_bit_identical(tmp_path, device_run, memmap):
+  """Killed after the warm-up epoch and resumed in a new process: ends as the uninterrupted run (which the
+  test above shows equal to the device-table run)."""
+  tables_dir = tmp_path / "tables" if memmap else None
+  _fit(tmp_path / "ckpt", 1, executor=_host(tables_dir))
+  with pytest.raises(ValueError, match="was saved with host state .*; restore it with host state too"):
+    _fit(tmp_path / "ckpt", 2, resume=True)
+  host = _host(tables_dir)
+  assert not any(t.any() for t in host.tables.tables)  # the warm-up's tables can only come from the checkpoint
+  state, history = _fit(tmp_path / "ckpt", 2, resume=True, executor=host)
+  _assert_same_as_device(state, history, host, device_run)
+  if memmap:
+    np.testing.assert_array_equal(np.load(tables_dir / "boundary1.npy"), host.tables.tables[1])
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
