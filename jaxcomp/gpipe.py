@@ -14,7 +14,9 @@ reverse and each op's backward rule ppermutes the encoded gradient from b+1 to b
 ticks issue no collective at all, so the program sends exactly M x sum_b wire_bytes(b)
 each way. Weight gradients are averaged over `data` (densely, or compressed by
 `grad_scheme`: each replica sends C(g + e) to the others with an all-gather, e' = g + e - C(g + e));
-the optimizer runs per stage. Numerics (keys, state rows, microbatch order) equal `simulate`'s.
+the optimizer runs per stage. With a `qadam.QuantizedAdam` optimizer the replicas exchange Adam's
+first moment instead, compressed by `grad_scheme`, and Adam runs on each device's flat row.
+Numerics (keys, state rows, microbatch order) equal `simulate`'s.
 """
 import dataclasses
 import re
@@ -28,6 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxcomp import feedback, pipeline as pl
 from jaxcomp.boundary import LinkState, Mode, Transport
+from jaxcomp.qadam import QuantizedAdam
 
 STAGE, DATA = "stage", "data"
 
@@ -98,6 +101,13 @@ class GPipe:
 
   `grad_scheme` (Plain or EF around a codec, e.g. `parse_scheme("ef+quant:4")`) compresses the
   data-parallel weight-gradient exchange; warm-up steps (Mode.WARMUP) exchange dense gradients.
+  With the optimizer `qadam.QuantizedAdam` it compresses Adam's first moment instead (Adam's
+  second moment is frozen after warm-up). Its `opt_state` is a QuantizedAdamState of [S] step
+  counts and [S, P] moment rows (the same on every replica); each replica's EF error is its row
+  of `grad_state`.
+  Adam is elementwise and padding has zero gradient, moments and (masked) exchanged momentum,
+  so padding stays exactly zero. Ties and clipping apply to each replica's local gradient
+  after warm-up (the mean gradient is never formed), to the mean one during warm-up.
   """
   mesh: jax.sharding.Mesh
   grad_scheme: Any = None
@@ -116,10 +126,14 @@ class GPipe:
     return self.mesh.shape[DATA]
 
   # ---------------------------------------------------------------- layout
-  def _check(self, pipe: pl.Pipeline):
+  def _check(self, pipe: pl.Pipeline, optimizer=None):
     if pipe.num_stages != self.num_stages:
       raise ValueError(f"the model has {pipe.num_stages} stages but the mesh's stage axis has "
                        f"{self.num_stages} devices")
+    if isinstance(optimizer, QuantizedAdam) and self.grad_scheme is None:
+      raise ValueError("QuantizedAdam exchanges Adam's first moment compressed by grad_scheme, but this GPipe "
+                       "has grad_scheme=None; pass e.g. grad_scheme=parse_scheme('ef+quant:4') ('none' for an "
+                       "uncompressed exchange), or use optax.adam")
 
   def _layout(self, pipe, state: pl.TrainState, batch):
     """Static shapes: boundary activations of one microbatch on one data shard."""
@@ -129,7 +143,7 @@ class GPipe:
 
   def init_state(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None):
     """The simulate-layout state, flattened, padded and placed on the mesh."""
-    self._check(pipe)
+    self._check(pipe, optimizer)
     state = pl.init_state(pipe, optimizer, rng, self._local(batch), params)
     return self.stack(pipe, optimizer, state, batch)
 
@@ -143,7 +157,6 @@ class GPipe:
     """simulate TrainState (one data shard's tables) -> sharded GPipe TrainState."""
     s_count = self.num_stages
     state = jax.tree.map(jnp.array, state)  # copies: the caller may donate its own buffers
-    opt_states = [optimizer.init(p) for p in state.params]
     shapes = self._layout(pipe, state, batch)
     f_max = max([_feature_size(s.shape) for s in shapes] or [1])
 
@@ -171,9 +184,14 @@ class GPipe:
     if self.grad_scheme is not None:  # one row per (stage, data) device
       rows = self.grad_scheme.init_sender(1, (params.size,), jnp.float32)
       grad_state = jax.tree.map(lambda r: jnp.tile(r[None], (s_count, self.data, 1)), rows)
+    if isinstance(optimizer, QuantizedAdam):  # one flat row per stage, like the parameters
+      row = optimizer.init(jnp.zeros((params.size,), params.dtype))
+      opt_state = jax.tree.map(lambda r: jnp.repeat(r[None], s_count, axis=0), row)
+    else:
+      opt_states = [optimizer.init(p) for p in state.params]
+      opt_state = _Flat(opt_states).stack(opt_states)
     flat_state = pl.TrainState(state.step, state.rng, params.stack(state.params),
-                               _Flat(state.model_state).stack(state.model_state),
-                               _Flat(opt_states).stack(opt_states), links, grad_state)
+                               _Flat(state.model_state).stack(state.model_state), opt_state, links, grad_state)
     return jax.device_put(flat_state, self.shardings(flat_state))
 
   def shardings(self, flat_state):
@@ -273,7 +291,7 @@ class GPipe:
   def make_train_step(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation,
                       mode: Mode = Mode.TRAIN):
     """jit-compiled (state, batch) -> (state, metrics) over the mesh."""
-    self._check(pipe)
+    self._check(pipe, optimizer)
     if mode not in (Mode.TRAIN, Mode.WARMUP):
       raise ValueError(f"train step mode must be TRAIN or WARMUP, got {mode}")
     return self._compile(pipe, optimizer, mode, train=True)
@@ -284,15 +302,17 @@ class GPipe:
     return self._compile(pipe, None, mode, train=False)
 
   def _compressed_mean(self, grads_row, grad_state, key):
-    """Each replica sends C(g + e) (one [1, P] message); all average the decoded messages."""
+    """Each replica sends C(g + e) (one [1, P] message); all average the decoded messages.
+
+    (g is the gradient, or QuantizedAdam's local first moment.)"""
     key = jax.random.fold_in(jax.random.fold_in(key, jax.lax.axis_index(STAGE)), jax.lax.axis_index(DATA))
     rows = jax.tree.map(lambda a: a[0], grad_state)  # [1, P]
     payload, rows = self.grad_scheme.send(grads_row[None], rows, key)
     return _gathered_mean(self.grad_scheme, payload)[0], jax.tree.map(lambda a: a[None], rows)
 
   def wire_bytes_per_step(self, pipe, batch, mode: Mode = Mode.TRAIN) -> dict[str, int]:
-    """Executor protocol: every data shard's pipeline bytes each way, plus gradient exchange
-    (warm-up steps send everything dense)."""
+    """Executor protocol: every data shard's pipeline bytes each way, plus the gradient (or
+    QuantizedAdam momentum) exchange; warm-up steps send everything dense."""
     warm = mode is Mode.WARMUP
     local = pl.wire_bytes_per_step(pl.uncompressed(pipe) if warm else pipe, None, self._local(batch))
     out = {k: v * self.data for k, v in local.items()}
@@ -301,7 +321,8 @@ class GPipe:
     return out
 
   def grad_wire_bytes(self, pipe, optimizer, batch, dense: bool = False) -> int:
-    """Bytes all replicas send per step for the data-parallel gradient exchange (all stages)."""
+    """Bytes all replicas send per step for the data-parallel gradient exchange (all stages);
+    QuantizedAdam's momentum exchange sends the same [1, P] messages."""
     d = self.data
     params = _Flat(_abstract_template(pipe, optimizer, self._local(batch)).params)
     if self.grad_scheme is None or dense:  # ring all-reduce: 2 (D-1)/D of the gradient per device
@@ -310,7 +331,7 @@ class GPipe:
 
   def compiled_text(self, pipe, optimizer, state, batch, mode: Mode = Mode.TRAIN) -> str:
     """HLO of the compiled train step for this batch shape (for wire accounting)."""
-    self._check(pipe)
+    self._check(pipe, optimizer)
     return self._build(pipe, optimizer, mode, True, state, batch).lower(state, batch).compile().as_text()
 
   def _compile(self, pipe, optimizer, mode, train):
@@ -319,6 +340,9 @@ class GPipe:
     def step(state, batch):
       key = tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(batch))
       if key not in cache:
+        if isinstance(optimizer, QuantizedAdam) and mode is Mode.TRAIN and not int(state.opt_state.nu_count[0]):
+          raise ValueError("QuantizedAdam freezes Adam's second moment after warm-up, but this state has had "
+                           "no warm-up step (v = 0): run Mode.WARMUP steps first")
         cache[key] = self._build(pipe, optimizer, mode, train, state, batch)
       return cache[key](state, batch)
 
@@ -329,7 +353,8 @@ class GPipe:
     template = _abstract_template(pipe, optimizer, self._local(batch))
     params_fl = _Flat(template.params)
     ms_fl = _Flat(template.model_state)
-    opt_fl = _Flat([optimizer.init(p) for p in template.params]) if optimizer else None
+    qadam = isinstance(optimizer, QuantizedAdam)
+    opt_fl = _Flat([optimizer.init(p) for p in template.params]) if optimizer and not qadam else None
     shapes = self._layout(pipe, template, batch)
     layout = (params_fl, ms_fl, shapes)
     s_count = self.num_stages
@@ -353,28 +378,33 @@ class GPipe:
 
       (loss, (metrics, ms, fwd)), (grads, bwd) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(
           state.params[0], bs_bt)
-      grad_state = state.grad_state
-      if self.grad_scheme is None or mode is Mode.WARMUP:
+      grad_state, opt = state.grad_state, local(state.opt_state)
+      s, key = jax.lax.axis_index(STAGE), jax.random.fold_in(step_key, 2)
+      dense = self.grad_scheme is None or mode is Mode.WARMUP
+      if dense:
         grads = jax.lax.pmean(grads, DATA)
+      elif not qadam:
+        grads, grad_state = self._compressed_mean(grads, grad_state, key)
+      grads = _finish_grads(pipe, params_fl, grads, s)
+      if qadam and dense:
+        params_row, opt = optimizer.dense_update(grads, opt, state.params[0])
+      elif qadam:  # the replicas exchange the first moment
+        mu, grad_state = self._compressed_mean(optimizer.local_momentum(grads, opt), grad_state, key)
+        real = jnp.arange(params_fl.size) < jnp.asarray(params_fl.sizes)[s]  # decoded padding need not be 0
+        params_row, opt = optimizer.frozen_update(jnp.where(real, mu, 0.0), opt, state.params[0])
       else:
-        grads, grad_state = self._compressed_mean(grads, grad_state, jax.random.fold_in(step_key, 2))
-      grads = _finish_grads(pipe, params_fl, grads, jax.lax.axis_index(STAGE))
+        def update(j):
+          def run(params_row, grads_row, opt_row):
+            p, g, o = params_fl.get(j, params_row), params_fl.get(j, grads_row), opt_fl.get(j, opt_row)
+            updates, o = optimizer.update(g, o, p)
+            return params_fl.put(j, optax.apply_updates(p, updates)), opt_fl.put(j, o)
+          return run
+
+        params_row, opt = jax.lax.switch(s, [update(j) for j in range(s_count)], state.params[0], grads, opt)
       ms = jax.lax.pmean(ms, DATA)  # BatchNorm running statistics synchronised over data shards
-      s = jax.lax.axis_index(STAGE)
-
-      def update(j):
-        def run(params_row, grads_row, opt_row):
-          p, g, o = params_fl.get(j, params_row), params_fl.get(j, grads_row), opt_fl.get(j, opt_row)
-          updates, o = optimizer.update(g, o, p)
-          return params_fl.put(j, optax.apply_updates(p, updates)), opt_fl.put(j, o)
-        return run
-
-      params_row, opt_row = jax.lax.switch(s, [update(j) for j in range(s_count)],
-                                           state.params[0], grads, state.opt_state[0])
       add = lambda tree: jax.tree.map(lambda a: a[None], tree)
       links = LinkState(add(fwd[0]), add(fwd[1]), add(bwd[0]), add(bwd[1]))
-      new_state = pl.TrainState(state.step + 1, state.rng, params_row[None], ms, opt_row[None], links,
-                                grad_state)
+      new_state = pl.TrainState(state.step + 1, state.rng, params_row[None], ms, add(opt), links, grad_state)
       total = lambda v: jax.lax.pmean(jax.lax.psum(v, STAGE), DATA)
       return new_state, jax.tree.map(total, {"loss": loss, **metrics})
 
