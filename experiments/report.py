@@ -11,6 +11,7 @@ import argparse
 import pathlib
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -41,11 +42,14 @@ def table(runs: list[dict], which: str) -> str:
 def plot(runs: list[dict], which: str, path: pathlib.Path) -> pathlib.Path:
   _, metric, label, scale, _ = PAPERS[which]
   fig, ax = plt.subplots(figsize=(7, 4.5))
-  for run in runs:
+  colours = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")  # one distinct colour per run
+  for i, run in enumerate(runs):
     epochs = [r["epoch"] for r in run["history"]]
-    line, = ax.plot(epochs, [r["eval_off"][metric] * scale for r in run["history"]], label=f"{run['run']} off")
-    ax.plot(epochs, [r["eval_on"][metric] * scale for r in run["history"]], "--", color=line.get_color(),
+    ax.plot(epochs, [r["eval_off"][metric] * scale for r in run["history"]], color=colours(i % colours.N),
+            label=f"{run['run']} off")
+    ax.plot(epochs, [r["eval_on"][metric] * scale for r in run["history"]], "--", color=colours(i % colours.N),
             label=f"{run['run']} on")
+  ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
   ax.set_xlabel("epoch")
   ax.set_ylabel(label)
   ax.set_title(f"{label}: compression off (solid) / on (dashed) at evaluation")
