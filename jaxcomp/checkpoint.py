@@ -24,20 +24,26 @@ def _abstract(tree):
 
 
 class Checkpointer:
-  """Saves one checkpoint per epoch under `directory`, keeping the newest `keep`."""
+  """Saves one checkpoint per epoch under `directory`, keeping the newest `keep` and every
+  `keep_period`-th epoch (the baselines that "baseN" warm starts take, N = 10, 20, ...)."""
 
-  def __init__(self, directory, keep: int = 2):
+  def __init__(self, directory, keep: int = 2, keep_period: int = 10):
     self.manager = ocp.CheckpointManager(
         directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, keep_period=keep_period, create=True))
 
   def save(self, epoch: int, state: TrainState, meta: dict, host_state=None):
-    """`host_state`: numpy arrays kept outside `state` (or None), saved as the `host` item."""
+    """`host_state`: numpy arrays kept outside `state` (or None), saved as the `host` item.
+
+    A checkpoint already saved for `epoch` (the epoch was unfinished then) is replaced.
+    """
     items = dict(model=ocp.args.StandardSave(_model(state)),
                  compression=ocp.args.StandardSave((state.links, state.grad_state)),
                  meta=ocp.args.JsonSave(meta))
     if host_state is not None:
       items["host"] = ocp.args.StandardSave([np.asarray(a) for a in host_state])
+    if epoch in self.manager.all_steps():
+      self.manager.delete(epoch)
     self.manager.save(epoch, args=ocp.args.Composite(**items))
     self.manager.wait_until_finished()
 

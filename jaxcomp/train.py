@@ -4,7 +4,9 @@ Per epoch: train with a progress bar (AQ-SGD warm-up epochs in Mode.WARMUP), eva
 compression on and off, record loss/metrics, bytes on the wire per step and steps/s, save
 an Orbax checkpoint, hand the history to `on_epoch` (results writing). A NaN/Inf loss stops
 the run at once with `NonFiniteLossError`; the last good checkpoint is never overwritten.
-Resume restores the latest checkpoint; data order, keys and every state continue exactly.
+Resume restores the latest checkpoint; data order, keys and every state continue exactly,
+also from an epoch that `RunConfig.steps` cut short (its checkpoint records how many of the
+epoch's batches were done and their losses; the resumed run finishes that epoch).
 
 The executor is `simulate`, a `gpipe.GPipe` or `hostbuffer.HostBuffered`; two optional hooks
 serve the last (AQ-SGD tables in host memory): a train step with `takes_next_ids` is called
@@ -102,14 +104,22 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
   if ckpt and not cfg.resume and ckpt.latest_epoch() is not None:
     raise ValueError(f"{cfg.checkpoint_dir} already holds checkpoints (epochs {ckpt.epochs()}); resume the run "
                      "or give the new run another name/folder (nothing was overwritten)")
+  done_batches, done_losses = 0, []  # of the first epoch to run, when a resumed run is inside it
   if cfg.resume and ckpt and ckpt.latest_epoch() is not None:
     state, meta = ckpt.restore(ckpt.latest_epoch(), state, host_state=host_state)
     history, start_epoch = meta["history"], meta["epoch"]
+    done_losses = meta.get("epoch_losses", [])
+    done_batches = len(done_losses)
+    if done_batches:
+      history = history[:-1]  # that epoch's record is redone when the epoch is finished
   elif cfg.init_from:
     directory, epoch = cfg.init_from
     baseline = Checkpointer(directory)
-    state, _ = baseline.restore(epoch, state, model_only=True)
+    state, meta = baseline.restore(epoch, state, model_only=True)
     baseline.close()
+    if meta.get("epoch_losses"):
+      raise ValueError(f"the checkpoint of epoch {epoch} in {directory} holds an unfinished epoch "
+                       f"({len(meta['epoch_losses'])} of its batches); warm-start from a finished one")
     start_epoch = epoch
   wire = {m: executor.wire_bytes_per_step(pipe, data.example_batch, m) for m in (Mode.TRAIN, Mode.WARMUP)}
   steps = {}
@@ -121,13 +131,16 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     mode = Mode.WARMUP if epoch < cfg.warmup_epochs else Mode.TRAIN
     if mode not in steps:
       steps[mode] = executor.make_train_step(pipe, optimizer, mode)
-    todo = data.steps_per_epoch
+    skip, losses = done_batches, done_losses
+    done_batches, done_losses = 0, []
+    todo = data.steps_per_epoch - skip
     if cfg.steps is not None:
       todo = min(todo, cfg.steps - global_step)
-    bar = tqdm(total=todo, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not cfg.progress, leave=False)
-    losses, timed_steps, start = [], 0, None
-    batches = _with_next(itertools.islice(data.train_batches(epoch), todo))
-    for i, (batch, following) in enumerate(batches):
+    bar = tqdm(total=data.steps_per_epoch, initial=skip, desc=f"epoch {epoch + 1}/{cfg.epochs}",
+               disable=not cfg.progress, leave=False)
+    timed_steps, start = 0, None
+    batches = _with_next(itertools.islice(data.train_batches(epoch), skip, skip + todo))
+    for i, (batch, following) in enumerate(batches, start=skip):
       state, metrics = _train_step(steps[mode], state, batch, following)
       loss = float(metrics["loss"])
       if not math.isfinite(loss):
@@ -139,7 +152,7 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
             f"{f'epoch {last} in {cfg.checkpoint_dir}' if last is not None else 'none'}")
       losses.append(loss)
       global_step += 1
-      if i == 0:
+      if start is None:
         start = time.perf_counter()  # the first step compiles: not timed
       else:
         timed_steps += 1
@@ -147,8 +160,9 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
       bar.set_postfix(loss=f"{loss:.4f}")
     elapsed = time.perf_counter() - start if start is not None else 0.0
     bar.close()
+    finished = len(losses) == data.steps_per_epoch
     record = {
-        "epoch": epoch + 1, "step": global_step, "mode": mode.value,
+        "epoch": epoch + 1, "step": global_step, "mode": mode.value, "epoch_batches": len(losses),
         "train_loss": float(np.mean(losses)) if losses else float("nan"),
         "eval_on": evaluate(eval_steps[True], state, data.eval_batches(), data.eval_summary),
         "eval_off": evaluate(eval_steps[False], state, data.eval_batches(), data.eval_summary),
@@ -157,7 +171,8 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     }
     history.append(record)
     if ckpt:
-      ckpt.save(epoch + 1, state, {"epoch": epoch + 1, "history": history}, host_state)
+      position = {"epoch": epoch + 1} if finished else {"epoch": epoch, "epoch_losses": losses}
+      ckpt.save(epoch + 1, state, {**position, "history": history}, host_state)
     if on_epoch:
       on_epoch(history)
   if ckpt:

@@ -171,3 +171,35 @@ def test_results_files(tmp_path):
   assert paths["csv"].read_text().splitlines()[0] == "epoch,eval_on.accuracy,wire_bytes_fwd"
   assert "| 1 | 0.5 | 10 |" in paths["md"].read_text()
   assert [r["run"] for r in results.load(tmp_path)] == ["r1", "r2"]
+
+
+def test_run_cut_short_inside_epochs_resumes_exactly(tmp_path):
+  """--steps may stop inside an epoch (6 batches each); resuming finishes that epoch exactly."""
+  full, full_history = _fit(tmp_path / "a", 2)
+  _, cut = _fit(tmp_path / "b", 2, steps=4)  # 4 of epoch 1's 6 batches
+  assert [(r["epoch"], r["epoch_batches"]) for r in cut] == [(1, 4)]
+  _, cut = _fit(tmp_path / "b", 2, resume=True, steps=9)  # rest of epoch 1, 3 of epoch 2
+  assert [(r["epoch"], r["epoch_batches"]) for r in cut] == [(1, 6), (2, 3)]
+  resumed, history = _fit(tmp_path / "b", 2, resume=True)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               full._replace(rng=0), resumed._replace(rng=0))
+  for got, want in zip(history, full_history, strict=True):
+    assert {k: got[k] for k in ("epoch", "epoch_batches", "step", "train_loss", "eval_on", "eval_off")} == \
+        {k: want[k] for k in ("epoch", "epoch_batches", "step", "train_loss", "eval_on", "eval_off")}
+  assert Checkpointer(tmp_path / "b").epochs() == [1, 2]
+
+
+def test_warm_start_refuses_an_unfinished_epoch(tmp_path):
+  _fit(tmp_path / "base", 2, pipe=_pipe("none", "none"), steps=3)
+  cfg = train.RunConfig(epochs=2, init_from=(str(tmp_path / "base"), 1), progress=False)
+  with pytest.raises(ValueError, match="epoch 1 .* holds an unfinished epoch \\(3 of its batches\\)"):
+    train.fit(_pipe("none", "none"), OPT, simulate, _data(), cfg, jax.random.key(0))
+
+
+def test_checkpoints_of_every_keep_period_th_epoch_stay(tmp_path):
+  """baseN warm starts need epoch N of a longer baseline run."""
+  state = simulate.init_state(_pipe(), OPT, jax.random.key(0), _data().example_batch)
+  ckpt = Checkpointer(tmp_path, keep=2, keep_period=3)
+  for epoch in range(1, 9):
+    ckpt.save(epoch, state, {"epoch": epoch, "history": []})
+  assert ckpt.epochs() == [3, 6, 7, 8]
