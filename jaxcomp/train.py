@@ -104,13 +104,12 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
   if ckpt and not cfg.resume and ckpt.latest_epoch() is not None:
     raise ValueError(f"{cfg.checkpoint_dir} already holds checkpoints (epochs {ckpt.epochs()}); resume the run "
                      "or give the new run another name/folder (nothing was overwritten)")
-  done_batches, done_losses = 0, []  # of the first epoch to run, when a resumed run is inside it
+  done_losses = []  # of the first epoch to run, when a resumed run is inside it
   if cfg.resume and ckpt and ckpt.latest_epoch() is not None:
     state, meta = ckpt.restore(ckpt.latest_epoch(), state, host_state=host_state)
     history, start_epoch = meta["history"], meta["epoch"]
     done_losses = meta.get("epoch_losses", [])
-    done_batches = len(done_losses)
-    if done_batches:
+    if done_losses:
       history = history[:-1]  # that epoch's record is redone when the epoch is finished
   elif cfg.init_from:
     directory, epoch = cfg.init_from
@@ -131,8 +130,8 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     mode = Mode.WARMUP if epoch < cfg.warmup_epochs else Mode.TRAIN
     if mode not in steps:
       steps[mode] = executor.make_train_step(pipe, optimizer, mode)
-    skip, losses = done_batches, done_losses
-    done_batches, done_losses = 0, []
+    losses, done_losses = done_losses, []
+    skip = len(losses)
     todo = data.steps_per_epoch - skip
     if cfg.steps is not None:
       todo = min(todo, cfg.steps - global_step)
