@@ -150,7 +150,8 @@ def check_aqsgd_memory(boundary: Boundary, shapes, available: int | None = None)
     raise ValueError(
         f"AQ-SGD buffers need {total / 2**30:.2f} GiB ({boundary.fwd.num_examples} examples x "
         f"{len(shapes)} boundaries x 2 ends, {boundary.fwd.buffer_dtype}) but only "
-        f"{available / 2**30:.2f} GiB is free; use fewer examples, a smaller buffer dtype or host buffers")
+        f"{available / 2**30:.2f} GiB is free; use fewer examples, a smaller buffer dtype or host buffers "
+        "(CLI: --aqsgd-buffers host|DIR; code: hostbuffer.HostBuffered)")
 
 
 def init_state(pipe: Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None) -> TrainState:
