@@ -1,9 +1,10 @@
 """One-line string specs for CLIs: `[scheme+]codec[:arg[:option...]]`.
 
-Codecs:  none | bf16 | fp16 | fp8 | quant:BITS[:stoch] | maxabs:BITS[:tensor|channel][:stoch]
+Codecs:  none | bf16 | fp16 | fp8 | quant:BITS[:stoch]
+         | maxabs:BITS[:tensor|channel][:stoch][:scale=fp32|bf16|fp16][:clip=RATIO|mse]
          | topk:FRACTION[:row] | randk:FRACTION[:row]
 Schemes: plain (default) | ef | ef21 | efmixed | aqsgd;  backward only: reuse (TopK index reuse)
-Examples: `topk:0.1`, `quant:4`, `ef21+topk:0.1`, `aqsgd+maxabs:2:stoch`, `reuse`.
+Examples: `topk:0.1`, `quant:4`, `ef21+topk:0.1`, `aqsgd+maxabs:2:stoch`, `maxabs:2:clip=mse`, `reuse`.
 """
 from jaxcomp import codecs, feedback
 from jaxcomp.boundary import Boundary, Reuse
@@ -12,6 +13,22 @@ _SCHEMES = {"plain": feedback.Plain, "ef": feedback.EF, "ef21": feedback.EF21,
             "efmixed": feedback.EFMixed, "aqsgd": feedback.AQSGD}
 _CASTS = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
 _CODECS = ("none", *_CASTS, "quant", "maxabs", "topk", "randk")
+_SCALES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _maxabs(bits: int, options: set, spec: str) -> codecs.MaxAbsQuant:
+  """maxabs options: tensor|channel, stoch, scale=fp32|bf16|fp16, clip=RATIO|mse."""
+  settings = dict(o.split("=", 1) for o in options if "=" in o)
+  flags = {o for o in options if "=" not in o}
+  if not flags <= {"tensor", "channel", "stoch"} or not set(settings) <= {"scale", "clip"} \
+      or settings.get("scale", "fp32") not in _SCALES:
+    raise ValueError(f"bad maxabs option(s) in {spec!r}; allowed: tensor, channel, stoch, "
+                     f"scale={'|'.join(_SCALES)}, clip=RATIO|mse")
+  clip = settings.get("clip", "1")
+  return codecs.MaxAbsQuant(bits, stochastic="stoch" in options,
+                            granularity="tensor" if "tensor" in options else "channel",
+                            scale_dtype=_SCALES[settings.get("scale", "fp32")],
+                            clip=clip if clip == "mse" else _number(clip, float, spec))
 
 
 def _number(text, kind, spec):
@@ -29,14 +46,13 @@ def parse_codec(spec: str) -> codecs.Codec:
   if name in _CASTS and not args:
     return codecs.Cast(_CASTS[name])
   if name in ("quant", "maxabs", "topk", "randk") and args:
-    allowed = {"quant": {"stoch"}, "maxabs": {"stoch", "tensor", "channel"}}.get(name, {"row"})
+    if name == "maxabs":
+      return _maxabs(_number(args[0], int, spec), options, spec)
+    allowed = {"quant": {"stoch"}}.get(name, {"row"})
     if not options <= allowed:
       raise ValueError(f"unknown option(s) {sorted(options - allowed)} in {spec!r}; allowed: {sorted(allowed)}")
     if name == "quant":
       return codecs.MinMaxQuant(_number(args[0], int, spec), stochastic="stoch" in options)
-    if name == "maxabs":
-      return codecs.MaxAbsQuant(_number(args[0], int, spec), stochastic="stoch" in options,
-                                granularity="tensor" if "tensor" in options else "channel")
     per = "row" if "row" in options else "example"
     cls = codecs.TopK if name == "topk" else codecs.RandK
     return cls(_number(args[0], float, spec), per=per)

@@ -1,8 +1,8 @@
 """Every benchmark runs end to end at toy sizes and prints its table (numbers are not asserted)."""
 import pytest
 
-from benchmarks import (aqsgd_buffers, codec_throughput, step_overhead, throughput_vs_bandwidth, topk_selection,
-                        wire_bytes)
+from benchmarks import (aqsgd_buffers, codec_throughput, quantizer_error, step_overhead, throughput_vs_bandwidth,
+                        topk_selection, wire_bytes)
 
 
 @pytest.mark.parametrize("module, argv, expect", [
@@ -12,6 +12,7 @@ from benchmarks import (aqsgd_buffers, codec_throughput, step_overhead, throughp
     (step_overhead, ["--seq", "16", "--repeats", "1"], "| EF21 Top10% |"),
     (throughput_vs_bandwidth, ["--seq", "16", "--repeats", "2"], "| AQ-SGD fw3-bw6 |"),
     (aqsgd_buffers, ["--examples", "32", "--seq", "16"], "| host + prefetch |"),
+    (quantizer_error, ["--relu-shape", "4,2,2,8", "--gauss-shape", "2,4,8"], "| authors (SPEC) |"),
 ])
 def test_benchmark_prints_its_table(module, argv, expect, capsys):
   module.main(argv)
