@@ -19,9 +19,6 @@ import numpy as np
 
 from jaxcomp import spec
 
-BITS = (2, 4, 8)
-
-
 def authors_quantizer(x: np.ndarray, bits: int) -> np.ndarray:
   """The AQ-SGD authors' max-abs quantizer (SPEC.md formula): fp16 scales, codes -2^(B-1)..2^(B-1)-1."""
   s = np.abs(x).reshape(-1, x.shape[-1]).max(0).astype(np.float16).astype(np.float32)
@@ -44,14 +41,14 @@ def errors(x: np.ndarray, x_hat: np.ndarray) -> tuple[float, float]:
   return float(np.mean(d ** 2) / np.mean(x.astype(np.float64) ** 2)), float(d.mean() / np.abs(x).mean())
 
 
-def table(name: str, x: np.ndarray, clip_ratio: float) -> str:
+def table(name: str, x: np.ndarray, clip_ratio: float, bits) -> str:
   columns = {"authors (SPEC)": authors_quantizer, "ideal symmetric": ideal_symmetric}
   for codec_spec in ("maxabs:{b}", f"maxabs:{{b}}:clip={clip_ratio}", "maxabs:{b}:clip=mse"):
     codec_fn = lambda x, b, s=codec_spec: np.asarray(jax.jit(spec.parse_codec(s.format(b=b)))(x))
     columns[f"`{codec_spec.replace('{b}', 'B')}`"] = codec_fn
   lines = [f"**{name}** {list(x.shape)}: relative MSE (bias)", "",
            "| bits | " + " | ".join(columns) + " |", "|---:|" + "---:|" * len(columns)]
-  for b in BITS:
+  for b in bits:
     cells = [errors(x, fn(x, b)) for fn in columns.values()]
     lines.append(f"| {b} | " + " | ".join(f"{m:.4g} ({bias:+.2g})" for m, bias in cells) + " |")
   return "\n".join(lines)
@@ -62,13 +59,15 @@ def main(argv=None):
   parser.add_argument("--relu-shape", default="100,8,8,256")
   parser.add_argument("--gauss-shape", default="8,128,768")
   parser.add_argument("--clip", type=float, default=0.9, help="the fixed clip ratio column")
+  parser.add_argument("--bits", default="2,4,8")
   args = parser.parse_args(argv)
+  bits = [int(b) for b in args.bits.split(",")]
   shape = lambda text: tuple(int(d) for d in text.split(","))
   relu = np.maximum(np.asarray(jax.random.normal(jax.random.key(0), shape(args.relu_shape))), 0)
   gauss = np.asarray(jax.random.normal(jax.random.key(1), shape(args.gauss_shape)))
-  print(table("ReLU(N(0,1)), per-channel scales", relu, args.clip))
+  print(table("ReLU(N(0,1)), per-channel scales", relu, args.clip, bits))
   print()
-  print(table("N(0,1), per-feature scales", gauss, args.clip))
+  print(table("N(0,1), per-feature scales", gauss, args.clip, bits))
 
 
 if __name__ == "__main__":

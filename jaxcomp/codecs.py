@@ -235,8 +235,8 @@ class MaxAbsQuant(Codec):
       def error(r):
         codes = jnp.clip(jnp.round(_ratio(x32, r * s) * self.levels), -self.levels, self.levels)
         return jnp.sum(jnp.square(self._grid(codes, r * s) - x32), axis=axes)
-      errors = jnp.stack([error(r) for r in _CLIP_CANDIDATES])
-      s = s * jnp.asarray(_CLIP_CANDIDATES)[jnp.argmin(errors, axis=0)]
+      ratios = jnp.asarray(_CLIP_CANDIDATES)
+      s = s * ratios[jnp.argmin(jax.lax.map(error, ratios), axis=0)]
     elif self.clip != 1.0:
       s = s * self.clip
     stored = s.astype(self.scale_dtype)
