@@ -8,7 +8,7 @@ from benchmarks import (aqsgd_buffers, codec_throughput, quantizer_error, step_o
 @pytest.mark.parametrize("module, argv, expect", [
     (codec_throughput, ["--shape", "2,16,32", "--repeats", "2"], "| `maxabs:3` |"),
     (topk_selection, ["--shape", "2,2048", "--repeats", "2"], "| 1% | sampled threshold |"),
-    (wire_bytes, ["--skip-pipeline"], "| `efmixed+topk:0.1` |"),
+    (wire_bytes, ["--skip-pipeline", "--shape", "4,64"], "| `efmixed+topk:0.1` |"),
     (step_overhead, ["--seq", "8", "--batch", "4", "--repeats", "1", "--presets", "EF21 Top10%"], "| EF21 Top10% |"),
     (throughput_vs_bandwidth, ["--seq", "8", "--batch", "4", "--repeats", "1", "--configs", "AQ-SGD fw3-bw6"],
      "| AQ-SGD fw3-bw6 |"),
