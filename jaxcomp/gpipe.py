@@ -75,11 +75,12 @@ class GPipe:
   of `grad_state`. Padding has zero gradient, moments and (masked) exchanged momentum, so it
   stays exactly zero. Ties and clipping apply to each replica's local gradient after warm-up
   (the mean gradient is never formed), to the mean one during warm-up.
-  `remat="stage"` rematerialises each stage call in the backward pass (`"none"` saves its
-  internals; 1F1B always recomputes a stage from its stashed input). `schedule`: "gpipe"
-  (all forwards, then autodiff's backwards: M microbatch inputs saved per stage) or "1f1b"
-  (PipeDream-flush: each stage alternates forwards and explicit backwards, at most 2S-1
+  `schedule`: "gpipe" (all forwards, then all backwards: M microbatch inputs saved per
+  stage) or "1f1b" (PipeDream-flush: forwards and backwards interleaved, at most 2S-1
   inputs saved whatever M); both send the same bytes and give the same numbers.
+  `remat="stage"` (default) saves a stage's input per microbatch and recomputes the stage in
+  its explicit backward (`schedule.run_explicit`); `remat="none"` (GPipe only) differentiates
+  the forward schedule with autodiff, which saves every stage's internals.
   """
   mesh: jax.sharding.Mesh
   grad_scheme: Any = None
@@ -94,6 +95,8 @@ class GPipe:
       raise ValueError(f"remat must be one of {schedule.REMAT}, got {self.remat!r}")
     if self.schedule not in SCHEDULES:
       raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+    if self.schedule == "1f1b" and self.remat == "none":
+      raise ValueError("the 1f1b schedule always recomputes a stage from its stashed input; use remat='stage'")
 
   @property
   def num_stages(self) -> int:
@@ -351,11 +354,12 @@ class GPipe:
     """The jitted step for this batch shape (state and batch give the shapes)."""
     local = self.local_batch(batch)
     template = _abstract_template(pipe, optimizer, local)
-    prog = schedule.make_program(pipe, template, local, mode, train, self.remat)
+    s_count, d_count, m_count = self.num_stages, self.data, pipe.microbatches
+    explicit = train and self.remat == "stage"
+    prog = schedule.make_program(pipe, template, local, mode, train, m_count if self.schedule == "gpipe" else 0)
     params_fl = prog.params
     qadam = isinstance(optimizer, QuantizedAdam)
     opt_fl = layout.FlatRows([optimizer.init(p) for p in template.params]) if optimizer and not qadam else None
-    s_count, d_count, m_count = self.num_stages, self.data, pipe.microbatches
     total = lambda v: jax.lax.pmean(jax.lax.psum(v, STAGE), DATA)
 
     def device_step(state, batch):
@@ -376,8 +380,8 @@ class GPipe:
         _, (loss, metrics, _, _) = loss_of(state.params[0], bwd)
         return jax.tree.map(total, {"loss": loss, **metrics})
 
-      if self.schedule == "1f1b":
-        out = schedule.run_1f1b(prog, state.params[0], state.model_state[0], fwd, bwd, mbs, step_key,
+      if explicit:
+        out = schedule.run_explicit(prog, state.params[0], state.model_state[0], fwd, bwd, mbs, step_key,
                                 jnp.asarray(1 / (m_count * d_count), jnp.float32))
         loss, metrics = out.loss_sum / m_count, jax.tree.map(lambda v: v / m_count, out.metric_sums)
         ms, fwd, grads, bwd = out.model_state, out.fwd_tables, out.grads, out.bwd_tables

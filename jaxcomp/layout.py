@@ -31,12 +31,11 @@ class FlatRows:
     self.dtype = jnp.result_type(*dtypes) if dtypes else jnp.float32
 
   def get(self, s: int, row):
-    """Stage s's tree from its row."""
-    out, offset = [], 0
-    for leaf in self.leaves[s]:
-      n = int(np.prod(leaf.shape, dtype=np.int64))
-      out.append(row[offset: offset + n].reshape(leaf.shape).astype(leaf.dtype))
-      offset += n
+    """Stage s's tree from its row: one split, so that its transpose (the gradient of the
+    row) is one concatenation, not a padded copy of the row per leaf."""
+    sizes = [int(np.prod(leaf.shape, dtype=np.int64)) for leaf in self.leaves[s]]
+    parts = jnp.split(row, np.cumsum(sizes)) if sizes else []
+    out = [p.reshape(leaf.shape).astype(leaf.dtype) for p, leaf in zip(parts, self.leaves[s])]
     return jax.tree.unflatten(self.treedefs[s], out)
 
   def put(self, s: int, tree):

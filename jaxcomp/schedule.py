@@ -1,20 +1,21 @@
-"""The GPipe schedule of one stage device, as a few named functions.
+"""The pipeline schedules of one stage device, as a few named functions.
 
-Ticks t = 0 .. M+S-2. At tick t device s runs its stage on microbatch t - s (`busy` when
+Forward: at tick t device s runs its stage on microbatch t - s (`busy` when
 0 <= t - s < M), then every boundary b with a microbatch in flight (0 <= t - b < M) moves
 that microbatch's encoded payload from stage b to b+1 with a `ppermute` (`PPermute`).
-Autodiff replays the ticks in reverse; each boundary op's backward rule sends the encoded
-gradient from b+1 to b.
+A bubble tick runs the no-op branch of the stage switch: no stage compute, nothing saved.
+Ticks where only some boundaries are busy are unrolled, so the program knows statically
+which boundaries carry a microbatch and idle links issue no collective at all; runs of
+ticks where every boundary is busy (or none) are one `lax.scan`, so the program's size (and
+compile time) does not grow with M.
 
-`phases` splits the ticks in three. In the S-1 fill and S-1 drain ticks some stages idle:
-those ticks are unrolled, so the program knows statically which boundaries carry a
-microbatch and bubble ticks issue no collective at all. In the M-S+1 steady ticks every
-stage and every boundary is busy: they run under one `lax.scan`, so the program's size (and
-compile time) does not grow with M. A bubble tick runs the no-op branch of the stage
-switch: no stage compute, nothing saved. With `remat="stage"` the stage call is a
-`jax.checkpoint`: autodiff saves its inputs (the boundary activation buffer, per
-microbatch in flight) and recomputes the stage's internals in the backward pass, instead
-of saving the union of every stage branch's residuals.
+Two ways to get the backward pass:
+- `run_explicit` (GPipe or 1F1B, below): a stage stashes its input at its forward, and at
+  its backward tick runs its vjp on it (rematerialised) and the boundary's
+  `backward_half`; the weight gradient is accumulated in the loop.
+- `run_gpipe`: the forward ticks only (eval steps, and GPipe with `remat="none"`), whose
+  autodiff replays the ticks in reverse: each boundary op's custom_vjp rule sends the
+  encoded gradient from b+1 to b, and every stage's internals are saved.
 """
 import dataclasses
 from typing import Any, NamedTuple
@@ -42,7 +43,7 @@ class PPermute(Transport):
 
 
 def phases(num_stages: int, microbatches: int) -> tuple[range, range, range]:
-  """(fill, steady, drain) ticks; in steady ticks every stage and boundary is busy."""
+  """(fill, steady, drain) forward ticks; in steady ticks every stage and boundary is busy."""
   total = microbatches + num_stages - 1
   if microbatches < num_stages:
     return range(total), range(0), range(total, total)
@@ -67,8 +68,8 @@ class Program(NamedTuple):
   shapes: list  # activation at each boundary, one microbatch of one data shard
   mode: Mode
   train: bool
-  remat: str
   metrics: Any  # the last stage's metric structure (ShapeDtypeStructs)
+  delay: int = 0  # explicit schedules: ticks a backward waits beyond 1F1B's (0: 1F1B, M: GPipe)
 
   @property
   def width(self) -> int:
@@ -118,8 +119,6 @@ def stage_step(prog: Program, tick, params_row, ms_row, x_buf, mbs, step_key):
     index = jnp.where(busy(tick, s, m_count), s, s_count)
     return jax.lax.switch(index, branches, params_row, ms_row, x_buf, mb, pl.stage_key(step_key, m, s))
 
-  if prog.remat == "stage":
-    run = jax.checkpoint(run)
   return run(jnp.asarray(tick, jnp.int32), params_row, ms_row, x_buf, mbs, step_key)
 
 
@@ -164,7 +163,8 @@ def tick_step(prog: Program, tick, boundaries, carry: Carry, params_row, bwd_tab
 
 
 def run_gpipe(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, step_key) -> Carry:
-  """All M+S-1 ticks on this device: fill and drain unrolled, the steady ticks scanned."""
+  """The M+S-1 forward ticks on this device: fill and drain unrolled, the steady ticks
+  scanned (differentiable: its autodiff is GPipe's backward)."""
   s_count, m_count = prog.pipe.num_stages, prog.pipe.microbatches
   mb_size = jax.tree.leaves(mbs)[0].shape[1]
   carry = Carry(jnp.zeros((mb_size, prog.width), prog.act_dtype), ms_row, tuple(fwd_tables),
@@ -183,14 +183,12 @@ def run_gpipe(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, st
 
 
 def make_program(pipe: pl.Pipeline, template: pl.TrainState, local_batch, mode: Mode, train: bool,
-                 remat: str) -> Program:
+                 delay: int = 0) -> Program:
   """The schedule's static layout for one data shard's batch `local_batch` (shapes only)."""
-  if remat not in REMAT:
-    raise ValueError(f"remat must be one of {REMAT}, got {remat!r}")
   mb = jax.tree.map(lambda x: x[0], pl.split_microbatches(local_batch, pipe.microbatches))
   shapes = pl.boundary_shapes(pipe, template.params, template.model_state, mb[pipe.input_key])
   prog = Program(pipe, layout.FlatRows(template.params), layout.FlatRows(template.model_state), shapes,
-                 mode, train, remat, None)
+                 mode, train, None, delay)
   last = pipe.num_stages - 1
   x_buf = jax.ShapeDtypeStruct((mb[pipe.input_key].shape[0], prog.width), prog.act_dtype)
 
@@ -205,37 +203,50 @@ def make_program(pipe: pl.Pipeline, template: pl.TrainState, local_batch, mode: 
   return prog._replace(metrics=metrics)
 
 
-# ---------------------------------------------------------------- 1F1B (PipeDream-flush)
-# Stage s runs microbatch m forward at tick m + s and backward at tick m + 2S - 2 - s: each
-# tick a stage does at most one forward and one backward, the last stage both on the same
-# microbatch. A stage keeps the inputs of the microbatches between its forward and its
-# backward, at most 2(S-1-s)+1 <= 2S-1 of them, whatever M. The backward is explicit: the
-# stage's vjp on its stashed input (rematerialised), and the boundary's `backward_half`.
+# ---------------------------------------------------------------- explicit backward
+# Stage s runs microbatch m forward at tick m + s and backward at tick m + delay + 2S - 2 - s;
+# a backward runs the stage's vjp on the input it stashed at its forward (rematerialised),
+# then the boundary's `backward_half` sends the gradient on. delay = 0 is 1F1B
+# (PipeDream-flush): a stage holds at most 2(S-1-s)+1 <= 2S-1 inputs whatever M, the last
+# stage runs a microbatch's forward and backward in the same tick. delay = M is GPipe: all
+# forwards, then all backwards, M inputs held. Ticks whose busy boundaries are all or none
+# (and the same from tick to tick) run under one `lax.scan`; the others are unrolled.
 
 
-def backward_tick(num_stages: int, stage):
+def backward_tick(prog: Program, stage):
   """Offset of a stage's backward: microbatch m's backward runs at tick m + offset."""
-  return 2 * num_stages - 2 - stage
+  return prog.delay + 2 * prog.pipe.num_stages - 2 - stage
 
 
-def stash_slots(num_stages: int) -> int:
+def stash_slots(prog: Program) -> int:
   """Ring-buffer slots a stage needs for inputs awaiting their backward."""
-  return 2 * num_stages - 1
+  return min(prog.pipe.microbatches, 2 * prog.pipe.num_stages - 1 + prog.delay)
 
 
-def phases_1f1b(num_stages: int, microbatches: int) -> tuple[range, range, range]:
-  """(fill, steady, drain) of the M + 2S - 2 ticks; in steady ticks every boundary carries a
-  microbatch forward and one backward."""
-  total = microbatches + 2 * num_stages - 2
-  start = max(2 * num_stages - 3, 0)
-  if microbatches <= start:
-    return range(total), range(0), range(total, total)
-  return range(start), range(start, microbatches), range(microbatches, total)
+def tick_plan(prog: Program, tick: int) -> tuple:
+  """(forward boundaries, backward boundaries, any stage forward, any stage backward) at a tick."""
+  s_count, m_count = prog.pipe.num_stages, prog.pipe.microbatches
+  return (tuple(boundaries_at(tick, s_count, m_count)),
+          tuple(b for b in range(s_count - 1) if busy(tick, backward_tick(prog, b + 1), m_count)),
+          any(busy(tick, s, m_count) for s in range(s_count)),
+          any(busy(tick, backward_tick(prog, s), m_count) for s in range(s_count)))
 
 
-def backward_boundaries_at(tick: int, num_stages: int, microbatches: int) -> list[int]:
-  """Boundaries whose gradient crosses at a (static) tick (boundary b: after stage b+1's backward)."""
-  return [b for b in range(num_stages - 1) if busy(tick, backward_tick(num_stages, b + 1), microbatches)]
+def segments(prog: Program) -> list[tuple[range, tuple]]:
+  """The ticks as runs with one plan each; a run is scanned when its boundaries are all
+  busy or all idle (the same collectives every tick), else unrolled tick by tick."""
+  s_count = prog.pipe.num_stages
+  total = prog.pipe.microbatches + 2 * s_count - 2 + prog.delay
+  every = tuple(range(s_count - 1))
+  uniform = lambda plan: plan[0] in ((), every) and plan[1] in ((), every)
+  runs = []
+  for t in range(total):
+    plan = tick_plan(prog, t)
+    if runs and uniform(plan) and runs[-1][1] == plan:
+      runs[-1] = (range(runs[-1][0].start, t + 1), plan)
+    else:
+      runs.append((range(t, t + 1), plan))
+  return runs
 
 
 def stage_grads(prog: Program, j: int):
@@ -259,10 +270,10 @@ def stage_backward(prog: Program, tick, params_row, stash, mbs, step_key, g_buf,
   """This device's stage backward at `tick` (or nothing): (d params row, d input buffer)."""
   s_count, m_count = prog.pipe.num_stages, prog.pipe.microbatches
   s = jax.lax.axis_index(STAGE)
-  m = jnp.clip(tick - backward_tick(s_count, s), 0, m_count - 1)
-  slot = m % stash_slots(s_count)
+  m = jnp.clip(tick - backward_tick(prog, s), 0, m_count - 1)
+  slot = m % stash_slots(prog)
   mb = jax.tree.map(lambda a: a[m], mbs)
-  index = jnp.where(busy(tick, backward_tick(s_count, s), m_count), s, s_count)
+  index = jnp.where(busy(tick, backward_tick(prog, s), m_count), s, s_count)
   branches = [stage_grads(prog, j) for j in range(s_count)] + [no_grads]
   return jax.lax.switch(index, branches, params_row, stash.model_state[slot], stash.x_buf[slot], mb,
                         pl.stage_key(step_key, m, s), g_buf, scale)
@@ -276,7 +287,7 @@ class Stash(NamedTuple):
   indices: tuple
 
 
-class Carry1F1B(NamedTuple):
+class ExplicitCarry(NamedTuple):
   x_buf: jax.Array  # activation received for the next forward
   g_buf: jax.Array  # gradient received for the next backward
   stash: Stash
@@ -292,18 +303,18 @@ def _boundary(prog: Program, b: int):
   return dataclasses.replace(prog.pipe.boundary, transport=PPermute(b))
 
 
-def _link_rows(prog, m, b, mbs):
+def _link_rows(prog, m, mbs):
   mb_size = jax.tree.leaves(mbs)[0].shape[1]
   ids = mbs["id"][m] if "id" in mbs else None
   boundary = prog.pipe.boundary
   return tuple(pl.rows(scheme, m, mb_size, ids) for scheme in (boundary.fwd, boundary.bwd))
 
 
-def forward_exchange(prog: Program, tick, b: int, y_buf, carry: Carry1F1B, mbs, step_key):
+def forward_exchange(prog: Program, tick, b: int, y_buf, carry: ExplicitCarry, mbs, step_key):
   """Boundary b's forward half for microbatch tick - b: (received activation, carry)."""
   s = jax.lax.axis_index(STAGE)
   m, shape = tick - b, prog.shapes[b]
-  fwd_rows, _ = _link_rows(prog, m, b, mbs)
+  fwd_rows, _ = _link_rows(prog, m, mbs)
   fs, fr = carry.fwd_tables
   x, fs_new, fr_new, idx = boundary_mod.forward_half(
       _boundary(prog, b), prog.mode is Mode.WARMUP, layout.unpad(y_buf, shape),
@@ -312,23 +323,23 @@ def forward_exchange(prog: Program, tick, b: int, y_buf, carry: Carry1F1B, mbs, 
   tables = (layout.put_rows(fs, fwd_rows, fs_new), layout.put_rows(fr, fwd_rows, fr_new))
   stash = carry.stash
   if idx is not None:
-    slot = m % stash_slots(prog.pipe.num_stages)
+    slot = m % stash_slots(prog)
     stored = jax.tree.map(lambda buf, new: buf.at[slot].set(new), stash.indices[b], idx)
     stash = stash._replace(indices=stash.indices[:b] + (stored,) + stash.indices[b + 1:])
   return layout.pad(x, prog.width, prog.act_dtype), carry._replace(fwd_tables=tables, stash=stash)
 
 
-def backward_exchange(prog: Program, tick, b: int, dx_buf, bwd_old, carry: Carry1F1B, mbs, step_key):
+def backward_exchange(prog: Program, tick, b: int, dx_buf, bwd_old, carry: ExplicitCarry, mbs, step_key):
   """Boundary b's backward half for the microbatch whose stage b+1 backward ran this tick:
   (gradient received by stage b, carry with the new backward-state rows)."""
   s = jax.lax.axis_index(STAGE)
-  m = tick - backward_tick(prog.pipe.num_stages, b + 1)
+  m = tick - backward_tick(prog, b + 1)
   shape = prog.shapes[b]
-  _, rows = _link_rows(prog, m, b, mbs)
+  _, rows = _link_rows(prog, m, mbs)
   bs_old, br_old = bwd_old
   idx = None
   if prog.pipe.boundary.reuse and prog.mode is not Mode.WARMUP:
-    idx = jax.tree.map(lambda buf: buf[m % stash_slots(prog.pipe.num_stages)], carry.stash.indices[b])
+    idx = jax.tree.map(lambda buf: buf[m % stash_slots(prog)], carry.stash.indices[b])
   dx, bs_new, br_new = boundary_mod.backward_half(
       _boundary(prog, b), prog.mode is Mode.WARMUP, layout.unpad(dx_buf, shape),
       layout.gather_rows(bs_old, rows, shape), layout.gather_rows(br_old, rows, shape),
@@ -341,23 +352,27 @@ def backward_exchange(prog: Program, tick, b: int, dx_buf, bwd_old, carry: Carry
   return layout.pad(dx, prog.width, prog.act_dtype), carry._replace(bwd_tables=tables)
 
 
-def tick_1f1b(prog: Program, tick, fwd_bs, bwd_bs, carry: Carry1F1B, params_row, bwd_old, mbs, step_key,
-              scale) -> Carry1F1B:
-  """One tick: this stage's forward (stashing its input), its backward, then the boundaries."""
+def explicit_tick(prog: Program, tick, plan, carry: ExplicitCarry, params_row, bwd_old, mbs, step_key,
+                  scale) -> ExplicitCarry:
+  """One tick: this stage's forward (stashing its input), its backward, then the boundaries.
+  Work that no stage has at this tick (by `plan`) is left out of the program."""
+  fwd_bs, bwd_bs, any_forward, any_backward = plan
   s = jax.lax.axis_index(STAGE)
-  s_count, m_count = prog.pipe.num_stages, prog.pipe.microbatches
-  slot = jnp.clip(tick - s, 0, m_count - 1) % stash_slots(s_count)
-  forward_busy = busy(tick, s, m_count)
-  stash = carry.stash
-  stash = stash._replace(
-      x_buf=stash.x_buf.at[slot].set(jnp.where(forward_busy, carry.x_buf, stash.x_buf[slot])),
-      model_state=stash.model_state.at[slot].set(jnp.where(forward_busy, carry.model_state,
-                                                           stash.model_state[slot])))
-  y_buf, ms_row, loss, metrics = stage_step(prog, tick, params_row, carry.model_state, carry.x_buf, mbs,
-                                            step_key)
-  dp, dx_buf = stage_backward(prog, tick, params_row, stash, mbs, step_key, carry.g_buf, scale)
-  carry = carry._replace(stash=stash, model_state=ms_row, grads=carry.grads + dp, loss_sum=carry.loss_sum + loss,
-                         metric_sums=jax.tree.map(jnp.add, carry.metric_sums, metrics))
+  m_count = prog.pipe.microbatches
+  y_buf = dx_buf = jnp.zeros_like(carry.x_buf)
+  if any_forward:
+    slot = jnp.clip(tick - s, 0, m_count - 1) % stash_slots(prog)
+    forward_busy = busy(tick, s, m_count)
+    keep = lambda buf, new: buf.at[slot].set(jnp.where(forward_busy, new, buf[slot]))
+    stash = carry.stash._replace(x_buf=keep(carry.stash.x_buf, carry.x_buf),
+                                 model_state=keep(carry.stash.model_state, carry.model_state))
+    y_buf, ms_row, loss, metrics = stage_step(prog, tick, params_row, carry.model_state, carry.x_buf, mbs,
+                                              step_key)
+    carry = carry._replace(stash=stash, model_state=ms_row, loss_sum=carry.loss_sum + loss,
+                           metric_sums=jax.tree.map(jnp.add, carry.metric_sums, metrics))
+  if any_backward:
+    dp, dx_buf = stage_backward(prog, tick, params_row, carry.stash, mbs, step_key, carry.g_buf, scale)
+    carry = carry._replace(grads=carry.grads + dp)
   next_x, next_g = jnp.zeros_like(carry.x_buf), jnp.zeros_like(carry.g_buf)
   for b in fwd_bs:
     x, carry = forward_exchange(prog, tick, b, y_buf, carry, mbs, step_key)
@@ -379,28 +394,23 @@ def _index_shapes(prog: Program, b: int, mb_size: int):
                                                           jax.random.key(0), True, True)[3], shape)
 
 
-def run_1f1b(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, step_key, scale) -> Carry1F1B:
-  """All M + 2S - 2 ticks of 1F1B on this device, the steady ones scanned. `scale` weighs
-  each microbatch's loss (1 / (M D)): the returned `grads` and backward tables are those of
-  the weighted sum, as autodiff of GPipe's mean loss gives them."""
-  s_count, m_count = prog.pipe.num_stages, prog.pipe.microbatches
+def run_explicit(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, step_key, scale) -> ExplicitCarry:
+  """Every tick of the explicit schedule on this device. `scale` weighs each microbatch's
+  loss (1 / (M D)): the returned `grads` and backward tables are those of the weighted sum,
+  as autodiff of the mean loss gives them."""
   mb_size = jax.tree.leaves(mbs)[0].shape[1]
-  k = stash_slots(s_count)
+  k = stash_slots(prog)
   buf = jnp.zeros((mb_size, prog.width), prog.act_dtype)
   indices = tuple(jax.tree.map(lambda a: jnp.zeros((k, *a.shape), a.dtype), _index_shapes(prog, b, mb_size))
-                  for b in range(s_count - 1))
+                  for b in range(prog.pipe.num_stages - 1))
   stash = Stash(jnp.zeros((k, *buf.shape), buf.dtype), jnp.zeros((k, *ms_row.shape), ms_row.dtype), indices)
-  carry = Carry1F1B(buf, buf, stash, ms_row, tuple(fwd_tables), jax.tree.map(jnp.zeros_like, tuple(bwd_tables)),
-                    jnp.zeros_like(params_row), jnp.zeros((), jnp.float32), zero_metrics(prog))
-  tick = lambda t, c, fb, bb: tick_1f1b(prog, t, fb, bb, c, params_row, bwd_tables, mbs, step_key, scale)
-  fill, steady, drain = phases_1f1b(s_count, m_count)
-  static = lambda t: (boundaries_at(t, s_count, m_count), backward_boundaries_at(t, s_count, m_count))
-  for t in fill:
-    carry = tick(t, carry, *static(t))
-  if len(steady):
-    every = range(s_count - 1)
-    carry, _ = jax.lax.scan(lambda c, t: (tick(t, c, every, every), None), carry,
-                            jnp.arange(steady.start, steady.stop, dtype=jnp.int32))
-  for t in drain:
-    carry = tick(t, carry, *static(t))
+  carry = ExplicitCarry(buf, buf, stash, ms_row, tuple(fwd_tables), jax.tree.map(jnp.zeros_like, tuple(bwd_tables)),
+                        jnp.zeros_like(params_row), jnp.zeros((), jnp.float32), zero_metrics(prog))
+  tick = lambda t, c, plan: explicit_tick(prog, t, plan, c, params_row, bwd_tables, mbs, step_key, scale)
+  for ticks, plan in segments(prog):
+    if len(ticks) == 1:
+      carry = tick(ticks.start, carry, plan)
+    else:
+      carry, _ = jax.lax.scan(lambda c, t: (tick(t, c, plan), None), carry,
+                              jnp.arange(ticks.start, ticks.stop, dtype=jnp.int32))
   return carry

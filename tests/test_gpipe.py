@@ -45,9 +45,9 @@ def _assert_trees_close(a, b, atol):
                                                        atol=atol, rtol=0), a, b)
 
 
-def _compare(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.TRAIN,), atol=2e-6):
+def _compare(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.TRAIN,), atol=2e-6, schedule="gpipe"):
   sim_pipe = sim_pipe or pipe
-  ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages, data))
+  ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages, data), schedule=schedule)
   state = simulate.init_state(sim_pipe, opt, jax.random.key(1), BATCH)
   flat = ex.stack(pipe, opt, state, BATCH)
   for mode in modes:
@@ -69,23 +69,33 @@ def _compare(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.TRAIN,), atol=
   return state
 
 
-@pytest.mark.parametrize("fwd, bwd", [
-    ("quant:4", "quant:8"), ("ef+topk:0.2", "ef21+quant:2"), ("efmixed+topk:0.3", "ef+topk:0.2"),
-    ("ef21+maxabs:2:stoch", "topk:0.5"), ("topk:0.3", "reuse"),
-])
+SCHEMES = [("quant:4", "quant:8"), ("ef+topk:0.2", "ef21+quant:2"), ("efmixed+topk:0.3", "ef+topk:0.2"),
+           ("ef21+maxabs:2:stoch", "topk:0.5"), ("topk:0.3", "reuse")]
+
+
+@pytest.mark.parametrize("fwd, bwd", SCHEMES)
 def test_matches_simulate(fwd, bwd):
   _compare(_pipe(fwd, bwd), optax.sgd(0.1, momentum=0.9), steps=3)
 
 
-def test_aqsgd_warmup_then_compressed_matches_simulate():
-  _compare(_pipe("aqsgd+quant:2", "quant:4"), optax.adam(1e-2), steps=2, modes=(Mode.WARMUP, Mode.TRAIN))
+@pytest.mark.parametrize("fwd, bwd", SCHEMES)
+def test_1f1b_matches_simulate(fwd, bwd):
+  """M=8 > 2S-3: fill, scanned steady and drain ticks; every state row equals simulate's."""
+  _compare(_pipe(fwd, bwd, m=8), optax.sgd(0.1, momentum=0.9), steps=2, schedule="1f1b")
 
 
-def test_heterogeneous_stages_with_batchnorm_match_simulate():
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_aqsgd_warmup_then_compressed_matches_simulate(schedule):
+  _compare(_pipe("aqsgd+quant:2", "quant:4"), optax.adam(1e-2), steps=2, modes=(Mode.WARMUP, Mode.TRAIN),
+           schedule=schedule)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_heterogeneous_stages_with_batchnorm_match_simulate(schedule):
   # SGD, not Adam: Adam turns a 1-ulp gradient difference between the two programs'
   # float sums into a whole lr step wherever the true gradient is ~0.
   state = _compare(_pipe("ef21+topk:0.25", "quant:6", stages=_hetero_stages(), m=4),
-                   optax.sgd(0.05, momentum=0.9), steps=2)
+                   optax.sgd(0.05, momentum=0.9), steps=2, schedule=schedule)
   assert [l.fwd_send.estimate.shape for l in state.links] == [(16, 24), (16, 8)]
 
 
@@ -101,6 +111,11 @@ def test_data_parallel_matches_simulate(fwd, bwd):
   """(data=2, stage=4): each shard runs M=2 microbatches; simulate runs the same 4 in order.
   Boundary gradients (fp8 backward), backward states and weights equal simulate's."""
   _compare(_pipe(fwd, bwd, m=2), optax.sgd(0.1), steps=2, data=2, sim_pipe=_pipe(fwd, bwd, m=4))
+
+
+def test_1f1b_data_parallel_matches_simulate():
+  _compare(_pipe("ef+quant:4", "ef+fp8", m=2), optax.sgd(0.1), steps=2, data=2,
+           sim_pipe=_pipe("ef+quant:4", "ef+fp8", m=4), schedule="1f1b")
 
 
 def test_init_state_is_created_sharded_and_equals_simulate():
@@ -138,11 +153,12 @@ def test_quantized_adam_state_round_trips_through_the_simulate_layout():
   _assert_trees_close(again._replace(rng=()), state._replace(rng=()), 0)
 
 
-def test_program_size_does_not_grow_with_microbatches():
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_program_size_does_not_grow_with_microbatches(schedule):
   """The steady ticks are one scanned loop: M=4 and M=8 compile to as many collectives."""
   def permutes(m):
     pipe = _pipe("quant:4", "quant:8", stages=mlp_stages(16, 2, 2), m=m)
-    ex = gpipe.GPipe(gpipe.make_mesh(2))
+    ex = gpipe.GPipe(gpipe.make_mesh(2), schedule=schedule)
     state = ex.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
     return ex.compiled_text(pipe, optax.sgd(0.1), state, BATCH).count("collective-permute")
   assert permutes(8) == permutes(4)
@@ -183,15 +199,16 @@ def test_tied_parameters_and_global_norm_clipping_match_simulate():
                                 np.asarray(back.params[2]["Dense_0"]["kernel"]))
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("fwd, bwd, stages, m", [
-    ("quant:4", "quant:8", None, 2), ("quant:2", "ef+topk:0.1", None, 8), ("topk:0.3", "reuse", None, 4),
+    ("quant:4", "quant:8", None, 2), ("quant:2", "ef+topk:0.1", None, 8), ("topk:0.3", "reuse", None, 8),
     ("maxabs:4", "quant:2", _hetero_stages(), 4),
 ])
-def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages, m):
-  """Also with M >= S, where the steady ticks' collectives run inside a scanned loop."""
+def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages, m, schedule):
+  """Both schedules, also with M large enough that the steady ticks run in a scanned loop."""
   pipe = _pipe(fwd, bwd, stages=stages, m=m)
   opt = optax.sgd(0.1)
-  ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages))
+  ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages), schedule=schedule)
   flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
   sent = gpipe.collective_permute_bytes(ex.compiled_text(pipe, opt, flat, BATCH))
   expected = jaxcomp.wire_bytes_per_step(pipe, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
@@ -243,6 +260,10 @@ def test_compressed_data_parallel_gradients():
 def test_clear_errors():
   with pytest.raises(ValueError, match="grad_scheme must be a Plain or EF scheme"):
     gpipe.GPipe(gpipe.make_mesh(2), grad_scheme=jaxcomp.parse_scheme("ef21+quant:4"))
+  with pytest.raises(ValueError, match="schedule must be one of"):
+    gpipe.GPipe(gpipe.make_mesh(2), schedule="interleaved")
+  with pytest.raises(ValueError, match="remat must be one of"):
+    gpipe.GPipe(gpipe.make_mesh(2), remat="full")
   with pytest.raises(ValueError, match="needs 16 devices, but only 8 are available"):
     gpipe.make_mesh(8, data=2)
   ex = gpipe.GPipe(gpipe.make_mesh(4))
