@@ -8,8 +8,9 @@ array holds all of them (heterogeneous stages):
   boundary s and the forward-receiver / backward-sender rows of boundary s-1; a batch-slot
   table's rows are split over the data shards, a per-example (AQ-SGD) table is held whole
   by every data shard.
-The step runs `schedule.run_gpipe` under `jax.shard_map` and differentiates it; the
-program sends exactly M x sum_b wire_bytes(b) each way per data shard. Each data shard
+The step runs a schedule of `jaxcomp.schedule` under `jax.shard_map` (GPipe or 1F1B with
+explicit backward ticks; or GPipe's forward differentiated by autodiff with `remat="none"`);
+every schedule sends exactly M x sum_b wire_bytes(b) each way per data shard. Each data shard
 differentiates its mean loss / D, so its boundary gradients equal those of `simulate` at
 the global batch, and the weight gradients are summed over `data` (densely, or compressed
 by `grad_scheme`, see `dataparallel`); the optimizer runs per stage. With a
@@ -365,9 +366,9 @@ class GPipe:
     def device_step(state, batch):
       step_key = jax.random.fold_in(state.rng, state.step)
       mbs = pl.split_microbatches(batch, m_count)
-      local = lambda tree: jax.tree.map(lambda a: a[0], tree)
-      fwd = (local(state.links.fwd_send), local(state.links.fwd_recv))
-      bwd = (local(state.links.bwd_send), local(state.links.bwd_recv))
+      mine = lambda tree: jax.tree.map(lambda a: a[0], tree)  # this device's block
+      fwd = (mine(state.links.fwd_send), mine(state.links.fwd_recv))
+      bwd = (mine(state.links.bwd_send), mine(state.links.bwd_recv))
 
       def loss_of(params_row, bwd):
         out = schedule.run_gpipe(prog, params_row, state.model_state[0], fwd, bwd, mbs, step_key)
@@ -382,13 +383,13 @@ class GPipe:
 
       if explicit:
         out = schedule.run_explicit(prog, state.params[0], state.model_state[0], fwd, bwd, mbs, step_key,
-                                jnp.asarray(1 / (m_count * d_count), jnp.float32))
+                                    jnp.asarray(1 / (m_count * d_count), jnp.float32))
         loss, metrics = out.loss_sum / m_count, jax.tree.map(lambda v: v / m_count, out.metric_sums)
         ms, fwd, grads, bwd = out.model_state, out.fwd_tables, out.grads, out.bwd_tables
       else:
         (_, (loss, metrics, ms, fwd)), (grads, bwd) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(
             state.params[0], bwd)
-      grad_state, opt = state.grad_state, local(state.opt_state)
+      grad_state, opt = state.grad_state, mine(state.opt_state)
       s, key = jax.lax.axis_index(STAGE), jax.random.fold_in(step_key, 2)
       dense = self.grad_scheme is None or mode is Mode.WARMUP
       if dense:
