@@ -54,6 +54,8 @@ def parser_for(exp: Experiment) -> argparse.ArgumentParser:
   for flag, (kind, text) in COMMON_FLAGS.items():
     p.add_argument("--" + flag.replace("_", "-"), type=kind, help=text)
   p.add_argument("--executor", choices=["simulate", "gpipe"], help="one device, or stages across devices")
+  p.add_argument("--schedule", choices=["gpipe", "1f1b"],
+                 help="gpipe executor's tick schedule: gpipe (default) or 1f1b (activation memory flat in microbatches)")
   p.add_argument("--aqsgd-buffers", metavar="device|host|DIR",
                  help="where AQ-SGD's per-example tables live: on the device (default), in host RAM, or in "
                       "memory-mapped .npy files under DIR (simulate executor, aqsgd+ forward spec)")
@@ -94,15 +96,15 @@ def resolve(exp: Experiment, args: argparse.Namespace) -> dict:
 def executor_for(config: dict, pipe, example_batch):
   """simulate, a GPipe, or HostBuffered (its tables checked for space and created now)."""
   if config.get("executor", "simulate") == "simulate":
-    if config.get("grad_compression") or (config.get("data_parallel") or 1) > 1:
-      raise ValueError("data parallelism and --grad-compression need --executor gpipe")
+    if config.get("grad_compression") or (config.get("data_parallel") or 1) > 1 or config.get("schedule"):
+      raise ValueError("data parallelism, --grad-compression and --schedule need --executor gpipe")
     buffers = config.get("aqsgd_buffers", "device")
     if buffers == "device":
       return simulate
     return hostbuffer.HostBuffered.for_pipeline(pipe, example_batch, None if buffers == "host" else buffers)
   grad = config.get("grad_compression")
   return gpipe.GPipe(gpipe.make_mesh(pipe.num_stages, config.get("data_parallel") or 1),
-                     parse_scheme(grad) if grad else None)
+                     parse_scheme(grad) if grad else None, schedule=config.get("schedule") or "gpipe")
 
 
 def run(exp: Experiment, config: dict):

@@ -10,6 +10,8 @@ zero, so the cotangent summed by autodiff is exactly the new state. Sending and 
 run under `lax.cond` on those flags: in SPMD, devices that are not this link's ends do no
 codec work and change no state. `Reuse()` as backward scheme sends the gradient only at the
 forward TopK positions (values only: both ends already know the indices).
+The two halves, `forward_half` and `backward_half`, are public for executors that run a
+microbatch's backward explicitly instead of through autodiff.
 """
 import dataclasses
 import enum
@@ -137,7 +139,11 @@ def _receive(ok, receive, payload, state):
   return jax.lax.cond(ok, receive, skip, payload, state)
 
 
-def _forward(link: Boundary, warm, x, fs, fr, key, send_ok, recv_ok):
+def forward_half(link: Boundary, warm: bool, x, fs, fr, key, send_ok, recv_ok):
+  """The forward half: y = fwd.receive(transport(fwd.send(x))).
+
+  Returns (y, fs', fr', idx): idx is (sender's, receiver's) TopK positions when the
+  backward reuses them (else None); an explicit backward passes it to `backward_half`."""
   fwd = link.fwd
   send = fwd.warmup_send if warm else (lambda x, s: fwd.send(x, s, key))
   payload, fs = _send(send_ok, send, x, fs)
@@ -148,21 +154,11 @@ def _forward(link: Boundary, warm, x, fs, fr, key, send_ok, recv_ok):
   return y, fs, fr, idx
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _link(link, warm, x, fs, fr, bs, br, key, send_ok, recv_ok):
-  y, fs, fr, _ = _forward(link, warm, x, fs, fr, key, send_ok, recv_ok)
-  return y, fs, fr
+def backward_half(link: Boundary, warm: bool, dy, bs, br, key, send_ok, recv_ok, idx):
+  """The backward half: dx = bwd.receive(transport back(bwd.send(dy))).
 
-
-def _link_fwd(link, warm, x, fs, fr, bs, br, key, send_ok, recv_ok):
-  y, fs, fr, idx = _forward(link, warm, x, fs, fr, key, send_ok, recv_ok)
-  return (y, fs, fr), (bs, br, key, send_ok, recv_ok, idx)
-
-
-def _link_bwd(link, warm, res, cotangents):
-  """The gradient travels back: sent by the forward receiver, decoded by the forward sender."""
-  bs, br, key, send_ok, recv_ok, idx = res
-  dy = cotangents[0]
+  The gradient is sent by the forward receiver and decoded by the forward sender. Returns
+  (dx, bs', br'), each state zero on the devices that are not its end (see the module doc)."""
   bwd_key = jax.random.fold_in(key, 1)
   if warm:
     identity = feedback._IDENTITY
@@ -177,7 +173,24 @@ def _link_bwd(link, warm, res, cotangents):
     payload, bs = _send(recv_ok, lambda g, s: link.bwd.send(g, s, bwd_key), dy, bs)
     dx, br = _receive(send_ok, link.bwd.receive, link.transport.backward(payload), br)
   # bs lives after the boundary (valid with the forward receive), br before it.
-  return (dx.astype(dy.dtype), None, None, _masked(recv_ok, bs), _masked(send_ok, br), None, None, None)
+  return dx.astype(dy.dtype), _masked(recv_ok, bs), _masked(send_ok, br)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _link(link, warm, x, fs, fr, bs, br, key, send_ok, recv_ok):
+  y, fs, fr, _ = forward_half(link, warm, x, fs, fr, key, send_ok, recv_ok)
+  return y, fs, fr
+
+
+def _link_fwd(link, warm, x, fs, fr, bs, br, key, send_ok, recv_ok):
+  y, fs, fr, idx = forward_half(link, warm, x, fs, fr, key, send_ok, recv_ok)
+  return (y, fs, fr), (bs, br, key, send_ok, recv_ok, idx)
+
+
+def _link_bwd(link, warm, res, cotangents):
+  bs, br, key, send_ok, recv_ok, idx = res
+  dx, bs, br = backward_half(link, warm, cotangents[0], bs, br, key, send_ok, recv_ok, idx)
+  return (dx, None, None, bs, br, None, None, None)
 
 
 _link.defvjp(_link_fwd, _link_bwd)

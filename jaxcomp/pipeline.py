@@ -7,7 +7,7 @@ per training example (AQ-SGD).
 """
 import dataclasses
 import os
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Protocol
 
 import flax.linen as nn
 import jax
@@ -16,6 +16,32 @@ import optax
 
 from jaxcomp import feedback
 from jaxcomp.boundary import Boundary, LinkState
+
+
+class Stage(Protocol):
+  """A pipeline stage: a pure function of (params, model_state, x), initialised from a shape."""
+
+  def init(self, rng, x) -> tuple[Any, Any]:
+    """(params, model_state) for inputs shaped like `x` (values must not matter)."""
+
+  def apply(self, params, model_state, x, *, train: bool, rng) -> tuple[Any, Any]:
+    """(y, model_state')."""
+
+
+class Executor(Protocol):
+  """Runs a Pipeline's train and eval steps (`simulate`, `gpipe.GPipe`, `hostbuffer.HostBuffered`)."""
+
+  def init_state(self, pipe: "Pipeline", optimizer, rng, batch, params=None) -> "TrainState":
+    """The executor's train state for batches shaped like `batch`."""
+
+  def make_train_step(self, pipe: "Pipeline", optimizer, mode) -> Callable:
+    """(state, batch) -> (state, metrics)."""
+
+  def make_eval_step(self, pipe: "Pipeline", compressed: bool) -> Callable:
+    """(state, batch) -> metrics."""
+
+  def wire_bytes_per_step(self, pipe: "Pipeline", batch, mode) -> dict[str, int]:
+    """Bytes one training step sends, each way (and over `data`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +76,7 @@ class Pipeline:
   `grad_clip_norm` clips the global gradient norm over all stages (an executor's job: no
   single stage's optimizer sees the global norm).
   """
-  stages: tuple
+  stages: tuple  # of Stage
   boundary: Boundary
   loss_fn: Callable
   input_key: str

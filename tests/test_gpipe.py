@@ -9,7 +9,7 @@ import optax
 import pytest
 
 import jaxcomp
-from jaxcomp import gpipe, simulate
+from jaxcomp import gpipe, layout, simulate
 from jaxcomp.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
 from jaxcomp.pipeline import FlaxStage
@@ -45,12 +45,11 @@ def _assert_trees_close(a, b, atol):
                                                        atol=atol, rtol=0), a, b)
 
 
-def _compare(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.TRAIN,), atol=2e-6):
+def _compare(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.TRAIN,), atol=2e-6, schedule="gpipe"):
   sim_pipe = sim_pipe or pipe
-  ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages, data))
+  ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages, data), schedule=schedule)
   state = simulate.init_state(sim_pipe, opt, jax.random.key(1), BATCH)
-  flat = ex.stack(pipe, opt, simulate.init_state(pipe, opt, jax.random.key(1), jax.tree.map(
-      lambda x: x[: x.shape[0] // data], BATCH)), BATCH)
+  flat = ex.stack(pipe, opt, state, BATCH)
   for mode in modes:
     sim_step, g_step = simulate.make_train_step(sim_pipe, opt, mode), ex.make_train_step(pipe, opt, mode)
     for _ in range(steps):
@@ -58,10 +57,10 @@ def _compare(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.TRAIN,), atol=
       flat, g_metrics = g_step(flat, BATCH)
       np.testing.assert_allclose(float(g_metrics["loss"]), float(sim_metrics["loss"]), rtol=1e-5)
       np.testing.assert_allclose(float(g_metrics["accuracy"]), float(sim_metrics["accuracy"]), atol=1e-6)
-  back = ex.unstack(pipe, opt, flat, BATCH, state)
+  back = ex.unstack(pipe, opt, flat, BATCH)
   _assert_trees_close(back.params, state.params, atol)
   _assert_trees_close(back.model_state, state.model_state, atol)
-  if data == 1:
+  if data == 1 or not pipe.boundary.fwd.keyed_by_example:
     _assert_trees_close(back.links, state.links, atol)
   for compressed in (True, False):
     sim_eval = simulate.make_eval_step(sim_pipe, compressed)(state, BATCH)
@@ -70,23 +69,33 @@ def _compare(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.TRAIN,), atol=
   return state
 
 
-@pytest.mark.parametrize("fwd, bwd", [
-    ("quant:4", "quant:8"), ("ef+topk:0.2", "ef21+quant:2"), ("efmixed+topk:0.3", "ef+topk:0.2"),
-    ("ef21+maxabs:2:stoch", "topk:0.5"), ("topk:0.3", "reuse"),
-])
+SCHEMES = [("quant:4", "quant:8"), ("ef+topk:0.2", "ef21+quant:2"), ("efmixed+topk:0.3", "ef+topk:0.2"),
+           ("ef21+maxabs:2:stoch", "topk:0.5"), ("topk:0.3", "reuse")]
+
+
+@pytest.mark.parametrize("fwd, bwd", SCHEMES)
 def test_matches_simulate(fwd, bwd):
   _compare(_pipe(fwd, bwd), optax.sgd(0.1, momentum=0.9), steps=3)
 
 
-def test_aqsgd_warmup_then_compressed_matches_simulate():
-  _compare(_pipe("aqsgd+quant:2", "quant:4"), optax.adam(1e-2), steps=2, modes=(Mode.WARMUP, Mode.TRAIN))
+@pytest.mark.parametrize("fwd, bwd", SCHEMES)
+def test_1f1b_matches_simulate(fwd, bwd):
+  """M=8 > 2S-3: fill, scanned steady and drain ticks; every state row equals simulate's."""
+  _compare(_pipe(fwd, bwd, m=8), optax.sgd(0.1, momentum=0.9), steps=2, schedule="1f1b")
 
 
-def test_heterogeneous_stages_with_batchnorm_match_simulate():
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_aqsgd_warmup_then_compressed_matches_simulate(schedule):
+  _compare(_pipe("aqsgd+quant:2", "quant:4"), optax.adam(1e-2), steps=2, modes=(Mode.WARMUP, Mode.TRAIN),
+           schedule=schedule)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_heterogeneous_stages_with_batchnorm_match_simulate(schedule):
   # SGD, not Adam: Adam turns a 1-ulp gradient difference between the two programs'
   # float sums into a whole lr step wherever the true gradient is ~0.
   state = _compare(_pipe("ef21+topk:0.25", "quant:6", stages=_hetero_stages(), m=4),
-                   optax.sgd(0.05, momentum=0.9), steps=2)
+                   optax.sgd(0.05, momentum=0.9), steps=2, schedule=schedule)
   assert [l.fwd_send.estimate.shape for l in state.links] == [(16, 24), (16, 8)]
 
 
@@ -94,10 +103,75 @@ def test_eight_stages():
   _compare(_pipe("quant:3", "topk:0.5", stages=mlp_stages(8, 2, 8), m=2), optax.sgd(0.1), steps=2)
 
 
-def test_data_parallel_averages_weight_gradients():
-  """(data=2, stage=4): each shard runs M=2 microbatches; simulate runs the same 4 in order."""
-  pipe = _pipe("quant:4", "topk:0.5", m=2)
-  _compare(pipe, optax.sgd(0.1), steps=2, data=2, sim_pipe=_pipe("quant:4", "topk:0.5", m=4))
+@pytest.mark.parametrize("fwd, bwd", [
+    ("quant:4", "fp8"), ("ef+topk:0.2", "ef21+quant:2"), ("efmixed+topk:0.3", "ef+topk:0.2"),
+    ("ef21+maxabs:2:stoch", "topk:0.5"), ("topk:0.3", "reuse"), ("aqsgd+quant:2", "quant:4"),
+])
+def test_data_parallel_matches_simulate(fwd, bwd):
+  """(data=2, stage=4): each shard runs M=2 microbatches; simulate runs the same 4 in order.
+  Boundary gradients (fp8 backward), backward states and weights equal simulate's."""
+  _compare(_pipe(fwd, bwd, m=2), optax.sgd(0.1), steps=2, data=2, sim_pipe=_pipe(fwd, bwd, m=4))
+
+
+def test_1f1b_data_parallel_matches_simulate():
+  _compare(_pipe("ef+quant:4", "ef+fp8", m=2), optax.sgd(0.1), steps=2, data=2,
+           sim_pipe=_pipe("ef+quant:4", "ef+fp8", m=4), schedule="1f1b")
+
+
+def test_init_state_is_created_sharded_and_equals_simulate():
+  """Per-stage init on the stage's devices (ties by a collective) = simulate's init, stacked."""
+  tied = (((1, ("Dense_0", "kernel")), (2, ("Dense_0", "kernel"))),)
+  pipe = dataclasses.replace(_pipe("ef+quant:4", "ef21+quant:4", m=2), tied=tied)
+  opt = optax.adam(1e-2)
+  ex = gpipe.GPipe(gpipe.make_mesh(4, data=2))
+  flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
+  expected = ex.stack(pipe, opt, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
+  _assert_trees_close(jax.random.key_data(flat.rng), jax.random.key_data(expected.rng), 0)
+  _assert_trees_close(flat._replace(rng=()), expected._replace(rng=()), 0)
+  assert {shard.data.shape for shard in flat.params.addressable_shards} == {(1, flat.params.shape[1])}
+  assert flat.params.sharding.spec == jax.P("stage")
+
+
+def test_unstack_returns_the_real_optimizer_state():
+  pipe, opt = _pipe("quant:4", "quant:8"), optax.adam(1e-2)
+  state = simulate.init_state(pipe, opt, jax.random.key(1), BATCH)
+  state, _ = simulate.make_train_step(pipe, opt)(state, BATCH)
+  ex = gpipe.GPipe(gpipe.make_mesh(4))
+  back = ex.unstack(pipe, opt, ex.stack(pipe, opt, state, BATCH), BATCH)
+  _assert_trees_close(back.opt_state, state.opt_state, 0)
+  assert jax.tree.structure(back.opt_state) == jax.tree.structure(state.opt_state)
+
+
+def test_quantized_adam_state_round_trips_through_the_simulate_layout():
+  opt = QuantizedAdam(1e-2)
+  pipe, ex, state = _qadam_setup("ef+quant:4", opt, warmup=1)
+  state, _ = ex.make_train_step(pipe, opt, Mode.TRAIN)(state, BATCH)
+  back = ex.unstack(pipe, opt, state, BATCH)
+  assert jax.tree.structure(back.opt_state) == jax.tree.structure(opt.init(back.params))
+  assert float(jnp.abs(back.grad_state.error[1]["Dense_0"]["kernel"]).max()) > 0
+  again = ex.stack(pipe, opt, back, BATCH)
+  _assert_trees_close(again._replace(rng=()), state._replace(rng=()), 0)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_program_size_does_not_grow_with_microbatches(schedule):
+  """The steady ticks are one scanned loop: M=4 and M=8 compile to as many collectives."""
+  def permutes(m):
+    pipe = _pipe("quant:4", "quant:8", stages=mlp_stages(16, 2, 2), m=m)
+    ex = gpipe.GPipe(gpipe.make_mesh(2), schedule=schedule)
+    state = ex.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
+    return ex.compiled_text(pipe, optax.sgd(0.1), state, BATCH).count("collective-permute")
+  assert permutes(8) == permutes(4)
+
+
+def test_stage_remat_saves_less_than_no_remat():
+  pipe = _pipe("quant:4", "quant:8", stages=mlp_stages(64, 2, 4, layers_per_stage=3), m=8)
+  temp = {}
+  for remat in ("stage", "none"):
+    ex = gpipe.GPipe(gpipe.make_mesh(4), remat=remat)
+    state = ex.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
+    temp[remat] = ex.lowered(pipe, optax.sgd(0.1), state, BATCH).compile().memory_analysis().temp_size_in_bytes
+  assert temp["stage"] < temp["none"]
 
 
 def test_tied_parameters_and_global_norm_clipping_match_simulate():
@@ -119,20 +193,22 @@ def test_tied_parameters_and_global_norm_clipping_match_simulate():
   for _ in range(2):
     state, _ = sim_step(state, BATCH)
     flat, _ = g_step(flat, BATCH)
-  back = ex.unstack(pipe, opt, flat, BATCH, state)
+  back = ex.unstack(pipe, opt, flat, BATCH)
   _assert_trees_close(back.params, state.params, 2e-6)
   np.testing.assert_array_equal(np.asarray(back.params[1]["Dense_0"]["kernel"]),
                                 np.asarray(back.params[2]["Dense_0"]["kernel"]))
 
 
-@pytest.mark.parametrize("fwd, bwd, stages", [
-    ("quant:4", "quant:8", None), ("quant:2", "ef+topk:0.1", None), ("topk:0.3", "reuse", None),
-    ("maxabs:4", "quant:2", _hetero_stages()), ("fp8", "fp8", None), ("bf16", "fp8e5m2", None),
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("fwd, bwd, stages, m", [
+    ("quant:4", "quant:8", None, 2), ("quant:2", "ef+topk:0.1", None, 8), ("topk:0.3", "reuse", None, 8),
+    ("maxabs:4", "quant:2", _hetero_stages(), 4), ("fp8", "fp8", None, 2), ("bf16", "fp8e5m2", None, 2),
 ])
-def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages):
-  pipe = _pipe(fwd, bwd, stages=stages, m=2)
+def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages, m, schedule):
+  """Both schedules, also with M large enough that the steady ticks run in a scanned loop."""
+  pipe = _pipe(fwd, bwd, stages=stages, m=m)
   opt = optax.sgd(0.1)
-  ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages))
+  ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages), schedule=schedule)
   flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
   sent = gpipe.collective_permute_bytes(ex.compiled_text(pipe, opt, flat, BATCH))
   expected = jaxcomp.wire_bytes_per_step(pipe, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
@@ -184,6 +260,10 @@ def test_compressed_data_parallel_gradients():
 def test_clear_errors():
   with pytest.raises(ValueError, match="grad_scheme must be a Plain or EF scheme"):
     gpipe.GPipe(gpipe.make_mesh(2), grad_scheme=jaxcomp.parse_scheme("ef21+quant:4"))
+  with pytest.raises(ValueError, match="schedule must be one of"):
+    gpipe.GPipe(gpipe.make_mesh(2), schedule="interleaved")
+  with pytest.raises(ValueError, match="remat must be one of"):
+    gpipe.GPipe(gpipe.make_mesh(2), remat="full")
   with pytest.raises(ValueError, match="needs 16 devices, but only 8 are available"):
     gpipe.make_mesh(8, data=2)
   ex = gpipe.GPipe(gpipe.make_mesh(4))
@@ -209,7 +289,7 @@ def test_step_work_does_not_grow_with_the_aqsgd_table(executor):
     opt = optax.sgd(0.1)
     state = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
     step = (simulate.make_train_step(pipe, opt) if executor == "simulate"
-            else ex._build(pipe, opt, Mode.TRAIN, True, state, BATCH))
+            else ex.build_step(pipe, opt, Mode.TRAIN, True, state, BATCH))
     cost = step.lower(state, BATCH).compile().cost_analysis()
     return (cost[0] if isinstance(cost, list) else cost)["flops"]
 
@@ -254,9 +334,9 @@ def test_quantized_adam_freezes_v_and_averages_the_error_fed_momentum():
   snapshot = lambda st: jax.tree.map(np.array, st._replace(rng=None))  # copies: the step donates
   before = snapshot(state)
   template = simulate.init_state(_pipe("none", "none", m=4), optax.identity(), jax.random.key(1), BATCH)
-  sim_state = ex.unstack(pipe, None, state, BATCH, template)
+  sim_state = ex.unstack(pipe, None, state, BATCH)
   grads = simulate.loss_and_grads(_pipe("none", "none", m=4), sim_state, BATCH)[3]
-  flat = gpipe._Flat(template.params)
+  flat = layout.FlatRows(template.params)
   g = np.asarray(flat.stack(grads))
   state, _ = train(state, BATCH)
   after = snapshot(state)

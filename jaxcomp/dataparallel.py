@@ -1,0 +1,34 @@
+"""The data-parallel exchange of weight gradients (or QuantizedAdam's first moment).
+
+Dense: a mean over the `data` axis (XLA's all-reduce). Compressed by a Plain/EF scheme:
+each replica sends C(g + e) (one `[1, P]` message) with an all-gather, every replica
+averages the decoded messages, e' = g + e - C(g + e).
+"""
+import jax
+import jax.numpy as jnp
+
+STAGE, DATA = "stage", "data"
+
+
+def gathered_mean(scheme, payload):
+  """Mean over data replicas of the decoded payloads every replica all-gathered."""
+  gathered = jax.tree.map(lambda a: jax.lax.all_gather(a, DATA), payload)
+  return jax.vmap(scheme.codec.decode)(gathered).mean(axis=0)
+
+
+def compressed_mean(scheme, row, grad_state, key):
+  """(mean over replicas of C(row + e), this replica's new state); `grad_state` leaves are [1, 1, P]."""
+  key = jax.random.fold_in(jax.random.fold_in(key, jax.lax.axis_index(STAGE)), jax.lax.axis_index(DATA))
+  rows = jax.tree.map(lambda a: a[0], grad_state)  # [1, P]
+  payload, rows = scheme.send(row[None], rows, key)
+  return gathered_mean(scheme, payload)[0], jax.tree.map(lambda a: a[None], rows)
+
+
+def exchange_bytes(scheme, row_size: int, num_stages: int, data: int, dense: bool) -> int:
+  """Bytes all replicas send per step for one `[P]` row per stage device.
+
+  Dense: a ring all-reduce, 2 (D-1)/D of the fp32 row per device; compressed: every
+  replica's message to the D-1 others."""
+  if scheme is None or dense:
+    return int(2 * (data - 1) * row_size * 4) * num_stages
+  return scheme.wire_bytes((1, row_size), jnp.float32) * (data - 1) * data * num_stages

@@ -1,0 +1,115 @@
+"""Per-stage pytrees as rows of one zero-padded array, for stage-sharded executors.
+
+Stage s's tree (parameters, model state, optimizer state) is flattened in `tree_flatten`
+order, cast to one common dtype and zero-padded to the largest stage: S such rows stacked
+are one `[S, size]` array that a mesh shards over its stage axis, whatever the stages'
+shapes. Activations crossing a boundary are likewise padded to `[rows, F_max]` buffers.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def feature_size(shape) -> int:
+  """Elements per row of an array `[rows, ...]`."""
+  return int(np.prod(shape[1:], dtype=np.int64))
+
+
+class FlatRows:
+  """Per-stage pytrees <-> rows of one `[S, size]` zero-padded array (tree_flatten order).
+
+  Built from shapes alone (arrays or ShapeDtypeStructs); every leaf is stored in the
+  common dtype and cast back on the way out (exact for int counters below 2^24).
+  """
+
+  def __init__(self, trees):
+    self.leaves = [jax.tree.leaves(t) for t in trees]
+    self.treedefs = [jax.tree.structure(t) for t in trees]
+    self.sizes = [sum(int(np.prod(l.shape, dtype=np.int64)) for l in ls) for ls in self.leaves]
+    self.size = max(1, *self.sizes)
+    dtypes = [l.dtype for ls in self.leaves for l in ls]
+    self.dtype = jnp.result_type(*dtypes) if dtypes else jnp.float32
+
+  def get(self, s: int, row):
+    """Stage s's tree from its row: one split, so that its transpose (the gradient of the
+    row) is one concatenation, not a padded copy of the row per leaf."""
+    sizes = [int(np.prod(leaf.shape, dtype=np.int64)) for leaf in self.leaves[s]]
+    parts = jnp.split(row, np.cumsum(sizes)) if sizes else []
+    out = [p.reshape(leaf.shape).astype(leaf.dtype) for p, leaf in zip(parts, self.leaves[s])]
+    return jax.tree.unflatten(self.treedefs[s], out)
+
+  def put(self, s: int, tree):
+    """Stage s's tree as one padded row."""
+    parts = [jnp.ravel(l).astype(self.dtype) for l in jax.tree.leaves(tree)]
+    flat = jnp.concatenate(parts) if parts else jnp.zeros((0,), self.dtype)
+    return jnp.pad(flat, (0, self.size - flat.shape[0]))
+
+  def stack(self, trees):
+    """All stages' trees as the `[S, size]` array."""
+    return jnp.stack([self.put(s, t) for s, t in enumerate(trees)])
+
+  def unstack(self, rows) -> tuple:
+    """The `[S, size]` array as the tuple of stage trees."""
+    return tuple(self.get(s, rows[s]) for s in range(len(self.leaves)))
+
+  def leaf_span(self, s: int, path) -> tuple[int, int]:
+    """(offset, size) of the leaf at key path `path` inside stage s's row."""
+    offset = 0
+    tree = jax.tree.unflatten(self.treedefs[s], self.leaves[s])
+    for keys, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+      n = int(np.prod(leaf.shape, dtype=np.int64))
+      if tuple(getattr(k, "key", getattr(k, "idx", None)) for k in keys) == tuple(path):
+        return offset, n
+      offset += n
+    raise ValueError(f"tied parameter path {path!r} not found in stage {s}")
+
+
+def pad(x, size: int, dtype):
+  """`[rows, ...]` -> `[rows, size]` in `dtype`, zero-padded."""
+  flat = x.reshape(x.shape[0], -1).astype(dtype)
+  return jnp.pad(flat, ((0, 0), (0, size - flat.shape[1])))
+
+
+def unpad(buf, like):
+  """Inverse of `pad` for an array shaped and typed like `like`."""
+  return buf[:, : feature_size(like.shape)].reshape(like.shape).astype(like.dtype)
+
+
+def gather_rows(table, rows, like):
+  """Message rows of a padded `[rows, F]` table, reshaped to `like`'s `[B/M, ...]`."""
+  return jax.tree.map(lambda t: t[rows, : feature_size(like.shape)].reshape(like.shape[0], *like.shape[1:]),
+                      table)
+
+
+def put_rows(table, rows, new):
+  """Writes message rows back into a padded table."""
+  def put(t, n):
+    return t.at[rows, : n[0].size].set(n.reshape(n.shape[0], -1).astype(t.dtype))
+  return jax.tree.map(put, table, new)
+
+
+def split_by_stage(combined, params: tuple) -> tuple:
+  """An optimizer state over the tuple of stage parameters -> one state per stage.
+
+  Subtrees shaped like `params` (the per-parameter slots, e.g. Adam's moments) give stage s
+  its member s; other leaves (step counts) are shared by every stage.
+  """
+  is_slot = _shaped_like(params)
+  leaves, treedef = jax.tree.flatten(combined, is_leaf=is_slot)
+  return tuple(jax.tree.unflatten(treedef, [l[s] if is_slot(l) else l for l in leaves])
+               for s in range(len(params)))
+
+
+def merge_stages(per_stage: tuple, params: tuple):
+  """Inverse of `split_by_stage` (shared leaves are taken from stage 0)."""
+  flat = [jax.tree.flatten(st, is_leaf=_shaped_like(p)) for st, p in zip(per_stage, params)]
+  treedef, is_slot = flat[0][1], _shaped_like(params[0])
+  leaves = [tuple(f[0][i] for f in flat) if is_slot(flat[0][0][i]) else flat[0][0][i]
+            for i in range(len(flat[0][0]))]
+  return jax.tree.unflatten(treedef, leaves)
+
+
+def _shaped_like(tree):
+  """Predicate: a subtree with `tree`'s structure (and not a bare leaf)."""
+  structure = jax.tree.structure(tree)
+  return lambda x: jax.tree.structure(x) == structure and structure.num_nodes > 1

@@ -1,0 +1,416 @@
+"""The pipeline schedules of one stage device, as a few named functions.
+
+Forward: at tick t device s runs its stage on microbatch t - s (`busy` when
+0 <= t - s < M), then every boundary b with a microbatch in flight (0 <= t - b < M) moves
+that microbatch's encoded payload from stage b to b+1 with a `ppermute` (`PPermute`).
+A bubble tick runs the no-op branch of the stage switch: no stage compute, nothing saved.
+Ticks where only some boundaries are busy are unrolled, so the program knows statically
+which boundaries carry a microbatch and idle links issue no collective at all; runs of
+ticks where every boundary is busy (or none) are one `lax.scan`, so the program's size (and
+compile time) does not grow with M.
+
+Two ways to get the backward pass:
+- `run_explicit` (GPipe or 1F1B, below): a stage stashes its input at its forward, and at
+  its backward tick runs its vjp on it (rematerialised) and the boundary's
+  `backward_half`; the weight gradient is accumulated in the loop.
+- `run_gpipe`: the forward ticks only (eval steps, and GPipe with `remat="none"`), whose
+  autodiff replays the ticks in reverse: each boundary op's custom_vjp rule sends the
+  encoded gradient from b+1 to b, and every stage's internals are saved.
+"""
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxcomp import boundary as boundary_mod, layout, pipeline as pl
+from jaxcomp.boundary import LinkState, Mode, Transport
+
+STAGE = "stage"
+REMAT = ("stage", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class PPermute(Transport):
+  """Moves a payload from stage `src` to `src + 1` forward, and back."""
+  src: int = 0
+
+  def forward(self, payload):
+    return jax.tree.map(lambda a: jax.lax.ppermute(a, STAGE, [(self.src, self.src + 1)]), payload)
+
+  def backward(self, payload):
+    return jax.tree.map(lambda a: jax.lax.ppermute(a, STAGE, [(self.src + 1, self.src)]), payload)
+
+
+def phases(num_stages: int, microbatches: int) -> tuple[range, range, range]:
+  """(fill, steady, drain) forward ticks; in steady ticks every stage and boundary is busy."""
+  total = microbatches + num_stages - 1
+  if microbatches < num_stages:
+    return range(total), range(0), range(total, total)
+  return range(num_stages - 1), range(num_stages - 1, microbatches), range(microbatches, total)
+
+
+def busy(tick, stage, microbatches):
+  """Whether `stage` has a microbatch (tick - stage) at `tick`."""
+  return (tick - stage >= 0) & (tick - stage < microbatches)
+
+
+def boundaries_at(tick: int, num_stages: int, microbatches: int) -> list[int]:
+  """The boundaries a microbatch crosses at a (static) tick."""
+  return [b for b in range(num_stages - 1) if busy(tick, b, microbatches)]
+
+
+class Program(NamedTuple):
+  """What a stage device needs to run the schedule: the pipeline and its padded layout."""
+  pipe: pl.Pipeline
+  params: layout.FlatRows  # parameter rows
+  model_state: layout.FlatRows  # model-state rows
+  shapes: list  # activation at each boundary, one microbatch of one data shard
+  mode: Mode
+  train: bool
+  metrics: Any  # the last stage's metric structure (ShapeDtypeStructs)
+  delay: int = 0  # explicit schedules: ticks a backward waits beyond 1F1B's (0: 1F1B, M: GPipe)
+
+  @property
+  def width(self) -> int:
+    return max([layout.feature_size(x.shape) for x in self.shapes] or [1])
+
+  @property
+  def act_dtype(self):
+    return jnp.result_type(*[x.dtype for x in self.shapes] or [jnp.float32])
+
+
+def stage_branch(prog: Program, j: int):
+  """Stage j's body on one microbatch: (y buffer, model-state row, loss, metrics)."""
+  pipe, last = prog.pipe, prog.pipe.num_stages - 1
+
+  def run(params_row, ms_row, x_buf, mb, rng):
+    x = mb[pipe.input_key] if j == 0 else layout.unpad(x_buf, prog.shapes[j - 1])
+    y, ms = pipe.stages[j].apply(prog.params.get(j, params_row), prog.model_state.get(j, ms_row), x,
+                                 train=prog.train, rng=rng)
+    ms_row = prog.model_state.put(j, ms)
+    if j < last:
+      return layout.pad(y, prog.width, prog.act_dtype), ms_row, jnp.zeros((), jnp.float32), zero_metrics(prog)
+    loss, metrics = pipe.loss_fn(y, mb)
+    return x_buf, ms_row, loss.astype(jnp.float32), jax.tree.map(lambda v: v.astype(jnp.float32), metrics)
+  return run
+
+
+def bubble(prog: Program):
+  """The idle tick: no compute, the model state unchanged, zero loss."""
+  def run(params_row, ms_row, x_buf, mb, rng):
+    return x_buf, ms_row, jnp.zeros((), jnp.float32), zero_metrics(prog)
+  return run
+
+
+def zero_metrics(prog: Program):
+  return jax.tree.map(lambda m: jnp.zeros(m.shape, jnp.float32), prog.metrics)
+
+
+def stage_step(prog: Program, tick, params_row, ms_row, x_buf, mbs, step_key):
+  """This device's stage at `tick`: its microbatch, or the bubble branch when idle."""
+  s_count, m_count = prog.pipe.num_stages, prog.pipe.microbatches
+  branches = [stage_branch(prog, j) for j in range(s_count)] + [bubble(prog)]
+
+  def run(tick, params_row, ms_row, x_buf, mbs, step_key):
+    s = jax.lax.axis_index(STAGE)
+    m = jnp.clip(tick - s, 0, m_count - 1)
+    mb = jax.tree.map(lambda a: a[m], mbs)
+    index = jnp.where(busy(tick, s, m_count), s, s_count)
+    return jax.lax.switch(index, branches, params_row, ms_row, x_buf, mb, pl.stage_key(step_key, m, s))
+
+  return run(jnp.asarray(tick, jnp.int32), params_row, ms_row, x_buf, mbs, step_key)
+
+
+def boundary_step(prog: Program, tick, b: int, y_buf, fwd_tables, bwd_tables, mbs, step_key):
+  """Boundary b carries microbatch tick - b: (received activation or None, forward tables)."""
+  s = jax.lax.axis_index(STAGE)
+  m, shape = tick - b, prog.shapes[b]
+  mb_size = jax.tree.leaves(mbs)[0].shape[1]
+  ids = mbs["id"][m] if "id" in mbs else None
+  boundary = dataclasses.replace(prog.pipe.boundary, transport=PPermute(b))
+  fwd_rows, bwd_rows = (pl.rows(scheme, m, mb_size, ids) for scheme in (boundary.fwd, boundary.bwd))
+  (fs, fr), (bs, br) = fwd_tables, bwd_tables
+  link = LinkState(layout.gather_rows(fs, fwd_rows, shape), layout.gather_rows(fr, fwd_rows, shape),
+                   layout.gather_rows(bs, bwd_rows, shape), layout.gather_rows(br, bwd_rows, shape))
+  x, (fs_new, fr_new) = boundary(layout.unpad(y_buf, shape), link, pl.link_key(step_key, m, b), prog.mode,
+                                 s == b, s == b + 1)
+  if prog.mode in (Mode.TRAIN, Mode.WARMUP):
+    fwd_tables = (layout.put_rows(fs, fwd_rows, fs_new), layout.put_rows(fr, fwd_rows, fr_new))
+  return layout.pad(x, prog.width, prog.act_dtype), fwd_tables
+
+
+class Carry(NamedTuple):
+  """What one tick hands the next."""
+  x_buf: jax.Array  # the activation this device received, [B/M, F_max]
+  model_state: jax.Array  # this stage's model-state row
+  fwd_tables: tuple  # (forward sender, forward receiver) padded tables
+  loss_sum: jax.Array
+  metric_sums: Any
+
+
+def tick_step(prog: Program, tick, boundaries, carry: Carry, params_row, bwd_tables, mbs, step_key) -> Carry:
+  """One tick: this device's stage, then every boundary in `boundaries`."""
+  y_buf, ms_row, loss, metrics = stage_step(prog, tick, params_row, carry.model_state, carry.x_buf, mbs,
+                                            step_key)
+  s = jax.lax.axis_index(STAGE)
+  next_x, fwd_tables = jnp.zeros_like(carry.x_buf), carry.fwd_tables
+  for b in boundaries:
+    x, fwd_tables = boundary_step(prog, tick, b, y_buf, fwd_tables, bwd_tables, mbs, step_key)
+    next_x = jnp.where(s == b + 1, x, next_x)
+  return Carry(next_x, ms_row, fwd_tables, carry.loss_sum + loss,
+               jax.tree.map(jnp.add, carry.metric_sums, metrics))
+
+
+def run_gpipe(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, step_key) -> Carry:
+  """The M+S-1 forward ticks on this device: fill and drain unrolled, the steady ticks
+  scanned (differentiable: its autodiff is GPipe's backward)."""
+  s_count, m_count = prog.pipe.num_stages, prog.pipe.microbatches
+  mb_size = jax.tree.leaves(mbs)[0].shape[1]
+  carry = Carry(jnp.zeros((mb_size, prog.width), prog.act_dtype), ms_row, tuple(fwd_tables),
+                jnp.zeros((), jnp.float32), zero_metrics(prog))
+  tick = lambda t, c, bs: tick_step(prog, t, bs, c, params_row, bwd_tables, mbs, step_key)
+  fill, steady, drain = phases(s_count, m_count)
+  for t in fill:
+    carry = tick(t, carry, boundaries_at(t, s_count, m_count))
+  if len(steady):
+    every = range(s_count - 1)
+    carry, _ = jax.lax.scan(lambda c, t: (tick(t, c, every), None), carry,
+                            jnp.arange(steady.start, steady.stop, dtype=jnp.int32))
+  for t in drain:
+    carry = tick(t, carry, boundaries_at(t, s_count, m_count))
+  return carry
+
+
+def make_program(pipe: pl.Pipeline, template: pl.TrainState, local_batch, mode: Mode, train: bool,
+                 delay: int = 0) -> Program:
+  """The schedule's static layout for one data shard's batch `local_batch` (shapes only)."""
+  mb = jax.tree.map(lambda x: x[0], pl.split_microbatches(local_batch, pipe.microbatches))
+  shapes = pl.boundary_shapes(pipe, template.params, template.model_state, mb[pipe.input_key])
+  prog = Program(pipe, layout.FlatRows(template.params), layout.FlatRows(template.model_state), shapes,
+                 mode, train, None, delay)
+  last = pipe.num_stages - 1
+  x_buf = jax.ShapeDtypeStruct((mb[pipe.input_key].shape[0], prog.width), prog.act_dtype)
+
+  def last_metrics(params_row, ms_row, x_buf, mb):
+    x = mb[pipe.input_key] if last == 0 else layout.unpad(x_buf, shapes[last - 1])
+    y, _ = pipe.stages[last].apply(prog.params.get(last, params_row), prog.model_state.get(last, ms_row), x,
+                                   train=train, rng=jax.random.key(0))
+    return pipe.loss_fn(y, mb)[1]
+
+  row = lambda fl: jax.ShapeDtypeStruct((fl.size,), fl.dtype)
+  metrics = jax.eval_shape(last_metrics, row(prog.params), row(prog.model_state), x_buf, mb)
+  return prog._replace(metrics=metrics)
+
+
+# ---------------------------------------------------------------- explicit backward
+# Stage s runs microbatch m forward at tick m + s and backward at tick m + delay + 2S - 2 - s;
+# a backward runs the stage's vjp on the input it stashed at its forward (rematerialised),
+# then the boundary's `backward_half` sends the gradient on. delay = 0 is 1F1B
+# (PipeDream-flush): a stage holds at most 2(S-1-s)+1 <= 2S-1 inputs whatever M, the last
+# stage runs a microbatch's forward and backward in the same tick. delay = M is GPipe: all
+# forwards, then all backwards, M inputs held. Ticks whose busy boundaries are all or none
+# (and the same from tick to tick) run under one `lax.scan`; the others are unrolled.
+
+
+def backward_tick(prog: Program, stage):
+  """Offset of a stage's backward: microbatch m's backward runs at tick m + offset."""
+  return prog.delay + 2 * prog.pipe.num_stages - 2 - stage
+
+
+def stash_slots(prog: Program) -> int:
+  """Ring-buffer slots a stage needs for inputs awaiting their backward."""
+  return min(prog.pipe.microbatches, 2 * prog.pipe.num_stages - 1 + prog.delay)
+
+
+def tick_plan(prog: Program, tick: int) -> tuple:
+  """(forward boundaries, backward boundaries, any stage forward, any stage backward) at a tick."""
+  s_count, m_count = prog.pipe.num_stages, prog.pipe.microbatches
+  return (tuple(boundaries_at(tick, s_count, m_count)),
+          tuple(b for b in range(s_count - 1) if busy(tick, backward_tick(prog, b + 1), m_count)),
+          any(busy(tick, s, m_count) for s in range(s_count)),
+          any(busy(tick, backward_tick(prog, s), m_count) for s in range(s_count)))
+
+
+def segments(prog: Program) -> list[tuple[range, tuple]]:
+  """The ticks as runs with one plan each; a run is scanned when its boundaries are all
+  busy or all idle (the same collectives every tick), else unrolled tick by tick."""
+  s_count = prog.pipe.num_stages
+  total = prog.pipe.microbatches + 2 * s_count - 2 + prog.delay
+  every = tuple(range(s_count - 1))
+  uniform = lambda plan: plan[0] in ((), every) and plan[1] in ((), every)
+  runs = []
+  for t in range(total):
+    plan = tick_plan(prog, t)
+    if runs and uniform(plan) and runs[-1][1] == plan:
+      runs[-1] = (range(runs[-1][0].start, t + 1), plan)
+    else:
+      runs.append((range(t, t + 1), plan))
+  return runs
+
+
+def stage_grads(prog: Program, j: int):
+  """Stage j's vjp on one microbatch: (d params row, d input buffer) given the output's
+  cotangent `g_buf` (stages before the last) or the loss weight `scale` (the last)."""
+  run, last = stage_branch(prog, j), prog.pipe.num_stages - 1
+
+  def grads(params_row, ms_row, x_buf, mb, rng, g_buf, scale):
+    outputs = lambda p, x: (lambda out: (out[0], out[2]))(run(p, ms_row, x, mb, rng))
+    _, vjp = jax.vjp(outputs, params_row, x_buf)
+    dy = jnp.zeros_like(g_buf) if j == last else g_buf
+    return vjp((dy, scale if j == last else jnp.zeros((), jnp.float32)))
+  return grads
+
+
+def no_grads(params_row, ms_row, x_buf, mb, rng, g_buf, scale):
+  return jnp.zeros_like(params_row), jnp.zeros_like(x_buf)
+
+
+def stage_backward(prog: Program, tick, params_row, stash, mbs, step_key, g_buf, scale):
+  """This device's stage backward at `tick` (or nothing): (d params row, d input buffer)."""
+  s_count, m_count = prog.pipe.num_stages, prog.pipe.microbatches
+  s = jax.lax.axis_index(STAGE)
+  m = jnp.clip(tick - backward_tick(prog, s), 0, m_count - 1)
+  slot = m % stash_slots(prog)
+  mb = jax.tree.map(lambda a: a[m], mbs)
+  index = jnp.where(busy(tick, backward_tick(prog, s), m_count), s, s_count)
+  branches = [stage_grads(prog, j) for j in range(s_count)] + [no_grads]
+  return jax.lax.switch(index, branches, params_row, stash.model_state[slot], stash.x_buf[slot], mb,
+                        pl.stage_key(step_key, m, s), g_buf, scale)
+
+
+class Stash(NamedTuple):
+  """Per slot: a microbatch's stage input and model state (for its backward), and per
+  boundary the TopK positions its forward chose (for index reuse)."""
+  x_buf: jax.Array
+  model_state: jax.Array
+  indices: tuple
+
+
+class ExplicitCarry(NamedTuple):
+  x_buf: jax.Array  # activation received for the next forward
+  g_buf: jax.Array  # gradient received for the next backward
+  stash: Stash
+  model_state: jax.Array
+  fwd_tables: tuple
+  bwd_tables: tuple  # new backward states, written as the gradients pass
+  grads: jax.Array  # this stage's weight-gradient row, summed over microbatches
+  loss_sum: jax.Array
+  metric_sums: Any
+
+
+def _boundary(prog: Program, b: int):
+  return dataclasses.replace(prog.pipe.boundary, transport=PPermute(b))
+
+
+def _link_rows(prog, m, mbs):
+  mb_size = jax.tree.leaves(mbs)[0].shape[1]
+  ids = mbs["id"][m] if "id" in mbs else None
+  boundary = prog.pipe.boundary
+  return tuple(pl.rows(scheme, m, mb_size, ids) for scheme in (boundary.fwd, boundary.bwd))
+
+
+def forward_exchange(prog: Program, tick, b: int, y_buf, carry: ExplicitCarry, mbs, step_key):
+  """Boundary b's forward half for microbatch tick - b: (received activation, carry)."""
+  s = jax.lax.axis_index(STAGE)
+  m, shape = tick - b, prog.shapes[b]
+  fwd_rows, _ = _link_rows(prog, m, mbs)
+  fs, fr = carry.fwd_tables
+  x, fs_new, fr_new, idx = boundary_mod.forward_half(
+      _boundary(prog, b), prog.mode is Mode.WARMUP, layout.unpad(y_buf, shape),
+      layout.gather_rows(fs, fwd_rows, shape), layout.gather_rows(fr, fwd_rows, shape),
+      pl.link_key(step_key, m, b), s == b, s == b + 1)
+  tables = (layout.put_rows(fs, fwd_rows, fs_new), layout.put_rows(fr, fwd_rows, fr_new))
+  stash = carry.stash
+  if idx is not None:
+    slot = m % stash_slots(prog)
+    stored = jax.tree.map(lambda buf, new: buf.at[slot].set(new), stash.indices[b], idx)
+    stash = stash._replace(indices=stash.indices[:b] + (stored,) + stash.indices[b + 1:])
+  return layout.pad(x, prog.width, prog.act_dtype), carry._replace(fwd_tables=tables, stash=stash)
+
+
+def backward_exchange(prog: Program, tick, b: int, dx_buf, bwd_old, carry: ExplicitCarry, mbs, step_key):
+  """Boundary b's backward half for the microbatch whose stage b+1 backward ran this tick:
+  (gradient received by stage b, carry with the new backward-state rows)."""
+  s = jax.lax.axis_index(STAGE)
+  m = tick - backward_tick(prog, b + 1)
+  shape = prog.shapes[b]
+  _, rows = _link_rows(prog, m, mbs)
+  bs_old, br_old = bwd_old
+  idx = None
+  if prog.pipe.boundary.reuse and prog.mode is not Mode.WARMUP:
+    idx = jax.tree.map(lambda buf: buf[m % stash_slots(prog)], carry.stash.indices[b])
+  dx, bs_new, br_new = boundary_mod.backward_half(
+      _boundary(prog, b), prog.mode is Mode.WARMUP, layout.unpad(dx_buf, shape),
+      layout.gather_rows(bs_old, rows, shape), layout.gather_rows(br_old, rows, shape),
+      pl.link_key(step_key, m, b), s == b, s == b + 1, idx)
+  bs, br = carry.bwd_tables
+  keep = lambda ok, table, new: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new,
+                                             layout.gather_rows(table, rows, shape))
+  tables = (layout.put_rows(bs, rows, keep(s == b + 1, bs, bs_new)),
+            layout.put_rows(br, rows, keep(s == b, br, br_new)))
+  return layout.pad(dx, prog.width, prog.act_dtype), carry._replace(bwd_tables=tables)
+
+
+def explicit_tick(prog: Program, tick, plan, carry: ExplicitCarry, params_row, bwd_old, mbs, step_key,
+                  scale) -> ExplicitCarry:
+  """One tick: this stage's forward (stashing its input), its backward, then the boundaries.
+  Work that no stage has at this tick (by `plan`) is left out of the program."""
+  fwd_bs, bwd_bs, any_forward, any_backward = plan
+  s = jax.lax.axis_index(STAGE)
+  m_count = prog.pipe.microbatches
+  y_buf = dx_buf = jnp.zeros_like(carry.x_buf)
+  if any_forward:
+    slot = jnp.clip(tick - s, 0, m_count - 1) % stash_slots(prog)
+    forward_busy = busy(tick, s, m_count)
+    keep = lambda buf, new: buf.at[slot].set(jnp.where(forward_busy, new, buf[slot]))
+    stash = carry.stash._replace(x_buf=keep(carry.stash.x_buf, carry.x_buf),
+                                 model_state=keep(carry.stash.model_state, carry.model_state))
+    y_buf, ms_row, loss, metrics = stage_step(prog, tick, params_row, carry.model_state, carry.x_buf, mbs,
+                                              step_key)
+    carry = carry._replace(stash=stash, model_state=ms_row, loss_sum=carry.loss_sum + loss,
+                           metric_sums=jax.tree.map(jnp.add, carry.metric_sums, metrics))
+  if any_backward:
+    dp, dx_buf = stage_backward(prog, tick, params_row, carry.stash, mbs, step_key, carry.g_buf, scale)
+    carry = carry._replace(grads=carry.grads + dp)
+  next_x, next_g = jnp.zeros_like(carry.x_buf), jnp.zeros_like(carry.g_buf)
+  for b in fwd_bs:
+    x, carry = forward_exchange(prog, tick, b, y_buf, carry, mbs, step_key)
+    next_x = jnp.where(s == b + 1, x, next_x)
+  for b in bwd_bs:
+    g, carry = backward_exchange(prog, tick, b, dx_buf, bwd_old, carry, mbs, step_key)
+    next_g = jnp.where(s == b, g, next_g)
+  return carry._replace(x_buf=next_x, g_buf=next_g)
+
+
+def _index_shapes(prog: Program, b: int, mb_size: int):
+  """Shapes of boundary b's (sent, arrived) TopK positions (index reuse), else None."""
+  if not prog.pipe.boundary.reuse or prog.mode is Mode.WARMUP:
+    return None
+  shape = prog.shapes[b]
+  local = dataclasses.replace(prog.pipe.boundary, transport=boundary_mod.Transport())
+  state = local.init(mb_size, shape.shape[1:], shape.dtype)
+  return jax.eval_shape(lambda x: boundary_mod.forward_half(local, False, x, state.fwd_send, state.fwd_recv,
+                                                          jax.random.key(0), True, True)[3], shape)
+
+
+def run_explicit(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, step_key, scale) -> ExplicitCarry:
+  """Every tick of the explicit schedule on this device. `scale` weighs each microbatch's
+  loss (1 / (M D)): the returned `grads` and backward tables are those of the weighted sum,
+  as autodiff of the mean loss gives them."""
+  mb_size = jax.tree.leaves(mbs)[0].shape[1]
+  k = stash_slots(prog)
+  buf = jnp.zeros((mb_size, prog.width), prog.act_dtype)
+  indices = tuple(jax.tree.map(lambda a: jnp.zeros((k, *a.shape), a.dtype), _index_shapes(prog, b, mb_size))
+                  for b in range(prog.pipe.num_stages - 1))
+  stash = Stash(jnp.zeros((k, *buf.shape), buf.dtype), jnp.zeros((k, *ms_row.shape), ms_row.dtype), indices)
+  carry = ExplicitCarry(buf, buf, stash, ms_row, tuple(fwd_tables), jax.tree.map(jnp.zeros_like, tuple(bwd_tables)),
+                        jnp.zeros_like(params_row), jnp.zeros((), jnp.float32), zero_metrics(prog))
+  tick = lambda t, c, plan: explicit_tick(prog, t, plan, c, params_row, bwd_tables, mbs, step_key, scale)
+  for ticks, plan in segments(prog):
+    if len(ticks) == 1:
+      carry = tick(ticks.start, carry, plan)
+    else:
+      carry, _ = jax.lax.scan(lambda c, t: (tick(t, c, plan), None), carry,
+                              jnp.arange(ticks.start, ticks.stop, dtype=jnp.int32))
+  return carry
