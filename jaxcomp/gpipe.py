@@ -28,7 +28,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxcomp import feedback, pipeline as pl
+from jaxcomp import distributed, feedback, pipeline as pl
 from jaxcomp.boundary import LinkState, Mode, Transport
 from jaxcomp.qadam import QuantizedAdam
 
@@ -192,7 +192,7 @@ class GPipe:
       opt_state = _Flat(opt_states).stack(opt_states)
     flat_state = pl.TrainState(state.step, state.rng, params.stack(state.params),
                                _Flat(state.model_state).stack(state.model_state), opt_state, links, grad_state)
-    return jax.device_put(flat_state, self.shardings(flat_state))
+    return distributed.put_global(flat_state, self.shardings(flat_state))  # the mesh may span processes
 
   def shardings(self, flat_state):
     stage = NamedSharding(self.mesh, P(STAGE))

@@ -13,6 +13,11 @@ serve the last (AQ-SGD tables in host memory): a train step with `takes_next_ids
 step(state, batch, next_ids) with the next batch's ids in the epoch (None after its last), so
 it can prefetch; an executor's `host_state` (numpy arrays outside the TrainState) is saved
 with every checkpoint and restored in place on resume.
+
+Multi-process (`distributed.initialize`): every process runs `fit` with the same data; an
+executor with a `mesh` gets each batch as a global array of which each process transfers only
+its own data shards' rows; checkpoints are written by all processes together; `on_epoch`
+(results files) and the progress bar run on process 0 only.
 """
 import dataclasses
 import itertools
@@ -20,10 +25,11 @@ import math
 import time
 from typing import Any, Callable, Iterator
 
+import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxcomp import pipeline as pl
+from jaxcomp import distributed, pipeline as pl
 from jaxcomp.boundary import Mode
 from jaxcomp.checkpoint import Checkpointer
 
@@ -66,12 +72,13 @@ class RunConfig:
       raise ValueError(f"steps must be >= 1, got {self.steps}")
 
 
-def evaluate(eval_step, state, batches, summary: Callable[[dict], dict] = dict) -> dict:
-  """summary(metrics averaged over the evaluation set, weighted by batch size)."""
+def evaluate(eval_step, state, batches, summary: Callable[[dict], dict] = dict, place=lambda b: b) -> dict:
+  """summary(metrics averaged over the evaluation set, weighted by batch size); `place` puts a
+  batch where the step reads it."""
   totals, count = {}, 0
   for batch in batches:
     n = len(next(iter(batch.values())))
-    for k, v in eval_step(state, batch).items():
+    for k, v in eval_step(state, place(batch)).items():
       totals[k] = totals.get(k, 0.0) + float(v) * n
     count += n
   return summary({k: v / count for k, v in totals.items()})
@@ -87,16 +94,27 @@ def _with_next(batches):
     current = following
 
 
-def _train_step(step, state, batch, following):
-  """step(state, batch), plus the next batch's ids for steps that prefetch (`takes_next_ids`)."""
+def _train_step(step, state, batch, following, place):
+  """step(state, placed batch), plus the next batch's ids for steps that prefetch (`takes_next_ids`)."""
   if getattr(step, "takes_next_ids", False):
-    return step(state, batch, None if following is None else following["id"])
-  return step(state, batch)
+    return step(state, place(batch), None if following is None else following["id"])
+  return step(state, place(batch))
+
+
+def batch_placement(executor) -> Callable[[dict], dict]:
+  """How batches reach an executor: split over its mesh's data axis when its mesh spans
+  processes (each process transfers its own shards), else as they are."""
+  mesh = getattr(executor, "mesh", None)
+  if mesh is None or jax.process_count() == 1:
+    return lambda batch: batch
+  return lambda batch: distributed.global_batch(batch, mesh)
 
 
 def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
         on_epoch: Callable[[list[dict]], Any] | None = None, initial_params=None):
-  """Trains `pipe` (from `initial_params`, e.g. pretrained, if given); returns (state, history)."""
+  """Trains `pipe` (from `initial_params`, e.g. pretrained, if given); returns (state, history).
+
+  `on_epoch(history)` runs on process 0 only."""
   state = executor.init_state(pipe, optimizer, rng, data.example_batch, initial_params)
   host_state = getattr(executor, "host_state", None)
   ckpt = Checkpointer(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
@@ -120,6 +138,7 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
       raise ValueError(f"the checkpoint of epoch {epoch} in {directory} holds an unfinished epoch "
                        f"({len(meta['epoch_losses'])} of its batches); warm-start from a finished one")
     start_epoch = epoch
+  place, main = batch_placement(executor), distributed.is_main_process()
   wire = {m: executor.wire_bytes_per_step(pipe, data.example_batch, m) for m in (Mode.TRAIN, Mode.WARMUP)}
   steps = {}
   eval_steps = {c: executor.make_eval_step(pipe, c) for c in (True, False)}
@@ -136,11 +155,11 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     if cfg.steps is not None:
       todo = min(todo, cfg.steps - global_step)
     bar = tqdm(total=data.steps_per_epoch, initial=skip, desc=f"epoch {epoch + 1}/{cfg.epochs}",
-               disable=not cfg.progress, leave=False)
+               disable=not (cfg.progress and main), leave=False)
     timed_steps, start = 0, None
     batches = _with_next(itertools.islice(data.train_batches(epoch), skip, skip + todo))
     for i, (batch, following) in enumerate(batches, start=skip):
-      state, metrics = _train_step(steps[mode], state, batch, following)
+      state, metrics = _train_step(steps[mode], state, batch, following, place)
       loss = float(metrics["loss"])
       if not math.isfinite(loss):
         bar.close()
@@ -163,8 +182,8 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     record = {
         "epoch": epoch + 1, "step": global_step, "mode": mode.value, "epoch_batches": len(losses),
         "train_loss": float(np.mean(losses)) if losses else float("nan"),
-        "eval_on": evaluate(eval_steps[True], state, data.eval_batches(), data.eval_summary),
-        "eval_off": evaluate(eval_steps[False], state, data.eval_batches(), data.eval_summary),
+        "eval_on": evaluate(eval_steps[True], state, data.eval_batches(), data.eval_summary, place),
+        "eval_off": evaluate(eval_steps[False], state, data.eval_batches(), data.eval_summary, place),
         **{f"wire_bytes_{k}": v for k, v in wire[mode].items()},
         "steps_per_s": timed_steps / elapsed if timed_steps and elapsed > 0 else None,
     }
@@ -172,7 +191,7 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     if ckpt:
       position = {"epoch": epoch + 1} if finished else {"epoch": epoch, "epoch_losses": losses}
       ckpt.save(epoch + 1, state, {**position, "history": history}, host_state)
-    if on_epoch:
+    if on_epoch and main:
       on_epoch(history)
   if ckpt:
     ckpt.close()
