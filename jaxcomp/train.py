@@ -3,7 +3,11 @@
 Per epoch: train with a progress bar (AQ-SGD warm-up epochs in Mode.WARMUP), evaluate with
 compression on and off, record loss/metrics, bytes on the wire per step and steps/s, save
 an Orbax checkpoint, hand the history to `on_epoch` (results writing). A NaN/Inf loss stops
-the run at once with `NonFiniteLossError`; the last good checkpoint is never overwritten.
+the run at once with `NonFiniteLossError`; the last good checkpoint is never overwritten, and
+an epoch whose evaluation loss is NaN/Inf is not checkpointed (its record is written, then
+the run stops the same way). Checkpoints hold the simulate layout (`checkpoint.simulate_layout`),
+so a run resumes or warm-starts from one of any executor, mesh shape or process count; resume
+takes the newest intact checkpoint, warning about corrupt newer ones.
 Resume restores the latest checkpoint; data order, keys and every state continue exactly,
 also from an epoch that `RunConfig.steps` cut short (its checkpoint records how many of the
 epoch's batches were done and their losses; the resumed run finishes that epoch).
@@ -31,6 +35,7 @@ from tqdm.auto import tqdm
 
 from jaxcomp import distributed, pipeline as pl
 from jaxcomp.boundary import Mode
+from jaxcomp import checkpoint
 from jaxcomp.checkpoint import Checkpointer
 
 
@@ -110,6 +115,11 @@ def batch_placement(executor) -> Callable[[dict], dict]:
   return lambda batch: distributed.global_batch(batch, mesh)
 
 
+def _last_good(ckpt) -> str:
+  last = ckpt.latest_epoch() if ckpt else None
+  return f"Last good checkpoint: {f'epoch {last} in {ckpt.directory}' if last is not None else 'none'}"
+
+
 def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
         on_epoch: Callable[[list[dict]], Any] | None = None, initial_params=None):
   """Trains `pipe` (from `initial_params`, e.g. pretrained, if given); returns (state, history).
@@ -123,8 +133,12 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     raise ValueError(f"{cfg.checkpoint_dir} already holds checkpoints (epochs {ckpt.epochs()}); resume the run "
                      "or give the new run another name/folder (nothing was overwritten)")
   done_losses = []  # of the first epoch to run, when a resumed run is inside it
-  if cfg.resume and ckpt and ckpt.latest_epoch() is not None:
-    state, meta = ckpt.restore(ckpt.latest_epoch(), state, host_state=host_state)
+  to_layout = lambda s: checkpoint.simulate_layout(executor, pipe, optimizer, s, data.example_batch)
+  from_layout = lambda saved: checkpoint.executor_layout(executor, pipe, optimizer, saved, data.example_batch, state)
+  found = ckpt.restore_latest(to_layout(state), host_state) if cfg.resume and ckpt and ckpt.epochs() else None
+  if found:
+    _, saved, meta = found
+    state = from_layout(saved)
     history, start_epoch = meta["history"], meta["epoch"]
     done_losses = meta.get("epoch_losses", [])
     if done_losses:
@@ -132,7 +146,8 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
   elif cfg.init_from:
     directory, epoch = cfg.init_from
     baseline = Checkpointer(directory)
-    state, meta = baseline.restore(epoch, state, model_only=True)
+    saved, meta = baseline.restore(epoch, to_layout(state), model_only=True)
+    state = from_layout(saved)
     baseline.close()
     if meta.get("epoch_losses"):
       raise ValueError(f"the checkpoint of epoch {epoch} in {directory} holds an unfinished epoch "
@@ -163,11 +178,9 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
       loss = float(metrics["loss"])
       if not math.isfinite(loss):
         bar.close()
-        last = ckpt.latest_epoch() if ckpt else None
         raise NonFiniteLossError(
             f"training loss is {loss} at epoch {epoch + 1}, step {i + 1} of the epoch (global step "
-            f"{global_step + 1}); stopped. Last good checkpoint: "
-            f"{f'epoch {last} in {cfg.checkpoint_dir}' if last is not None else 'none'}")
+            f"{global_step + 1}); stopped. {_last_good(ckpt)}")
       losses.append(loss)
       global_step += 1
       if start is None:
@@ -188,11 +201,16 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
         "steps_per_s": timed_steps / elapsed if timed_steps and elapsed > 0 else None,
     }
     history.append(record)
-    if ckpt:
+    eval_losses = [record[k].get("loss", 0.0) for k in ("eval_on", "eval_off")]
+    diverged = not all(math.isfinite(v) for v in [record["train_loss"], *eval_losses])
+    if ckpt and not diverged:
       position = {"epoch": epoch + 1} if finished else {"epoch": epoch, "epoch_losses": losses}
-      ckpt.save(epoch + 1, state, {**position, "history": history}, host_state)
+      ckpt.save(epoch + 1, to_layout(state), {**position, "history": history}, host_state)
     if on_epoch and main:
       on_epoch(history)
+    if diverged:
+      raise NonFiniteLossError(f"epoch {epoch + 1} ends with train loss {record['train_loss']}, evaluation losses "
+                               f"{eval_losses}; stopped without checkpointing it. {_last_good(ckpt)}")
   if ckpt:
     ckpt.close()
   return state, history

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 import jaxcomp
-from jaxcomp import hostbuffer, results, simulate, train
+from jaxcomp import checkpoint, gpipe, hostbuffer, results, simulate, train
 from jaxcomp.checkpoint import Checkpointer
 from jaxcomp.data import batching
 from jaxcomp.models.mlp import mlp_stages
@@ -203,3 +203,127 @@ def test_checkpoints_of_every_keep_period_th_epoch_stay(tmp_path):
   for epoch in range(1, 9):
     ckpt.save(epoch, state, {"epoch": epoch, "history": []})
   assert ckpt.epochs() == [3, 6, 7, 8]
+
+
+# ---------------------------------------------------------------- checkpoints: integrity, one layout
+def _saved_twice(tmp_path):
+  """The same state saved as epochs 1 and 2; 128-wide layers make array files hold raw data."""
+  pipe = jaxcomp.Pipeline(mlp_stages(128, 2, 3), _pipe().boundary, jaxcomp.losses.classification, "x", microbatches=2)
+  state = checkpoint.to_host(simulate.init_state(pipe, OPT, jax.random.key(0), _data().example_batch))
+  ckpt = Checkpointer(tmp_path)
+  for epoch in (1, 2):
+    ckpt.save(epoch, state, {"epoch": epoch, "history": []})
+  return state
+
+
+def _model_files(tmp_path):
+  return [p for p in (tmp_path / "2" / "model").rglob("*") if p.is_file() and p.parent.name == "d"]
+
+
+def _damage_truncate(tmp_path):
+  for f in _model_files(tmp_path):
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+def _damage_flip(tmp_path):
+  """64 bytes flipped in the middle of the largest array file: Orbax alone restores it silently."""
+  f = max(_model_files(tmp_path), key=lambda f: f.stat().st_size)
+  data = bytearray(f.read_bytes())
+  mid = len(data) // 2
+  data[mid: mid + 64] = bytes(b ^ 0xFF for b in data[mid: mid + 64])
+  f.write_bytes(bytes(data))
+
+
+def _damage_empty_meta(tmp_path):
+  (tmp_path / "2" / "meta" / "metadata").write_text("")
+
+
+@pytest.mark.parametrize("damage, why", [(_damage_truncate, "arrays do not read back"),
+                                         (_damage_flip, "model arrays do not match their checksums"),
+                                         (_damage_empty_meta, "meta does not read back")])
+def test_corrupt_checkpoints_are_detected_and_skipped(tmp_path, damage, why):
+  state = _saved_twice(tmp_path)
+  damage(tmp_path)
+  ckpt = Checkpointer(tmp_path)
+  with pytest.raises(checkpoint.CorruptCheckpointError, match=f"checkpoint of epoch 2 .* is corrupt: its {why}"):
+    ckpt.restore(2, state)
+  with pytest.warns(UserWarning, match="epoch 2 .* is corrupt.*; trying the previous checkpoint"):
+    epoch, restored, meta = ckpt.restore_latest(state)
+  assert epoch == 1 and meta["epoch"] == 1
+  _assert_equal(restored, state)
+
+
+def test_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path):
+  _fit(tmp_path, 2)
+  _damage_empty_meta(tmp_path)
+  with pytest.warns(UserWarning, match="epoch 2 .* is corrupt"):  # resumes after epoch 1 and redoes epoch 2
+    _, history = _fit(tmp_path, 2, resume=True)
+  assert [r["epoch"] for r in history] == [1, 2]
+
+
+def test_restore_of_another_model_names_it(tmp_path):
+  _fit(tmp_path, 1)
+  wider = jaxcomp.Pipeline(mlp_stages(16, 2, 3), _pipe().boundary, jaxcomp.losses.classification, "x", microbatches=2)
+  like = simulate.init_state(wider, OPT, jax.random.key(0), _data().example_batch)
+  with pytest.raises(ValueError, match="holds model arrays of other shapes than this run's"):
+    Checkpointer(tmp_path).restore(1, like)
+
+
+def test_epoch_with_non_finite_eval_loss_is_not_checkpointed(tmp_path):
+  good = _data()
+  poisoned = lambda: ({**b, "x": b["x"] * np.inf} for b in good.eval_batches())
+  data = train.Data(good.train_batches, good.steps_per_epoch, poisoned, good.example_batch, "toy")
+  with pytest.raises(train.NonFiniteLossError, match=r"epoch 1 ends with .*evaluation losses \[nan.*without "
+                                                     r"checkpointing it. Last good checkpoint: none"):
+    _fit(tmp_path, 2, data=data)
+  assert Checkpointer(tmp_path).epochs() == []
+
+
+def _layout_parts(state):
+  """What every layout holds the same (the optimizer state converts once stack/unstack carry it)."""
+  return (state.step, state.rng, state.params, state.model_state, state.links)
+
+
+@pytest.mark.parametrize("stages_data", [(3, 1), (3, 2)])
+def test_checkpoint_layout_round_trips_through_gpipe(tmp_path, stages_data):
+  """A simulate checkpoint placed on a (data, stage) mesh and converted back is unchanged,
+  AQ-SGD rows and slot rows of every data shard included."""
+  _fit(tmp_path, 2)
+  pipe, batch = _pipe(), _data().example_batch
+  saved, _ = Checkpointer(tmp_path).restore(2, checkpoint.to_host(simulate.init_state(pipe, OPT, jax.random.key(0), batch)))
+  assert np.abs(saved.links[0].fwd_send.buffer).max() > 0  # AQ-SGD rows
+  assert any(np.abs(leaf).max() > 0 for leaf in jax.tree.leaves(saved.links[0][2:]))  # EF slot rows
+  ex = gpipe.GPipe(gpipe.make_mesh(*stages_data))
+  placed = checkpoint.executor_layout(ex, pipe, OPT, saved, batch, ex.init_state(pipe, OPT, jax.random.key(1), batch))
+  shards, n = ex.data, N
+
+  def own_rows_only(table):  # what training leaves: shard d has written only its own examples' rows
+    t = np.array(table)
+    for d in range(shards):
+      t[:, d * n: (d + 1) * n][:, batching.shard_of(np.arange(n), shards) != d] = 0
+    return jax.device_put(t, table.sharding)
+
+  own = lambda tables: jax.tree.map(own_rows_only, tables)
+  placed = placed._replace(links=placed.links._replace(fwd_send=own(placed.links.fwd_send),
+                                                       fwd_recv=own(placed.links.fwd_recv)))
+  back = checkpoint.simulate_layout(ex, pipe, OPT, placed, batch)
+  _assert_equal(_layout_parts(back), _layout_parts(saved))
+
+
+def test_warm_starts_and_resumes_across_executors(tmp_path):
+  """simulate baseline -> GPipe warm start; GPipe (3 x 2) baseline -> simulate warm start and
+  a GPipe (3 x 1) resume of it."""
+  baseline, batch = _pipe("none", "none"), _data().example_batch
+  runs = {"sim": simulate, "gp32": gpipe.GPipe(gpipe.make_mesh(3, 2)), "gp31": gpipe.GPipe(gpipe.make_mesh(3, 1))}
+  for name in ("sim", "gp32"):
+    _fit(tmp_path / name, 1, pipe=baseline, executor=runs[name])
+  template = checkpoint.to_host(simulate.init_state(baseline, OPT, jax.random.key(0), batch))
+  for base, target in (("sim", "gp32"), ("gp32", "sim"), ("gp32", "gp31")):
+    saved, _ = Checkpointer(tmp_path / base).restore(1, template)
+    resume = base == "gp32" and target == "gp31"
+    directory = tmp_path / base if resume else tmp_path / f"{base}-{target}"
+    kw = {} if resume else {"init_from": (str(tmp_path / base), 1)}
+    state, _ = _fit(directory, 1, resume=resume, pipe=baseline, executor=runs[target], **kw)  # nothing left to train
+    got = checkpoint.simulate_layout(runs[target], baseline, OPT, state, batch)
+    _assert_equal(got.params, saved.params)
+    _assert_equal((got.step, got.rng), (saved.step, saved.rng))
