@@ -19,15 +19,10 @@ N = B = 16  # one step per epoch: each epoch's train loss is one step's loss
 TIMEOUT_S = 240
 
 
-def run_training(checkpoint_dir) -> list[dict]:
-  """Epochs 1-2 (warm-up, then AQ-SGD), checkpointed; then a resumed `fit` runs epoch 3.
-
-  Returns the history of both parts (epoch, mode, losses, eval metrics)."""
-  import jax
-  import optax
-
+def problem():
+  """(pipeline, data): a 4-stage MLP with AQ-SGD forward and EF backward, 16 examples."""
   import jaxcomp
-  from jaxcomp import gpipe, train
+  from jaxcomp import train
   from jaxcomp.data import batching
   from jaxcomp.models.mlp import mlp_stages
 
@@ -38,6 +33,19 @@ def run_training(checkpoint_dir) -> list[dict]:
                     next(batching.iterate(arrays, B, 3, 0, shards=DATA)), "toy")
   pipe = jaxcomp.Pipeline(mlp_stages(8, 2, STAGES), jaxcomp.parse_boundary("aqsgd+quant:2", "ef+quant:4", num_examples=N),
                           jaxcomp.losses.classification, "x", microbatches=2)
+  return pipe, data
+
+
+def run_training(checkpoint_dir) -> list[dict]:
+  """Epochs 1-2 (warm-up, then AQ-SGD), checkpointed; then a resumed `fit` runs epoch 3.
+
+  Returns the history of both parts (epoch, mode, losses, eval metrics)."""
+  import jax
+  import optax
+
+  from jaxcomp import gpipe, train
+
+  pipe, data = problem()
   history = []
   for epochs, resume in ((2, False), (3, True)):
     executor = gpipe.GPipe(gpipe.make_mesh(STAGES, DATA))
@@ -94,6 +102,15 @@ def test_two_processes_train_as_one(tmp_path):
   assert [r["mode"] for r in expected] == ["warmup", "train", "train"]
   for i in range(PROCESSES):
     assert json.loads((tmp_path / "two" / f"history{i}.json").read_text()) == expected
+  import jax
+  import optax
+
+  from jaxcomp import checkpoint, simulate
+  pipe, data = problem()
+  like = checkpoint.to_host(simulate.init_state(pipe, optax.adam(1e-2), jax.random.key(0), data.example_batch))
+  saved = [checkpoint.Checkpointer(tmp_path / run / "ckpt").restore(3, like)[0] for run in ("one", "two")]
+  jax.tree.map(np.testing.assert_array_equal, *saved)  # one simulate-layout checkpoint, whatever the process count
+  assert np.abs(saved[0].links[0].fwd_send.buffer).max() > 0
 
 
 if __name__ == "__main__":
