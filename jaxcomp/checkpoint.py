@@ -9,8 +9,9 @@ table takes example i's row from its shard (`batching.shard_of`).
 Items per saved epoch: `model` (step, PRNG key data, params, model state, optimizer state),
 `compression` (every link table; a warm start ("baseN") takes only `model`), `meta` (JSON:
 epoch, history, and per item `arrays`: the dtype, shape and SHA-256 of every array), `host` when an
-executor keeps state outside the TrainState (host-memory AQ-SGD tables), `data_parallel`
-for the gpipe executor's data-parallel exchange state (restored when the mesh matches).
+executor keeps state outside the TrainState (host-memory AQ-SGD tables), `executor` for
+rows only an executor's own layout holds (gpipe: the data-parallel exchange state and the
+per-stage optimizer rows), restored when the fresh state's rows have the same shapes.
 A checkpoint whose files do not read back or whose arrays do not match their checksums is
 corrupt: `restore_latest` then falls back to the newest intact one, with a warning.
 """
@@ -57,11 +58,15 @@ def shapes(tree) -> list[list]:
 
 # ------------------------------------------------------------------ layouts
 def _shard_links(pipe, links, shards: int, shard: int):
-  """The link tables one data shard holds: its B/D slot rows, the whole per-example tables."""
+  """The link tables one data shard holds: its B/D slot rows; the rows of its own examples
+  in per-example tables (zero elsewhere, as training leaves them)."""
   def field(name):
     scheme = pipe.boundary.fwd if name.startswith("fwd") else pipe.boundary.bwd
     if getattr(scheme, "keyed_by_example", False):
-      return lambda t: t
+      def own(t):
+        mine = batching.shard_of(np.arange(len(t)), shards) == shard
+        return np.where(mine.reshape(-1, *[1] * (t.ndim - 1)), t, np.zeros((), t.dtype))
+      return own
     return lambda t: t[shard * (len(t) // shards): (shard + 1) * (len(t) // shards)]
   return tuple(LinkState(*(jax.tree.map(field(n), getattr(link, n)) for n in LinkState._fields)) for link in links)
 
@@ -95,7 +100,8 @@ def _shard_rows(tables, shards, shard):
 def simulate_layout(executor, pipe, optimizer, state, batch) -> pl.TrainState:
   """The executor's train state in the simulate layout of the global `batch`: numpy values,
   PRNG key as key data. An executor with `unstack` (gpipe) is converted shard by shard; its
-  `grad_state` (data-parallel exchange state) stays in its own layout."""
+  `grad_state` becomes its own rows: {"grad_state": data-parallel exchange state,
+  "opt_state": per-stage optimizer rows} (see `executor_layout`)."""
   flat = to_host(state)
   if not hasattr(executor, "unstack"):
     return flat
@@ -105,24 +111,31 @@ def simulate_layout(executor, pipe, optimizer, state, batch) -> pl.TrainState:
   per_shard = [to_host(executor.unstack(pipe, optimizer, typed._replace(links=_shard_rows(flat.links, shards, d)),
                                         batch, template)) for d in range(shards)]
   return per_shard[0]._replace(rng=flat.rng, links=_merge_links(pipe, [s.links for s in per_shard]),
-                               grad_state=flat.grad_state)
+                               grad_state=_own_rows(executor, flat))
+
+
+def _own_rows(executor, state):
+  """What only the executor's layout holds (kept in the simulate layout's `grad_state`)."""
+  if not hasattr(executor, "stack"):
+    return state.grad_state
+  return {"grad_state": state.grad_state, "opt_state": state.opt_state}
 
 
 def executor_layout(executor, pipe, optimizer, saved: pl.TrainState, batch, like):
   """Inverse of `simulate_layout`: `saved` placed as the executor keeps it. `like` is the
-  executor's fresh state; its `grad_state` is kept unless `saved` has one of the same shapes."""
-  impl = jax.random.key_impl(like.rng)
-  saved = saved._replace(rng=jax.random.wrap_key_data(saved.rng, impl=impl),
-                         grad_state=saved.grad_state if _same_shapes(saved.grad_state, like.grad_state)
-                         else to_host(like.grad_state))
+  executor's fresh state; its own rows (`_own_rows`) are replaced by the saved ones when
+  these have the same shapes (same executor and stage count), so such a resume is exact."""
+  own = _own_rows(executor, like)
+  rows = saved.grad_state if _same_shapes(saved.grad_state, own) else to_host(own)
+  saved = saved._replace(rng=jax.random.wrap_key_data(saved.rng, impl=jax.random.key_impl(like.rng)))
   if not hasattr(executor, "stack"):
-    return jax.device_put(saved)
+    return jax.device_put(saved._replace(grad_state=rows))
   shards = executor.data
   flats = [to_host(executor.stack(pipe, optimizer, saved._replace(links=_shard_links(pipe, saved.links, shards, d)),
                                   batch)) for d in range(shards)]
   links = jax.tree.map(lambda *per_shard: np.concatenate(per_shard, axis=1),
                        *[_shard_rows(f.links, shards, d) for d, f in enumerate(flats)])
-  flat = flats[0]._replace(rng=saved.rng, links=links, grad_state=saved.grad_state)
+  flat = flats[0]._replace(rng=saved.rng, links=links, **rows)
   return distributed.put_global(flat, jax.tree.map(lambda x: x.sharding, like))
 
 
@@ -158,7 +171,7 @@ class Checkpointer:
     A checkpoint already saved for `epoch` (the epoch was unfinished then) is replaced.
     """
     state = to_host(state)
-    arrays = {"model": _model(state), "compression": state.links, "data_parallel": state.grad_state}
+    arrays = {"model": _model(state), "compression": state.links, "executor": state.grad_state}
     if host_state is not None:
       arrays["host"] = [np.asarray(a) for a in host_state]
     meta = {**meta, "arrays": {name: describe(tree) for name, tree in arrays.items()}}
@@ -206,14 +219,14 @@ class Checkpointer:
         array[...] = saved
     step, rng, params, model_state, opt_state = out["model"]
     links = like.links if model_only else out["compression"]
-    grad_state = self._data_parallel(epoch, like.grad_state, meta) if not model_only else like.grad_state
+    grad_state = self._executor_rows(epoch, like.grad_state, meta) if not model_only else like.grad_state
     return pl.TrainState(step, rng, params, model_state, opt_state, links, grad_state), meta
 
-  def _data_parallel(self, epoch, like, meta):
-    """The saved data-parallel exchange state if it has like's shapes, else `like`."""
-    if not jax.tree.leaves(like) or shapes(like) != [entry[:2] for entry in meta["arrays"].get("data_parallel", [])]:
+  def _executor_rows(self, epoch, like, meta):
+    """The saved `executor` item if it has like's shapes, else `like`."""
+    if not jax.tree.leaves(like) or shapes(like) != [entry[:2] for entry in meta["arrays"].get("executor", [])]:
       return like
-    return self._arrays(epoch, {"data_parallel": like}, meta)["data_parallel"]
+    return self._arrays(epoch, {"executor": like}, meta)["executor"]
 
   def _meta(self, epoch):
     """The JSON meta of `epoch`; CorruptCheckpointError if it is unreadable or lacks the array list."""
