@@ -14,7 +14,7 @@ from typing import Callable
 
 import jax
 
-from jaxcomp import gpipe, hostbuffer, results, simulate, train
+from jaxcomp import distributed, gpipe, hostbuffer, results, simulate, train
 from jaxcomp.feedback import AQSGD
 from jaxcomp.spec import parse_boundary, parse_scheme
 
@@ -64,6 +64,11 @@ def parser_for(exp: Experiment) -> argparse.ArgumentParser:
   p.add_argument("--resume", action="store_true", help="continue from this run's latest checkpoint")
   p.add_argument("--init-from", help="baseline run folder (with ckpt/) for warm starts (baseN presets)")
   p.add_argument("--no-progress", action="store_true", help="no progress bar")
+  multi = p.add_argument_group("multi-process runs (one process per host; SLURM, Open MPI and Cloud TPU pods "
+                               "are detected without these flags)")
+  multi.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (jax.distributed)")
+  multi.add_argument("--num-processes", type=int, help="number of processes in the run")
+  multi.add_argument("--process-id", type=int, help="this process's index, 0..N-1")
   exp.add_flags(p)
   return p
 
@@ -145,6 +150,7 @@ def main(exp: Experiment, argv=None):
       print(f"{name:24s} {overrides}")
     return None
   try:
+    distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     config = resolve(exp, args)
   except ValueError as err:
     sys.exit(f"error: {err}")

@@ -55,17 +55,17 @@ def build(config):
     base = getattr(gpt2.GPT2Config, config["model"])()
     cfg, params = gpt2.GPT2Config(**{**base.__dict__, "vocab_size": data.vocab_size,
                                      "n_positions": max(base.n_positions, config["block_size"])}), None
-  bs = config["batch_size"]
-  steps = batching.num_batches(len(train_blocks), bs) * config["epochs"]
+  bs, shards = config["batch_size"], config.get("data_parallel") or 1
+  steps = batching.num_batches(len(train_blocks), bs, shards) * config["epochs"]
   schedule = optax.linear_schedule(config["lr"], 0.0, steps)
   optimizer = optax.adamw(schedule, weight_decay=config["weight_decay"])
   boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=len(train_blocks))
   pipe = Pipeline(gpt2.gpt2_stages(cfg, s), boundary, losses.language_model, "tokens", config["microbatches"],
                   tied=gpt2.gpt2_tied(s), grad_clip_norm=config["grad_clip"])
-  example = next(text.train_batches(data, bs, config["seed"], 0))
+  example = next(text.train_batches(data, bs, config["seed"], 0, shards))
   return pipe, optimizer, train.Data(
-      train_batches=lambda epoch: text.train_batches(data, bs, config["seed"], epoch),
-      steps_per_epoch=batching.num_batches(len(train_blocks), bs),
+      train_batches=lambda epoch: text.train_batches(data, bs, config["seed"], epoch, shards),
+      steps_per_epoch=batching.num_batches(len(train_blocks), bs, shards),
       eval_batches=lambda: text.eval_batches(data, bs), example_batch=example, name=data.name,
       eval_summary=losses.with_perplexity), params
 

@@ -52,17 +52,17 @@ def build(config):
   train_split = _subset(data.train, config.get("train_examples"))
   test_split = _subset(data.test, config.get("eval_examples"))
   data = cifar10.ImageData(data.name, train_split, test_split)
-  bs = config["batch_size"]
-  steps_per_epoch = batching.num_batches(len(train_split["label"]), bs)
+  bs, shards = config["batch_size"], config.get("data_parallel") or 1
+  steps_per_epoch = batching.num_batches(len(train_split["label"]), bs, shards)
   schedule = optax.cosine_decay_schedule(config["lr"], config["cosine_epochs"] * steps_per_epoch)
   optimizer = optax.chain(optax.add_decayed_weights(config["weight_decay"]),
                           optax.sgd(schedule, momentum=config["momentum"]))
   boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=len(train_split["label"]))
   stages = resnet.resnet18_stages(resnet.ResNet18Config(width=config["width"]), config["stages"])
   pipe = Pipeline(stages, boundary, losses.classification, "image", config["microbatches"])
-  example = next(cifar10.train_batches(data, bs, config["seed"], 0))
+  example = next(cifar10.train_batches(data, bs, config["seed"], 0, shards))
   return pipe, optimizer, train.Data(
-      train_batches=lambda epoch: cifar10.train_batches(data, bs, config["seed"], epoch),
+      train_batches=lambda epoch: cifar10.train_batches(data, bs, config["seed"], epoch, shards),
       steps_per_epoch=steps_per_epoch, eval_batches=lambda: cifar10.eval_batches(data, bs),
       example_batch=example, name=data.name), None
 

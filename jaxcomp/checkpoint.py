@@ -1,50 +1,184 @@
-"""Orbax checkpoints of a whole run: train state plus a JSON run position.
+"""Orbax checkpoints of a whole run, in one layout for every executor, verified on restore.
 
-Two items per saved epoch: `model` (step, PRNG key data, params, model state, optimizer
-state) and `compression` (every link table and the data-parallel gradient state), so a warm
-start ("baseN") can take the model of a differently compressed baseline run; plus `meta`
-(epoch, history, config); plus `host` when an executor keeps state outside the TrainState
-(host-memory AQ-SGD tables, `hostbuffer.HostBuffered.host_state`): numpy arrays, restored
-in place. Restoring onto an abstract target brings back exact dtypes, shapes and NamedTuple
-structure.
+Checkpoints hold the *simulate layout* (`pipeline.TrainState` of the global batch, as numpy
+values), so any executor, mesh shape or process count resumes or warm-starts from any other:
+`simulate_layout` converts an executor's state into it, `executor_layout` back. Slot-row
+tables of D data shards are their rows concatenated in shard order; a per-example (AQ-SGD)
+table takes example i's row from its shard (`batching.shard_of`).
+
+Items per saved epoch: `model` (step, PRNG key data, params, model state, optimizer state),
+`compression` (every link table; a warm start ("baseN") takes only `model`), `meta` (JSON:
+epoch, history, and per item `arrays`: the dtype, shape and SHA-256 of every array), `host` when an
+executor keeps state outside the TrainState (host-memory AQ-SGD tables), `executor` for
+rows only an executor's own layout holds (gpipe: the data-parallel exchange state and the
+per-stage optimizer rows), restored when the fresh state's rows have the same shapes.
+A checkpoint whose files do not read back or whose arrays do not match their checksums is
+corrupt: `restore_latest` then falls back to the newest intact one, with a warning.
 """
+import hashlib
+import warnings
+
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
-from jaxcomp.pipeline import TrainState
+from jaxcomp import distributed, pipeline as pl
+from jaxcomp.boundary import LinkState
+from jaxcomp.data import batching
 
 
-def _model(state: TrainState):
-  return (state.step, jax.random.key_data(state.rng), state.params, state.model_state, state.opt_state)
+class CorruptCheckpointError(RuntimeError):
+  """A checkpoint's files are unreadable or its arrays do not match their checksums."""
 
 
-def _abstract(tree):
-  return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+def to_host(tree):
+  """numpy values of every array in `tree`, gathered from every process (PRNG keys as key data)."""
+  def value(x):
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x = jax.random.key_data(x)
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+  return jax.tree.map(value, tree)
+
+
+def describe(tree) -> list[list]:
+  """[dtype, shape, SHA-256 of the bytes] of each array, in tree-flatten order."""
+  def entry(a):
+    a = np.asarray(a)
+    return [a.dtype.str, list(a.shape), hashlib.sha256(a.tobytes()).hexdigest()]  # tobytes: C order
+  return [entry(a) for a in jax.tree.leaves(tree)]
+
+
+def shapes(tree) -> list[list]:
+  """[dtype, shape] of each array (the first two fields of `describe`)."""
+  return [[np.dtype(a.dtype).str, list(np.shape(a))] for a in jax.tree.leaves(tree)]
+
+
+# ------------------------------------------------------------------ layouts
+def _shard_links(pipe, links, shards: int, shard: int):
+  """The link tables one data shard holds: its B/D slot rows; the rows of its own examples
+  in per-example tables (zero elsewhere, as training leaves them)."""
+  def field(name):
+    scheme = pipe.boundary.fwd if name.startswith("fwd") else pipe.boundary.bwd
+    if getattr(scheme, "keyed_by_example", False):
+      def own(t):
+        mine = batching.shard_of(np.arange(len(t)), shards) == shard
+        return np.where(mine.reshape(-1, *[1] * (t.ndim - 1)), t, np.zeros((), t.dtype))
+      return own
+    return lambda t: t[shard * (len(t) // shards): (shard + 1) * (len(t) // shards)]
+  return tuple(LinkState(*(jax.tree.map(field(n), getattr(link, n)) for n in LinkState._fields)) for link in links)
+
+
+def _merge_links(pipe, per_shard):
+  """Inverse of `_shard_links` over all shards: slot rows concatenated, example rows from their shard."""
+  shards = len(per_shard)
+
+  def field(name):
+    scheme = pipe.boundary.fwd if name.startswith("fwd") else pipe.boundary.bwd
+    if getattr(scheme, "keyed_by_example", False):
+      def merge(*tables):
+        owner = batching.shard_of(np.arange(len(tables[0])), shards)
+        return np.choose(owner.reshape(-1, *[1] * (tables[0].ndim - 1)), tables)
+      return merge
+    return lambda *tables: np.concatenate(tables)
+
+  return tuple(LinkState(*(jax.tree.map(field(n), *[getattr(links[b], n) for links in per_shard])
+                           for n in LinkState._fields)) for b in range(len(per_shard[0])))
+
+
+def _local(batch, shards):
+  return jax.tree.map(lambda x: x[: len(x) // shards], batch)
+
+
+def _shard_rows(tables, shards, shard):
+  """Data shard `shard`'s rows of [S, D*rows, F] executor tables."""
+  return jax.tree.map(lambda t: t[:, shard * (t.shape[1] // shards): (shard + 1) * (t.shape[1] // shards)], tables)
+
+
+def simulate_layout(executor, pipe, optimizer, state, batch) -> pl.TrainState:
+  """The executor's train state in the simulate layout of the global `batch`: numpy values,
+  PRNG key as key data. An executor with `unstack` (gpipe) is converted shard by shard; its
+  `grad_state` becomes its own rows: {"grad_state": data-parallel exchange state,
+  "opt_state": per-stage optimizer rows} (see `executor_layout`)."""
+  flat = to_host(state)
+  if not hasattr(executor, "unstack"):
+    return flat
+  shards = executor.data
+  template = pl.init_state(pipe, optimizer, jax.random.key(0), _local(batch, shards))
+  typed = flat._replace(rng=jax.random.wrap_key_data(flat.rng, impl=jax.random.key_impl(state.rng)))
+  per_shard = [to_host(executor.unstack(pipe, optimizer, typed._replace(links=_shard_rows(flat.links, shards, d)),
+                                        batch, template)) for d in range(shards)]
+  return per_shard[0]._replace(rng=flat.rng, links=_merge_links(pipe, [s.links for s in per_shard]),
+                               grad_state=_own_rows(executor, flat))
+
+
+def _own_rows(executor, state):
+  """What only the executor's layout holds (kept in the simulate layout's `grad_state`)."""
+  if not hasattr(executor, "stack"):
+    return state.grad_state
+  return {"grad_state": state.grad_state, "opt_state": state.opt_state}
+
+
+def executor_layout(executor, pipe, optimizer, saved: pl.TrainState, batch, like):
+  """Inverse of `simulate_layout`: `saved` placed as the executor keeps it. `like` is the
+  executor's fresh state; its own rows (`_own_rows`) are replaced by the saved ones when
+  these have the same shapes (same executor and stage count), so such a resume is exact."""
+  own = _own_rows(executor, like)
+  rows = saved.grad_state if _same_shapes(saved.grad_state, own) else to_host(own)
+  saved = saved._replace(rng=jax.random.wrap_key_data(saved.rng, impl=jax.random.key_impl(like.rng)))
+  if not hasattr(executor, "stack"):
+    return jax.device_put(saved._replace(grad_state=rows))
+  shards = executor.data
+  flats = [to_host(executor.stack(pipe, optimizer, saved._replace(links=_shard_links(pipe, saved.links, shards, d)),
+                                  batch)) for d in range(shards)]
+  links = jax.tree.map(lambda *per_shard: np.concatenate(per_shard, axis=1),
+                       *[_shard_rows(f.links, shards, d) for d, f in enumerate(flats)])
+  flat = flats[0]._replace(rng=saved.rng, links=links, **rows)
+  return distributed.put_global(flat, jax.tree.map(lambda x: x.sharding, like))
+
+
+def _same_shapes(a, b) -> bool:
+  return jax.tree.structure(a) == jax.tree.structure(b) and shapes(a) == shapes(b)
+
+
+# ------------------------------------------------------------------ files
+def _model(state: pl.TrainState):
+  return (state.step, state.rng, state.params, state.model_state, state.opt_state)
+
+
+def _like(tree):
+  return jax.tree.map(lambda x: np.zeros(np.shape(x), x.dtype), tree)
 
 
 class Checkpointer:
   """Saves one checkpoint per epoch under `directory`, keeping the newest `keep` and every
-  `keep_period`-th epoch (the baselines that "baseN" warm starts take, N = 10, 20, ...)."""
+  `keep_period`-th epoch (the baselines that "baseN" warm starts take, N = 10, 20, ...).
+
+  `save` and `restore` take simulate-layout states (see `simulate_layout`) with the PRNG key
+  as key data; every process calls them together."""
 
   def __init__(self, directory, keep: int = 2, keep_period: int = 10):
+    self.directory = directory
     self.manager = ocp.CheckpointManager(
         directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, keep_period=keep_period, create=True))
 
-  def save(self, epoch: int, state: TrainState, meta: dict, host_state=None):
+  def save(self, epoch: int, state: pl.TrainState, meta: dict, host_state=None):
     """`host_state`: numpy arrays kept outside `state` (or None), saved as the `host` item.
 
     A checkpoint already saved for `epoch` (the epoch was unfinished then) is replaced.
     """
-    items = dict(model=ocp.args.StandardSave(_model(state)),
-                 compression=ocp.args.StandardSave((state.links, state.grad_state)),
-                 meta=ocp.args.JsonSave(meta))
+    state = to_host(state)
+    arrays = {"model": _model(state), "compression": state.links, "executor": state.grad_state}
     if host_state is not None:
-      items["host"] = ocp.args.StandardSave([np.asarray(a) for a in host_state])
+      arrays["host"] = [np.asarray(a) for a in host_state]
+    meta = {**meta, "arrays": {name: describe(tree) for name, tree in arrays.items()}}
+    items = {name: ocp.args.StandardSave(tree) for name, tree in arrays.items() if jax.tree.leaves(tree)}
     if epoch in self.manager.all_steps():
       self.manager.delete(epoch)
-    self.manager.save(epoch, args=ocp.args.Composite(**items))
+    self.manager.save(epoch, args=ocp.args.Composite(meta=ocp.args.JsonSave(meta), **items))
     self.manager.wait_until_finished()
 
   def latest_epoch(self) -> int | None:
@@ -53,33 +187,84 @@ class Checkpointer:
   def epochs(self) -> list[int]:
     return list(self.manager.all_steps())
 
-  def restore(self, epoch: int, like: TrainState, model_only: bool = False, host_state=None):
-    """(state, meta) at `epoch`, shaped like `like`; `model_only` keeps like's compression state.
+  def restore(self, epoch: int, like: pl.TrainState, model_only: bool = False, host_state=None):
+    """(state, meta) at `epoch`: numpy values shaped like the simulate-layout `like` (PRNG key
+    as key data); `model_only` keeps like's compression state.
 
     Unless `model_only`, the saved `host` item is copied into the arrays `host_state`, which
-    must be given exactly when the checkpoint has one.
+    must be given exactly when the checkpoint has one. CorruptCheckpointError if the files do
+    not read back or an array does not match its checksum (nothing is copied then).
     """
     if epoch not in self.manager.all_steps():
-      raise FileNotFoundError(f"no checkpoint for epoch {epoch} in {self.manager.directory}; "
-                              f"saved epochs: {self.epochs()}")
-    items = dict(model=ocp.args.StandardRestore(_abstract(_model(like))), meta=ocp.args.JsonRestore())
+      raise FileNotFoundError(f"no checkpoint for epoch {epoch} in {self.directory}; saved epochs: {self.epochs()}")
+    like = to_host(like)
+    meta = self._meta(epoch)
+    targets = {"model": _model(like)}
     if not model_only:
-      saved_host = "host" in self.manager.item_metadata(epoch)
+      saved_host = "host" in meta["arrays"]
       if saved_host != (host_state is not None):
         with_or_without = "with" if saved_host else "without"
-        raise ValueError(f"the checkpoint of epoch {epoch} in {self.manager.directory} was saved {with_or_without} "
+        raise ValueError(f"the checkpoint of epoch {epoch} in {self.directory} was saved {with_or_without} "
                          f"host state (AQ-SGD tables in host memory); restore it {with_or_without} host state too")
-      items["compression"] = ocp.args.StandardRestore(_abstract((like.links, like.grad_state)))
+      targets["compression"] = like.links
       if saved_host:
-        items["host"] = ocp.args.StandardRestore(_abstract(list(host_state)))
-    out = self.manager.restore(epoch, args=ocp.args.Composite(**items))
-    if "host" in items:
-      for array, saved in zip(host_state, out.host):
+        targets["host"] = list(host_state)
+    for name, tree in targets.items():
+      if shapes(tree) != [entry[:2] for entry in meta["arrays"].get(name, [])]:
+        raise ValueError(f"the checkpoint of epoch {epoch} in {self.directory} holds {name} arrays of other shapes "
+                         "than this run's (another model, width or compression spec?); start from a matching run")
+    out = self._arrays(epoch, targets, meta)
+    if "host" in targets:
+      for array, saved in zip(host_state, out["host"]):
         array[...] = saved
-    step, rng, params, model_state, opt_state = out.model
-    links, grad_state = (like.links, like.grad_state) if model_only else out.compression
-    state = TrainState(step, jax.random.wrap_key_data(rng), params, model_state, opt_state, links, grad_state)
-    return state, out.meta
+    step, rng, params, model_state, opt_state = out["model"]
+    links = like.links if model_only else out["compression"]
+    grad_state = self._executor_rows(epoch, like.grad_state, meta) if not model_only else like.grad_state
+    return pl.TrainState(step, rng, params, model_state, opt_state, links, grad_state), meta
+
+  def _executor_rows(self, epoch, like, meta):
+    """The saved `executor` item if it has like's shapes, else `like`."""
+    if not jax.tree.leaves(like) or shapes(like) != [entry[:2] for entry in meta["arrays"].get("executor", [])]:
+      return like
+    return self._arrays(epoch, {"executor": like}, meta)["executor"]
+
+  def _meta(self, epoch):
+    """The JSON meta of `epoch`; CorruptCheckpointError if it is unreadable or lacks the array list."""
+    try:
+      meta = self.manager.restore(epoch, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    except Exception as err:  # noqa: BLE001 - any failure to read the file is corruption
+      raise self._corrupt(epoch, f"its meta does not read back ({type(err).__name__})") from err
+    if not isinstance(meta, dict) or "arrays" not in meta:
+      raise self._corrupt(epoch, "its meta lacks the array checksums")
+    return meta
+
+  def _arrays(self, epoch, targets: dict, meta):
+    """Items `targets` (trees of arrays to take the shapes of) read back and checked against their checksums."""
+    stored = {name: tree for name, tree in targets.items() if jax.tree.leaves(tree)}  # empty items are not saved
+    try:
+      out = {**targets, **self.manager.restore(epoch, args=ocp.args.Composite(
+          **{name: ocp.args.StandardRestore(_like(tree)) for name, tree in stored.items()}))} if stored else targets
+    except Exception as err:  # noqa: BLE001 - shapes were checked: a failure to read is corruption
+      raise self._corrupt(epoch, f"its arrays do not read back ({type(err).__name__})") from err
+    for name in targets:
+      if describe(out[name]) != meta["arrays"][name]:
+        raise self._corrupt(epoch, f"its {name} arrays do not match their checksums")
+    return out
+
+  def _corrupt(self, epoch, why):
+    return CorruptCheckpointError(f"the checkpoint of epoch {epoch} in {self.directory} is corrupt: {why}")
+
+  def restore_latest(self, like: pl.TrainState, host_state=None):
+    """(epoch, state, meta) of the newest intact checkpoint, warning about each corrupt newer one;
+    None when there is no checkpoint; CorruptCheckpointError when none is intact."""
+    for epoch in sorted(self.epochs(), reverse=True):
+      try:
+        return (epoch, *self.restore(epoch, like, host_state=host_state))
+      except CorruptCheckpointError as err:
+        warnings.warn(f"{err}; trying the previous checkpoint", stacklevel=2)
+    if self.epochs():
+      raise CorruptCheckpointError(f"no intact checkpoint in {self.directory} (epochs {self.epochs()} are all corrupt)")
+    return None
 
   def close(self):
     self.manager.close()

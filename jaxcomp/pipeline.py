@@ -160,7 +160,7 @@ def boundary_shapes(pipe: Pipeline, params, model_state, microbatch):
 
 def available_memory_bytes() -> int:
   """Free memory of the default device (accelerator limit, or host RAM on CPU)."""
-  stats = jax.devices()[0].memory_stats() or {}
+  stats = jax.local_devices()[0].memory_stats() or {}
   if "bytes_limit" in stats:
     return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")

@@ -4,7 +4,11 @@ Per epoch: train with a progress bar (AQ-SGD warm-up epochs in Mode.WARMUP), eva
 compression on and off, record loss/metrics, bytes on the wire (per compressed step, the
 epoch's total and the run's average per step) and steps/s, save
 an Orbax checkpoint, hand the history to `on_epoch` (results writing). A NaN/Inf loss stops
-the run at once with `NonFiniteLossError`; the last good checkpoint is never overwritten.
+the run at once with `NonFiniteLossError`; the last good checkpoint is never overwritten, and
+an epoch whose evaluation loss is NaN/Inf is not checkpointed (its record is written, then
+the run stops the same way). Checkpoints hold the simulate layout (`checkpoint.simulate_layout`),
+so a run resumes or warm-starts from one of any executor, mesh shape or process count; resume
+takes the newest intact checkpoint, warning about corrupt newer ones.
 Resume restores the latest checkpoint; data order, keys and every state continue exactly,
 also from an epoch that `RunConfig.steps` cut short (its checkpoint records how many of the
 epoch's batches were done and their losses; the resumed run finishes that epoch).
@@ -19,6 +23,11 @@ serve the last (AQ-SGD tables in host memory): a train step with `takes_next_ids
 step(state, batch, next_ids) with the next batch's ids in the epoch (None after its last), so
 it can prefetch; an executor's `host_state` (numpy arrays outside the TrainState) is saved
 with every checkpoint and restored in place on resume.
+
+Multi-process (`distributed.initialize`): every process runs `fit` with the same data; an
+executor with a `mesh` gets each batch as a global array of which each process transfers only
+its own data shards' rows; checkpoints are written by all processes together; `on_epoch`
+(results files) and the progress bar run on process 0 only.
 """
 import dataclasses
 import itertools
@@ -26,10 +35,11 @@ import math
 import time
 from typing import Any, Callable, Iterator
 
+import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxcomp import pipeline as pl
+from jaxcomp import checkpoint, distributed, pipeline as pl
 from jaxcomp.boundary import Mode
 from jaxcomp.feedback import AQSGD
 from jaxcomp.checkpoint import Checkpointer
@@ -95,12 +105,13 @@ class FirstVisits:
       self.seen[np.asarray(ids)] = True
 
 
-def evaluate(eval_step, state, batches, summary: Callable[[dict], dict] = dict) -> dict:
-  """summary(metrics averaged over the evaluation set, weighted by batch size)."""
+def evaluate(eval_step, state, batches, summary: Callable[[dict], dict] = dict, place=lambda b: b) -> dict:
+  """summary(metrics averaged over the evaluation set, weighted by batch size); `place` puts a
+  batch where the step reads it."""
   totals, count = {}, 0
   for batch in batches:
     n = len(next(iter(batch.values())))
-    for k, v in eval_step(state, batch).items():
+    for k, v in eval_step(state, place(batch)).items():
       totals[k] = totals.get(k, 0.0) + float(v) * n
     count += n
   return summary({k: v / count for k, v in totals.items()})
@@ -116,11 +127,25 @@ def _with_next(batches):
     current = following
 
 
-def _train_step(step, state, batch, following):
-  """step(state, batch), plus the next batch's ids for steps that prefetch (`takes_next_ids`)."""
+def _train_step(step, state, batch, following, place):
+  """step(state, placed batch), plus the next batch's ids for steps that prefetch (`takes_next_ids`)."""
   if getattr(step, "takes_next_ids", False):
-    return step(state, batch, None if following is None else following["id"])
-  return step(state, batch)
+    return step(state, place(batch), None if following is None else following["id"])
+  return step(state, place(batch))
+
+
+def batch_placement(executor) -> Callable[[dict], dict]:
+  """How batches reach an executor: split over its mesh's data axis when its mesh spans
+  processes (each process transfers its own shards), else as they are."""
+  mesh = getattr(executor, "mesh", None)
+  if mesh is None or jax.process_count() == 1:
+    return lambda batch: batch
+  return lambda batch: distributed.global_batch(batch, mesh)
+
+
+def _last_good(ckpt) -> str:
+  last = ckpt.latest_epoch() if ckpt else None
+  return f"Last good checkpoint: {f'epoch {last} in {ckpt.directory}' if last is not None else 'none'}"
 
 
 def _step_mode(visits: FirstVisits, epoch_mode: Mode, batch) -> Mode:
@@ -134,7 +159,9 @@ def _step_mode(visits: FirstVisits, epoch_mode: Mode, batch) -> Mode:
 
 def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
         on_epoch: Callable[[list[dict]], Any] | None = None, initial_params=None):
-  """Trains `pipe` (from `initial_params`, e.g. pretrained, if given); returns (state, history)."""
+  """Trains `pipe` (from `initial_params`, e.g. pretrained, if given); returns (state, history).
+
+  `on_epoch(history)` runs on process 0 only."""
   state = executor.init_state(pipe, optimizer, rng, data.example_batch, initial_params)
   host_state = getattr(executor, "host_state", None)
   ckpt = Checkpointer(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
@@ -143,8 +170,12 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     raise ValueError(f"{cfg.checkpoint_dir} already holds checkpoints (epochs {ckpt.epochs()}); resume the run "
                      "or give the new run another name/folder (nothing was overwritten)")
   done_losses = []  # of the first epoch to run, when a resumed run is inside it
-  if cfg.resume and ckpt and ckpt.latest_epoch() is not None:
-    state, meta = ckpt.restore(ckpt.latest_epoch(), state, host_state=host_state)
+  to_layout = lambda s: checkpoint.simulate_layout(executor, pipe, optimizer, s, data.example_batch)
+  from_layout = lambda saved: checkpoint.executor_layout(executor, pipe, optimizer, saved, data.example_batch, state)
+  found = ckpt.restore_latest(to_layout(state), host_state) if cfg.resume and ckpt and ckpt.epochs() else None
+  if found:
+    _, saved, meta = found
+    state = from_layout(saved)
     history, start_epoch = meta["history"], meta["epoch"]
     done_losses = meta.get("epoch_losses", [])
     if done_losses:
@@ -152,12 +183,14 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
   elif cfg.init_from:
     directory, epoch = cfg.init_from
     baseline = Checkpointer(directory)
-    state, meta = baseline.restore(epoch, state, model_only=True)
+    saved, meta = baseline.restore(epoch, to_layout(state), model_only=True)
+    state = from_layout(saved)
     baseline.close()
     if meta.get("epoch_losses"):
       raise ValueError(f"the checkpoint of epoch {epoch} in {directory} holds an unfinished epoch "
                        f"({len(meta['epoch_losses'])} of its batches); warm-start from a finished one")
     start_epoch = epoch
+  place, main = batch_placement(executor), distributed.is_main_process()
   wire = {m: executor.wire_bytes_per_step(pipe, data.example_batch, m) for m in (Mode.TRAIN, Mode.WARMUP)}
   steps = {}
   eval_steps = {c: executor.make_eval_step(pipe, c) for c in (True, False)}
@@ -188,23 +221,21 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     if cfg.steps is not None:
       todo = min(todo, cfg.steps - global_step)
     bar = tqdm(total=data.steps_per_epoch, initial=skip, desc=f"epoch {epoch + 1}/{cfg.epochs}",
-               disable=not cfg.progress, leave=False)
+               disable=not (cfg.progress and main), leave=False)
     timed_steps, start = 0, None
     batches = _with_next(itertools.islice(data.train_batches(epoch), skip, skip + todo))
     for i, (batch, following) in enumerate(batches, start=skip):
       step_mode = _step_mode(visits, mode, batch)
       if step_mode not in steps:
         steps[step_mode] = executor.make_train_step(pipe, optimizer, step_mode)
-      state, metrics = _train_step(steps[step_mode], state, batch, following)
+      state, metrics = _train_step(steps[step_mode], state, batch, following, place)
       count(step_mode)
       loss = float(metrics["loss"])
       if not math.isfinite(loss):
         bar.close()
-        last = ckpt.latest_epoch() if ckpt else None
         raise NonFiniteLossError(
             f"training loss is {loss} at epoch {epoch + 1}, step {i + 1} of the epoch (global step "
-            f"{global_step + 1}); stopped. Last good checkpoint: "
-            f"{f'epoch {last} in {cfg.checkpoint_dir}' if last is not None else 'none'}")
+            f"{global_step + 1}); stopped. {_last_good(ckpt)}")
       losses.append(loss)
       global_step += 1
       if start is None:
@@ -219,8 +250,8 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     record = {
         "epoch": epoch + 1, "step": global_step, "mode": mode.value, "epoch_batches": len(losses),
         "train_loss": float(np.mean(losses)) if losses else float("nan"),
-        "eval_on": evaluate(eval_steps[True], state, data.eval_batches(), data.eval_summary),
-        "eval_off": evaluate(eval_steps[False], state, data.eval_batches(), data.eval_summary),
+        "eval_on": evaluate(eval_steps[True], state, data.eval_batches(), data.eval_summary, place),
+        "eval_off": evaluate(eval_steps[False], state, data.eval_batches(), data.eval_summary, place),
         **{f"wire_bytes_{k}": v for k, v in wire[mode].items()},
         "dense_steps": dense_steps,  # warm-up and AQ-SGD first-visit steps (sent uncompressed)
         **{f"epoch_wire_bytes_{k}": v for k, v in sent.items()},
@@ -230,11 +261,16 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     total_steps = sum(r["epoch_batches"] for r in history)
     for k in sent:  # the run so far: warm-up epochs and first visits included
       record[f"avg_wire_bytes_per_step_{k}"] = sum(r[f"epoch_wire_bytes_{k}"] for r in history) / max(total_steps, 1)
-    if ckpt:
+    eval_losses = [record[k].get("loss", 0.0) for k in ("eval_on", "eval_off")]
+    diverged = not all(math.isfinite(v) for v in [record["train_loss"], *eval_losses])
+    if ckpt and not diverged:
       position = {"epoch": epoch + 1} if finished else {"epoch": epoch, "epoch_losses": losses}
-      ckpt.save(epoch + 1, state, {**position, "history": history}, host_state)
-    if on_epoch:
+      ckpt.save(epoch + 1, to_layout(state), {**position, "history": history}, host_state)
+    if on_epoch and main:
       on_epoch(history)
+    if diverged:
+      raise NonFiniteLossError(f"epoch {epoch + 1} ends with train loss {record['train_loss']}, evaluation losses "
+                               f"{eval_losses}; stopped without checkpointing it. {_last_good(ckpt)}")
   if ckpt:
     ckpt.close()
   return state, history

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 import jaxcomp
-from jaxcomp import hostbuffer, results, simulate, train
+from jaxcomp import checkpoint, gpipe, hostbuffer, results, simulate, train
 from jaxcomp.checkpoint import Checkpointer
 from jaxcomp.data import batching
 from jaxcomp.models.mlp import mlp_stages
@@ -18,9 +18,9 @@ X = RNG.normal(size=(N, 6)).astype(np.float32)
 ARRAYS = {"x": X, "label": (X[:, 0] > 0).astype(np.int32)}
 
 
-def _data(poison_epoch=None):
+def _data(poison_epoch=None, shards=1):
   def batches(epoch):
-    for batch in batching.iterate(ARRAYS, B, seed=3, epoch=epoch):
+    for batch in batching.iterate(ARRAYS, B, seed=3, epoch=epoch, shards=shards):
       if epoch == poison_epoch:
         batch = {**batch, "x": batch["x"] * np.nan}
       yield batch
@@ -243,3 +243,133 @@ def test_aqsgd_examples_missed_by_warmup_are_sent_dense_and_counted(tmp_path):
                                                    + (2 - first_visits) * wire[train.Mode.TRAIN][k])
     assert history[1][f"avg_wire_bytes_per_step_{k}"] == (history[0][f"epoch_wire_bytes_{k}"]
                                                          + history[1][f"epoch_wire_bytes_{k}"]) / 4
+
+
+# ---------------------------------------------------------------- checkpoints: integrity, one layout
+def _saved_twice(tmp_path):
+  """The same state saved as epochs 1 and 2; 128-wide layers make array files hold raw data."""
+  pipe = jaxcomp.Pipeline(mlp_stages(128, 2, 3), _pipe().boundary, jaxcomp.losses.classification, "x", microbatches=2)
+  state = checkpoint.to_host(simulate.init_state(pipe, OPT, jax.random.key(0), _data().example_batch))
+  ckpt = Checkpointer(tmp_path)
+  for epoch in (1, 2):
+    ckpt.save(epoch, state, {"epoch": epoch, "history": []})
+  return state
+
+
+def _model_files(tmp_path):
+  return [p for p in (tmp_path / "2" / "model").rglob("*") if p.is_file() and p.parent.name == "d"]
+
+
+def _damage_truncate(tmp_path):
+  for f in _model_files(tmp_path):
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+def _damage_flip(tmp_path):
+  """64 bytes flipped in the middle of the largest array file: Orbax alone restores it silently."""
+  f = max(_model_files(tmp_path), key=lambda f: f.stat().st_size)
+  data = bytearray(f.read_bytes())
+  mid = len(data) // 2
+  data[mid: mid + 64] = bytes(b ^ 0xFF for b in data[mid: mid + 64])
+  f.write_bytes(bytes(data))
+
+
+def _damage_empty_meta(tmp_path):
+  (tmp_path / "2" / "meta" / "metadata").write_text("")
+
+
+@pytest.mark.parametrize("damage, why", [(_damage_truncate, "arrays do not read back"),
+                                         (_damage_flip, "model arrays do not match their checksums"),
+                                         (_damage_empty_meta, "meta does not read back")])
+def test_corrupt_checkpoints_are_detected_and_skipped(tmp_path, damage, why):
+  state = _saved_twice(tmp_path)
+  damage(tmp_path)
+  ckpt = Checkpointer(tmp_path)
+  with pytest.raises(checkpoint.CorruptCheckpointError, match=f"checkpoint of epoch 2 .* is corrupt: its {why}"):
+    ckpt.restore(2, state)
+  with pytest.warns(UserWarning, match="epoch 2 .* is corrupt.*; trying the previous checkpoint"):
+    epoch, restored, meta = ckpt.restore_latest(state)
+  assert epoch == 1 and meta["epoch"] == 1
+  _assert_equal(restored, state)
+
+
+def test_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path):
+  _fit(tmp_path, 2)
+  _damage_empty_meta(tmp_path)
+  with pytest.warns(UserWarning, match="epoch 2 .* is corrupt"):  # resumes after epoch 1 and redoes epoch 2
+    _, history = _fit(tmp_path, 2, resume=True)
+  assert [r["epoch"] for r in history] == [1, 2]
+
+
+def test_restore_of_another_model_names_it(tmp_path):
+  _fit(tmp_path, 1)
+  wider = jaxcomp.Pipeline(mlp_stages(16, 2, 3), _pipe().boundary, jaxcomp.losses.classification, "x", microbatches=2)
+  like = simulate.init_state(wider, OPT, jax.random.key(0), _data().example_batch)
+  with pytest.raises(ValueError, match="holds model arrays of other shapes than this run's"):
+    Checkpointer(tmp_path).restore(1, like)
+
+
+def test_epoch_with_non_finite_eval_loss_is_not_checkpointed(tmp_path):
+  good = _data()
+  poisoned = lambda: ({**b, "x": b["x"] * np.inf} for b in good.eval_batches())
+  data = train.Data(good.train_batches, good.steps_per_epoch, poisoned, good.example_batch, "toy")
+  with pytest.raises(train.NonFiniteLossError, match=r"epoch 1 ends with .*evaluation losses \[nan.*without "
+                                                     r"checkpointing it. Last good checkpoint: none"):
+    _fit(tmp_path, 2, data=data)
+  assert Checkpointer(tmp_path).epochs() == []
+
+
+def _layout_parts(state):
+  """What every layout holds the same (the optimizer state converts once stack/unstack carry it)."""
+  return (state.step, state.rng, state.params, state.model_state, state.links)
+
+
+@pytest.mark.parametrize("stages_data", [(3, 1), (3, 2)])
+def test_checkpoint_layout_round_trips_through_gpipe(tmp_path, stages_data):
+  """A simulate checkpoint placed on a (data, stage) mesh and converted back is unchanged,
+  AQ-SGD rows and slot rows of every data shard included."""
+  _fit(tmp_path, 2)
+  pipe, batch = _pipe(), _data().example_batch
+  saved, _ = Checkpointer(tmp_path).restore(2, checkpoint.to_host(simulate.init_state(pipe, OPT, jax.random.key(0), batch)))
+  assert np.abs(saved.links[0].fwd_send.buffer).max() > 0  # AQ-SGD rows
+  assert any(np.abs(leaf).max() > 0 for leaf in jax.tree.leaves(saved.links[0][2:]))  # EF slot rows
+  ex = gpipe.GPipe(gpipe.make_mesh(*stages_data))
+  placed = checkpoint.executor_layout(ex, pipe, OPT, saved, batch, ex.init_state(pipe, OPT, jax.random.key(1), batch))
+  if ex.data > 1:  # each data shard holds only its own examples' AQ-SGD rows
+    table = np.asarray(placed.links.fwd_send.buffer)[0]
+    for d in range(ex.data):
+      others = batching.shard_of(np.arange(N), ex.data) != d
+      assert not table[d * N: (d + 1) * N][others].any() and table[d * N: (d + 1) * N][~others].any()
+  back = checkpoint.simulate_layout(ex, pipe, OPT, placed, batch)
+  _assert_equal(_layout_parts(back), _layout_parts(saved))
+
+
+def test_warm_starts_and_resumes_across_executors(tmp_path):
+  """simulate baseline -> GPipe warm start; GPipe (3 x 2) baseline -> simulate warm start and
+  a GPipe (3 x 1) resume of it."""
+  baseline, batch = _pipe("none", "none"), _data().example_batch
+  runs = {"sim": simulate, "gp32": gpipe.GPipe(gpipe.make_mesh(3, 2)), "gp31": gpipe.GPipe(gpipe.make_mesh(3, 1))}
+  for name in ("sim", "gp32"):
+    _fit(tmp_path / name, 1, pipe=baseline, executor=runs[name])
+  template = checkpoint.to_host(simulate.init_state(baseline, OPT, jax.random.key(0), batch))
+  for base, target in (("sim", "gp32"), ("gp32", "sim"), ("gp32", "gp31")):
+    saved, _ = Checkpointer(tmp_path / base).restore(1, template)
+    resume = base == "gp32" and target == "gp31"
+    directory = tmp_path / base if resume else tmp_path / f"{base}-{target}"
+    kw = {} if resume else {"init_from": (str(tmp_path / base), 1)}
+    state, _ = _fit(directory, 1, resume=resume, pipe=baseline, executor=runs[target], **kw)  # nothing left to train
+    got = checkpoint.simulate_layout(runs[target], baseline, OPT, state, batch)
+    _assert_equal(got.params, saved.params)
+    _assert_equal((got.step, got.rng), (saved.step, saved.rng))
+
+
+def test_gpipe_resumed_run_is_bit_identical(tmp_path):
+  """Through the simulate-layout checkpoint and back: params, optimizer rows, tables, keys (3 stages x 2 data,
+  each example on its data shard in every epoch)."""
+  ex, data = lambda: gpipe.GPipe(gpipe.make_mesh(3, 2)), _data(shards=2)
+  full, full_history = _fit(tmp_path / "a", 2, executor=ex(), data=data)
+  _fit(tmp_path / "b", 1, executor=ex(), data=data)
+  resumed, history = _fit(tmp_path / "b", 2, resume=True, executor=ex(), data=data)
+  _assert_equal(jax.random.key_data(full.rng), jax.random.key_data(resumed.rng))
+  _assert_equal(full._replace(rng=0), resumed._replace(rng=0))
+  assert history[1]["eval_on"] == full_history[1]["eval_on"]

@@ -107,10 +107,10 @@ def augment(images_u8: np.ndarray, rng: np.random.Generator) -> np.ndarray:
   return out
 
 
-def train_batches(data: ImageData, batch_size: int, seed: int, epoch: int):
+def train_batches(data: ImageData, batch_size: int, seed: int, epoch: int, shards: int = 1):
   def prepare(batch, rng):
     return {**batch, "image": normalise(augment(batch["image"], rng))}
-  return batching.iterate(data.train, batch_size, seed, epoch, shuffle=True, transform=prepare)
+  return batching.iterate(data.train, batch_size, seed, epoch, shuffle=True, transform=prepare, shards=shards)
 
 
 def eval_batches(data: ImageData, batch_size: int):

@@ -137,8 +137,8 @@ def load(source: str, block_size: int, data_dir=None, tokenizer_dir=None) -> Tex
                   blocks(tok.encode(text["validation"]), block_size), tok.vocab_size)
 
 
-def train_batches(data: TextData, batch_size: int, seed: int, epoch: int):
-  return batching.iterate({"tokens": data.train}, batch_size, seed, epoch, shuffle=True)
+def train_batches(data: TextData, batch_size: int, seed: int, epoch: int, shards: int = 1):
+  return batching.iterate({"tokens": data.train}, batch_size, seed, epoch, shuffle=True, shards=shards)
 
 
 def eval_batches(data: TextData, batch_size: int):
