@@ -1,8 +1,9 @@
 """What every experiment shares: the CLI, presets, executor choice and result writing.
 
-An experiment module defines its recipe (defaults), a preset table (paper row -> overrides)
-and `build(config) -> (Pipeline, optimizer, train.Data)`; `main` does the rest. Precedence:
-recipe < preset < explicit flags.
+An experiment module defines its recipes (named defaults, `--recipe`), a preset table (paper
+row -> overrides) and `build(config) -> (Pipeline, optimizer, train.Data)`; `main` does the
+rest. Precedence: recipe < preset < explicit flags; the resolved configuration is printed
+before training.
 """
 import argparse
 import dataclasses
@@ -40,7 +41,8 @@ COMMON_FLAGS = {  # flag -> (type, help); defaults come from the recipe
 @dataclasses.dataclass(frozen=True)
 class Experiment:
   name: str
-  recipe: Callable  # CLI args -> the paper's defaults (offline defaults when no dataset is given)
+  recipes: dict  # recipe name (e.g. "paper", "tiny") -> defaults
+  default_recipe: str
   presets: dict  # preset name -> overrides
   build: Callable  # config dict -> (Pipeline, optimizer, train.Data, initial params or None)
   add_flags: Callable = lambda parser: None  # experiment-specific flags
@@ -51,6 +53,8 @@ def parser_for(exp: Experiment) -> argparse.ArgumentParser:
                               description=f"{exp.name}: presets reproduce the papers' rows")
   p.add_argument("--preset", help="a paper row (see --list-presets)")
   p.add_argument("--list-presets", action="store_true", help="print the presets and exit")
+  p.add_argument("--recipe", choices=list(exp.recipes),
+                 help=f"defaults that presets and flags override (default {exp.default_recipe})")
   for flag, (kind, text) in COMMON_FLAGS.items():
     p.add_argument("--" + flag.replace("_", "-"), type=kind, help=text)
   p.add_argument("--executor", choices=["simulate", "gpipe"], help="one device, or stages across devices")
@@ -68,13 +72,14 @@ def parser_for(exp: Experiment) -> argparse.ArgumentParser:
 
 def resolve(exp: Experiment, args: argparse.Namespace) -> dict:
   """recipe < preset < flags; validates the preset name and the compression specs."""
-  config = dict(exp.recipe(args))
+  config = dict(exp.recipes[args.recipe or exp.default_recipe])
   if args.preset is not None:
     if args.preset not in exp.presets:
       raise ValueError(f"unknown preset {args.preset!r}; valid presets: {', '.join(exp.presets)}")
     config.update(exp.presets[args.preset])
   config.update({k: v for k, v in vars(args).items() if v is not None and v is not False})
   config.pop("list_presets", None)
+  config["recipe"] = args.recipe or exp.default_recipe
   boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=1)  # fail early on a bad spec
   buffers = config.get("aqsgd_buffers", "device")
   if buffers != "device" and not isinstance(boundary.fwd, AQSGD):
@@ -121,6 +126,8 @@ def run(exp: Experiment, config: dict):
                         init_from=init_from, progress=not config.get("no_progress", False))
   print(f"[{exp.name}] run {config['run_name']}: data = {data.name}; fwd {config['fwd']}, bwd {config['bwd']}; "
         f"{pipe.num_stages} stages x {pipe.microbatches} microbatches on {jax.devices()[0].platform}")
+  print(f"[{exp.name}] configuration (recipe {config['recipe']} < preset {config.get('preset')} < flags): "
+        + ", ".join(f"{k}={v}" for k, v in sorted(serializable.items()) if k not in ("data", "recipe", "preset")))
   executor = executor_for(config, pipe, data.example_batch)
   if isinstance(executor, hostbuffer.HostBuffered):
     print(executor.tables.summary)

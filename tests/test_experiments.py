@@ -35,12 +35,29 @@ def test_resnet_presets_smoke(tmp_path, preset):
 def test_gpt2_presets_smoke(tmp_path, preset):
   main(gpt2_wikitext.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *GPT2_TINY])
   run = _result(tmp_path, preset)
-  assert "NOT Wikitext-2" in run["config"]["data"]
-  assert run["config"]["model"] == "tiny"
+  assert run["config"]["data"].startswith("WikiText-2 validation split (tokenized release")
+  assert run["config"]["data"].endswith("articles 1-54 train, 55-60 eval (NOT the papers' WikiText-2 train/test); "
+                                        "byte tokens")
+  assert run["config"]["model"] == "tiny" and run["config"]["recipe"] == "tiny"
   last = run["history"][-1]
   assert last["eval_on"]["perplexity"] > 1 and last["mode"] == ("warmup" if preset.startswith("aqsgd") else "train")
   for which in ("eval_on", "eval_off"):  # corpus perplexity over 2 eval batches: exp(mean token CE)
     assert last[which]["perplexity"] == pytest.approx(math.exp(last[which]["loss"]), rel=1e-12)
+
+
+def test_text_files_with_byte_tokens_and_an_explicit_recipe(tmp_path, capsys):
+  (tmp_path / "train.txt").write_text("".join(f" = Article {i} = \n \n words of article {i} . \n" * 3
+                                              for i in range(10)))
+  (tmp_path / "eval.txt").write_text(" = Held out = \n \n other words . \n" * 20)
+  main(gpt2_wikitext.EXPERIMENT, ["--recipe", "paper", "--model", "tiny", "--tokenizer", "bytes",
+                                  "--train-file", str(tmp_path / "train.txt"), "--valid-file", str(tmp_path / "eval.txt"),
+                                  "--out", str(tmp_path), *GPT2_TINY])
+  out = capsys.readouterr().out
+  assert "configuration (recipe paper < preset None < flags): batch_size=4, block_size=32" in out
+  assert "epochs=4," in out and "lr=5e-05," in out and "model=tiny," in out and "tokenizer=bytes," in out
+  config = _result(tmp_path, "none_none")["config"]
+  assert config["data"] == f"text files {tmp_path / 'train.txt'} (train), {tmp_path / 'eval.txt'} (eval); byte tokens"
+  assert (config["recipe"], config["model"], config["lr"], config["epochs"]) == ("paper", "tiny", 5e-5, 4)
 
 
 def test_gpipe_executor_from_the_cli(tmp_path):
