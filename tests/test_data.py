@@ -43,6 +43,37 @@ def test_cifar10_errors(tmp_path):
     cifar10.load("files")
 
 
+def test_an_explicit_data_dir_loads_or_names_what_it_expected(tmp_path):
+  (tmp_path / "empty").mkdir()
+  for folder in (tmp_path / "empty", tmp_path / "typo"):  # never the synthetic stand-in
+    with pytest.raises(FileNotFoundError, match=f"CIFAR-10 (--data-dir {folder} is not a folder|in {folder}: expected "
+                                                f"{folder / 'cifar-10-batches-py'}/{{data_batch_1,)"):
+      cifar10.load("auto", folder)
+  _write_cifar(tmp_path)
+  path = tmp_path / "cifar-10-batches-py" / "data_batch_3"
+  path.write_bytes(path.read_bytes()[:500])  # truncated download
+  with pytest.raises(ValueError, match=f"{path} is not a CIFAR-10 python batch file \\(UnpicklingError"):
+    cifar10.load("auto", tmp_path)
+  path.write_bytes(pickle.dumps({b"data": np.zeros((3, 3072), np.uint8), b"labels": [1, 2]}))
+  with pytest.raises(ValueError, match=f"{path} holds 3 images but 2 labels"):
+    cifar10.load("files", tmp_path)
+
+
+def test_tfds_cifar10_with_mock_data():
+  """tensorflow-datasets (the `data` extra, plus tensorflow for tfds.load) is not in the `test`
+  extra: this test runs where both are installed and is skipped elsewhere."""
+  tfds = pytest.importorskip("tensorflow_datasets", reason="tensorflow-datasets not installed (pip install -e .[data])")
+  pytest.importorskip("tensorflow", reason="tfds.load(batch_size=-1) needs tensorflow, which is not installed")
+  with tfds.testing.mock_data(num_examples=12):
+    data = cifar10.load("tfds")
+    assert cifar10.load("auto").name == data.name == "CIFAR-10 (tensorflow-datasets)"
+  for split in (data.train, data.test):
+    assert split["image"].shape == (12, 32, 32, 3) and split["image"].dtype == np.uint8
+    assert split["label"].dtype == np.int32 and 0 <= split["label"].min() and split["label"].max() < 10
+  batch = next(cifar10.train_batches(data, 4, 0, 0))
+  assert batch["image"].shape == (4, 32, 32, 3) and batch["image"].dtype == np.float32
+
+
 def test_synthetic_stand_in_is_labelled_and_learnable():
   data = cifar10.synthetic(2000, 500)
   assert "NOT CIFAR-10" in data.name
