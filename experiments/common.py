@@ -38,6 +38,12 @@ COMMON_FLAGS = {  # flag -> (type, help); defaults come from the recipe
 }
 
 
+AT_LEAST_ONE = ("epochs", "steps", "batch_size", "microbatches", "stages", "train_examples", "eval_examples",
+                "data_parallel", "block_size", "width", "init_epoch")
+RESUMABLE = ("epochs", "steps", "resume", "no_progress", "out")  # may change when a run is resumed
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+
 @dataclasses.dataclass(frozen=True)
 class Experiment:
   name: str
@@ -80,6 +86,14 @@ def resolve(exp: Experiment, args: argparse.Namespace) -> dict:
   config.update({k: v for k, v in vars(args).items() if v is not None and v is not False})
   config.pop("list_presets", None)
   config["recipe"] = args.recipe or exp.default_recipe
+  for key in AT_LEAST_ONE:
+    if config.get(key) is not None and config[key] < 1:
+      raise ValueError(f"--{key.replace('_', '-')} must be at least 1, got {config[key]}")
+  if config["lr"] <= 0:
+    raise ValueError(f"--lr must be positive, got {config['lr']}")
+  if config.get("run_name") is not None and not RUN_NAME.fullmatch(config["run_name"]):
+    raise ValueError(f"--run-name {config['run_name']!r} must be one folder name (letters, digits and . _ + -, "
+                     f"not starting with . _ + -), e.g. {re.sub(r'[^A-Za-z0-9._+-]+', '_', config['run_name']).strip('._+-') or 'run1'}")
   boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=1)  # fail early on a bad spec
   buffers = config.get("aqsgd_buffers", "device")
   if buffers != "device" and not isinstance(boundary.fwd, AQSGD):
@@ -110,13 +124,59 @@ def executor_for(config: dict, pipe, example_batch):
                      parse_scheme(grad) if grad else None)
 
 
+def check_batch_size(batch_size: int, train_examples: int, eval_examples: int):
+  """Each split must hold at least one batch (the last partial batch is dropped)."""
+  for split, n, flag in (("training", train_examples, "--train-examples"), ("evaluation", eval_examples,
+                                                                           "--eval-examples")):
+    if batch_size > n:
+      raise ValueError(f"--batch-size {batch_size} is larger than the {split} set ({n} examples); use "
+                       f"--batch-size {n} or less, or a larger {flag}")
+
+
+def check_run_folder(config: dict, run_dir: pathlib.Path):
+  """--resume needs this run's checkpoints, a new run must have none, --init-from needs the
+  baseline's epoch; checked before anything is created."""
+  saved = train.saved_epochs(run_dir / "ckpt")
+  if config.get("resume") and not saved:
+    raise ValueError(f"--resume: run {config['run_name']!r} has no checkpoint in {run_dir / 'ckpt'}; check --out and "
+                     "--run-name, or start the run without --resume")
+  if saved and not config.get("resume"):
+    raise ValueError(f"run {config['run_name']!r} already has checkpoints in {run_dir / 'ckpt'} (epochs {saved}); "
+                     "add --resume to continue it, or give this run another --run-name (nothing was overwritten)")
+  if config.get("init_epoch") and not config.get("resume"):
+    baseline = pathlib.Path(config["init_from"]) / "ckpt"
+    epochs = train.saved_epochs(baseline)
+    if not epochs:
+      raise ValueError(f"--init-from {config['init_from']}: no checkpoints in {baseline}; pass the folder of a "
+                       "baseline run (runs/<experiment>/<run name>)")
+    if config["init_epoch"] not in epochs:
+      raise ValueError(f"--init-from {config['init_from']} has checkpoints of epochs {epochs}, not of --init-epoch "
+                       f"{config['init_epoch']}; pass one of those or train the baseline further")
+
+
+def check_resumed_config(config: dict, results_file: pathlib.Path):
+  """A resumed run must keep its configuration (except RESUMABLE fields): names what changed."""
+  if not results_file.is_file():
+    print(f"note: {results_file} is missing, so the resumed configuration cannot be compared with the original")
+    return
+  before = json.loads(results_file.read_text())["config"]
+  changed = [f"{k} {before.get(k)!r} -> {config.get(k)!r}" for k in sorted(set(before) | set(config))
+             if k not in RESUMABLE and before.get(k) != config.get(k)]
+  if changed:
+    raise ValueError(f"--resume with a changed configuration ({'; '.join(changed)}); resume with the original "
+                     "values, or start a new run with another --run-name")
+
+
 def run(exp: Experiment, config: dict):
   """Builds, trains and writes results after every epoch. Returns (state, history)."""
-  pipe, optimizer, data, initial_params = exp.build(config)
   out = pathlib.Path(config["out"])
   run_dir = out / config["run_name"]
+  check_run_folder(config, run_dir)
+  pipe, optimizer, data, initial_params = exp.build(config)
   serializable = {k: v for k, v in config.items() if isinstance(v, (int, float, str, bool, type(None)))}
   serializable["data"] = data.name
+  if config.get("resume"):
+    check_resumed_config(serializable, out / "results" / f"{config['run_name']}.json")
   write = lambda history: results.write(out / "results", config["run_name"], serializable, history)
   init_from = (str(pathlib.Path(config["init_from"]).resolve() / "ckpt"), config["init_epoch"]) \
       if config.get("init_epoch") else None
@@ -150,7 +210,6 @@ def main(exp: Experiment, argv=None):
       print(f"{name:24s} {overrides}")
     return None
   try:
-    config = resolve(exp, args)
-  except ValueError as err:
-    sys.exit(f"error: {err}")
-  return run(exp, config)
+    return run(exp, resolve(exp, args))
+  except (ValueError, OSError, train.NonFiniteLossError) as err:  # what the user can fix, in one line
+    sys.exit("error: " + " ".join(str(err).split()))

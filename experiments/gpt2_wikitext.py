@@ -74,6 +74,7 @@ def build(config):
   data = text.load(corpus_for(config), tokenizer_for(config), config["block_size"])
   train_blocks = data.train[: config.get("train_examples")]
   eval_blocks = data.validation[: config.get("eval_examples")]
+  common.check_batch_size(config["batch_size"], len(train_blocks), len(eval_blocks))
   data = text.TextData(data.name, train_blocks, eval_blocks, data.vocab_size)
   s = config["stages"]
   if config["pretrained"]:

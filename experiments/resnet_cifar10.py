@@ -54,6 +54,7 @@ def build(config):
   test_split = _subset(data.test, config.get("eval_examples"))
   data = cifar10.ImageData(data.name, train_split, test_split)
   bs = config["batch_size"]
+  common.check_batch_size(bs, len(train_split["label"]), len(test_split["label"]))
   steps_per_epoch = batching.num_batches(len(train_split["label"]), bs)
   schedule = optax.cosine_decay_schedule(config["lr"], config["cosine_epochs"] * steps_per_epoch)
   optimizer = optax.chain(optax.add_decayed_weights(config["weight_decay"]),

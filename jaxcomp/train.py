@@ -17,6 +17,8 @@ with every checkpoint and restored in place on resume.
 import dataclasses
 import itertools
 import math
+import pathlib
+import re
 import time
 from typing import Any, Callable, Iterator
 
@@ -94,32 +96,68 @@ def _train_step(step, state, batch, following):
   return step(state, batch)
 
 
+def saved_epochs(checkpoint_dir) -> list[int]:
+  """The epochs checkpointed in `checkpoint_dir`, oldest first; [] (and nothing created) if it is absent."""
+  if not pathlib.Path(checkpoint_dir).is_dir():
+    return []
+  ckpt = Checkpointer(checkpoint_dir)
+  try:
+    return sorted(ckpt.epochs())
+  finally:
+    ckpt.close()
+
+
+def first_sentence(err: Exception) -> str:
+  """The error's first sentence (Orbax appends advice that does not apply to a wrong warm start)."""
+  return re.split(r"(?<=\.)\s", str(err).strip(), maxsplit=1)[0]
+
+
+def warm_start(state, directory, epoch: int):
+  """(state with the model of the checkpoint of `epoch` in `directory`, epoch): a "baseN" start.
+
+  A missing folder or epoch, an unfinished epoch, or a model of another shape is a ValueError.
+  """
+  epochs = saved_epochs(directory)
+  if epoch not in epochs:
+    raise ValueError(f"warm start: no checkpoint of epoch {epoch} in {directory} (saved epochs: {epochs or 'none'}); "
+                     "train the baseline run that far first, or pass an epoch it saved")
+  baseline = Checkpointer(directory)
+  try:
+    state, meta = baseline.restore(epoch, state, model_only=True)
+  except (ValueError, TypeError, KeyError) as err:  # Orbax: the saved tree or shapes differ from this model's
+    raise ValueError(f"warm start: the checkpoint of epoch {epoch} in {directory} holds a different model "
+                     f"({first_sentence(err)}); warm-start from a run of "
+                     "the same model (size/width, stages, vocabulary)") from None
+  finally:
+    baseline.close()
+  if meta.get("epoch_losses"):
+    raise ValueError(f"the checkpoint of epoch {epoch} in {directory} holds an unfinished epoch "
+                     f"({len(meta['epoch_losses'])} of its batches); warm-start from a finished one")
+  return state, epoch
+
+
 def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
         on_epoch: Callable[[list[dict]], Any] | None = None, initial_params=None):
   """Trains `pipe` (from `initial_params`, e.g. pretrained, if given); returns (state, history)."""
   state = executor.init_state(pipe, optimizer, rng, data.example_batch, initial_params)
   host_state = getattr(executor, "host_state", None)
-  ckpt = Checkpointer(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-  history, start_epoch = [], 0
-  if ckpt and not cfg.resume and ckpt.latest_epoch() is not None:
-    raise ValueError(f"{cfg.checkpoint_dir} already holds checkpoints (epochs {ckpt.epochs()}); resume the run "
+  saved = saved_epochs(cfg.checkpoint_dir) if cfg.checkpoint_dir else []
+  if cfg.resume and not saved:
+    raise ValueError(f"nothing to resume: no checkpoint in {cfg.checkpoint_dir}; start the run without resume")
+  if saved and not cfg.resume:
+    raise ValueError(f"{cfg.checkpoint_dir} already holds checkpoints (epochs {saved}); resume the run "
                      "or give the new run another name/folder (nothing was overwritten)")
+  history, start_epoch = [], 0
   done_losses = []  # of the first epoch to run, when a resumed run is inside it
-  if cfg.resume and ckpt and ckpt.latest_epoch() is not None:
-    state, meta = ckpt.restore(ckpt.latest_epoch(), state, host_state=host_state)
+  if cfg.init_from and not cfg.resume:  # before this run's checkpoint folder exists: a failure leaves none
+    state, start_epoch = warm_start(state, *cfg.init_from)
+  ckpt = Checkpointer(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+  if cfg.resume:
+    state, meta = ckpt.restore(saved[-1], state, host_state=host_state)
     history, start_epoch = meta["history"], meta["epoch"]
     done_losses = meta.get("epoch_losses", [])
     if done_losses:
       history = history[:-1]  # that epoch's record is redone when the epoch is finished
-  elif cfg.init_from:
-    directory, epoch = cfg.init_from
-    baseline = Checkpointer(directory)
-    state, meta = baseline.restore(epoch, state, model_only=True)
-    baseline.close()
-    if meta.get("epoch_losses"):
-      raise ValueError(f"the checkpoint of epoch {epoch} in {directory} holds an unfinished epoch "
-                       f"({len(meta['epoch_losses'])} of its batches); warm-start from a finished one")
-    start_epoch = epoch
   wire = {m: executor.wire_bytes_per_step(pipe, data.example_batch, m) for m in (Mode.TRAIN, Mode.WARMUP)}
   steps = {}
   eval_steps = {c: executor.make_eval_step(pipe, c) for c in (True, False)}

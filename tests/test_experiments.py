@@ -89,6 +89,74 @@ def test_cli_errors_name_the_bad_value(argv, match):
     main(resnet_cifar10.EXPERIMENT, argv)
 
 
+def _refused(exp, argv):
+  """The one `error:` line main exits with (the interpreter prints it to stderr, exit status 1)."""
+  with pytest.raises(SystemExit) as exit_:
+    main(exp, argv)
+  message = exit_.value.code
+  assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message, message
+  return message
+
+
+def _tree(folder):
+  return sorted((str(p.relative_to(folder)), p.stat().st_mtime_ns) for p in folder.rglob("*")) if folder.exists() else []
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch-size", "0"], "error: --batch-size must be at least 1, got 0"),
+    (["--train-examples", "0"], "error: --train-examples must be at least 1, got 0"),
+    (["--batch-size", "30"], "error: --batch-size 30 is larger than the evaluation set (20 examples); use "
+                             "--batch-size 20 or less, or a larger --eval-examples"),
+    (["--train-examples", "5"], "error: --batch-size 10 is larger than the training set (5 examples); use "
+                                "--batch-size 5 or less, or a larger --train-examples"),
+    (["--run-name", "a/b"], "error: --run-name 'a/b' must be one folder name (letters, digits and . _ + -, not "
+                            "starting with . _ + -), e.g. a_b"),
+    (["--resume"], "error: --resume: run 'none_none' has no checkpoint in OUT/none_none/ckpt; check --out and "
+                   "--run-name, or start the run without --resume"),
+    (["--preset", "ef21-top10-base20", "--init-from", "OUT/nowhere"],
+     "error: --init-from OUT/nowhere: no checkpoints in OUT/nowhere/ckpt; pass the folder of a baseline run"),
+    (["--data-dir", "OUT/typo"], "error: CIFAR-10 --data-dir OUT/typo is not a folder"),
+])
+def test_cli_errors_after_parsing_are_one_line_and_create_nothing(tmp_path, flags, message):
+  out = tmp_path / "out"
+  flags = [f.replace("OUT", str(out)) for f in flags]
+  assert _refused(resnet_cifar10.EXPERIMENT, [*RESNET_TINY, "--out", str(out), *flags]).startswith(
+      message.replace("OUT", str(out)))
+  assert not out.exists()
+
+
+def test_resume_and_warm_start_refuse_what_does_not_match(tmp_path):
+  out = ["--out", str(tmp_path), *RESNET_TINY, "--epochs", "3"]
+  main(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out])
+  before = _tree(tmp_path)
+  message = _refused(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out, "--resume", "--lr", "0.1",
+                                                 "--seed", "3", "--fwd", "quant:4"])
+  assert message == ("error: --resume with a changed configuration (fwd 'none' -> 'quant:4'; lr 0.01 -> 0.1; "
+                     "seed 0 -> 3); resume with the original values, or start a new run with another --run-name")
+  assert _refused(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out]).startswith(
+      "error: run 'baseline' already has checkpoints in ")
+  message = _refused(resnet_cifar10.EXPERIMENT, ["--preset", "ef21-top10-base20", "--init-epoch", "1", *out,
+                                                 "--width", "16", "--init-from", str(tmp_path / "baseline")])
+  assert message.startswith(f"error: warm start: the checkpoint of epoch 1 in {tmp_path / 'baseline' / 'ckpt'} holds "
+                            "a different model (") and message.endswith(
+      "); warm-start from a run of the same model (size/width, stages, vocabulary)")
+  assert _refused(resnet_cifar10.EXPERIMENT, ["--preset", "ef21-top10-base20", "--init-epoch", "2", *out,
+                                              "--init-from", str(tmp_path / "baseline")]) == (
+      f"error: --init-from {tmp_path / 'baseline'} has checkpoints of epochs [1], not of --init-epoch 2; pass one of "
+      "those or train the baseline further")
+  assert _tree(tmp_path) == before  # nothing created or overwritten
+  main(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out, "--resume", "--steps", "4"])  # epochs may change
+
+
+def test_errors_reach_stderr_with_exit_status_1(tmp_path):
+  import subprocess
+  import sys
+  done = subprocess.run([sys.executable, "-m", "experiments.gpt2_wikitext", "--batch-size", "0",
+                         "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+  assert (done.returncode, done.stdout, done.stderr) == (1, "", "error: --batch-size must be at least 1, got 0\n")
+  assert not (tmp_path / "out").exists()
+
+
 def test_report_table_and_plot(tmp_path):
   for preset in ("baseline", "top10"):
     main(resnet_cifar10.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *RESNET_TINY])
