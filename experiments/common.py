@@ -6,6 +6,7 @@ rest. Precedence: recipe < preset < explicit flags; the resolved configuration i
 before training.
 """
 import argparse
+import contextlib
 import dataclasses
 import json
 import pathlib
@@ -15,7 +16,7 @@ from typing import Callable
 
 import jax
 
-from jaxcomp import gpipe, hostbuffer, results, simulate, train
+from jaxcomp import gpipe, hostbuffer, lock, results, simulate, train
 from jaxcomp.feedback import AQSGD
 from jaxcomp.spec import parse_boundary, parse_scheme
 
@@ -188,13 +189,20 @@ def run(exp: Experiment, config: dict):
         f"{pipe.num_stages} stages x {pipe.microbatches} microbatches on {jax.devices()[0].platform}")
   print(f"[{exp.name}] configuration (recipe {config['recipe']} < preset {config.get('preset')} < flags): "
         + ", ".join(f"{k}={v}" for k, v in sorted(serializable.items()) if k not in ("data", "recipe", "preset")))
-  executor = executor_for(config, pipe, data.example_batch)
-  if isinstance(executor, hostbuffer.HostBuffered):
-    print(executor.tables.summary)
-  elif isinstance(pipe.boundary.fwd, AQSGD):
-    print(hostbuffer.device_summary(pipe, data.example_batch))  # train.fit's init_state checks that they fit
-  state, history = train.fit(pipe, optimizer, executor, data, cfg,
-                             jax.random.key(config["seed"]), on_epoch=write, initial_params=initial_params)
+  with contextlib.ExitStack() as locks:  # one run per run folder and per AQ-SGD table folder
+    held = locks.enter_context(lock.FolderLock(run_dir, "--run-name or --out"))
+    if held.stale_pid is not None:
+      print(f"note: took over the stale lock of run {config['run_name']!r} left by process {held.stale_pid}, "
+            "which is not running")
+    if config.get("aqsgd_buffers", "device") not in ("device", "host"):
+      locks.enter_context(lock.FolderLock(pathlib.Path(config["aqsgd_buffers"]).resolve(), "--aqsgd-buffers DIR"))
+    executor = executor_for(config, pipe, data.example_batch)
+    if isinstance(executor, hostbuffer.HostBuffered):
+      print(executor.tables.summary)
+    elif isinstance(pipe.boundary.fwd, AQSGD):
+      print(hostbuffer.device_summary(pipe, data.example_batch))  # train.fit's init_state checks that they fit
+    state, history = train.fit(pipe, optimizer, executor, data, cfg,
+                               jax.random.key(config["seed"]), on_epoch=write, initial_params=initial_params)
   if history:
     last = history[-1]
     print(json.dumps({k: last[k] for k in ("epoch", "train_loss", "eval_off", "eval_on", "wire_bytes_fwd",
@@ -211,5 +219,5 @@ def main(exp: Experiment, argv=None):
     return None
   try:
     return run(exp, resolve(exp, args))
-  except (ValueError, OSError, train.NonFiniteLossError) as err:  # what the user can fix, in one line
+  except (ValueError, OSError, train.NonFiniteLossError, lock.FolderInUseError) as err:  # what the user can fix, in one line
     sys.exit("error: " + " ".join(str(err).split()))
