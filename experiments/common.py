@@ -125,6 +125,17 @@ def executor_for(config: dict, pipe, example_batch):
                      parse_scheme(grad) if grad else None)
 
 
+def check_devices(config: dict, command: str):
+  """The gpipe executor needs stages x data-parallel devices; on CPU, says how to fake them."""
+  needed = config["stages"] * (config.get("data_parallel") or 1)
+  have = jax.devices()
+  if config.get("executor") == "gpipe" and len(have) < needed:
+    hint = (f"; on CPU, make fake devices: XLA_FLAGS=--xla_force_host_platform_device_count={needed} "
+            f"{command} ... (or use --executor simulate)" if have[0].platform == "cpu" else "")
+    raise ValueError(f"--executor gpipe needs {needed} devices ({config['stages']} stages x "
+                     f"{config.get('data_parallel') or 1} data-parallel), found {len(have)} {have[0].platform}{hint}")
+
+
 def check_batch_size(batch_size: int, train_examples: int, eval_examples: int):
   """Each split must hold at least one batch (the last partial batch is dropped)."""
   for split, n, flag in (("training", train_examples, "--train-examples"), ("evaluation", eval_examples,
@@ -172,6 +183,7 @@ def run(exp: Experiment, config: dict):
   """Builds, trains and writes results after every epoch. Returns (state, history)."""
   out = pathlib.Path(config["out"])
   run_dir = out / config["run_name"]
+  check_devices(config, f"python -m experiments.{exp.name}")
   check_run_folder(config, run_dir)
   pipe, optimizer, data, initial_params = exp.build(config)
   serializable = {k: v for k, v in config.items() if isinstance(v, (int, float, str, bool, type(None)))}

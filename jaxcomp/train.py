@@ -25,9 +25,13 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from tqdm.auto import tqdm
 
+from jaxcomp import logfilter
 from jaxcomp import pipeline as pl
 from jaxcomp.boundary import Mode
 from jaxcomp.checkpoint import Checkpointer
+
+
+logfilter.silence_orbax_noise()  # the checkpoints below would repeat two harmless warnings per epoch/resume
 
 
 class NonFiniteLossError(RuntimeError):
@@ -166,18 +170,23 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     if cfg.steps is not None and global_step >= cfg.steps:
       break
     mode = Mode.WARMUP if epoch < cfg.warmup_epochs else Mode.TRAIN
-    if mode not in steps:
+    compiling = mode not in steps
+    if compiling:
       steps[mode] = executor.make_train_step(pipe, optimizer, mode)
     losses, done_losses = done_losses, []
     skip = len(losses)
     todo = data.steps_per_epoch - skip
     if cfg.steps is not None:
       todo = min(todo, cfg.steps - global_step)
-    bar = tqdm(total=data.steps_per_epoch, initial=skip, desc=f"epoch {epoch + 1}/{cfg.epochs}",
-               disable=not cfg.progress, leave=False)
+    desc = f"epoch {epoch + 1}/{cfg.epochs}"
+    # the first step (compiling when the step is new) runs under its own status line, outside the
+    # bar, so the bar's rate and ETA count only steady-state steps
+    bar = tqdm(desc=f"{desc}: compiling the train step" if compiling else desc,
+               bar_format="{desc} ({elapsed})", disable=not cfg.progress, leave=False)
     timed_steps, start = 0, None
     batches = _with_next(itertools.islice(data.train_batches(epoch), skip, skip + todo))
     for i, (batch, following) in enumerate(batches, start=skip):
+      step_start = time.perf_counter()
       state, metrics = _train_step(steps[mode], state, batch, following)
       loss = float(metrics["loss"])
       if not math.isfinite(loss):
@@ -190,10 +199,13 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
       losses.append(loss)
       global_step += 1
       if start is None:
-        start = time.perf_counter()  # the first step compiles: not timed
+        start = time.perf_counter()
+        bar.close()
+        bar = tqdm(total=data.steps_per_epoch, initial=i + 1, disable=not cfg.progress, leave=False,
+                   desc=f"{desc} (compiled in {start - step_start:.1f} s)" if compiling else desc)
       else:
         timed_steps += 1
-      bar.update(1)
+        bar.update(1)
       bar.set_postfix(loss=f"{loss:.4f}")
     elapsed = time.perf_counter() - start if start is not None else 0.0
     bar.close()

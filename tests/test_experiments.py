@@ -1,6 +1,8 @@
 """Experiment CLIs: 2-step smokes of the presets on the offline defaults, errors, report."""
 import json
+import logging
 import math
+import re
 
 import pytest
 
@@ -116,6 +118,10 @@ def _tree(folder):
     (["--preset", "ef21-top10-base20", "--init-from", "OUT/nowhere"],
      "error: --init-from OUT/nowhere: no checkpoints in OUT/nowhere/ckpt; pass the folder of a baseline run"),
     (["--data-dir", "OUT/typo"], "error: CIFAR-10 --data-dir OUT/typo is not a folder"),
+    (["--executor", "gpipe", "--data-parallel", "4"],
+     "error: --executor gpipe needs 16 devices (4 stages x 4 data-parallel), found 8 cpu; on CPU, make fake devices: "
+     "XLA_FLAGS=--xla_force_host_platform_device_count=16 python -m experiments.resnet_cifar10 ... (or use "
+     "--executor simulate)"),
 ])
 def test_cli_errors_after_parsing_are_one_line_and_create_nothing(tmp_path, flags, message):
   out = tmp_path / "out"
@@ -125,7 +131,7 @@ def test_cli_errors_after_parsing_are_one_line_and_create_nothing(tmp_path, flag
   assert not out.exists()
 
 
-def test_resume_and_warm_start_refuse_what_does_not_match(tmp_path):
+def test_resume_and_warm_start_refuse_what_does_not_match(tmp_path, caplog, capsys):
   out = ["--out", str(tmp_path), *RESNET_TINY, "--epochs", "3"]
   main(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out])
   before = _tree(tmp_path)
@@ -146,6 +152,18 @@ def test_resume_and_warm_start_refuse_what_does_not_match(tmp_path):
       "those or train the baseline further")
   assert _tree(tmp_path) == before  # nothing created or overwritten
   main(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out, "--resume", "--steps", "4"])  # epochs may change
+  logs = caplog.text + capsys.readouterr().err  # 2 saves, 1 resume, warm-start reads: none of Orbax's routine noise
+  assert "Skipping merge of OCDBT" not in logs and "could not be restored" not in logs, logs
+  logging.getLogger("absl").warning("a real warning")
+  assert "a real warning" in caplog.text
+
+
+def test_the_progress_bar_counts_steps_after_the_compiling_step(tmp_path, capsys):
+  main(gpt2_wikitext.EXPERIMENT, ["--out", str(tmp_path), *[f for f in GPT2_TINY if f != "--no-progress"]])
+  err = capsys.readouterr().err
+  assert "epoch 1/2: compiling the train step" in err
+  assert re.search(r"epoch 1/2 \(compiled in [\d.]+ s\):  25%\|[^|]*\| 1/4 \[00:00<\?, \?it/s\]", err), err
+  assert "0/4" not in err  # the counting bar starts after the first step
 
 
 def test_errors_reach_stderr_with_exit_status_1(tmp_path):
