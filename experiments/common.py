@@ -92,9 +92,11 @@ def resolve(exp: Experiment, args: argparse.Namespace) -> dict:
       raise ValueError(f"--{key.replace('_', '-')} must be at least 1, got {config[key]}")
   if config["lr"] <= 0:
     raise ValueError(f"--lr must be positive, got {config['lr']}")
-  if config.get("run_name") is not None and not RUN_NAME.fullmatch(config["run_name"]):
-    raise ValueError(f"--run-name {config['run_name']!r} must be one folder name (letters, digits and . _ + -, "
-                     f"not starting with . _ + -), e.g. {re.sub(r'[^A-Za-z0-9._+-]+', '_', config['run_name']).strip('._+-') or 'run1'}")
+  name = config.get("run_name")
+  if name is not None and not RUN_NAME.fullmatch(name):
+    suggestion = re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("._+-") or "run1"
+    raise ValueError(f"--run-name {name!r} must be one folder name (letters, digits and . _ + -, not starting with "
+                     f". _ + -), e.g. {suggestion}")
   boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=1)  # fail early on a bad spec
   buffers = config.get("aqsgd_buffers", "device")
   if buffers != "device" and not isinstance(boundary.fwd, AQSGD):
@@ -231,5 +233,5 @@ def main(exp: Experiment, argv=None):
     return None
   try:
     return run(exp, resolve(exp, args))
-  except (ValueError, OSError, train.NonFiniteLossError, lock.FolderInUseError) as err:  # what the user can fix, in one line
+  except (ValueError, OSError, train.NonFiniteLossError, lock.FolderInUseError) as err:  # the user can fix these
     sys.exit("error: " + " ".join(str(err).split()))

@@ -5,8 +5,10 @@
     python -m experiments.resnet_cifar10 --preset ef21-top10-base20 --init-from runs/resnet_cifar10/baseline
 
 Recipes (`--recipe`): `paper` (the default): batch 100, SGD lr 0.01 momentum 0.9 weight
-decay 5e-4, cosine over 200 epochs, 100 epochs; `tiny`: width 16, 2 epochs, cosine over 2. Data: CIFAR-10 from --data-dir (cifar-10-batches-py) or tensorflow-datasets;
-without either it runs on a generated stand-in and says so.
+decay 5e-4, cosine over 200 epochs, 100 epochs; `tiny`: width 16, 2 epochs, cosine over 2.
+Data: CIFAR-10 from --data-dir (cifar-10-batches-py or a tfds cifar10 there; anything else
+is an error) or tensorflow-datasets' default folder; without either, a generated stand-in
+that every output labels NOT CIFAR-10.
 """
 import optax
 
