@@ -1,10 +1,12 @@
 """What every experiment shares: the CLI, presets, executor choice and result writing.
 
-An experiment module defines its recipe (defaults), a preset table (paper row -> overrides)
-and `build(config) -> (Pipeline, optimizer, train.Data)`; `main` does the rest. Precedence:
-recipe < preset < explicit flags.
+An experiment module defines its recipes (named defaults, `--recipe`), a preset table (paper
+row -> overrides) and `build(config) -> (Pipeline, optimizer, train.Data)`; `main` does the
+rest. Precedence: recipe < preset < explicit flags; the resolved configuration is printed
+before training.
 """
 import argparse
+import contextlib
 import dataclasses
 import json
 import pathlib
@@ -14,7 +16,7 @@ from typing import Callable
 
 import jax
 
-from jaxcomp import distributed, gpipe, hostbuffer, results, simulate, train
+from jaxcomp import distributed, gpipe, hostbuffer, lock, results, simulate, train
 from jaxcomp.feedback import AQSGD
 from jaxcomp.spec import parse_boundary, parse_scheme
 
@@ -37,10 +39,17 @@ COMMON_FLAGS = {  # flag -> (type, help); defaults come from the recipe
 }
 
 
+AT_LEAST_ONE = ("epochs", "steps", "batch_size", "microbatches", "stages", "train_examples", "eval_examples",
+                "data_parallel", "block_size", "width", "init_epoch")
+RESUMABLE = ("epochs", "steps", "resume", "no_progress", "out")  # may change when a run is resumed
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+
 @dataclasses.dataclass(frozen=True)
 class Experiment:
   name: str
-  recipe: Callable  # CLI args -> the paper's defaults (offline defaults when no dataset is given)
+  recipes: dict  # recipe name (e.g. "paper", "tiny") -> defaults
+  default_recipe: str
   presets: dict  # preset name -> overrides
   build: Callable  # config dict -> (Pipeline, optimizer, train.Data, initial params or None)
   add_flags: Callable = lambda parser: None  # experiment-specific flags
@@ -51,6 +60,8 @@ def parser_for(exp: Experiment) -> argparse.ArgumentParser:
                               description=f"{exp.name}: presets reproduce the papers' rows")
   p.add_argument("--preset", help="a paper row (see --list-presets)")
   p.add_argument("--list-presets", action="store_true", help="print the presets and exit")
+  p.add_argument("--recipe", choices=list(exp.recipes),
+                 help=f"defaults that presets and flags override (default {exp.default_recipe})")
   for flag, (kind, text) in COMMON_FLAGS.items():
     p.add_argument("--" + flag.replace("_", "-"), type=kind, help=text)
   p.add_argument("--executor", choices=["simulate", "gpipe"], help="one device, or stages across devices")
@@ -75,13 +86,24 @@ def parser_for(exp: Experiment) -> argparse.ArgumentParser:
 
 def resolve(exp: Experiment, args: argparse.Namespace) -> dict:
   """recipe < preset < flags; validates the preset name and the compression specs."""
-  config = dict(exp.recipe(args))
+  config = dict(exp.recipes[args.recipe or exp.default_recipe])
   if args.preset is not None:
     if args.preset not in exp.presets:
       raise ValueError(f"unknown preset {args.preset!r}; valid presets: {', '.join(exp.presets)}")
     config.update(exp.presets[args.preset])
   config.update({k: v for k, v in vars(args).items() if v is not None and v is not False})
   config.pop("list_presets", None)
+  config["recipe"] = args.recipe or exp.default_recipe
+  for key in AT_LEAST_ONE:
+    if config.get(key) is not None and config[key] < 1:
+      raise ValueError(f"--{key.replace('_', '-')} must be at least 1, got {config[key]}")
+  if config["lr"] <= 0:
+    raise ValueError(f"--lr must be positive, got {config['lr']}")
+  name = config.get("run_name")
+  if name is not None and not RUN_NAME.fullmatch(name):
+    suggestion = re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("._+-") or "run1"
+    raise ValueError(f"--run-name {name!r} must be one folder name (letters, digits and . _ + -, not starting with "
+                     f". _ + -), e.g. {suggestion}")
   boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=1)  # fail early on a bad spec
   buffers = config.get("aqsgd_buffers", "device")
   if buffers != "device" and not isinstance(boundary.fwd, AQSGD):
@@ -112,13 +134,71 @@ def executor_for(config: dict, pipe, example_batch):
                      parse_scheme(grad) if grad else None, schedule=config.get("schedule") or "gpipe")
 
 
+def check_devices(config: dict, command: str):
+  """The gpipe executor needs stages x data-parallel devices; on CPU, says how to fake them."""
+  needed = config["stages"] * (config.get("data_parallel") or 1)
+  have = jax.devices()
+  if config.get("executor") == "gpipe" and len(have) < needed:
+    hint = (f"; on CPU, make fake devices: XLA_FLAGS=--xla_force_host_platform_device_count={needed} "
+            f"{command} ... (or use --executor simulate)" if have[0].platform == "cpu" else "")
+    raise ValueError(f"--executor gpipe needs {needed} devices ({config['stages']} stages x "
+                     f"{config.get('data_parallel') or 1} data-parallel), found {len(have)} {have[0].platform}{hint}")
+
+
+def check_batch_size(batch_size: int, train_examples: int, eval_examples: int):
+  """Each split must hold at least one batch (the last partial batch is dropped)."""
+  for split, n, flag in (("training", train_examples, "--train-examples"), ("evaluation", eval_examples,
+                                                                           "--eval-examples")):
+    if batch_size > n:
+      raise ValueError(f"--batch-size {batch_size} is larger than the {split} set ({n} examples); use "
+                       f"--batch-size {n} or less, or a larger {flag}")
+
+
+def check_run_folder(config: dict, run_dir: pathlib.Path):
+  """--resume needs this run's checkpoints, a new run must have none, --init-from needs the
+  baseline's epoch; checked before anything is created."""
+  saved = train.saved_epochs(run_dir / "ckpt")
+  if config.get("resume") and not saved:
+    raise ValueError(f"--resume: run {config['run_name']!r} has no checkpoint in {run_dir / 'ckpt'}; check --out and "
+                     "--run-name, or start the run without --resume")
+  if saved and not config.get("resume"):
+    raise ValueError(f"run {config['run_name']!r} already has checkpoints in {run_dir / 'ckpt'} (epochs {saved}); "
+                     "add --resume to continue it, or give this run another --run-name (nothing was overwritten)")
+  if config.get("init_epoch") and not config.get("resume"):
+    baseline = pathlib.Path(config["init_from"]) / "ckpt"
+    epochs = train.saved_epochs(baseline)
+    if not epochs:
+      raise ValueError(f"--init-from {config['init_from']}: no checkpoints in {baseline}; pass the folder of a "
+                       "baseline run (runs/<experiment>/<run name>)")
+    if config["init_epoch"] not in epochs:
+      raise ValueError(f"--init-from {config['init_from']} has checkpoints of epochs {epochs}, not of --init-epoch "
+                       f"{config['init_epoch']}; pass one of those or train the baseline further")
+
+
+def check_resumed_config(config: dict, results_file: pathlib.Path):
+  """A resumed run must keep its configuration (except RESUMABLE fields): names what changed."""
+  if not results_file.is_file():
+    print(f"note: {results_file} is missing, so the resumed configuration cannot be compared with the original")
+    return
+  before = json.loads(results_file.read_text())["config"]
+  changed = [f"{k} {before.get(k)!r} -> {config.get(k)!r}" for k in sorted(set(before) | set(config))
+             if k not in RESUMABLE and before.get(k) != config.get(k)]
+  if changed:
+    raise ValueError(f"--resume with a changed configuration ({'; '.join(changed)}); resume with the original "
+                     "values, or start a new run with another --run-name")
+
+
 def run(exp: Experiment, config: dict):
   """Builds, trains and writes results after every epoch. Returns (state, history)."""
-  pipe, optimizer, data, initial_params = exp.build(config)
   out = pathlib.Path(config["out"])
   run_dir = out / config["run_name"]
+  check_devices(config, f"python -m experiments.{exp.name}")
+  check_run_folder(config, run_dir)
+  pipe, optimizer, data, initial_params = exp.build(config)
   serializable = {k: v for k, v in config.items() if isinstance(v, (int, float, str, bool, type(None)))}
   serializable["data"] = data.name
+  if config.get("resume"):
+    check_resumed_config(serializable, out / "results" / f"{config['run_name']}.json")
   write = lambda history: results.write(out / "results", config["run_name"], serializable, history)
   init_from = (str(pathlib.Path(config["init_from"]).resolve() / "ckpt"), config["init_epoch"]) \
       if config.get("init_epoch") else None
@@ -128,13 +208,22 @@ def run(exp: Experiment, config: dict):
                         init_from=init_from, progress=not config.get("no_progress", False))
   print(f"[{exp.name}] run {config['run_name']}: data = {data.name}; fwd {config['fwd']}, bwd {config['bwd']}; "
         f"{pipe.num_stages} stages x {pipe.microbatches} microbatches on {jax.devices()[0].platform}")
-  executor = executor_for(config, pipe, data.example_batch)
-  if isinstance(executor, hostbuffer.HostBuffered):
-    print(executor.tables.summary)
-  elif isinstance(pipe.boundary.fwd, AQSGD):
-    print(hostbuffer.device_summary(pipe, data.example_batch))  # train.fit's init_state checks that they fit
-  state, history = train.fit(pipe, optimizer, executor, data, cfg,
-                             jax.random.key(config["seed"]), on_epoch=write, initial_params=initial_params)
+  print(f"[{exp.name}] configuration (recipe {config['recipe']} < preset {config.get('preset')} < flags): "
+        + ", ".join(f"{k}={v}" for k, v in sorted(serializable.items()) if k not in ("data", "recipe", "preset")))
+  with contextlib.ExitStack() as locks:  # one run per run folder and per AQ-SGD table folder
+    held = locks.enter_context(lock.FolderLock(run_dir, "--run-name or --out"))
+    if held.stale_pid is not None:
+      print(f"note: took over the stale lock of run {config['run_name']!r} left by process {held.stale_pid}, "
+            "which is not running")
+    if config.get("aqsgd_buffers", "device") not in ("device", "host"):
+      locks.enter_context(lock.FolderLock(pathlib.Path(config["aqsgd_buffers"]).resolve(), "--aqsgd-buffers DIR"))
+    executor = executor_for(config, pipe, data.example_batch)
+    if isinstance(executor, hostbuffer.HostBuffered):
+      print(executor.tables.summary)
+    elif isinstance(pipe.boundary.fwd, AQSGD):
+      print(hostbuffer.device_summary(pipe, data.example_batch))  # train.fit's init_state checks that they fit
+    state, history = train.fit(pipe, optimizer, executor, data, cfg,
+                               jax.random.key(config["seed"]), on_epoch=write, initial_params=initial_params)
   if history:
     last = history[-1]
     print(json.dumps({k: last[k] for k in ("epoch", "train_loss", "eval_off", "eval_on", "wire_bytes_fwd",
@@ -151,7 +240,6 @@ def main(exp: Experiment, argv=None):
     return None
   try:
     distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-    config = resolve(exp, args)
-  except ValueError as err:
-    sys.exit(f"error: {err}")
-  return run(exp, config)
+    return run(exp, resolve(exp, args))
+  except (ValueError, OSError, train.NonFiniteLossError, lock.FolderInUseError) as err:  # the user can fix these
+    sys.exit("error: " + " ".join(str(err).split()))

@@ -1,14 +1,19 @@
-"""GPT-2 fine-tuned on Wikitext-2 in 4 pipeline stages: Rudakov Table 5 and AQ-SGD rows as presets.
+"""GPT-2 trained on WikiText-2 in 4 pipeline stages: Rudakov Table 5 and AQ-SGD rows as presets.
 
-    python -m experiments.gpt2_wikitext --preset top10-reuse --pretrained gpt2 \\
-        --data-source wikitext2 --data-dir WIKITEXT_DIR --tokenizer-dir GPT2_DIR
-    python -m experiments.gpt2_wikitext --preset aqsgd-fw2-bw4      # offline default
+    python -m experiments.gpt2_wikitext --preset aqsgd-fw2-bw4        # offline default (tiny recipe)
+    python -m experiments.gpt2_wikitext --recipe paper --preset top10-reuse --pretrained gpt2 \\
+        --data-dir WIKITEXT2_RAW_DIR --tokenizer-dir GPT2_DIR           # the paper's setting
 
-Recipe (HF Trainer defaults): 4 epochs, batch 8, AdamW lr 5e-5 linearly decayed to 0, weight
-decay 0, gradient clipping at norm 1.0, blocks of 1024 tokens, GPT-2 small cut after blocks
-2, 5, 8. Offline default (no internet): a tiny GPT-2 trained from scratch on a generated
-corpus with byte tokens, labelled as such in the output.
+Recipes (`--recipe`; explicit flags override them): `paper` is the HF Trainer's (4 epochs,
+batch 8, AdamW lr 5e-5 linearly decayed to 0, weight decay 0, gradient clipping at norm 1.0,
+blocks of 1024 GPT-2 BPE tokens, GPT-2 small cut after blocks 2, 5, 8); `tiny` (the default)
+trains a tiny GPT-2 from scratch on byte tokens, blocks of 128, lr 1e-3, 2 epochs. Text:
+`--train-file/--valid-file` (any names, raw or tokenized WikiText), `--data-dir` (wiki.train
+and wiki.valid .raw or .tokens), else the WikiText-2 validation text shipped with jaxcomp,
+split by article 90/10 and labelled as such in every output.
 """
+import pathlib
+
 import optax
 
 from experiments import common
@@ -18,10 +23,10 @@ from jaxcomp.models import gpt2, gpt2_weights
 from jaxcomp.pipeline import Pipeline
 from jaxcomp.spec import parse_boundary
 
-RECIPE = dict(fwd="none", bwd="none", epochs=4, batch_size=8, microbatches=1, stages=4, lr=5e-5, seed=0,
-              weight_decay=0.0, grad_clip=1.0, data_source="wikitext2", data_dir=None, tokenizer_dir=None,
-              model="small", pretrained=None, block_size=1024)
-OFFLINE = dict(data_source="offline", model="tiny", block_size=128, lr=1e-3, epochs=2)
+PAPER = dict(fwd="none", bwd="none", epochs=4, batch_size=8, microbatches=1, stages=4, lr=5e-5, seed=0,
+             weight_decay=0.0, grad_clip=1.0, model="small", pretrained=None, block_size=1024, tokenizer="gpt2")
+RECIPES = {"paper": PAPER, "tiny": {**PAPER, "model": "tiny", "block_size": 128, "lr": 1e-3, "epochs": 2,
+                                    "tokenizer": "bytes"}}
 
 
 def _presets():
@@ -40,13 +45,38 @@ def _presets():
 PRESETS = _presets()
 
 
+def corpus_for(config) -> text.Corpus:
+  """--train-file [--valid-file], else --data-dir, else the shipped WikiText-2 validation text."""
+  if config.get("valid_file") and not config.get("train_file"):
+    raise ValueError("--valid-file needs --train-file too")
+  if config.get("train_file"):
+    if config.get("data_dir"):
+      raise ValueError("give either --data-dir or --train-file/--valid-file, not both")
+    return text.files_corpus(config["train_file"], config.get("valid_file"))
+  if config.get("data_dir"):
+    return text.data_dir_corpus(config["data_dir"])
+  return text.shipped_corpus()
+
+
+def tokenizer_for(config):
+  """--tokenizer; GPT-2's files from --tokenizer-dir, else from a local --pretrained folder."""
+  if config["pretrained"] and config["tokenizer"] != "gpt2":
+    raise ValueError(f"--pretrained {config['pretrained']} reads GPT-2 BPE tokens, not {config['tokenizer']}: "
+                     "add --tokenizer gpt2 --tokenizer-dir DIR (or --recipe paper)")
+  directory = config.get("tokenizer_dir")
+  if directory is None and config["pretrained"] and (pathlib.Path(config["pretrained"]) / "vocab.json").is_file():
+    directory = config["pretrained"]
+  if config["tokenizer"] == "gpt2" and directory is None:
+    raise ValueError("--tokenizer gpt2 needs --tokenizer-dir DIR with GPT-2's vocab.json and merges.txt "
+                     "(or use --tokenizer bytes)")
+  return text.tokenizer(config["tokenizer"], directory)
+
+
 def build(config):
-  if config["data_source"] == "offline":
-    data = text.load("offline", config["block_size"])
-  else:
-    data = text.load("wikitext2", config["block_size"], config["data_dir"], config["tokenizer_dir"])
+  data = text.load(corpus_for(config), tokenizer_for(config), config["block_size"])
   train_blocks = data.train[: config.get("train_examples")]
   eval_blocks = data.validation[: config.get("eval_examples")]
+  common.check_batch_size(config["batch_size"], len(train_blocks), len(eval_blocks))
   data = text.TextData(data.name, train_blocks, eval_blocks, data.vocab_size)
   s = config["stages"]
   if config["pretrained"]:
@@ -73,19 +103,15 @@ def build(config):
 def _flags(parser):
   parser.add_argument("--model", choices=["tiny", "small", "medium", "large", "xl"], help="GPT-2 size")
   parser.add_argument("--pretrained", help="HF GPT-2 directory or hub name to fine-tune from")
-  parser.add_argument("--data-source", choices=["offline", "wikitext2"], help="corpus")
-  parser.add_argument("--data-dir", help="folder with wiki.{train,valid,test}.raw")
+  parser.add_argument("--tokenizer", choices=text.TOKENIZERS, help="byte tokens or GPT-2 BPE (--tokenizer-dir)")
   parser.add_argument("--tokenizer-dir", help="folder with GPT-2's vocab.json and merges.txt")
+  parser.add_argument("--train-file", help="training text (raw or tokenized WikiText, any name)")
+  parser.add_argument("--valid-file", help="evaluation text (default: the last 10%% of --train-file's articles)")
+  parser.add_argument("--data-dir", help="folder with wiki.{train,valid}.raw or wiki.{train,valid}.tokens")
   parser.add_argument("--block-size", type=int, help="tokens per example")
 
 
-def recipe(args):
-  """The paper's recipe when Wikitext-2 is asked for; otherwise the offline default."""
-  wants_wikitext = args.data_source == "wikitext2" or args.data_dir is not None
-  return RECIPE if wants_wikitext else {**RECIPE, **OFFLINE}
-
-
-EXPERIMENT = common.Experiment("gpt2_wikitext", recipe, PRESETS, build, _flags)
+EXPERIMENT = common.Experiment("gpt2_wikitext", RECIPES, "tiny", PRESETS, build, _flags)
 
 if __name__ == "__main__":
   common.main(EXPERIMENT)

@@ -4,9 +4,11 @@
     python -m experiments.resnet_cifar10 --preset baseline --epochs 20            # then:
     python -m experiments.resnet_cifar10 --preset ef21-top10-base20 --init-from runs/resnet_cifar10/baseline
 
-Recipe: batch 100, SGD lr 0.01 momentum 0.9 weight decay 5e-4, cosine over 200 epochs,
-100 epochs. Data: CIFAR-10 from --data-dir (cifar-10-batches-py) or tensorflow-datasets;
-without either it runs on a generated stand-in and says so.
+Recipes (`--recipe`): `paper` (the default): batch 100, SGD lr 0.01 momentum 0.9 weight
+decay 5e-4, cosine over 200 epochs, 100 epochs; `tiny`: width 16, 2 epochs, cosine over 2.
+Data: CIFAR-10 from --data-dir (cifar-10-batches-py or a tfds cifar10 there; anything else
+is an error) or tensorflow-datasets' default folder; without either, a generated stand-in
+that every output labels NOT CIFAR-10.
 """
 import optax
 
@@ -17,8 +19,9 @@ from jaxcomp.models import resnet
 from jaxcomp.pipeline import Pipeline
 from jaxcomp.spec import parse_boundary
 
-RECIPE = dict(fwd="none", bwd="none", epochs=100, batch_size=100, microbatches=1, stages=4, lr=0.01, seed=0,
-              momentum=0.9, weight_decay=5e-4, cosine_epochs=200, width=64, data_source="auto", data_dir=None)
+PAPER = dict(fwd="none", bwd="none", epochs=100, batch_size=100, microbatches=1, stages=4, lr=0.01, seed=0,
+             momentum=0.9, weight_decay=5e-4, cosine_epochs=200, width=64, data_source="auto", data_dir=None)
+RECIPES = {"paper": PAPER, "tiny": {**PAPER, "width": 16, "epochs": 2, "cosine_epochs": 2}}
 
 
 def _presets():
@@ -53,6 +56,7 @@ def build(config):
   test_split = _subset(data.test, config.get("eval_examples"))
   data = cifar10.ImageData(data.name, train_split, test_split)
   bs, shards = config["batch_size"], config.get("data_parallel") or 1
+  common.check_batch_size(bs, len(train_split["label"]), len(test_split["label"]))
   steps_per_epoch = batching.num_batches(len(train_split["label"]), bs, shards)
   schedule = optax.cosine_decay_schedule(config["lr"], config["cosine_epochs"] * steps_per_epoch)
   optimizer = optax.chain(optax.add_decayed_weights(config["weight_decay"]),
@@ -73,7 +77,7 @@ def _flags(parser):
   parser.add_argument("--data-dir", help="folder with cifar-10-batches-py, or tfds data_dir")
 
 
-EXPERIMENT = common.Experiment("resnet_cifar10", lambda args: RECIPE, PRESETS, build, _flags)
+EXPERIMENT = common.Experiment("resnet_cifar10", RECIPES, "paper", PRESETS, build, _flags)
 
 if __name__ == "__main__":
   common.main(EXPERIMENT)

@@ -32,6 +32,8 @@ its own data shards' rows; checkpoints are written by all processes together; `o
 import dataclasses
 import itertools
 import math
+import pathlib
+import re
 import time
 from typing import Any, Callable, Iterator
 
@@ -39,10 +41,13 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxcomp import checkpoint, distributed, pipeline as pl
+from jaxcomp import checkpoint, distributed, logfilter, pipeline as pl
 from jaxcomp.boundary import Mode
-from jaxcomp.feedback import AQSGD
 from jaxcomp.checkpoint import Checkpointer
+from jaxcomp.feedback import AQSGD
+
+
+logfilter.silence_orbax_noise()  # the checkpoints below would repeat two harmless warnings per epoch/resume
 
 
 class NonFiniteLossError(RuntimeError):
@@ -157,6 +162,46 @@ def _step_mode(visits: FirstVisits, epoch_mode: Mode, batch) -> Mode:
   return mode
 
 
+def saved_epochs(checkpoint_dir) -> list[int]:
+  """The epochs checkpointed in `checkpoint_dir`, oldest first; [] (and nothing created) if it is absent."""
+  if not pathlib.Path(checkpoint_dir).is_dir():
+    return []
+  ckpt = Checkpointer(checkpoint_dir)
+  try:
+    return sorted(ckpt.epochs())
+  finally:
+    ckpt.close()
+
+
+def first_sentence(err: Exception) -> str:
+  """The error's first sentence (Orbax appends advice that does not apply to a wrong warm start)."""
+  return re.split(r"(?<=\.)\s", str(err).strip(), maxsplit=1)[0]
+
+
+def warm_start(state, directory, epoch: int):
+  """(state with the model of the checkpoint of `epoch` in `directory`, epoch): a "baseN" start.
+
+  A missing folder or epoch, an unfinished epoch, or a model of another shape is a ValueError.
+  """
+  epochs = saved_epochs(directory)
+  if epoch not in epochs:
+    raise ValueError(f"warm start: no checkpoint of epoch {epoch} in {directory} (saved epochs: {epochs or 'none'}); "
+                     "train the baseline run that far first, or pass an epoch it saved")
+  baseline = Checkpointer(directory)
+  try:
+    state, meta = baseline.restore(epoch, state, model_only=True)
+  except (ValueError, TypeError, KeyError) as err:  # Orbax: the saved tree or shapes differ from this model's
+    raise ValueError(f"warm start: the checkpoint of epoch {epoch} in {directory} holds a different model "
+                     f"({first_sentence(err)}); warm-start from a run of "
+                     "the same model (size/width, stages, vocabulary)") from None
+  finally:
+    baseline.close()
+  if meta.get("epoch_losses"):
+    raise ValueError(f"the checkpoint of epoch {epoch} in {directory} holds an unfinished epoch "
+                     f"({len(meta['epoch_losses'])} of its batches); warm-start from a finished one")
+  return state, epoch
+
+
 def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
         on_epoch: Callable[[list[dict]], Any] | None = None, initial_params=None):
   """Trains `pipe` (from `initial_params`, e.g. pretrained, if given); returns (state, history).
@@ -164,32 +209,27 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
   `on_epoch(history)` runs on process 0 only."""
   state = executor.init_state(pipe, optimizer, rng, data.example_batch, initial_params)
   host_state = getattr(executor, "host_state", None)
-  ckpt = Checkpointer(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-  history, start_epoch = [], 0
-  if ckpt and not cfg.resume and ckpt.latest_epoch() is not None:
-    raise ValueError(f"{cfg.checkpoint_dir} already holds checkpoints (epochs {ckpt.epochs()}); resume the run "
+  saved = saved_epochs(cfg.checkpoint_dir) if cfg.checkpoint_dir else []
+  if cfg.resume and not saved:
+    raise ValueError(f"nothing to resume: no checkpoint in {cfg.checkpoint_dir}; start the run without resume")
+  if saved and not cfg.resume:
+    raise ValueError(f"{cfg.checkpoint_dir} already holds checkpoints (epochs {saved}); resume the run "
                      "or give the new run another name/folder (nothing was overwritten)")
+  history, start_epoch = [], 0
   done_losses = []  # of the first epoch to run, when a resumed run is inside it
   to_layout = lambda s: checkpoint.simulate_layout(executor, pipe, optimizer, s, data.example_batch)
   from_layout = lambda saved: checkpoint.executor_layout(executor, pipe, optimizer, saved, data.example_batch, state)
-  found = ckpt.restore_latest(to_layout(state), host_state) if cfg.resume and ckpt and ckpt.epochs() else None
-  if found:
-    _, saved, meta = found
-    state = from_layout(saved)
+  if cfg.init_from and not cfg.resume:  # before this run's checkpoint folder exists: a failure leaves none
+    restored, start_epoch = warm_start(to_layout(state), *cfg.init_from)
+    state = from_layout(restored)
+  ckpt = Checkpointer(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+  if cfg.resume:
+    _, restored, meta = ckpt.restore_latest(to_layout(state), host_state)
+    state = from_layout(restored)
     history, start_epoch = meta["history"], meta["epoch"]
     done_losses = meta.get("epoch_losses", [])
     if done_losses:
       history = history[:-1]  # that epoch's record is redone when the epoch is finished
-  elif cfg.init_from:
-    directory, epoch = cfg.init_from
-    baseline = Checkpointer(directory)
-    saved, meta = baseline.restore(epoch, to_layout(state), model_only=True)
-    state = from_layout(saved)
-    baseline.close()
-    if meta.get("epoch_losses"):
-      raise ValueError(f"the checkpoint of epoch {epoch} in {directory} holds an unfinished epoch "
-                       f"({len(meta['epoch_losses'])} of its batches); warm-start from a finished one")
-    start_epoch = epoch
   place, main = batch_placement(executor), distributed.is_main_process()
   wire = {m: executor.wire_bytes_per_step(pipe, data.example_batch, m) for m in (Mode.TRAIN, Mode.WARMUP)}
   steps = {}
@@ -220,12 +260,18 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     todo = data.steps_per_epoch - skip
     if cfg.steps is not None:
       todo = min(todo, cfg.steps - global_step)
-    bar = tqdm(total=data.steps_per_epoch, initial=skip, desc=f"epoch {epoch + 1}/{cfg.epochs}",
-               disable=not (cfg.progress and main), leave=False)
-    timed_steps, start = 0, None
+    desc = f"epoch {epoch + 1}/{cfg.epochs}"
+    # the first step (compiling when the step is new) runs under its own status line, outside the
+    # bar, so the bar's rate and ETA count only steady-state steps
+    bar, timed_steps, start = None, 0, None
     batches = _with_next(itertools.islice(data.train_batches(epoch), skip, skip + todo))
     for i, (batch, following) in enumerate(batches, start=skip):
+      step_start = time.perf_counter()
       step_mode = _step_mode(visits, mode, batch)
+      if bar is None:
+        compiling = step_mode not in steps
+        bar = tqdm(desc=f"{desc}: compiling the train step" if compiling else desc, bar_format="{desc} ({elapsed})",
+                   disable=not (cfg.progress and main), leave=False)
       if step_mode not in steps:
         steps[step_mode] = executor.make_train_step(pipe, optimizer, step_mode)
       state, metrics = _train_step(steps[step_mode], state, batch, following, place)
@@ -239,13 +285,17 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
       losses.append(loss)
       global_step += 1
       if start is None:
-        start = time.perf_counter()  # the first step compiles: not timed
+        start = time.perf_counter()
+        bar.close()
+        bar = tqdm(total=data.steps_per_epoch, initial=i + 1, disable=not (cfg.progress and main), leave=False,
+                   desc=f"{desc} (compiled in {start - step_start:.1f} s)" if compiling else desc)
       else:
         timed_steps += 1
-      bar.update(1)
+        bar.update(1)
       bar.set_postfix(loss=f"{loss:.4f}")
     elapsed = time.perf_counter() - start if start is not None else 0.0
-    bar.close()
+    if bar is not None:
+      bar.close()
     finished = len(losses) == data.steps_per_epoch
     record = {
         "epoch": epoch + 1, "step": global_step, "mode": mode.value, "epoch_batches": len(losses),

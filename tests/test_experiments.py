@@ -1,6 +1,8 @@
 """Experiment CLIs: 2-step smokes of the presets on the offline defaults, errors, report."""
 import json
+import logging
 import math
+import re
 
 import pytest
 
@@ -35,12 +37,29 @@ def test_resnet_presets_smoke(tmp_path, preset):
 def test_gpt2_presets_smoke(tmp_path, preset):
   main(gpt2_wikitext.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *GPT2_TINY])
   run = _result(tmp_path, preset)
-  assert "NOT Wikitext-2" in run["config"]["data"]
-  assert run["config"]["model"] == "tiny"
+  assert run["config"]["data"].startswith("WikiText-2 validation split (tokenized release")
+  assert run["config"]["data"].endswith("articles 1-54 train, 55-60 eval (NOT the papers' WikiText-2 train/test); "
+                                        "byte tokens")
+  assert run["config"]["model"] == "tiny" and run["config"]["recipe"] == "tiny"
   last = run["history"][-1]
   assert last["eval_on"]["perplexity"] > 1 and last["mode"] == ("warmup" if preset.startswith("aqsgd") else "train")
   for which in ("eval_on", "eval_off"):  # corpus perplexity over 2 eval batches: exp(mean token CE)
     assert last[which]["perplexity"] == pytest.approx(math.exp(last[which]["loss"]), rel=1e-12)
+
+
+def test_text_files_with_byte_tokens_and_an_explicit_recipe(tmp_path, capsys):
+  (tmp_path / "train.txt").write_text("".join(f" = Article {i} = \n \n words of article {i} . \n" * 3
+                                              for i in range(10)))
+  (tmp_path / "eval.txt").write_text(" = Held out = \n \n other words . \n" * 20)
+  main(gpt2_wikitext.EXPERIMENT, ["--recipe", "paper", "--model", "tiny", "--tokenizer", "bytes",
+                                  "--train-file", str(tmp_path / "train.txt"), "--valid-file", str(tmp_path / "eval.txt"),
+                                  "--out", str(tmp_path), *GPT2_TINY])
+  out = capsys.readouterr().out
+  assert "configuration (recipe paper < preset None < flags): batch_size=4, block_size=32" in out
+  assert "epochs=4," in out and "lr=5e-05," in out and "model=tiny," in out and "tokenizer=bytes," in out
+  config = _result(tmp_path, "none_none")["config"]
+  assert config["data"] == f"text files {tmp_path / 'train.txt'} (train), {tmp_path / 'eval.txt'} (eval); byte tokens"
+  assert (config["recipe"], config["model"], config["lr"], config["epochs"]) == ("paper", "tiny", 5e-5, 4)
 
 
 def test_gpipe_executor_from_the_cli(tmp_path):
@@ -70,6 +89,90 @@ def test_warm_start_preset_needs_a_baseline(tmp_path):
 def test_cli_errors_name_the_bad_value(argv, match):
   with pytest.raises(SystemExit, match=match):
     main(resnet_cifar10.EXPERIMENT, argv)
+
+
+def _refused(exp, argv):
+  """The one `error:` line main exits with (the interpreter prints it to stderr, exit status 1)."""
+  with pytest.raises(SystemExit) as exit_:
+    main(exp, argv)
+  message = exit_.value.code
+  assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message, message
+  return message
+
+
+def _tree(folder):
+  return sorted((str(p.relative_to(folder)), p.stat().st_mtime_ns) for p in folder.rglob("*")) if folder.exists() else []
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch-size", "0"], "error: --batch-size must be at least 1, got 0"),
+    (["--train-examples", "0"], "error: --train-examples must be at least 1, got 0"),
+    (["--batch-size", "30"], "error: --batch-size 30 is larger than the evaluation set (20 examples); use "
+                             "--batch-size 20 or less, or a larger --eval-examples"),
+    (["--train-examples", "5"], "error: --batch-size 10 is larger than the training set (5 examples); use "
+                                "--batch-size 5 or less, or a larger --train-examples"),
+    (["--run-name", "a/b"], "error: --run-name 'a/b' must be one folder name (letters, digits and . _ + -, not "
+                            "starting with . _ + -), e.g. a_b"),
+    (["--resume"], "error: --resume: run 'none_none' has no checkpoint in OUT/none_none/ckpt; check --out and "
+                   "--run-name, or start the run without --resume"),
+    (["--preset", "ef21-top10-base20", "--init-from", "OUT/nowhere"],
+     "error: --init-from OUT/nowhere: no checkpoints in OUT/nowhere/ckpt; pass the folder of a baseline run"),
+    (["--data-dir", "OUT/typo"], "error: CIFAR-10 --data-dir OUT/typo is not a folder"),
+    (["--executor", "gpipe", "--data-parallel", "4"],
+     "error: --executor gpipe needs 16 devices (4 stages x 4 data-parallel), found 8 cpu; on CPU, make fake devices: "
+     "XLA_FLAGS=--xla_force_host_platform_device_count=16 python -m experiments.resnet_cifar10 ... (or use "
+     "--executor simulate)"),
+])
+def test_cli_errors_after_parsing_are_one_line_and_create_nothing(tmp_path, flags, message):
+  out = tmp_path / "out"
+  flags = [f.replace("OUT", str(out)) for f in flags]
+  assert _refused(resnet_cifar10.EXPERIMENT, [*RESNET_TINY, "--out", str(out), *flags]).startswith(
+      message.replace("OUT", str(out)))
+  assert not out.exists()
+
+
+def test_resume_and_warm_start_refuse_what_does_not_match(tmp_path, caplog, capsys):
+  out = ["--out", str(tmp_path), *RESNET_TINY, "--epochs", "3"]
+  main(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out])
+  before = _tree(tmp_path)
+  message = _refused(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out, "--resume", "--lr", "0.1",
+                                                 "--seed", "3", "--fwd", "quant:4"])
+  assert message == ("error: --resume with a changed configuration (fwd 'none' -> 'quant:4'; lr 0.01 -> 0.1; "
+                     "seed 0 -> 3); resume with the original values, or start a new run with another --run-name")
+  assert _refused(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out]).startswith(
+      "error: run 'baseline' already has checkpoints in ")
+  message = _refused(resnet_cifar10.EXPERIMENT, ["--preset", "ef21-top10-base20", "--init-epoch", "1", *out,
+                                                 "--width", "16", "--init-from", str(tmp_path / "baseline")])
+  assert message.startswith(f"error: warm start: the checkpoint of epoch 1 in {tmp_path / 'baseline' / 'ckpt'} holds "
+                            "a different model (") and message.endswith(
+      "); warm-start from a run of the same model (size/width, stages, vocabulary)")
+  assert _refused(resnet_cifar10.EXPERIMENT, ["--preset", "ef21-top10-base20", "--init-epoch", "2", *out,
+                                              "--init-from", str(tmp_path / "baseline")]) == (
+      f"error: --init-from {tmp_path / 'baseline'} has checkpoints of epochs [1], not of --init-epoch 2; pass one of "
+      "those or train the baseline further")
+  assert _tree(tmp_path) == before  # nothing created or overwritten
+  main(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out, "--resume", "--steps", "4"])  # epochs may change
+  logs = caplog.text + capsys.readouterr().err  # 2 saves, 1 resume, warm-start reads: none of Orbax's routine noise
+  assert "Skipping merge of OCDBT" not in logs and "could not be restored" not in logs, logs
+  logging.getLogger("absl").warning("a real warning")
+  assert "a real warning" in caplog.text
+
+
+def test_the_progress_bar_counts_steps_after_the_compiling_step(tmp_path, capsys):
+  main(gpt2_wikitext.EXPERIMENT, ["--out", str(tmp_path), *[f for f in GPT2_TINY if f != "--no-progress"]])
+  err = capsys.readouterr().err
+  assert "epoch 1/2: compiling the train step" in err
+  assert re.search(r"epoch 1/2 \(compiled in [\d.]+ s\):  25%\|[^|]*\| 1/4 \[00:00<\?, \?it/s\]", err), err
+  assert "0/4" not in err  # the counting bar starts after the first step
+
+
+def test_errors_reach_stderr_with_exit_status_1(tmp_path):
+  import subprocess
+  import sys
+  done = subprocess.run([sys.executable, "-m", "experiments.gpt2_wikitext", "--batch-size", "0",
+                         "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+  assert (done.returncode, done.stdout, done.stderr) == (1, "", "error: --batch-size must be at least 1, got 0\n")
+  assert not (tmp_path / "out").exists()
 
 
 def test_report_table_and_plot(tmp_path):

@@ -1,5 +1,6 @@
 """GPT-2 stages and HF checkpoint loading against an independent NumPy forward pass."""
 import dataclasses
+import importlib
 import json
 
 import jax
@@ -107,6 +108,27 @@ def test_loaded_stages_match_numpy_reference(checkpoint_dirs, which, num_stages)
   np.testing.assert_allclose(np.asarray(logits), _reference_logits(w, tokens), atol=1e-4, rtol=1e-4)
   if num_stages > 1:
     np.testing.assert_array_equal(params[0]["wte"], params[-1]["wte"])
+
+
+def test_hub_name_loads_from_a_local_hub_cache_offline(tmp_path, monkeypatch):
+  """The hub-name path of from_pretrained, against a cache folder in huggingface_hub's layout."""
+  pytest.importorskip("huggingface_hub", reason="huggingface_hub not installed (the data extra)")
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  monkeypatch.setattr(importlib.import_module("huggingface_hub.constants"), "HF_HUB_OFFLINE", True)
+  w = _hf_weights()
+  commit = "0123456789abcdef0123456789abcdef01234567"
+  repo = tmp_path / "models--gpt2"
+  snapshot = repo / "snapshots" / commit
+  snapshot.mkdir(parents=True)
+  (repo / "refs").mkdir()
+  (repo / "refs" / "main").write_text(commit)
+  (snapshot / "config.json").write_text(json.dumps(HF_CONFIG))
+  save_file(w, str(snapshot / "model.safetensors"))
+  cfg, params = gpt2_weights.from_pretrained("gpt2", 2, cache_dir=str(tmp_path))
+  assert cfg.n_layer == 4 and cfg.vocab_size == 50
+  np.testing.assert_array_equal(params[1]["h_3"]["mlp_c_proj"]["kernel"], w["h.3.mlp.c_proj.weight"])
+  with pytest.raises(OSError, match="could not download 'gpt2-medium' from the Hugging Face hub .*pass a local dir"):
+    gpt2_weights.from_pretrained("gpt2-medium", 2, cache_dir=str(tmp_path))
 
 
 def test_stage_splits_and_errors(tmp_path):

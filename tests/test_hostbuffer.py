@@ -103,7 +103,7 @@ def test_tables_that_do_not_fit_stop_the_run_before_anything_is_written(tmp_path
       "host": ("host", re.escape(f"in host memory: {ROWS} = 0.000183 GiB (9.31e-05 GiB free): does not fit")),
       "DIR": (str(tables), re.escape(f"on disk at {tables}: {ROWS} = 0.000183 GiB (9.31e-05 GiB free): does not")),
   }[buffers]
-  with pytest.raises(ValueError, match=error):
+  with pytest.raises(SystemExit, match=error):
     main(gpt2_wikitext.EXPERIMENT, [*GPT2_AQSGD, "--aqsgd-buffers", where, "--out", str(tmp_path / "runs")])
   assert not (tmp_path / "runs").exists() and not tables.exists()  # no checkpoint, results or tables
   if buffers == "device":  # the estimate line comes first; pipeline.check_aqsgd_memory stops before allocating

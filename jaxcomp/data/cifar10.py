@@ -1,4 +1,5 @@
-"""CIFAR-10: the original python-pickle files, tensorflow-datasets, or a labelled offline stand-in.
+"""CIFAR-10: the original python-pickle files, tensorflow-datasets, or a labelled offline stand-in
+(only when no data folder is given).
 
 Images are uint8 [N, 32, 32, 3] until batching; training batches get the standard random
 crop (4-pixel zero padding) and horizontal flip, then per-channel normalisation.
@@ -25,31 +26,43 @@ class ImageData:
   num_classes: int = 10
 
 
+BATCH_FILES = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
+
+
 def _read_pickles(directory: pathlib.Path, names) -> dict:
   images, labels = [], []
   for name in names:
     path = directory / name
     if not path.exists():
       raise FileNotFoundError(f"CIFAR-10 batch file not found: {path}")
-    with open(path, "rb") as f:
-      d = pickle.load(f, encoding="bytes")
-    images.append(np.asarray(d[b"data"], np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
-    labels.append(np.asarray(d[b"labels"], np.int32))
+    try:
+      with open(path, "rb") as f:
+        d = pickle.load(f, encoding="bytes")
+      image = np.asarray(d[b"data"], np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+      label = np.asarray(d[b"labels"], np.int32)
+    except Exception as err:  # truncated, not a pickle, another format
+      raise ValueError(f"{path} is not a CIFAR-10 python batch file ({type(err).__name__}: {err}); "
+                       "download and unpack cifar-10-python.tar.gz again") from None
+    if len(image) != len(label):
+      raise ValueError(f"{path} holds {len(image)} images but {len(label)} labels; "
+                       "download and unpack cifar-10-python.tar.gz again")
+    images.append(image)
+    labels.append(label)
   return {"image": np.concatenate(images), "label": np.concatenate(labels)}
 
 
 def _from_files(data_dir) -> ImageData:
   root = pathlib.Path(data_dir)
   directory = root / "cifar-10-batches-py" if (root / "cifar-10-batches-py").is_dir() else root
-  train = _read_pickles(directory, [f"data_batch_{i}" for i in range(1, 6)])
-  return ImageData("CIFAR-10", train, _read_pickles(directory, ["test_batch"]))
+  return ImageData("CIFAR-10", *(_read_pickles(directory, BATCH_FILES[s]) for s in ("train", "test")))
 
 
 def _from_tfds(data_dir) -> ImageData:
   import tensorflow_datasets as tfds
-  splits = tfds.as_numpy(tfds.load("cifar10", split=["train", "test"], batch_size=-1, data_dir=data_dir))
+  # one batch larger than either split holds each whole split (batch_size=-1 aborts tf 2.21 on mock data)
+  splits = tfds.load("cifar10", split=["train", "test"], batch_size=60_000, data_dir=data_dir)
   to = lambda d: {"image": np.asarray(d["image"], np.uint8), "label": np.asarray(d["label"], np.int32)}
-  return ImageData("CIFAR-10", *[to(d) for d in splits])
+  return ImageData("CIFAR-10 (tensorflow-datasets)", *[to(next(iter(tfds.as_numpy(d)))) for d in splits])
 
 
 def synthetic(num_train: int = 5000, num_test: int = 1000, seed: int = 0) -> ImageData:
@@ -74,19 +87,28 @@ def synthetic(num_train: int = 5000, num_test: int = 1000, seed: int = 0) -> Ima
 
 
 def load(source: str = "auto", data_dir=None) -> ImageData:
-  """CIFAR-10 from `source`; "auto": files in data_dir, else tfds, else the synthetic stand-in."""
+  """CIFAR-10 from `source`. "auto" with `data_dir`: its python batch files, else a tfds
+  cifar10 prepared there, else an error naming both; never the stand-in. "auto" without:
+  tfds's default folder, else the synthetic stand-in (labelled NOT CIFAR-10)."""
   if source not in SOURCES:
     raise ValueError(f"unknown CIFAR-10 source {source!r}; expected one of {SOURCES}")
+  if source == "synthetic":
+    return synthetic()
   if source == "files" or (source == "auto" and data_dir and any(pathlib.Path(data_dir).rglob("data_batch_1"))):
     if not data_dir:
       raise ValueError("source 'files' needs data_dir (the folder with cifar-10-batches-py)")
     return _from_files(data_dir)
-  if source in ("tfds", "auto"):
-    try:
-      return _from_tfds(data_dir)
-    except Exception as err:  # not installed, offline, not prepared
-      if source == "tfds":
-        raise RuntimeError(f"tensorflow-datasets could not load cifar10 ({err})") from err
+  if data_dir and not pathlib.Path(data_dir).is_dir():
+    raise FileNotFoundError(f"CIFAR-10 --data-dir {data_dir} is not a folder")
+  try:
+    return _from_tfds(data_dir)
+  except Exception as err:  # not installed, offline, not prepared
+    if source == "tfds" or data_dir:
+      expected = "" if source == "tfds" else (f"{pathlib.Path(data_dir) / 'cifar-10-batches-py'}/"
+                                              f"{{{','.join(BATCH_FILES['train'] + BATCH_FILES['test'])}}} or ")
+      raise FileNotFoundError(f"no CIFAR-10 in {data_dir or 'the tensorflow-datasets folder'}: expected {expected}"
+                              f"a tensorflow-datasets cifar10 prepared there ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else ''})") from None
   return synthetic()
 
 

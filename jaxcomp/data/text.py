@@ -1,23 +1,40 @@
-"""Language-model data: Wikitext-2 (raw v1), GPT-2 BPE, and an offline stand-in corpus.
+"""Language-model data: text from any files (raw or tokenized WikiText), or the WikiText-2
+validation text shipped with jaxcomp; byte tokens or GPT-2's BPE.
 
-Text is tokenised whole, concatenated and cut into non-overlapping blocks of `block_size`
-tokens (the remainder dropped); block i has example id i (AQ-SGD's buffer row).
+Each split's text is tokenised whole, and cut into non-overlapping blocks of `block_size`
+tokens (the remainder dropped); block i has example id i (AQ-SGD's buffer row). A `Corpus`
+and a tokenizer each carry a `name` saying what they are, and `TextData.name` joins both so
+every output labels its data.
 """
 import dataclasses
+import functools
 import pathlib
+import re
 
 import numpy as np
 
 from jaxcomp.data import batching
 
-SPLIT_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw", "test": "wiki.test.raw"}
-OFFLINE_NAME = "generated English-like corpus, byte tokens (offline stand-in, NOT Wikitext-2)"
+SHIPPED_FILE = pathlib.Path(__file__).with_name("wikitext2_valid.txt")  # notice: WIKITEXT2_README.md
+EVAL_FRACTION = 0.1  # of the articles, the last ones, when one text is split into train/eval
+DATA_DIR_FILES = {"train": ("wiki.train.raw", "wiki.train.tokens"),
+                  "validation": ("wiki.valid.raw", "wiki.valid.tokens")}
+TOKENIZERS = ("bytes", "gpt2")
+ARTICLE_HEADING = re.compile(r"^ = [^=].* = *$", re.MULTILINE)  # " = Title = "; sections are " = = X = = "
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+  name: str  # what the text is, e.g. "WikiText-2 validation split (tokenized release) ..."
+  train: str
+  validation: str
 
 
 @dataclasses.dataclass(frozen=True)
 class ByteTokenizer:
   """UTF-8 bytes as tokens 0..255; 256 is end-of-text. vocab_size = 257."""
   vocab_size: int = 257
+  name: str = "byte tokens"
 
   def encode(self, text: str) -> list[int]:
     return list(text.encode("utf-8"))
@@ -26,76 +43,111 @@ class ByteTokenizer:
     return bytes(int(i) for i in ids if i < 256).decode("utf-8", errors="replace")
 
 
+# GPT-2's pre-tokenizer never joins a newline with the non-space text after it (" ?\S" starts a
+# new piece), so the text can be cut there and the pieces encoded in parallel, identically.
+_INDEPENDENT_PIECES = re.compile(r"(?<=\n)(?= ?\S)")
+
+
 @dataclasses.dataclass(frozen=True)
 class BPETokenizer:
-  """GPT-2's byte-level BPE from `vocab.json` + `merges.txt`, run by the `tokenizers` library."""
+  """GPT-2's byte-level BPE from `vocab.json` + `merges.txt`, run by the `tokenizers` library
+  (built once per tokenizer object)."""
   vocab_file: str
   merges_file: str
 
-  @property
-  def _impl(self):
+  @functools.cached_property
+  def model(self):
     from tokenizers import ByteLevelBPETokenizer
     return ByteLevelBPETokenizer(self.vocab_file, self.merges_file)
 
   @property
+  def name(self) -> str:
+    return f"GPT-2 BPE ({pathlib.Path(self.vocab_file).parent})"
+
+  @property
   def vocab_size(self) -> int:
-    return self._impl.get_vocab_size()
+    return self.model.get_vocab_size()
 
   def encode(self, text: str) -> list[int]:
-    return self._impl.encode(text).ids
+    pieces = self.model.encode_batch(_INDEPENDENT_PIECES.split(text))
+    return [i for piece in pieces for i in piece.ids]
 
   def decode(self, ids) -> str:
-    return self._impl.decode([int(i) for i in ids])
+    return self.model.decode([int(i) for i in ids])
 
 
-def load_wikitext2(data_dir=None) -> dict[str, str]:
-  """{split: raw text} from wiki.{train,valid,test}.raw in data_dir, or from the HF hub."""
-  if data_dir is not None:
-    root = pathlib.Path(data_dir)
-    out = {}
-    for split, name in SPLIT_FILES.items():
-      matches = [root / name] if (root / name).exists() else list(root.rglob(name))
-      if not matches:
-        raise FileNotFoundError(f"Wikitext-2 file {name} not found under {root}")
-      out[split] = matches[0].read_text(encoding="utf-8")
-    return out
+def tokenizer(kind: str, tokenizer_dir=None):
+  """"bytes", or "gpt2" from `tokenizer_dir` with vocab.json and merges.txt."""
+  if kind == "bytes":
+    return ByteTokenizer()
+  if kind != "gpt2":
+    raise ValueError(f"unknown tokenizer {kind!r}; expected one of {TOKENIZERS}")
+  if tokenizer_dir is None:
+    raise ValueError("the gpt2 tokenizer needs a folder with GPT-2's vocab.json and merges.txt (--tokenizer-dir)")
+  files = [pathlib.Path(tokenizer_dir) / f for f in ("vocab.json", "merges.txt")]
+  missing = [str(f) for f in files if not f.is_file()]
+  if missing:
+    raise FileNotFoundError(f"GPT-2 tokenizer file not found: {', '.join(missing)}")
+  return BPETokenizer(*map(str, files))
+
+
+def read_text(path) -> str:
+  """The UTF-8 text of `path`; a missing, empty or undecodable file is named in the error."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"text file not found: {path}")
   try:
-    import datasets
-  except ImportError:
-    raise ImportError("Wikitext-2 needs data_dir (wiki.*.raw files) or the `datasets` package "
-                      "(pip install -e .[data])") from None
-  ds = datasets.load_dataset("wikitext", "wikitext-2-raw-v1")
-  return {split: "".join(ds[split]["text"]) for split in SPLIT_FILES}
+    content = path.read_text(encoding="utf-8")
+  except UnicodeDecodeError as err:
+    raise ValueError(f"{path} is not UTF-8 text ({err})") from None
+  if not content.strip():
+    raise ValueError(f"{path} is empty")
+  return content
 
 
-_WORDS = {
-    "det": "the a every one this that some no".split(),
-    "adj": "old new small large quiet bright dark early late green heavy quick careful ancient".split(),
-    "noun": "river city engineer garden machine letter village teacher bridge signal market winter "
-            "captain forest network library harbour student".split(),
-    "verb": "crossed repaired found opened followed built watched carried measured described".split(),
-    "adv": "slowly quickly carefully again finally later together quietly".split(),
-    "prep": "near under behind beside across through".split(),
-}
+def split_articles(content: str, source: str, eval_fraction: float = EVAL_FRACTION) -> tuple[str, str, str]:
+  """(train text, eval text, how): the last `eval_fraction` of the WikiText articles (at least
+  one; an article starts at a " = Title = " line) are the eval text."""
+  starts = [m.start() for m in ARTICLE_HEADING.finditer(content)]
+  if len(starts) < 2:
+    raise ValueError(f"{source} has {len(starts)} WikiText article headings (' = Title = ' lines), too few to split "
+                     "into train and eval by article; give the eval text as its own file")
+  n_eval = max(1, round(eval_fraction * len(starts)))
+  how = f"articles 1-{len(starts) - n_eval} train, {len(starts) - n_eval + 1}-{len(starts)} eval"
+  return content[: starts[-n_eval]], content[starts[-n_eval]:], how
 
 
-def offline_corpus(sentences: int = 12000, seed: int = 0) -> dict[str, str]:
-  """A generated English-like corpus (templates over fixed word lists): learnable, offline."""
-  rng = np.random.default_rng(seed)
-  pick = lambda kind: _WORDS[kind][rng.integers(len(_WORDS[kind]))]
+def shipped_corpus() -> Corpus:
+  """The WikiText-2 validation text shipped with jaxcomp (60 articles), split by article."""
+  train, validation, how = split_articles(read_text(SHIPPED_FILE), str(SHIPPED_FILE))
+  return Corpus(f"WikiText-2 validation split (tokenized release, CC BY-SA 3.0; shipped with jaxcomp), {how} "
+                "(NOT the papers' WikiText-2 train/test)", train, validation)
 
-  def sentence():
-    subject = f"{pick('det')} {pick('adj')} {pick('noun')}"
-    s = f"{subject} {pick('verb')} {pick('det')} {pick('noun')}"
-    if rng.random() < 0.5:
-      s += f" {pick('prep')} {pick('det')} {pick('adj')} {pick('noun')}"
-    if rng.random() < 0.3:
-      s += f" {pick('adv')}"
-    return s[0].upper() + s[1:] + "."
 
-  text = [sentence() for _ in range(sentences)]
-  cut = int(0.9 * sentences)
-  return {"train": " ".join(text[:cut]), "validation": " ".join(text[cut:]), "test": " ".join(text[cut:])}
+def files_corpus(train_file, valid_file=None) -> Corpus:
+  """Text from any files; without `valid_file` the train file is split by article."""
+  content = read_text(train_file)
+  if valid_file is not None:
+    return Corpus(f"text files {train_file} (train), {valid_file} (eval)", content, read_text(valid_file))
+  train, validation, how = split_articles(content, str(train_file))
+  return Corpus(f"text file {train_file}, {how}", train, validation)
+
+
+def data_dir_corpus(data_dir) -> Corpus:
+  """WikiText-2 from `data_dir` (searched recursively): wiki.{train,valid}.raw (raw release)
+  or wiki.{train,valid}.tokens (tokenized release); a test file is not needed."""
+  root = pathlib.Path(data_dir)
+  if not root.is_dir():
+    raise FileNotFoundError(f"--data-dir {root} is not a folder (expected wiki.train.raw and wiki.valid.raw, "
+                            "or wiki.train.tokens and wiki.valid.tokens, in it)")
+  found = {}
+  for split, names in DATA_DIR_FILES.items():
+    matches = sorted(p for name in names for p in root.rglob(name))
+    if not matches:
+      raise FileNotFoundError(f"no {' or '.join(names)} under {root}; name the files with --train-file/--valid-file")
+    found[split] = matches[0]
+  corpus = files_corpus(found["train"], found["validation"])
+  return dataclasses.replace(corpus, name="WikiText-2 " + corpus.name)
 
 
 def blocks(token_ids, block_size: int) -> np.ndarray:
@@ -117,24 +169,15 @@ class TextData:
   vocab_size: int
 
 
-def load(source: str, block_size: int, data_dir=None, tokenizer_dir=None) -> TextData:
-  """"offline": generated corpus + bytes; "wikitext2": Wikitext-2 raw + GPT-2 BPE (tokenizer_dir
-  holds vocab.json and merges.txt)."""
-  if source == "offline":
-    text, tok, name = offline_corpus(), ByteTokenizer(), OFFLINE_NAME
-  elif source == "wikitext2":
-    if tokenizer_dir is None:
-      raise ValueError("wikitext2 needs tokenizer_dir with GPT-2's vocab.json and merges.txt")
-    tdir = pathlib.Path(tokenizer_dir)
-    for f in ("vocab.json", "merges.txt"):
-      if not (tdir / f).exists():
-        raise FileNotFoundError(f"GPT-2 tokenizer file not found: {tdir / f}")
-    text, name = load_wikitext2(data_dir), "Wikitext-2 (raw v1), GPT-2 BPE"
-    tok = BPETokenizer(str(tdir / "vocab.json"), str(tdir / "merges.txt"))
-  else:
-    raise ValueError(f"unknown text source {source!r}; expected 'offline' or 'wikitext2'")
-  return TextData(name, blocks(tok.encode(text["train"]), block_size),
-                  blocks(tok.encode(text["validation"]), block_size), tok.vocab_size)
+def load(corpus: Corpus, tok, block_size: int) -> TextData:
+  """`corpus` tokenised by `tok` (a ByteTokenizer or BPETokenizer) into blocks."""
+  def split_blocks(split, content):
+    try:
+      return blocks(tok.encode(content), block_size)
+    except ValueError as err:
+      raise ValueError(f"the {split} text of {corpus.name}: {err}; use a smaller block size") from None
+  return TextData(f"{corpus.name}; {tok.name}", split_blocks("train", corpus.train),
+                  split_blocks("eval", corpus.validation), tok.vocab_size)
 
 
 def train_batches(data: TextData, batch_size: int, seed: int, epoch: int, shards: int = 1):
