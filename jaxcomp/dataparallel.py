@@ -7,7 +7,7 @@ averages the decoded messages, e' = g + e - C(g + e).
 import jax
 import jax.numpy as jnp
 
-STAGE, DATA = "stage", "data"
+from jaxcomp.schedule import DATA, STAGE
 
 
 def gathered_mean(scheme, payload):

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jaxcomp import boundary as boundary_mod, layout, pipeline as pl
 from jaxcomp.boundary import LinkState, Mode, Transport
 
-STAGE = "stage"
+STAGE, DATA = "stage", "data"
 REMAT = ("stage", "none")
 
 
@@ -53,6 +53,12 @@ def phases(num_stages: int, microbatches: int) -> tuple[range, range, range]:
 def busy(tick, stage, microbatches):
   """Whether `stage` has a microbatch (tick - stage) at `tick`."""
   return (tick - stage >= 0) & (tick - stage < microbatches)
+
+
+def global_microbatch(prog, m):
+  """Index in the global batch of this data shard's microbatch m (keys are drawn by it, so
+  stochastic codecs and dropout equal `simulate`'s at the global batch)."""
+  return jax.lax.axis_index(DATA) * prog.pipe.microbatches + m
 
 
 def boundaries_at(tick: int, num_stages: int, microbatches: int) -> list[int]:
@@ -117,7 +123,8 @@ def stage_step(prog: Program, tick, params_row, ms_row, x_buf, mbs, step_key):
     m = jnp.clip(tick - s, 0, m_count - 1)
     mb = jax.tree.map(lambda a: a[m], mbs)
     index = jnp.where(busy(tick, s, m_count), s, s_count)
-    return jax.lax.switch(index, branches, params_row, ms_row, x_buf, mb, pl.stage_key(step_key, m, s))
+    rng = pl.stage_key(step_key, global_microbatch(prog, m), s)
+    return jax.lax.switch(index, branches, params_row, ms_row, x_buf, mb, rng)
 
   return run(jnp.asarray(tick, jnp.int32), params_row, ms_row, x_buf, mbs, step_key)
 
@@ -133,7 +140,8 @@ def boundary_step(prog: Program, tick, b: int, y_buf, fwd_tables, bwd_tables, mb
   (fs, fr), (bs, br) = fwd_tables, bwd_tables
   link = LinkState(layout.gather_rows(fs, fwd_rows, shape), layout.gather_rows(fr, fwd_rows, shape),
                    layout.gather_rows(bs, bwd_rows, shape), layout.gather_rows(br, bwd_rows, shape))
-  x, (fs_new, fr_new) = boundary(layout.unpad(y_buf, shape), link, pl.link_key(step_key, m, b), prog.mode,
+  key = pl.link_key(step_key, global_microbatch(prog, m), b)
+  x, (fs_new, fr_new) = boundary(layout.unpad(y_buf, shape), link, key, prog.mode,
                                  s == b, s == b + 1)
   if prog.mode in (Mode.TRAIN, Mode.WARMUP):
     fwd_tables = (layout.put_rows(fs, fwd_rows, fs_new), layout.put_rows(fr, fwd_rows, fr_new))
@@ -276,7 +284,7 @@ def stage_backward(prog: Program, tick, params_row, stash, mbs, step_key, g_buf,
   index = jnp.where(busy(tick, backward_tick(prog, s), m_count), s, s_count)
   branches = [stage_grads(prog, j) for j in range(s_count)] + [no_grads]
   return jax.lax.switch(index, branches, params_row, stash.model_state[slot], stash.x_buf[slot], mb,
-                        pl.stage_key(step_key, m, s), g_buf, scale)
+                        pl.stage_key(step_key, global_microbatch(prog, m), s), g_buf, scale)
 
 
 class Stash(NamedTuple):
@@ -319,7 +327,7 @@ def forward_exchange(prog: Program, tick, b: int, y_buf, carry: ExplicitCarry, m
   x, fs_new, fr_new, idx = boundary_mod.forward_half(
       _boundary(prog, b), prog.mode is Mode.WARMUP, layout.unpad(y_buf, shape),
       layout.gather_rows(fs, fwd_rows, shape), layout.gather_rows(fr, fwd_rows, shape),
-      pl.link_key(step_key, m, b), s == b, s == b + 1)
+      pl.link_key(step_key, global_microbatch(prog, m), b), s == b, s == b + 1)
   tables = (layout.put_rows(fs, fwd_rows, fs_new), layout.put_rows(fr, fwd_rows, fr_new))
   stash = carry.stash
   if idx is not None:
@@ -343,7 +351,7 @@ def backward_exchange(prog: Program, tick, b: int, dx_buf, bwd_old, carry: Expli
   dx, bs_new, br_new = boundary_mod.backward_half(
       _boundary(prog, b), prog.mode is Mode.WARMUP, layout.unpad(dx_buf, shape),
       layout.gather_rows(bs_old, rows, shape), layout.gather_rows(br_old, rows, shape),
-      pl.link_key(step_key, m, b), s == b, s == b + 1, idx)
+      pl.link_key(step_key, global_microbatch(prog, m), b), s == b, s == b + 1, idx)
   bs, br = carry.bwd_tables
   keep = lambda ok, table, new: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new,
                                              layout.gather_rows(table, rows, shape))
