@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcomp import packing
+from jaxcomp import packing, selection
 
 _CAST_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 
@@ -233,16 +233,23 @@ class TopK(Codec):
   """Keeps the ceil(K*F) entries of largest |x| in each row, zeroes the rest.
 
   Rows are examples (F = all features of one example, as in the reference code) or the
-  last axis. Exactly k entries are selected per row (`lax.top_k`), so ties never drop the
-  count below k. Sends the k values plus their positions as uint16/int32 indices or as an
-  F-bit mask per row, whichever is smaller.
+  last axis. Exactly k entries are selected per row, the set `lax.top_k(|x|, k)` returns
+  (ties by lowest position; NaN ranks above inf), so ties never drop the count below k.
+  Sends the k values plus their positions as uint16/int32 indices or as an F-bit mask per
+  row, whichever is smaller; values travel in the order of the positions.
+  `select`: "threshold" (counting passes + prefix-sum compaction, `jaxcomp.selection`),
+  "sort" (`lax.top_k`), "approx" (`lax.approx_max_k`), or "auto": the fastest measured on
+  the default backend (threshold on CPU; sort elsewhere until measured).
   """
   fraction: float = 0.1
   per: str = "example"
+  select: str = "auto"
 
   def __post_init__(self):
     _check_fraction(self.fraction)
     _check_per(self.per)
+    if self.select not in ("auto", *selection.SELECTORS):
+      raise ValueError(f"select must be one of {('auto', *selection.SELECTORS)}, got {self.select!r}")
 
   def k(self, shape) -> int:
     return _k(self.fraction, _rows(shape, self.per)[1])
@@ -251,10 +258,25 @@ class TopK(Codec):
     _, f = _rows(shape, self.per)
     return f / 8 < self.k(shape) * np.dtype(_index_dtype(f)).itemsize
 
-  def select(self, x) -> jax.Array:
-    """Indices [R, k] of the largest-magnitude entries of each row."""
+  @property
+  def selector(self) -> str:
+    """The selection method `select` resolves to on the default backend."""
+    if self.select != "auto":
+      return self.select
+    return "threshold" if jax.default_backend() == "cpu" else "sort"
+
+  def positions(self, x) -> jax.Array:
+    """Int32 [R, k]: positions of the largest-magnitude entries of each row."""
     r, f = _rows(x.shape, self.per)
-    return jax.lax.top_k(jnp.abs(x.reshape(r, f)), self.k(x.shape))[1]
+    return selection.top_k_positions(x.reshape(r, f), self.k(x.shape), self.selector)
+
+  def _mask(self, x_RxF, k) -> jax.Array:
+    """Packed bitmask [R, ceil(F/8)] of the selected entries."""
+    if self.selector == "threshold":
+      return packing.pack_mask(selection.top_k_mask(x_RxF, k))
+    idx = selection.top_k_positions(x_RxF, k, self.selector)
+    rows = jnp.arange(x_RxF.shape[0])[:, None]
+    return packing.pack_mask(jnp.zeros(x_RxF.shape, bool).at[rows, idx].set(True))
 
   def values_at(self, x, idx_RxK) -> Payload:
     """The values of x at given per-row indices (index reuse: the receiver knows them)."""
@@ -269,15 +291,13 @@ class TopK(Codec):
 
   def encode(self, x, key=None):
     r, f = _rows(x.shape, self.per)
-    idx = self.select(x)
+    x_RxF = x.reshape(r, f)
     if self.uses_mask(x.shape):
-      idx = jnp.sort(idx, axis=1)  # values travel in positional order
-      mask = jnp.zeros((r, f), bool).at[jnp.arange(r)[:, None], idx].set(True)
-      where = {"mask": packing.pack_mask(mask)}
-    else:
-      where = {"indices": idx.astype(_index_dtype(f))}
-    values = jnp.take_along_axis(x.reshape(r, f), idx, axis=1)
-    return Payload({"values": values, **where}, x.shape, x.dtype)
+      mask = self._mask(x_RxF, self.k(x.shape))
+      return Payload({"values": packing.compact(mask, f, self.k(x.shape), x_RxF), "mask": mask}, x.shape, x.dtype)
+    idx = self.positions(x)
+    return Payload({"values": jnp.take_along_axis(x_RxF, idx, axis=1), "indices": idx.astype(_index_dtype(f))},
+                   x.shape, x.dtype)
 
   def indices(self, payload: Payload) -> jax.Array:
     """Selected positions [R, k] (int32) recovered from a payload, either encoding."""

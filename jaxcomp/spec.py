@@ -1,11 +1,11 @@
 """One-line string specs for CLIs: `[scheme+]codec[:arg[:option...]]`.
 
 Codecs:  none | bf16 | fp16 | fp8 | quant:BITS[:stoch] | maxabs:BITS[:tensor|channel][:stoch]
-         | topk:FRACTION[:row] | randk:FRACTION[:row]
+         | topk:FRACTION[:row][:threshold|sort|approx] | randk:FRACTION[:row]
 Schemes: plain (default) | ef | ef21 | efmixed | aqsgd;  backward only: reuse (TopK index reuse)
 Examples: `topk:0.1`, `quant:4`, `ef21+topk:0.1`, `aqsgd+maxabs:2:stoch`, `reuse`.
 """
-from jaxcomp import codecs, feedback
+from jaxcomp import codecs, feedback, selection
 from jaxcomp.boundary import Boundary, Reuse
 
 _SCHEMES = {"plain": feedback.Plain, "ef": feedback.EF, "ef21": feedback.EF21,
@@ -21,6 +21,14 @@ def _number(text, kind, spec):
     raise ValueError(f"bad number {text!r} in compression spec {spec!r}") from None
 
 
+def _one_of(choices, options, default, spec):
+  """The option among `choices` given in a spec (at most one), else `default`."""
+  given = [c for c in choices if c in options]
+  if len(given) > 1:
+    raise ValueError(f"{spec!r} gives {' and '.join(given)}; choose one of {list(choices)}")
+  return given[0] if given else default
+
+
 def parse_codec(spec: str) -> codecs.Codec:
   name, *args = spec.strip().lower().split(":")
   options = set(args[1:])
@@ -29,7 +37,8 @@ def parse_codec(spec: str) -> codecs.Codec:
   if name in _CASTS and not args:
     return codecs.Cast(_CASTS[name])
   if name in ("quant", "maxabs", "topk", "randk") and args:
-    allowed = {"quant": {"stoch"}, "maxabs": {"stoch", "tensor", "channel"}}.get(name, {"row"})
+    allowed = {"quant": {"stoch"}, "maxabs": {"stoch", "tensor", "channel"},
+               "topk": {"row", *selection.SELECTORS}}.get(name, {"row"})
     if not options <= allowed:
       raise ValueError(f"unknown option(s) {sorted(options - allowed)} in {spec!r}; allowed: {sorted(allowed)}")
     if name == "quant":
@@ -38,8 +47,9 @@ def parse_codec(spec: str) -> codecs.Codec:
       return codecs.MaxAbsQuant(_number(args[0], int, spec), stochastic="stoch" in options,
                                 granularity="tensor" if "tensor" in options else "channel")
     per = "row" if "row" in options else "example"
-    cls = codecs.TopK if name == "topk" else codecs.RandK
-    return cls(_number(args[0], float, spec), per=per)
+    if name == "randk":
+      return codecs.RandK(_number(args[0], float, spec), per=per)
+    return codecs.TopK(_number(args[0], float, spec), per=per, select=_one_of(selection.SELECTORS, options, "auto", spec))
   raise ValueError(f"unknown compressor {spec!r}; expected one of {list(_CODECS)} "
                    "(quant/maxabs take :BITS, topk/randk take :FRACTION)")
 

@@ -12,6 +12,7 @@ ALL_CODECS = [
     codecs.MinMaxQuant(1), codecs.MinMaxQuant(2), codecs.MinMaxQuant(3), codecs.MinMaxQuant(8),
     codecs.MinMaxQuant(16), codecs.MaxAbsQuant(2), codecs.MaxAbsQuant(4, "tensor"),
     codecs.MaxAbsQuant(5, stochastic=True), codecs.TopK(0.1), codecs.TopK(0.5), codecs.TopK(0.3, "row"),
+    codecs.TopK(0.1, select="sort"),
     codecs.RandK(0.2),
 ]
 SHAPES = [(4, 33), (2, 8, 8, 6), (3, 5, 16)]
@@ -166,14 +167,14 @@ def test_topk_chooses_cheaper_position_encoding_and_both_decode():
   for codec in (dense, sparse):
     payload = codec.encode(x)
     idx = np.sort(np.asarray(codec.indices(payload)), axis=1)
-    np.testing.assert_array_equal(idx, np.sort(np.asarray(codec.select(x)), axis=1))
+    np.testing.assert_array_equal(idx, np.sort(np.asarray(codec.positions(x)), axis=1))
 
 
 def test_topk_per_row_and_values_at_scatter():
   x = _x((2, 3, 20))
   codec = codecs.TopK(0.25, per="row")
   assert np.all(np.count_nonzero(np.asarray(codec(x)), axis=-1) == 5)
-  idx = codec.select(x)
+  idx = codec.positions(x)
   assert idx.shape == (6, 5)
   np.testing.assert_array_equal(np.asarray(codec.scatter(codec.values_at(x, idx), idx)), np.asarray(codec(x)))
 
@@ -195,6 +196,7 @@ def test_randk_keeps_k_random_entries_decoded_from_seed():
     (lambda: codecs.TopK(1.5), "got 1.5"),
     (lambda: codecs.RandK(-0.1), "got -0.1"),
     (lambda: codecs.TopK(0.1, per="channel"), "per must be 'example' or 'row', got 'channel'"),
+    (lambda: codecs.TopK(0.1, select="heap"), "select must be one of"),
     (lambda: codecs.Cast("int8"), "Cast dtype must be one of"),
     (lambda: codecs.MaxAbsQuant(4, granularity="row"), "granularity"),
 ])
