@@ -305,12 +305,13 @@ class TopK(Codec):
     if "indices" in a:
       return a["indices"].astype(jnp.int32)
     _, f = _rows(payload.shape, self.per)
-    k = a["values"].shape[1]
-    mask = packing.unpack_mask(a["mask"], f)
-    return jax.vmap(lambda m: jnp.nonzero(m, size=k, fill_value=0)[0])(mask).astype(jnp.int32)
+    return packing.compact(a["mask"], f, a["values"].shape[1])
 
   def decode(self, payload):
-    return self.scatter(payload, self.indices(payload))
+    if "indices" in payload.arrays:
+      return self.scatter(payload, self.indices(payload))
+    _, f = _rows(payload.shape, self.per)
+    return packing.expand(payload.arrays["mask"], f, payload.arrays["values"]).reshape(payload.shape)
 
   def wire_bytes(self, shape, dtype):
     r, f = _rows(shape, self.per)
