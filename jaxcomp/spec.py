@@ -1,9 +1,9 @@
 """One-line string specs for CLIs: `[scheme+]codec[:arg[:option...]]`.
 
 Codecs:  none | bf16 | fp16 | fp8 | quant:BITS[:stoch] | maxabs:BITS[:tensor|channel][:stoch]
-         | topk:FRACTION[:row][:threshold|sort|approx] | randk:FRACTION[:row]
+         | topk:FRACTION[:row][:bf16|q8][:threshold|sort|approx] | randk:FRACTION[:row]
 Schemes: plain (default) | ef | ef21 | efmixed | aqsgd;  backward only: reuse (TopK index reuse)
-Examples: `topk:0.1`, `quant:4`, `ef21+topk:0.1`, `aqsgd+maxabs:2:stoch`, `reuse`.
+Examples: `topk:0.1`, `topk:0.1:q8` (8-bit values), `quant:4`, `ef21+topk:0.1`, `aqsgd+maxabs:2:stoch`, `reuse`.
 """
 from jaxcomp import codecs, feedback, selection
 from jaxcomp.boundary import Boundary, Reuse
@@ -38,7 +38,7 @@ def parse_codec(spec: str) -> codecs.Codec:
     return codecs.Cast(_CASTS[name])
   if name in ("quant", "maxabs", "topk", "randk") and args:
     allowed = {"quant": {"stoch"}, "maxabs": {"stoch", "tensor", "channel"},
-               "topk": {"row", *selection.SELECTORS}}.get(name, {"row"})
+               "topk": {"row", "bf16", "q8", *selection.SELECTORS}}.get(name, {"row"})
     if not options <= allowed:
       raise ValueError(f"unknown option(s) {sorted(options - allowed)} in {spec!r}; allowed: {sorted(allowed)}")
     if name == "quant":
@@ -49,7 +49,8 @@ def parse_codec(spec: str) -> codecs.Codec:
     per = "row" if "row" in options else "example"
     if name == "randk":
       return codecs.RandK(_number(args[0], float, spec), per=per)
-    return codecs.TopK(_number(args[0], float, spec), per=per, select=_one_of(selection.SELECTORS, options, "auto", spec))
+    return codecs.TopK(_number(args[0], float, spec), per=per, select=_one_of(selection.SELECTORS, options, "auto", spec),
+                       values=_one_of(("bf16", "q8"), options, "native", spec))
   raise ValueError(f"unknown compressor {spec!r}; expected one of {list(_CODECS)} "
                    "(quant/maxabs take :BITS, topk/randk take :FRACTION)")
 

@@ -12,7 +12,8 @@ ALL_CODECS = [
     codecs.MinMaxQuant(1), codecs.MinMaxQuant(2), codecs.MinMaxQuant(3), codecs.MinMaxQuant(8),
     codecs.MinMaxQuant(16), codecs.MaxAbsQuant(2), codecs.MaxAbsQuant(4, "tensor"),
     codecs.MaxAbsQuant(5, stochastic=True), codecs.TopK(0.1), codecs.TopK(0.5), codecs.TopK(0.3, "row"),
-    codecs.TopK(0.1, select="sort"),
+    codecs.TopK(0.1, select="sort"), codecs.TopK(0.1, values="bf16"), codecs.TopK(0.5, values="q8"),
+    codecs.TopK(0.02, values="q8"),
     codecs.RandK(0.2),
 ]
 SHAPES = [(4, 33), (2, 8, 8, 6), (3, 5, 16)]
@@ -197,9 +198,42 @@ def test_randk_keeps_k_random_entries_decoded_from_seed():
     (lambda: codecs.RandK(-0.1), "got -0.1"),
     (lambda: codecs.TopK(0.1, per="channel"), "per must be 'example' or 'row', got 'channel'"),
     (lambda: codecs.TopK(0.1, select="heap"), "select must be one of"),
+    (lambda: codecs.TopK(0.1, values="int4"), "values must be one of"),
     (lambda: codecs.Cast("int8"), "Cast dtype must be one of"),
     (lambda: codecs.MaxAbsQuant(4, granularity="row"), "granularity"),
 ])
 def test_bad_configs(make, match):
   with pytest.raises(ValueError, match=match):
     make()
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.02])  # mask and index encodings
+def test_topk_q8_values_on_a_symmetric_grid_with_zero(fraction):
+  x = _x((3, 200), seed=5).at[1].set(0.0)  # an all-zero row: scale 0 decodes to exact zeros
+  q8, exact = codecs.TopK(fraction, values="q8"), codecs.TopK(fraction)
+  payload = q8.encode(x)
+  assert payload.arrays["values"].dtype == jnp.int8 and payload.arrays["scale"].shape == (3,)
+  assert int(jnp.min(payload.arrays["values"])) >= -127
+  reference = np.asarray(exact(x))
+  scale = np.abs(reference).max(axis=1, keepdims=True)
+  x_hat = np.asarray(q8.decode(payload))
+  assert (np.abs(x_hat - reference) <= scale / 254 * (1 + 1e-5)).all()
+  np.testing.assert_array_equal(x_hat[1], 0.0)
+  np.testing.assert_array_equal(np.asarray(q8(-x)), -x_hat)  # symmetric grid
+
+
+@pytest.mark.parametrize("values", ["native", "bf16", "q8"])
+def test_topk_value_formats_with_index_reuse(values):
+  from jaxcomp.boundary import Boundary, Reuse
+  from jaxcomp import feedback
+  x, g = _x((4, 64), seed=1), _x((4, 64), seed=2)
+  topk = codecs.TopK(0.25, values=values)
+  idx = topk.indices(topk.encode(x))
+  sent = topk.values_at(g, idx)
+  link = Boundary(feedback.Plain(topk), Reuse())
+  assert link.wire_bytes(x.shape, x.dtype) == (codecs.nbytes(topk.encode(x)), codecs.nbytes(sent))
+  g_hat = np.asarray(topk.scatter(sent, idx))
+  kept = np.asarray(codecs.TopK(0.25)(x)) != 0
+  tolerance = {"native": 0.0, "bf16": 2**-8, "q8": 1 / 254}[values] * np.abs(np.asarray(g)).max()
+  assert (np.abs(g_hat - np.where(kept, np.asarray(g), 0.0)) <= tolerance * (1 + 1e-5)).all()
+  assert (g_hat[~kept] == 0).all()
