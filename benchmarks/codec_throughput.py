@@ -15,7 +15,7 @@ from benchmarks.common import median_seconds
 from jaxcomp import codecs, spec
 
 SPECS = ["bf16", "quant:2", "quant:4", "quant:8", "maxabs:2", "maxabs:3", "maxabs:4", "maxabs:4:stoch",
-         "topk:0.1", "topk:0.01"]
+         "topk:0.1", "topk:0.1:sort", "topk:0.1:bf16", "topk:0.1:q8", "topk:0.01"]
 
 
 def measure(shape, repeats):

@@ -1,63 +1,112 @@
-"""TopK selection: exact `lax.top_k` vs `lax.approx_max_k` vs a sampled threshold.
+"""TopK selection and the topk codec: threshold vs `lax.top_k` vs `approx_max_k` vs NumPy, one run.
 
-`python -m benchmarks.topk_selection [--shape 8,131072] [--repeats 10]`
-Per row of F features, k = K*F entries of largest |x|. Recall = fraction of the exact
-top-k set a method returns; "kept/k" = how many entries it keeps (the threshold method's
-count varies, so it does not give the exact-count guarantee the library's TopK keeps).
+`python -m benchmarks.topk_selection [--shape 8,98304] [--rounds 7]`
+Per row of F features, k = K*F entries of largest |x|. Table 1: selection alone (positions
+of the k entries): threshold (`jaxcomp.selection`), `lax.top_k`, `lax.approx_max_k`, and
+NumPy `argpartition` on the host; recall = fraction of the exact set returned. Table 2:
+the topk codec's encode+decode with each `select=`, and the path before this change
+(`lax.top_k` + per-row `jnp.nonzero` mask decode). Every method is timed in interleaved
+rounds (machine drift hits all alike); each figure is the median over rounds.
 """
 import argparse
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import median_seconds
+from jaxcomp import codecs, packing, selection
 
 
-def exact(a, k):
-  return jax.lax.top_k(a, k)[1]
+def numpy_argpartition(a, k):
+  """Host selection of the same rows: indices of the k largest |x| per row (unordered)."""
+  return np.argpartition(-np.abs(a), k - 1, axis=1)[:, :k]
 
 
-def approx(a, k):
-  return jax.lax.approx_max_k(a, k, recall_target=0.95)[1]
+def before_this_change(codec: codecs.TopK):
+  """encode+decode as it was: lax.top_k, sorted positions, mask decoded with a per-row nonzero."""
+  def round_trip(x):
+    r, f = x.shape[0], x[0].size
+    x_RxF = x.reshape(r, f)
+    k = codec.k(x.shape)
+    idx = jnp.sort(jax.lax.top_k(jnp.abs(x_RxF), k)[1], axis=1)
+    rows = jnp.arange(r)[:, None]
+    packed = packing.pack_mask(jnp.zeros((r, f), bool).at[rows, idx].set(True))
+    values = jnp.take_along_axis(x_RxF, idx, axis=1)
+    mask = packing.unpack_mask(packed, f)
+    got = jax.vmap(lambda m: jnp.nonzero(m, size=k, fill_value=0)[0])(mask)
+    return jnp.zeros((r, f), x.dtype).at[rows, got].set(values).reshape(x.shape)
+  return round_trip
 
 
-def threshold_mask(a, k, key, samples=4096):
-  """Keep |x| >= the (1 - k/F) quantile of a random sample of each row."""
-  f = a.shape[1]
-  idx = jax.random.randint(key, (a.shape[0], samples), 0, f)
-  sample = jnp.take_along_axis(a, idx, axis=1)
-  t = jnp.quantile(sample, 1 - k / f, axis=1, keepdims=True)
-  return a >= t
+def host_seconds(fn, *args, repeats):
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn(*args)
+    times.append(time.perf_counter() - start)
+  return sorted(times)[len(times) // 2]
+
+
+def interleaved(methods, rounds):
+  """Median over rounds of each method's median-of-3 time; methods alternate within a round."""
+  samples = {name: [] for name in methods}
+  for _ in range(rounds):
+    for name, run in methods.items():
+      samples[name].append(run())
+  return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--shape", default="8,98304", help="rows,features (GPT-2 small example: 8,786432)")
-  parser.add_argument("--repeats", type=int, default=10)
+  parser.add_argument("--fractions", default="0.1,0.01")
+  parser.add_argument("--rounds", type=int, default=7)
   args = parser.parse_args(argv)
   rows, f = (int(s) for s in args.shape.split(","))
-  a = jnp.abs(jax.random.normal(jax.random.key(0), (rows, f)))
-  print(f"device: {jax.devices()[0].device_kind}; |x| of shape [{rows}, {f}]\n")
-  print("| K | method | ms | recall | kept/k |")
-  print("|---|---|---:|---:|---:|")
-  key = jax.random.key(1)
-  for fraction in (0.1, 0.01):
-    k = max(1, int(round(fraction * f)))
-    truth = np.asarray(jax.jit(exact, static_argnums=1)(a, k))
+  x = jax.random.normal(jax.random.key(0), (rows, f))
+  x_host = np.asarray(x)
+  print(f"device: {jax.devices()[0].device_kind}; x of shape [{rows}, {f}] fp32; {args.rounds} interleaved rounds\n")
+  selection_rows, codec_rows = [], []
+  for fraction in (float(s) for s in args.fractions.split(",")):
+    k = codecs.TopK(fraction).k(x.shape)
+    truth = np.asarray(jax.lax.top_k(jnp.abs(x), k)[1])
     truth_mask = np.zeros((rows, f), bool)
     truth_mask[np.arange(rows)[:, None], truth] = True
-    methods = {"exact lax.top_k": lambda a: exact(a, k), "lax.approx_max_k (0.95)": lambda a: approx(a, k),
-               "sampled threshold": lambda a: threshold_mask(a, k, key)}
-    for name, fn in methods.items():
-      jitted = jax.jit(fn)
-      t = median_seconds(jitted, a, repeats=args.repeats)
-      out = np.asarray(jitted(a))
-      mask = out if out.dtype == bool else np.zeros((rows, f), bool)
-      if out.dtype != bool:
-        mask[np.arange(rows)[:, None], out] = True
+    jitted = {name: jax.jit(lambda x, name=name: selection.top_k_positions(x, k, name)) for name in selection.SELECTORS}
+    methods = {f"jaxcomp {name}": (lambda fn=fn: median_seconds(fn, x, repeats=3, warmup=1)) for name, fn in jitted.items()}
+    methods["NumPy argpartition"] = lambda: host_seconds(numpy_argpartition, x_host, k, repeats=3)
+    sel_times = interleaved(methods, args.rounds)
+    outputs = {**{f"jaxcomp {n}": np.asarray(fn(x)) for n, fn in jitted.items()},
+               "NumPy argpartition": numpy_argpartition(x_host, k)}
+    for name, t in sel_times.items():
+      mask = np.zeros((rows, f), bool)
+      mask[np.arange(rows)[:, None], outputs[name]] = True
       recall = (mask & truth_mask).sum() / truth_mask.sum()
-      print(f"| {fraction:.0%} | {name} | {t * 1e3:.2f} | {recall:.4f} | {mask.sum() / truth_mask.sum():.3f} |")
+      selection_rows.append((fraction, name, t, recall, t / sel_times["NumPy argpartition"]))
+
+    codec_fns = {f"topk:{fraction}:{s}": jax.jit(codecs.TopK(fraction, select=s)) for s in selection.SELECTORS}
+    codec_fns["before (lax.top_k + nonzero decode)"] = jax.jit(before_this_change(codecs.TopK(fraction)))
+    runs = {name: (lambda fn=fn: median_seconds(fn, x, repeats=3, warmup=1)) for name, fn in codec_fns.items()}
+    runs["NumPy argpartition (selection only)"] = lambda: host_seconds(numpy_argpartition, x_host, k, repeats=3)
+    times = interleaved(runs, args.rounds)
+    reference = np.asarray(codec_fns["before (lax.top_k + nonzero decode)"](x))
+    for name, t in times.items():
+      same = "" if name.startswith("NumPy") else ("yes" if np.array_equal(np.asarray(codec_fns[name](x)), reference) else "NO")
+      codec_rows.append((fraction, name, t, t / times["before (lax.top_k + nonzero decode)"],
+                         t / times["NumPy argpartition (selection only)"], same))
+
+  print("Selection (positions of the k largest |x| per row):\n")
+  print("| K | method | ms | recall | / argpartition |")
+  print("|---|---|---:|---:|---:|")
+  for fraction, name, t, recall, ratio in selection_rows:
+    print(f"| {fraction:g} | {name} | {t * 1e3:.2f} | {recall:.4f} | {ratio:.2f} |")
+  print("\nCodec encode+decode (jit, round trip C(x)):\n")
+  print("| K | path | ms | / before | / argpartition | same output as before |")
+  print("|---|---|---:|---:|---:|---|")
+  for fraction, name, t, before, argp, same in codec_rows:
+    print(f"| {fraction:g} | {name} | {t * 1e3:.2f} | {before:.3f} | {argp:.2f} | {same} |")
 
 
 if __name__ == "__main__":

@@ -96,8 +96,7 @@ class Boundary:
   def wire_bytes(self, shape, dtype) -> tuple[int, int]:
     """(forward, backward) bytes of one message of activation shape `shape`."""
     if self.reuse:
-      r, _ = codecs._rows(shape, self.fwd.codec.per)
-      back = r * self.fwd.codec.k(shape) * jnp.dtype(dtype).itemsize
+      back = self.fwd.codec.value_bytes(shape, dtype)
     else:
       back = self.bwd.wire_bytes(shape, dtype)
     return self.fwd.wire_bytes(shape, dtype), back

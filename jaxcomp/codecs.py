@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcomp import packing
+from jaxcomp import packing, selection
 
 _CAST_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 
@@ -281,6 +281,9 @@ def _index_dtype(f: int):
   return np.uint16 if f <= 1 << 16 else np.int32
 
 
+TOPK_VALUE_FORMATS = ("native", "bf16", "q8")
+
+
 def _scatter_rows(values_RxK, idx_RxK, f):
   rows = jnp.arange(values_RxK.shape[0])[:, None]
   return jnp.zeros((values_RxK.shape[0], f), values_RxK.dtype).at[rows, idx_RxK].set(values_RxK)
@@ -291,16 +294,29 @@ class TopK(Codec):
   """Keeps the ceil(K*F) entries of largest |x| in each row, zeroes the rest.
 
   Rows are examples (F = all features of one example, as in the reference code) or the
-  last axis. Exactly k entries are selected per row (`lax.top_k`), so ties never drop the
-  count below k. Sends the k values plus their positions as uint16/int32 indices or as an
-  F-bit mask per row, whichever is smaller.
+  last axis. Exactly k entries are selected per row, the set `lax.top_k(|x|, k)` returns
+  (ties by lowest position; NaN ranks above inf), so ties never drop the count below k.
+  Sends the k values plus their positions as uint16/int32 indices or as an F-bit mask per
+  row, whichever is smaller; values travel in the order of the positions.
+  `values`: "native" (the input dtype), "bf16", or "q8": int8 codes c = round(127 v / s) on
+  the symmetric grid {-127..127} (0 included) with one fp32 scale s = max|v| per row,
+  v_hat = s c / 127, |v - v_hat| <= s / 254.
+  `select`: "threshold" (counting passes + prefix-sum compaction, `jaxcomp.selection`),
+  "sort" (`lax.top_k`), "approx" (`lax.approx_max_k`), or "auto": the fastest measured on
+  the default backend (threshold on CPU; sort elsewhere until measured).
   """
   fraction: float = 0.1
   per: str = "example"
+  select: str = "auto"
+  values: str = "native"
 
   def __post_init__(self):
     _check_fraction(self.fraction)
     _check_per(self.per)
+    if self.values not in TOPK_VALUE_FORMATS:
+      raise ValueError(f"values must be one of {TOPK_VALUE_FORMATS}, got {self.values!r}")
+    if self.select not in ("auto", *selection.SELECTORS):
+      raise ValueError(f"select must be one of {('auto', *selection.SELECTORS)}, got {self.select!r}")
 
   def k(self, shape) -> int:
     return _k(self.fraction, _rows(shape, self.per)[1])
@@ -309,33 +325,71 @@ class TopK(Codec):
     _, f = _rows(shape, self.per)
     return f / 8 < self.k(shape) * np.dtype(_index_dtype(f)).itemsize
 
-  def select(self, x) -> jax.Array:
-    """Indices [R, k] of the largest-magnitude entries of each row."""
+  @property
+  def selector(self) -> str:
+    """The selection method `select` resolves to on the default backend."""
+    if self.select != "auto":
+      return self.select
+    return "threshold" if jax.default_backend() == "cpu" else "sort"
+
+  def positions(self, x) -> jax.Array:
+    """Int32 [R, k]: positions of the largest-magnitude entries of each row."""
     r, f = _rows(x.shape, self.per)
-    return jax.lax.top_k(jnp.abs(x.reshape(r, f)), self.k(x.shape))[1]
+    return selection.top_k_positions(x.reshape(r, f), self.k(x.shape), self.selector)
+
+  def _mask(self, x_RxF, k) -> jax.Array:
+    """Packed bitmask [R, ceil(F/8)] of the selected entries."""
+    if self.selector == "threshold":
+      return packing.pack_mask(selection.top_k_mask(x_RxF, k))
+    idx = selection.top_k_positions(x_RxF, k, self.selector)
+    rows = jnp.arange(x_RxF.shape[0])[:, None]
+    return packing.pack_mask(jnp.zeros(x_RxF.shape, bool).at[rows, idx].set(True))
+
+  def _pack_values(self, v_RxK) -> dict:
+    """The selected values in the wire format `values`."""
+    if self.values == "bf16":
+      return {"values": v_RxK.astype(jnp.bfloat16)}
+    if self.values == "q8":
+      v32 = v_RxK.astype(jnp.float32)
+      scale = jnp.max(jnp.abs(v32), axis=1)
+      codes = jnp.clip(jnp.round(_ratio(v32, scale[:, None]) * 127.0), -127, 127)
+      return {"values": codes.astype(jnp.int8), "scale": scale}
+    return {"values": v_RxK}
+
+  def _unpack_values(self, arrays, dtype) -> jax.Array:
+    v = arrays["values"]
+    if self.values == "q8":
+      v = (v.astype(jnp.float32) / 127.0) * arrays["scale"][:, None]
+    return v.astype(dtype)
+
+  def value_bytes(self, shape, dtype) -> int:
+    """Bytes of the values part alone (all that index reuse sends backward)."""
+    r, _ = _rows(shape, self.per)
+    itemsize = {"native": np.dtype(dtype).itemsize, "bf16": 2, "q8": 1}[self.values]
+    return r * self.k(shape) * itemsize + (r * 4 if self.values == "q8" else 0)
 
   def values_at(self, x, idx_RxK) -> Payload:
     """The values of x at given per-row indices (index reuse: the receiver knows them)."""
     r, f = _rows(x.shape, self.per)
     values = jnp.take_along_axis(x.reshape(r, f), idx_RxK, axis=1)
-    return Payload({"values": values}, x.shape, x.dtype)
+    return Payload(self._pack_values(values), x.shape, x.dtype)
 
   def scatter(self, payload: Payload, idx_RxK) -> jax.Array:
     """Dense tensor from values at known indices: inverse of `values_at`."""
     _, f = _rows(payload.shape, self.per)
-    return _scatter_rows(payload.arrays["values"], idx_RxK, f).reshape(payload.shape)
+    values = self._unpack_values(payload.arrays, payload.dtype)
+    return _scatter_rows(values, idx_RxK, f).reshape(payload.shape)
 
   def encode(self, x, key=None):
     r, f = _rows(x.shape, self.per)
-    idx = self.select(x)
+    x_RxF = x.reshape(r, f)
     if self.uses_mask(x.shape):
-      idx = jnp.sort(idx, axis=1)  # values travel in positional order
-      mask = jnp.zeros((r, f), bool).at[jnp.arange(r)[:, None], idx].set(True)
-      where = {"mask": packing.pack_mask(mask)}
-    else:
-      where = {"indices": idx.astype(_index_dtype(f))}
-    values = jnp.take_along_axis(x.reshape(r, f), idx, axis=1)
-    return Payload({"values": values, **where}, x.shape, x.dtype)
+      mask = self._mask(x_RxF, self.k(x.shape))
+      values = self._pack_values(packing.compact(mask, f, self.k(x.shape), x_RxF))
+      return Payload({**values, "mask": mask}, x.shape, x.dtype)
+    idx = self.positions(x)
+    values = self._pack_values(jnp.take_along_axis(x_RxF, idx, axis=1))
+    return Payload({**values, "indices": idx.astype(_index_dtype(f))}, x.shape, x.dtype)
 
   def indices(self, payload: Payload) -> jax.Array:
     """Selected positions [R, k] (int32) recovered from a payload, either encoding."""
@@ -343,18 +397,19 @@ class TopK(Codec):
     if "indices" in a:
       return a["indices"].astype(jnp.int32)
     _, f = _rows(payload.shape, self.per)
-    k = a["values"].shape[1]
-    mask = packing.unpack_mask(a["mask"], f)
-    return jax.vmap(lambda m: jnp.nonzero(m, size=k, fill_value=0)[0])(mask).astype(jnp.int32)
+    return packing.compact(a["mask"], f, a["values"].shape[1])
 
   def decode(self, payload):
-    return self.scatter(payload, self.indices(payload))
+    if "indices" in payload.arrays:
+      return self.scatter(payload, self.indices(payload))
+    _, f = _rows(payload.shape, self.per)
+    values = self._unpack_values(payload.arrays, payload.dtype)
+    return packing.expand(payload.arrays["mask"], f, values).reshape(payload.shape)
 
   def wire_bytes(self, shape, dtype):
     r, f = _rows(shape, self.per)
-    k = self.k(shape)
-    where = min(k * np.dtype(_index_dtype(f)).itemsize, -(-f // 8))
-    return r * (k * np.dtype(dtype).itemsize + where)
+    where = min(self.k(shape) * np.dtype(_index_dtype(f)).itemsize, -(-f // 8))
+    return self.value_bytes(shape, dtype) + r * where
 
 
 @dataclasses.dataclass(frozen=True)

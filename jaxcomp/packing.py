@@ -3,6 +3,7 @@
 `pack(codes, bits)` stores code i in bits [i*bits, (i+1)*bits) of the stream, so N codes of
 width b occupy exactly ceil(N*b/8) bytes for any b in 1..16.
 """
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -72,6 +73,42 @@ def unpack_mask(packed_RxF8: jnp.ndarray, f: int) -> jnp.ndarray:
   """uint8 [R, ceil(F/8)] -> bool [R, F]."""
   bits = (packed_RxF8.astype(jnp.uint32)[..., None] >> jnp.arange(8, dtype=jnp.uint32)) & 1
   return bits.reshape(packed_RxF8.shape[0], -1)[:, :f].astype(bool)
+
+
+def mask_ranks(packed_RxF8: jnp.ndarray, f: int) -> jnp.ndarray:
+  """Int32 [R, F]: how many mask bits are set before each position (exclusive prefix count).
+
+  rank(8b + j) = sum of popcount(byte) over bytes < b + popcount(byte b & (2^j - 1)): a prefix
+  sum over the F/8 bytes, the rest elementwise.
+  """
+  bytes_RxB = packed_RxF8.astype(jnp.uint32)
+  per_byte = jax.lax.population_count(bytes_RxB).astype(jnp.int32)
+  before = jax.lax.associative_scan(jnp.add, per_byte, axis=1) - per_byte
+  low_bits = (jnp.uint32(1) << jnp.arange(8, dtype=jnp.uint32)) - 1
+  within = jax.lax.population_count(bytes_RxB[..., None] & low_bits).astype(jnp.int32)
+  return (before[..., None] + within).reshape(packed_RxF8.shape[0], -1)[:, :f]
+
+
+def compact(packed_RxF8: jnp.ndarray, f: int, k: int, operand_RxF=None) -> jnp.ndarray:
+  """[R, k]: operand at the first k set positions of each row, in position order (stream compaction).
+
+  operand None: the positions themselves (int32). Each set entry goes to slot rank(i) (prefix
+  count, `mask_ranks`); the rest are dropped.
+  """
+  r = packed_RxF8.shape[0]
+  if operand_RxF is None:
+    operand_RxF = jnp.broadcast_to(jnp.arange(f, dtype=jnp.int32), (r, f))
+  slots = jnp.where(unpack_mask(packed_RxF8, f), mask_ranks(packed_RxF8, f), k)
+  out = jnp.zeros((r, k), operand_RxF.dtype)
+  return out.at[jnp.arange(r)[:, None], slots].set(operand_RxF, mode="drop")
+
+
+def expand(packed_RxF8: jnp.ndarray, f: int, values_RxK: jnp.ndarray) -> jnp.ndarray:
+  """Inverse of `compact`: [R, F] with the k values at the set positions in order, 0 elsewhere."""
+  k = values_RxK.shape[1]
+  slots = jnp.minimum(mask_ranks(packed_RxF8, f), k - 1)
+  gathered = jnp.take_along_axis(values_RxK, slots, axis=1)
+  return jnp.where(unpack_mask(packed_RxF8, f), gathered, jnp.zeros((), values_RxK.dtype))
 
 
 def check_bits(bits) -> int:

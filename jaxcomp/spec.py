@@ -2,11 +2,12 @@
 
 Codecs:  none | bf16 | fp16 | fp8 | quant:BITS[:stoch]
          | maxabs:BITS[:tensor|channel][:stoch][:scale=fp32|bf16|fp16][:clip=RATIO|mse]
-         | topk:FRACTION[:row] | randk:FRACTION[:row]
+         | topk:FRACTION[:row][:bf16|q8][:threshold|sort|approx] | randk:FRACTION[:row]
 Schemes: plain (default) | ef | ef21 | efmixed | aqsgd;  backward only: reuse (TopK index reuse)
-Examples: `topk:0.1`, `quant:4`, `ef21+topk:0.1`, `aqsgd+maxabs:2:stoch`, `maxabs:2:clip=mse`, `reuse`.
+Examples: `topk:0.1`, `quant:4`, `ef21+topk:0.1`, `topk:0.1:q8` (8-bit values), `aqsgd+maxabs:2:stoch`,
+          `maxabs:2:clip=mse`, `reuse`.
 """
-from jaxcomp import codecs, feedback
+from jaxcomp import codecs, feedback, selection
 from jaxcomp.boundary import Boundary, Reuse
 
 _SCHEMES = {"plain": feedback.Plain, "ef": feedback.EF, "ef21": feedback.EF21,
@@ -38,6 +39,14 @@ def _number(text, kind, spec):
     raise ValueError(f"bad number {text!r} in compression spec {spec!r}") from None
 
 
+def _one_of(choices, options, default, spec):
+  """The option among `choices` given in a spec (at most one), else `default`."""
+  given = [c for c in choices if c in options]
+  if len(given) > 1:
+    raise ValueError(f"{spec!r} gives {' and '.join(given)}; choose one of {list(choices)}")
+  return given[0] if given else default
+
+
 def parse_codec(spec: str) -> codecs.Codec:
   name, *args = spec.strip().lower().split(":")
   options = set(args[1:])
@@ -48,14 +57,16 @@ def parse_codec(spec: str) -> codecs.Codec:
   if name in ("quant", "maxabs", "topk", "randk") and args:
     if name == "maxabs":
       return _maxabs(_number(args[0], int, spec), options, spec)
-    allowed = {"quant": {"stoch"}}.get(name, {"row"})
+    allowed = {"quant": {"stoch"}, "topk": {"row", "bf16", "q8", *selection.SELECTORS}}.get(name, {"row"})
     if not options <= allowed:
       raise ValueError(f"unknown option(s) {sorted(options - allowed)} in {spec!r}; allowed: {sorted(allowed)}")
     if name == "quant":
       return codecs.MinMaxQuant(_number(args[0], int, spec), stochastic="stoch" in options)
     per = "row" if "row" in options else "example"
-    cls = codecs.TopK if name == "topk" else codecs.RandK
-    return cls(_number(args[0], float, spec), per=per)
+    if name == "randk":
+      return codecs.RandK(_number(args[0], float, spec), per=per)
+    return codecs.TopK(_number(args[0], float, spec), per=per, select=_one_of(selection.SELECTORS, options, "auto", spec),
+                       values=_one_of(("bf16", "q8"), options, "native", spec))
   raise ValueError(f"unknown compressor {spec!r}; expected one of {list(_CODECS)} "
                    "(quant/maxabs take :BITS, topk/randk take :FRACTION)")
 

@@ -14,6 +14,8 @@ ALL_CODECS = [
     codecs.MinMaxQuant(16), codecs.MaxAbsQuant(2), codecs.MaxAbsQuant(4, "tensor"),
     codecs.MaxAbsQuant(5, stochastic=True), codecs.MaxAbsQuant(3, scale_dtype="bfloat16", clip="mse"),
     codecs.MaxAbsQuant(2, "tensor", scale_dtype="float16", clip=0.7), codecs.TopK(0.1), codecs.TopK(0.5), codecs.TopK(0.3, "row"),
+    codecs.TopK(0.1, select="sort"), codecs.TopK(0.1, values="bf16"), codecs.TopK(0.5, values="q8"),
+    codecs.TopK(0.02, values="q8"),
     codecs.RandK(0.2),
 ]
 SHAPES = [(4, 33), (2, 8, 8, 6), (3, 5, 16)]
@@ -209,14 +211,14 @@ def test_topk_chooses_cheaper_position_encoding_and_both_decode():
   for codec in (dense, sparse):
     payload = codec.encode(x)
     idx = np.sort(np.asarray(codec.indices(payload)), axis=1)
-    np.testing.assert_array_equal(idx, np.sort(np.asarray(codec.select(x)), axis=1))
+    np.testing.assert_array_equal(idx, np.sort(np.asarray(codec.positions(x)), axis=1))
 
 
 def test_topk_per_row_and_values_at_scatter():
   x = _x((2, 3, 20))
   codec = codecs.TopK(0.25, per="row")
   assert np.all(np.count_nonzero(np.asarray(codec(x)), axis=-1) == 5)
-  idx = codec.select(x)
+  idx = codec.positions(x)
   assert idx.shape == (6, 5)
   np.testing.assert_array_equal(np.asarray(codec.scatter(codec.values_at(x, idx), idx)), np.asarray(codec(x)))
 
@@ -238,6 +240,8 @@ def test_randk_keeps_k_random_entries_decoded_from_seed():
     (lambda: codecs.TopK(1.5), "got 1.5"),
     (lambda: codecs.RandK(-0.1), "got -0.1"),
     (lambda: codecs.TopK(0.1, per="channel"), "per must be 'example' or 'row', got 'channel'"),
+    (lambda: codecs.TopK(0.1, select="heap"), "select must be one of"),
+    (lambda: codecs.TopK(0.1, values="int4"), "values must be one of"),
     (lambda: codecs.Cast("int8"), "Cast dtype must be one of"),
     (lambda: codecs.MaxAbsQuant(4, granularity="row"), "granularity"),
 ])
@@ -279,3 +283,35 @@ def test_plus_inf_never_decodes_as_minus_inf(codec):
   assert not np.any(np.isneginf(x_hat[np.isposinf(np.asarray(x))]))
   if isinstance(codec, codecs.MaxAbsQuant):
     assert np.all(np.isposinf(x_hat[np.isposinf(np.asarray(x))]))
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.02])  # mask and index encodings
+def test_topk_q8_values_on_a_symmetric_grid_with_zero(fraction):
+  x = _x((3, 200), seed=5).at[1].set(0.0)  # an all-zero row: scale 0 decodes to exact zeros
+  q8, exact = codecs.TopK(fraction, values="q8"), codecs.TopK(fraction)
+  payload = q8.encode(x)
+  assert payload.arrays["values"].dtype == jnp.int8 and payload.arrays["scale"].shape == (3,)
+  assert int(jnp.min(payload.arrays["values"])) >= -127
+  reference = np.asarray(exact(x))
+  scale = np.abs(reference).max(axis=1, keepdims=True)
+  x_hat = np.asarray(q8.decode(payload))
+  assert (np.abs(x_hat - reference) <= scale / 254 * (1 + 1e-5)).all()
+  np.testing.assert_array_equal(x_hat[1], 0.0)
+  np.testing.assert_array_equal(np.asarray(q8(-x)), -x_hat)  # symmetric grid
+
+
+@pytest.mark.parametrize("values", ["native", "bf16", "q8"])
+def test_topk_value_formats_with_index_reuse(values):
+  from jaxcomp.boundary import Boundary, Reuse
+  from jaxcomp import feedback
+  x, g = _x((4, 64), seed=1), _x((4, 64), seed=2)
+  topk = codecs.TopK(0.25, values=values)
+  idx = topk.indices(topk.encode(x))
+  sent = topk.values_at(g, idx)
+  link = Boundary(feedback.Plain(topk), Reuse())
+  assert link.wire_bytes(x.shape, x.dtype) == (codecs.nbytes(topk.encode(x)), codecs.nbytes(sent))
+  g_hat = np.asarray(topk.scatter(sent, idx))
+  kept = np.asarray(codecs.TopK(0.25)(x)) != 0
+  tolerance = {"native": 0.0, "bf16": 2**-8, "q8": 1 / 254}[values] * np.abs(np.asarray(g)).max()
+  assert (np.abs(g_hat - np.where(kept, np.asarray(g), 0.0)) <= tolerance * (1 + 1e-5)).all()
+  assert (g_hat[~kept] == 0).all()

@@ -15,6 +15,8 @@ from jaxcomp.boundary import Reuse
     ("ef21+topk:0.1", feedback.EF21(codecs.TopK(0.1))),
     ("EF+TopK:0.05:row", feedback.EF(codecs.TopK(0.05, per="row"))),
     ("efmixed+topk:0.1", feedback.EFMixed(codecs.TopK(0.1))),
+    ("topk:0.1:sort", feedback.Plain(codecs.TopK(0.1, select="sort"))),
+    ("topk:0.2:row:threshold", feedback.Plain(codecs.TopK(0.2, per="row", select="threshold"))),
     ("aqsgd+quant:2", feedback.AQSGD(codecs.MinMaxQuant(2), num_examples=50)),
     ("randk:0.3", feedback.Plain(codecs.RandK(0.3))),
     ("bf16", feedback.Plain(codecs.Cast("bfloat16"))),
@@ -40,6 +42,7 @@ def test_parse_scheme(text, expected):
     ("maxabs:4:clip=1.5", r"clip must be a ratio in \(0, 1\] or 'mse', got 1.5"),
     ("maxabs:4:clip=lots", "bad number 'lots'"),
     ("maxabs:1", "maxabs needs bits >= 2"),
+    ("topk:0.1:sort:approx", "gives sort and approx; choose one of"),
     ("aqsgd+quant:2", "needs the number of training examples"),
 ])
 def test_parse_errors_name_the_bad_value(text, match):

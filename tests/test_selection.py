@@ -1,0 +1,99 @@
+"""Exact threshold selection = the set lax.top_k(|x|, k) selects (ties, zeros, NaN, dtypes)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from jaxcomp import packing, selection
+
+# few distinct magnitudes so that ties are common; NaN, +-inf, -0.0 included
+VALUES = [0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 1e-3, 3e4, -3e4, np.inf, -np.inf, np.nan]
+DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
+
+
+def _reference_mask(x, k):
+  idx = np.asarray(jax.lax.top_k(jnp.abs(x), k)[1])
+  mask = np.zeros(x.shape, bool)
+  mask[np.arange(x.shape[0])[:, None], idx] = True
+  return mask
+
+
+@st.composite
+def rows_and_k(draw):
+  r = draw(st.sampled_from([1, 3]))
+  f = draw(st.sampled_from([1, 7, 40]))
+  kind = draw(st.sampled_from(["ties", "floats", "constant", "nan_row"]))
+  if kind == "ties":
+    x = draw(st.lists(st.sampled_from(VALUES), min_size=r * f, max_size=r * f))
+  elif kind == "floats":
+    x = draw(st.lists(st.floats(width=32, allow_subnormal=False), min_size=r * f, max_size=r * f))
+  else:
+    x = [draw(st.sampled_from(VALUES))] * (r * f)
+  x = np.array(x, np.float32).reshape(r, f)
+  if kind == "nan_row":
+    x[0] = np.nan
+  k = draw(st.sampled_from([1, f, draw(st.integers(1, f))]))
+  return x, k, draw(st.sampled_from(DTYPES)), draw(st.sampled_from([4, selection.SAMPLE]))
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows_and_k())
+def test_threshold_mask_is_the_lax_top_k_set(case):
+  x, k, dtype, sample = case  # sample=4 < F: the counting loop; SAMPLE >= F: one sort
+  x = jnp.asarray(x).astype(dtype)
+  mask = np.asarray(selection.top_k_mask(x, k, sample))
+  np.testing.assert_array_equal(mask, _reference_mask(x, k))
+
+
+@pytest.mark.parametrize("kind, fraction", [("normal", 0.001), ("normal", 0.1), ("cauchy", 0.1), ("bf16", 0.1),
+                                            ("ints", 0.5), ("sparse", 0.1), ("nan_heavy", 0.9)])
+def test_threshold_mask_on_long_rows(kind, fraction):
+  """Rows longer than the sample: the secant/bisection/snap loop on realistic data."""
+  keys = jax.random.split(jax.random.key(0), 2)
+  shape = (4, 5000)
+  x = {"normal": lambda: jax.random.normal(keys[0], shape),
+       "cauchy": lambda: jax.random.cauchy(keys[0], shape),
+       "bf16": lambda: jax.random.normal(keys[0], shape).astype(jnp.bfloat16),
+       "ints": lambda: jax.random.randint(keys[0], shape, -3, 4).astype(jnp.float32),
+       "sparse": lambda: jnp.where(jax.random.uniform(keys[1], shape) < 0.05, jax.random.normal(keys[0], shape), 0.0),
+       "nan_heavy": lambda: jnp.where(jax.random.uniform(keys[1], shape) < 0.3, jnp.nan, jax.random.normal(keys[0], shape)),
+       }[kind]()
+  k = max(1, round(fraction * shape[1]))
+  mask = np.asarray(selection.top_k_mask(x, k))
+  np.testing.assert_array_equal(mask.sum(axis=1), k)
+  np.testing.assert_array_equal(mask, _reference_mask(x, k))
+
+
+@pytest.mark.parametrize("selector", selection.SELECTORS)
+def test_positions_of_every_selector(selector):
+  x = jax.random.normal(jax.random.key(1), (3, 300))
+  pos = np.asarray(selection.top_k_positions(x, 30, selector))
+  assert pos.shape == (3, 30)
+  np.testing.assert_array_equal(np.sort(pos, axis=1), np.sort(np.asarray(jax.lax.top_k(jnp.abs(x), 30)[1]), axis=1))
+  if selector == "threshold":  # ascending position order
+    assert (np.diff(pos, axis=1) > 0).all()
+
+
+def test_bad_selector():
+  with pytest.raises(ValueError, match="selector must be one of"):
+    selection.top_k_positions(jnp.ones((1, 4)), 2, "heap")
+
+
+@pytest.mark.parametrize("r, f", [(1, 1), (3, 13), (2, 64)])
+def test_compact_and_expand_are_prefix_sum_inverses(r, f):
+  rng = np.random.default_rng(f)
+  mask = rng.random((r, f)) < 0.4
+  mask[:, 0] = True  # at least one per row
+  k = int(mask.sum(axis=1).min())
+  packed = packing.pack_mask(mask)
+  np.testing.assert_array_equal(np.asarray(packing.mask_ranks(packed, f)), np.cumsum(mask, axis=1) - mask)
+  operand = jnp.asarray(rng.normal(size=(r, f)), jnp.float32)
+  positions = np.asarray(packing.compact(packed, f, k))
+  expected = [np.flatnonzero(row)[:k] for row in mask]
+  np.testing.assert_array_equal(positions, expected)
+  values = packing.compact(packed, f, k, operand)
+  np.testing.assert_array_equal(np.asarray(values), np.take_along_axis(np.asarray(operand), positions, axis=1))
+  full = mask & (np.cumsum(mask, axis=1) <= k)  # the first k set bits of each row
+  dense = np.asarray(packing.expand(packing.pack_mask(full), f, values))
+  np.testing.assert_array_equal(dense, np.where(full, np.asarray(operand), 0.0))
