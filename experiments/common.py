@@ -41,7 +41,8 @@ COMMON_FLAGS = {  # flag -> (type, help); defaults come from the recipe
 
 AT_LEAST_ONE = ("epochs", "steps", "batch_size", "microbatches", "stages", "train_examples", "eval_examples",
                 "data_parallel", "block_size", "width", "init_epoch")
-RESUMABLE = ("epochs", "steps", "resume", "no_progress", "out")  # may change when a run is resumed
+RESUMABLE = ("epochs", "steps", "resume", "no_progress", "out", "coordinator", "num_processes", "process_id")
+# (may change when a run is resumed: where it runs is not what it computes)
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 

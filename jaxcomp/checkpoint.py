@@ -4,14 +4,14 @@ Checkpoints hold the *simulate layout* (`pipeline.TrainState` of the global batc
 values), so any executor, mesh shape or process count resumes or warm-starts from any other:
 `simulate_layout` converts an executor's state into it, `executor_layout` back. Slot-row
 tables of D data shards are their rows concatenated in shard order; a per-example (AQ-SGD)
-table takes example i's row from its shard (`batching.shard_of`).
+table takes example i's row from the shard that owns it (`pipeline.example_shard`).
 
 Items per saved epoch: `model` (step, PRNG key data, params, model state, optimizer state),
 `compression` (every link table; a warm start ("baseN") takes only `model`), `meta` (JSON:
 epoch, history, and per item `arrays`: the dtype, shape and SHA-256 of every array), `host` when an
 executor keeps state outside the TrainState (host-memory AQ-SGD tables), `executor` for
-rows only an executor's own layout holds (gpipe: the data-parallel exchange state and the
-per-stage optimizer rows), restored when the fresh state's rows have the same shapes.
+the `grad_state` (gpipe: the data-parallel exchange's error rows), restored when the fresh
+state's has the same shapes (same stages and data width).
 A checkpoint whose files do not read back or whose arrays do not match their checksums is
 corrupt: `restore_latest` then falls back to the newest intact one, with a warning.
 """
@@ -24,8 +24,6 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from jaxcomp import distributed, pipeline as pl
-from jaxcomp.boundary import LinkState
-from jaxcomp.data import batching
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -57,90 +55,21 @@ def shapes(tree) -> list[list]:
 
 
 # ------------------------------------------------------------------ layouts
-def _shard_links(pipe, links, shards: int, shard: int):
-  """The link tables one data shard holds: its B/D slot rows; the rows of its own examples
-  in per-example tables (zero elsewhere, as training leaves them)."""
-  def field(name):
-    scheme = pipe.boundary.fwd if name.startswith("fwd") else pipe.boundary.bwd
-    if getattr(scheme, "keyed_by_example", False):
-      def own(t):
-        mine = batching.shard_of(np.arange(len(t)), shards) == shard
-        return np.where(mine.reshape(-1, *[1] * (t.ndim - 1)), t, np.zeros((), t.dtype))
-      return own
-    return lambda t: t[shard * (len(t) // shards): (shard + 1) * (len(t) // shards)]
-  return tuple(LinkState(*(jax.tree.map(field(n), getattr(link, n)) for n in LinkState._fields)) for link in links)
-
-
-def _merge_links(pipe, per_shard):
-  """Inverse of `_shard_links` over all shards: slot rows concatenated, example rows from their shard."""
-  shards = len(per_shard)
-
-  def field(name):
-    scheme = pipe.boundary.fwd if name.startswith("fwd") else pipe.boundary.bwd
-    if getattr(scheme, "keyed_by_example", False):
-      def merge(*tables):
-        owner = batching.shard_of(np.arange(len(tables[0])), shards)
-        return np.choose(owner.reshape(-1, *[1] * (tables[0].ndim - 1)), tables)
-      return merge
-    return lambda *tables: np.concatenate(tables)
-
-  return tuple(LinkState(*(jax.tree.map(field(n), *[getattr(links[b], n) for links in per_shard])
-                           for n in LinkState._fields)) for b in range(len(per_shard[0])))
-
-
-def _local(batch, shards):
-  return jax.tree.map(lambda x: x[: len(x) // shards], batch)
-
-
-def _shard_rows(tables, shards, shard):
-  """Data shard `shard`'s rows of [S, D*rows, F] executor tables."""
-  return jax.tree.map(lambda t: t[:, shard * (t.shape[1] // shards): (shard + 1) * (t.shape[1] // shards)], tables)
-
-
 def simulate_layout(executor, pipe, optimizer, state, batch) -> pl.TrainState:
   """The executor's train state in the simulate layout of the global `batch`: numpy values,
-  PRNG key as key data. An executor with `unstack` (gpipe) is converted shard by shard; its
-  `grad_state` becomes its own rows: {"grad_state": data-parallel exchange state,
-  "opt_state": per-stage optimizer rows} (see `executor_layout`)."""
-  flat = to_host(state)
-  if not hasattr(executor, "unstack"):
-    return flat
-  shards = executor.data
-  template = pl.init_state(pipe, optimizer, jax.random.key(0), _local(batch, shards))
-  typed = flat._replace(rng=jax.random.wrap_key_data(flat.rng, impl=jax.random.key_impl(state.rng)))
-  per_shard = [to_host(executor.unstack(pipe, optimizer, typed._replace(links=_shard_rows(flat.links, shards, d)),
-                                        batch, template)) for d in range(shards)]
-  return per_shard[0]._replace(rng=flat.rng, links=_merge_links(pipe, [s.links for s in per_shard]),
-                               grad_state=_own_rows(executor, flat))
-
-
-def _own_rows(executor, state):
-  """What only the executor's layout holds (kept in the simulate layout's `grad_state`)."""
-  if not hasattr(executor, "stack"):
-    return state.grad_state
-  return {"grad_state": state.grad_state, "opt_state": state.opt_state}
+  PRNG key as key data. An executor with its own layout (gpipe) converts with `unstack`; its
+  `grad_state` is then its data-parallel exchange state, kept in the `executor` item."""
+  if hasattr(executor, "unstack"):
+    state = executor.unstack(pipe, optimizer, state, batch)
+  return to_host(state)
 
 
 def executor_layout(executor, pipe, optimizer, saved: pl.TrainState, batch, like):
-  """Inverse of `simulate_layout`: `saved` placed as the executor keeps it. `like` is the
-  executor's fresh state; its own rows (`_own_rows`) are replaced by the saved ones when
-  these have the same shapes (same executor and stage count), so such a resume is exact."""
-  own = _own_rows(executor, like)
-  rows = saved.grad_state if _same_shapes(saved.grad_state, own) else to_host(own)
+  """Inverse of `simulate_layout`, placed like `like` (the executor's fresh state)."""
   saved = saved._replace(rng=jax.random.wrap_key_data(saved.rng, impl=jax.random.key_impl(like.rng)))
-  if not hasattr(executor, "stack"):
-    return jax.device_put(saved._replace(grad_state=rows))
-  shards = executor.data
-  flats = [to_host(executor.stack(pipe, optimizer, saved._replace(links=_shard_links(pipe, saved.links, shards, d)),
-                                  batch)) for d in range(shards)]
-  links = jax.tree.map(lambda *per_shard: np.concatenate(per_shard, axis=1),
-                       *[_shard_rows(f.links, shards, d) for d, f in enumerate(flats)])
-  flat = flats[0]._replace(rng=saved.rng, links=links, **rows)
-  return distributed.put_global(flat, jax.tree.map(lambda x: x.sharding, like))
-
-
-def _same_shapes(a, b) -> bool:
-  return jax.tree.structure(a) == jax.tree.structure(b) and shapes(a) == shapes(b)
+  if hasattr(executor, "stack"):
+    return executor.stack(pipe, optimizer, saved, batch)
+  return distributed.put_global(saved, jax.tree.map(lambda x: x.sharding, like))
 
 
 # ------------------------------------------------------------------ files

@@ -146,21 +146,34 @@ class GPipe:
           if 0 <= b < len(per_boundary):
             flat = per_boundary[b].reshape(rows, -1)
             block = block.at[:, : flat.shape[1]].set(flat)
-          blocks.append(jnp.tile(block, (self.data, 1)) if keyed else block)
+          blocks.append(self._example_copies(block) if keyed else block)
         return jnp.stack(blocks)
       parts = [getattr(link, field) for link in links]
       return jax.tree.map(leaf, *parts) if parts else ()
     return LinkState(*(table(f) for f in LinkState._fields))
 
+  def _example_copies(self, table):
+    """A per-example [rows, F] table -> [D*rows, F]: data shard d's copy holds the rows of its
+    own examples (`pl.example_shard`) and zeros elsewhere, as training leaves it."""
+    owner = pl.example_shard(jnp.arange(table.shape[0]), self.data)
+    return jnp.concatenate([jnp.where((owner == d)[:, None], table, jnp.zeros_like(table)) for d in range(self.data)])
+
+  def _example_rows(self, copies):
+    """Inverse of `_example_copies`: each example's row from the shard that owns it."""
+    rows = copies.shape[0] // self.data
+    owner = pl.example_shard(jnp.arange(rows), self.data)
+    return copies.reshape(self.data, rows, -1)[owner, jnp.arange(rows)]
+
   def _untables(self, pipe, tables, like_links):
-    """Inverse of `_tables` (a per-example table: data shard 0's copy)."""
+    """Inverse of `_tables`."""
     out = []
     for b, link in enumerate(like_links):
       def field(name):
         s = b + _OWNER[name]
+        keyed = _table_keyed(pipe, name)
         def leaf(t, like):
-          rows = like.shape[0]
-          return t[s, :rows, : layout.feature_size(like.shape)].reshape(like.shape).astype(like.dtype)
+          t = self._example_rows(t[s]) if keyed else t[s]
+          return t[: like.shape[0], : layout.feature_size(like.shape)].reshape(like.shape).astype(like.dtype)
         return jax.tree.map(leaf, getattr(tables, name), getattr(link, name))
       out.append(LinkState(*(field(f) for f in LinkState._fields)))
     return tuple(out)
@@ -223,7 +236,7 @@ class GPipe:
 
     The optimizer state is the real one, in `optimizer.init(params)`'s structure (also
     QuantizedAdam's); `grad_state` holds per stage a tree of [D, ...] error rows. A
-    per-example (AQ-SGD) table is data shard 0's copy."""
+    per-example (AQ-SGD) table takes each example's row from the shard that owns it."""
     template, params_fl, ms_fl, _, _ = self._layout(pipe, optimizer, batch)
 
     def build(flat):

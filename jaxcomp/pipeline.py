@@ -132,6 +132,12 @@ def rows(scheme, microbatch, microbatch_size, ids):
   return microbatch * microbatch_size + jnp.arange(microbatch_size)
 
 
+def example_shard(ids, shards: int):
+  """The data shard that processes each example, the same in every epoch: i mod D (so an
+  AQ-SGD buffer row lives on one shard; `data.batching` deals examples out by it)."""
+  return ids % shards
+
+
 def gather(table, r):
   return jax.tree.map(lambda t: t[r], table)
 

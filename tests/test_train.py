@@ -320,8 +320,8 @@ def test_epoch_with_non_finite_eval_loss_is_not_checkpointed(tmp_path):
 
 
 def _layout_parts(state):
-  """What every layout holds the same (the optimizer state converts once stack/unstack carry it)."""
-  return (state.step, state.rng, state.params, state.model_state, state.links)
+  """What every layout holds the same (grad_state is the executor's own)."""
+  return (state.step, state.rng, state.params, state.model_state, state.opt_state, state.links)
 
 
 @pytest.mark.parametrize("stages_data", [(3, 1), (3, 2)])
@@ -359,8 +359,7 @@ def test_warm_starts_and_resumes_across_executors(tmp_path):
     kw = {} if resume else {"init_from": (str(tmp_path / base), 1)}
     state, _ = _fit(directory, 1, resume=resume, pipe=baseline, executor=runs[target], **kw)  # nothing left to train
     got = checkpoint.simulate_layout(runs[target], baseline, OPT, state, batch)
-    _assert_equal(got.params, saved.params)
-    _assert_equal((got.step, got.rng), (saved.step, saved.rng))
+    _assert_equal((got.step, got.rng, got.params, got.opt_state), (saved.step, saved.rng, saved.params, saved.opt_state))
 
 
 def test_gpipe_resumed_run_is_bit_identical(tmp_path):

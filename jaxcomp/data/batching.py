@@ -13,6 +13,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from jaxcomp.pipeline import example_shard
+
 
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
   return np.random.default_rng([seed, epoch]).permutation(n)
@@ -20,7 +22,7 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
 
 def shard_of(ids: np.ndarray, shards: int) -> np.ndarray:
   """The data shard that processes each example (the same in every epoch)."""
-  return np.asarray(ids) % shards
+  return example_shard(np.asarray(ids), shards)
 
 
 def shard_orders(order: np.ndarray, shards: int) -> list[np.ndarray]:
