@@ -16,12 +16,14 @@ def gathered_mean(scheme, payload):
   return jax.vmap(scheme.codec.decode)(gathered).mean(axis=0)
 
 
-def compressed_mean(scheme, row, grad_state, key):
-  """(mean over replicas of C(row + e), this replica's new state); `grad_state` leaves are [1, 1, P]."""
+def compressed_mean(scheme, row, grad_state, key, real):
+  """(mean over replicas of C(row + e), this replica's new state); `grad_state` leaves are
+  [1, 1, P]. The state stays zero where `real` is False (a stage row's padding), so it
+  holds nothing that the executor-independent layout would drop."""
   key = jax.random.fold_in(jax.random.fold_in(key, jax.lax.axis_index(STAGE)), jax.lax.axis_index(DATA))
   rows = jax.tree.map(lambda a: a[0], grad_state)  # [1, P]
   payload, rows = scheme.send(row[None], rows, key)
-  return gathered_mean(scheme, payload)[0], jax.tree.map(lambda a: a[None], rows)
+  return gathered_mean(scheme, payload)[0], jax.tree.map(lambda a: jnp.where(real, a, 0)[None], rows)
 
 
 def exchange_bytes(scheme, row_size: int, num_stages: int, data: int, dense: bool) -> int:

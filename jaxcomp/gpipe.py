@@ -404,20 +404,20 @@ class GPipe:
             state.params[0], bwd)
       grad_state, opt = state.grad_state, mine(state.opt_state)
       s, key = jax.lax.axis_index(STAGE), jax.random.fold_in(step_key, 2)
+      real = jnp.arange(params_fl.size) < jnp.asarray(params_fl.sizes)[s]  # not this stage row's padding
       dense = self.grad_scheme is None or mode is Mode.WARMUP
       if dense:
         grads = jax.lax.psum(grads, DATA)
       else:
         grads = grads * d_count  # this replica's own mean gradient
         if not qadam:
-          grads, grad_state = dataparallel.compressed_mean(self.grad_scheme, grads, grad_state, key)
+          grads, grad_state = dataparallel.compressed_mean(self.grad_scheme, grads, grad_state, key, real)
       grads = finish_grads(pipe, params_fl, grads, s)
       if qadam and dense:
         params_row, opt = optimizer.dense_update(grads, opt, state.params[0])
       elif qadam:  # the replicas exchange the first moment
         mu, grad_state = dataparallel.compressed_mean(self.grad_scheme, optimizer.local_momentum(grads, opt),
-                                                      grad_state, key)
-        real = jnp.arange(params_fl.size) < jnp.asarray(params_fl.sizes)[s]  # decoded padding need not be 0
+                                                      grad_state, key, real)  # decoded padding need not be 0:
         params_row, opt = optimizer.frozen_update(jnp.where(real, mu, 0.0), opt, state.params[0])
       else:
         def update(j):
