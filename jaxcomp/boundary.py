@@ -27,8 +27,22 @@ from jaxcomp import codecs, feedback
 class Mode(enum.Enum):
   TRAIN = "train"
   WARMUP = "warmup"  # dense both ways; AQ-SGD fills its buffers
+  # AQ-SGD's first visit (Algorithm 1): activations dense, so m(xi) = a at both ends; gradients
+  # compressed as in TRAIN (dense under TopK index reuse, which needs a forward mask)
+  FIRST_VISIT = "first_visit"
   EVAL_COMPRESSED = "eval_compressed"  # C(x) statelessly
   EVAL_UNCOMPRESSED = "eval_uncompressed"
+
+  @property
+  def trains(self) -> bool:
+    return self in (Mode.TRAIN, Mode.WARMUP, Mode.FIRST_VISIT)
+
+  @property
+  def dense_forward(self) -> bool:
+    return self in (Mode.WARMUP, Mode.FIRST_VISIT)
+
+  def dense_backward(self, reuse: bool) -> bool:
+    return self is Mode.WARMUP or (reuse and self is Mode.FIRST_VISIT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +125,7 @@ class Boundary:
     if mode in (Mode.EVAL_COMPRESSED, Mode.EVAL_UNCOMPRESSED):
       return self.eval(x, mode is Mode.EVAL_COMPRESSED, key), (state.fwd_send, state.fwd_recv)
     ok = (jnp.asarray(send_ok, bool), jnp.asarray(recv_ok, bool))
-    y, fs, fr = _link(self, mode is Mode.WARMUP, x, state.fwd_send, state.fwd_recv,
+    y, fs, fr = _link(self, mode, x, state.fwd_send, state.fwd_recv,
                       state.bwd_send, state.bwd_recv, key, *ok)
     # States are not differentiated. Without this, writing the new rows back into a table
     # inside a differentiated step runs scatter's JVP rule, which costs O(table) per step.
@@ -138,12 +152,13 @@ def _receive(ok, receive, payload, state):
   return jax.lax.cond(ok, receive, skip, payload, state)
 
 
-def forward_half(link: Boundary, warm: bool, x, fs, fr, key, send_ok, recv_ok):
-  """The forward half: y = fwd.receive(transport(fwd.send(x))).
+def forward_half(link: Boundary, mode: Mode, x, fs, fr, key, send_ok, recv_ok):
+  """The forward half: y = fwd.receive(transport(fwd.send(x))) (dense in warm-up and
+  first-visit steps: AQ-SGD then sets m(xi) = a).
 
   Returns (y, fs', fr', idx): idx is (sender's, receiver's) TopK positions when the
   backward reuses them (else None); an explicit backward passes it to `backward_half`."""
-  fwd = link.fwd
+  fwd, warm = link.fwd, mode.dense_forward
   send = fwd.warmup_send if warm else (lambda x, s: fwd.send(x, s, key))
   payload, fs = _send(send_ok, send, x, fs)
   arrived = link.transport.forward(payload)
@@ -153,13 +168,13 @@ def forward_half(link: Boundary, warm: bool, x, fs, fr, key, send_ok, recv_ok):
   return y, fs, fr, idx
 
 
-def backward_half(link: Boundary, warm: bool, dy, bs, br, key, send_ok, recv_ok, idx):
+def backward_half(link: Boundary, mode: Mode, dy, bs, br, key, send_ok, recv_ok, idx):
   """The backward half: dx = bwd.receive(transport back(bwd.send(dy))).
 
   The gradient is sent by the forward receiver and decoded by the forward sender. Returns
   (dx, bs', br'), each state zero on the devices that are not its end (see the module doc)."""
   bwd_key = jax.random.fold_in(key, 1)
-  if warm:
+  if mode.dense_backward(link.reuse):
     identity = feedback._IDENTITY
     payload, _ = _send(recv_ok, lambda g, s: (identity.encode(g), s), dy, ())
     dx, _ = _receive(send_ok, lambda p, s: (identity.decode(p), s), link.transport.backward(payload), ())
@@ -176,19 +191,19 @@ def backward_half(link: Boundary, warm: bool, dy, bs, br, key, send_ok, recv_ok,
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _link(link, warm, x, fs, fr, bs, br, key, send_ok, recv_ok):
-  y, fs, fr, _ = forward_half(link, warm, x, fs, fr, key, send_ok, recv_ok)
+def _link(link, mode, x, fs, fr, bs, br, key, send_ok, recv_ok):
+  y, fs, fr, _ = forward_half(link, mode, x, fs, fr, key, send_ok, recv_ok)
   return y, fs, fr
 
 
-def _link_fwd(link, warm, x, fs, fr, bs, br, key, send_ok, recv_ok):
-  y, fs, fr, idx = forward_half(link, warm, x, fs, fr, key, send_ok, recv_ok)
+def _link_fwd(link, mode, x, fs, fr, bs, br, key, send_ok, recv_ok):
+  y, fs, fr, idx = forward_half(link, mode, x, fs, fr, key, send_ok, recv_ok)
   return (y, fs, fr), (bs, br, key, send_ok, recv_ok, idx)
 
 
-def _link_bwd(link, warm, res, cotangents):
+def _link_bwd(link, mode, res, cotangents):
   bs, br, key, send_ok, recv_ok, idx = res
-  dx, bs, br = backward_half(link, warm, cotangents[0], bs, br, key, send_ok, recv_ok, idx)
+  dx, bs, br = backward_half(link, mode, cotangents[0], bs, br, key, send_ok, recv_ok, idx)
   return (dx, None, None, bs, br, None, None, None)
 
 

@@ -316,8 +316,8 @@ class GPipe:
                       mode: Mode = Mode.TRAIN):
     """jit-compiled (state, batch) -> (state, metrics) over the mesh."""
     self._check(pipe, optimizer)
-    if mode not in (Mode.TRAIN, Mode.WARMUP):
-      raise ValueError(f"train step mode must be TRAIN or WARMUP, got {mode}")
+    if not mode.trains:
+      raise ValueError(f"train step mode must be TRAIN, WARMUP or FIRST_VISIT, got {mode}")
     return self._cached(pipe, optimizer, mode, train=True)
 
   def make_eval_step(self, pipe: pl.Pipeline, compressed: bool):
@@ -327,9 +327,9 @@ class GPipe:
 
   def wire_bytes_per_step(self, pipe, batch, mode: Mode = Mode.TRAIN) -> dict[str, int]:
     """Executor protocol: every data shard's pipeline bytes each way, plus the gradient (or
-    QuantizedAdam momentum) exchange; warm-up steps send everything dense."""
+    QuantizedAdam momentum) exchange; warm-up steps send everything dense (`pipeline.as_sent`)."""
     warm = mode is Mode.WARMUP
-    local = pl.wire_bytes_per_step(pl.uncompressed(pipe) if warm else pipe, None, self.local_batch(batch))
+    local = pl.wire_bytes_per_step(pl.as_sent(pipe, mode), None, self.local_batch(batch))
     out = {k: v * self.data for k, v in local.items()}
     if self.data > 1:
       out["data"] = self.grad_wire_bytes(pipe, optax.identity(), batch, dense=warm)
@@ -356,7 +356,7 @@ class GPipe:
     def step(state, batch):
       key = tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(batch))
       if key not in cache:
-        if isinstance(optimizer, QuantizedAdam) and mode is Mode.TRAIN and not int(state.opt_state.nu_count[0]):
+        if isinstance(optimizer, QuantizedAdam) and mode is not Mode.WARMUP and not int(state.opt_state.nu_count[0]):
           raise ValueError("QuantizedAdam freezes Adam's second moment after warm-up, but this state has had "
                            "no warm-up step (v = 0): run Mode.WARMUP steps first")
         cache[key] = self.build_step(pipe, optimizer, mode, train, state, batch)

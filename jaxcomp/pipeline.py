@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomp import feedback
-from jaxcomp.boundary import Boundary, LinkState
+from jaxcomp.boundary import Boundary, LinkState, Mode
 
 
 class Stage(Protocol):
@@ -218,6 +218,17 @@ def uncompressed(pipe: Pipeline) -> Pipeline:
   """The same pipeline with dense tensors both ways (what warm-up epochs send)."""
   dense = feedback.Plain(feedback._IDENTITY)
   return dataclasses.replace(pipe, boundary=Boundary(dense, dense, pipe.boundary.transport))
+
+
+def as_sent(pipe: Pipeline, mode: Mode) -> Pipeline:
+  """The pipeline whose boundary describes what a train step of `mode` sends: TRAIN as
+  configured, WARMUP dense both ways, FIRST_VISIT dense activations (and gradients as
+  configured, dense under TopK index reuse)."""
+  if mode is Mode.TRAIN:
+    return pipe
+  dense = uncompressed(pipe).boundary
+  backward = dense.bwd if mode.dense_backward(pipe.boundary.reuse) else pipe.boundary.bwd
+  return dataclasses.replace(pipe, boundary=dataclasses.replace(dense, bwd=backward))
 
 
 def _check_shape(given, initialised):

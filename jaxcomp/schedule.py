@@ -143,7 +143,7 @@ def boundary_step(prog: Program, tick, b: int, y_buf, fwd_tables, bwd_tables, mb
   key = pl.link_key(step_key, global_microbatch(prog, m), b)
   x, (fs_new, fr_new) = boundary(layout.unpad(y_buf, shape), link, key, prog.mode,
                                  s == b, s == b + 1)
-  if prog.mode in (Mode.TRAIN, Mode.WARMUP):
+  if prog.mode.trains:
     fwd_tables = (layout.put_rows(fs, fwd_rows, fs_new), layout.put_rows(fr, fwd_rows, fr_new))
   return layout.pad(x, prog.width, prog.act_dtype), fwd_tables
 
@@ -325,7 +325,7 @@ def forward_exchange(prog: Program, tick, b: int, y_buf, carry: ExplicitCarry, m
   fwd_rows, _ = _link_rows(prog, m, mbs)
   fs, fr = carry.fwd_tables
   x, fs_new, fr_new, idx = boundary_mod.forward_half(
-      _boundary(prog, b), prog.mode is Mode.WARMUP, layout.unpad(y_buf, shape),
+      _boundary(prog, b), prog.mode, layout.unpad(y_buf, shape),
       layout.gather_rows(fs, fwd_rows, shape), layout.gather_rows(fr, fwd_rows, shape),
       pl.link_key(step_key, global_microbatch(prog, m), b), s == b, s == b + 1)
   tables = (layout.put_rows(fs, fwd_rows, fs_new), layout.put_rows(fr, fwd_rows, fr_new))
@@ -346,10 +346,10 @@ def backward_exchange(prog: Program, tick, b: int, dx_buf, bwd_old, carry: Expli
   _, rows = _link_rows(prog, m, mbs)
   bs_old, br_old = bwd_old
   idx = None
-  if prog.pipe.boundary.reuse and prog.mode is not Mode.WARMUP:
+  if prog.pipe.boundary.reuse and not prog.mode.dense_forward:
     idx = jax.tree.map(lambda buf: buf[m % stash_slots(prog)], carry.stash.indices[b])
   dx, bs_new, br_new = boundary_mod.backward_half(
-      _boundary(prog, b), prog.mode is Mode.WARMUP, layout.unpad(dx_buf, shape),
+      _boundary(prog, b), prog.mode, layout.unpad(dx_buf, shape),
       layout.gather_rows(bs_old, rows, shape), layout.gather_rows(br_old, rows, shape),
       pl.link_key(step_key, global_microbatch(prog, m), b), s == b, s == b + 1, idx)
   bs, br = carry.bwd_tables
@@ -393,7 +393,7 @@ def explicit_tick(prog: Program, tick, plan, carry: ExplicitCarry, params_row, b
 
 def _index_shapes(prog: Program, b: int, mb_size: int):
   """Shapes of boundary b's (sent, arrived) TopK positions (index reuse), else None."""
-  if not prog.pipe.boundary.reuse or prog.mode is Mode.WARMUP:
+  if not prog.pipe.boundary.reuse or prog.mode.dense_forward:
     return None
   shape = prog.shapes[b]
   local = dataclasses.replace(prog.pipe.boundary, transport=boundary_mod.Transport())

@@ -29,7 +29,7 @@ def _run(pipe: pl.Pipeline, params, model_state, fwd_tables, bwd_tables, batch, 
       (fs, fr), (bs, br) = fwd_tables[s], bwd_tables[s]
       link = pl.link_rows(LinkState(fs, fr, bs, br), pipe.boundary, rows_of, rows_of)
       x, (fs_rows, fr_rows) = pipe.boundary(x, link, pl.link_key(step_key, i, s), mode)
-      if mode in (Mode.TRAIN, Mode.WARMUP):
+      if mode.trains:
         fwd_tables[s] = (pl.scatter(fs, rows_of(pipe.boundary.fwd), fs_rows),
                          pl.scatter(fr, rows_of(pipe.boundary.fwd), fr_rows))
     loss, m = pipe.loss_fn(x, mb)
@@ -48,7 +48,7 @@ def init_state(pipe: pl.Pipeline, optimizer: optax.GradientTransformation, rng, 
 def wire_bytes_per_step(pipe: pl.Pipeline, batch, mode: Mode = Mode.TRAIN) -> dict[str, int]:
   """Executor protocol: bytes one training step sends over all boundaries, each way
   (warm-up steps send dense tensors)."""
-  return pl.wire_bytes_per_step(pl.uncompressed(pipe) if mode is Mode.WARMUP else pipe, None, batch)
+  return pl.wire_bytes_per_step(pl.as_sent(pipe, mode), None, batch)
 
 
 def _tables(state: pl.TrainState):
@@ -72,9 +72,9 @@ def loss_and_grads(pipe: pl.Pipeline, state: pl.TrainState, batch, mode: Mode = 
 
 
 def make_train_step(pipe: pl.Pipeline, optimizer: optax.GradientTransformation, mode: Mode = Mode.TRAIN):
-  """jit-compiled (state, batch) -> (state, metrics). `mode` is TRAIN or WARMUP."""
-  if mode not in (Mode.TRAIN, Mode.WARMUP):
-    raise ValueError(f"train step mode must be TRAIN or WARMUP, got {mode}")
+  """jit-compiled (state, batch) -> (state, metrics). `mode` is TRAIN, WARMUP or FIRST_VISIT."""
+  if not mode.trains:
+    raise ValueError(f"train step mode must be TRAIN, WARMUP or FIRST_VISIT, got {mode}")
 
   def step(state: pl.TrainState, batch):
     loss, metrics, model_state, grads, links = loss_and_grads(pipe, state, batch, mode)

@@ -15,8 +15,9 @@ epoch's batches were done and their losses; the resumed run finishes that epoch)
 
 AQ-SGD first visits (Algorithm 1): a batch holding an example that no step has sent yet (one
 dropped with an epoch's last partial batch, or any batch when warmup_epochs=0) runs as a
-Mode.WARMUP step: its activations go dense and m(xi) = a. `FirstVisits` tracks which
-examples were sent (replayed from the data order on resume), and their bytes are counted.
+Mode.FIRST_VISIT step: its activations go dense and m(xi) = a, its gradients stay
+compressed. `FirstVisits` tracks which examples were sent (replayed from the data order on
+resume), and their bytes are counted.
 
 The executor is `simulate`, a `gpipe.GPipe` or `hostbuffer.HostBuffered`; two optional hooks
 serve the last (AQ-SGD tables in host memory): a train step with `takes_next_ids` is called
@@ -91,8 +92,10 @@ class RunConfig:
 class FirstVisits:
   """Which training examples AQ-SGD has already sent in full (m(xi) holds their activation).
 
-  A batch with an unsent example must run as a dense (Mode.WARMUP) step; every step sends
-  all of its batch's examples at least once, so after it they are all seen.
+  A batch with an unsent example runs as a Mode.FIRST_VISIT step: its activations go dense
+  (a message has one static shape, so the whole batch's), so m(xi) = a at both ends; its
+  gradients stay compressed. Every step sends all of its batch's examples, so after it they
+  are all seen. The set is the driver's: resume rebuilds it from the data order.
   """
 
   def __init__(self, pipe: pl.Pipeline):
@@ -100,9 +103,10 @@ class FirstVisits:
     self.seen = np.zeros(fwd.num_examples, bool) if isinstance(fwd, AQSGD) else None
 
   def mode(self, epoch_mode: Mode, ids) -> Mode:
-    """The mode of a step on examples `ids`: dense if any of them is a first visit."""
-    if self.seen is not None and not self.seen[np.asarray(ids)].all():
-      return Mode.WARMUP
+    """The mode of a step on examples `ids` in an epoch of `epoch_mode`: FIRST_VISIT in a
+    compressed epoch if any of them is a first visit."""
+    if epoch_mode is Mode.TRAIN and self.seen is not None and not self.seen[np.asarray(ids)].all():
+      return Mode.FIRST_VISIT
     return epoch_mode
 
   def sent(self, ids):
@@ -231,7 +235,8 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     if done_losses:
       history = history[:-1]  # that epoch's record is redone when the epoch is finished
   place, main = batch_placement(executor), distributed.is_main_process()
-  wire = {m: executor.wire_bytes_per_step(pipe, data.example_batch, m) for m in (Mode.TRAIN, Mode.WARMUP)}
+  wire = {m: executor.wire_bytes_per_step(pipe, data.example_batch, m)
+          for m in (Mode.TRAIN, Mode.WARMUP, Mode.FIRST_VISIT)}
   steps = {}
   eval_steps = {c: executor.make_eval_step(pipe, c) for c in (True, False)}
   global_step = int(state.step)
@@ -251,7 +256,7 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
 
     def count(step_mode):
       nonlocal dense_steps
-      dense_steps += step_mode is Mode.WARMUP
+      dense_steps += step_mode.dense_forward
       for k, v in wire[step_mode].items():
         sent[k] += v
 
@@ -303,7 +308,7 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
         "eval_on": evaluate(eval_steps[True], state, data.eval_batches(), data.eval_summary, place),
         "eval_off": evaluate(eval_steps[False], state, data.eval_batches(), data.eval_summary, place),
         **{f"wire_bytes_{k}": v for k, v in wire[mode].items()},
-        "dense_steps": dense_steps,  # warm-up and AQ-SGD first-visit steps (sent uncompressed)
+        "dense_steps": dense_steps,  # warm-up and AQ-SGD first-visit steps (activations sent dense)
         **{f"epoch_wire_bytes_{k}": v for k, v in sent.items()},
         "steps_per_s": timed_steps / elapsed if timed_steps and elapsed > 0 else None,
     }

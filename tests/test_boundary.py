@@ -91,6 +91,18 @@ def test_warmup_is_dense_and_fills_aqsgd_buffer():
   np.testing.assert_array_equal(np.asarray(fr.buffer), np.asarray(fs.buffer))
 
 
+def test_first_visit_sends_activations_dense_and_gradients_compressed():
+  """AQ-SGD's first visit: m(xi) = a at both ends, dL/dh = C_b(dL/dy) as in training."""
+  bwd = codecs.MinMaxQuant(2)
+  link = Boundary(feedback.AQSGD(codecs.MinMaxQuant(2), num_examples=B), feedback.Plain(bwd))
+  state = link.init(B, (D,), jnp.float32)
+  dw1, (fs, fr) = jax.grad(lambda w1: _loss(w1, W2, link, state, Mode.FIRST_VISIT), has_aux=True)(W1)
+  np.testing.assert_allclose(np.asarray(dw1), np.asarray(_reference(lambda h: h, bwd)[0]), rtol=1e-5, atol=1e-6)
+  h = jnp.tanh(X @ W1)
+  np.testing.assert_array_equal(np.asarray(fs.buffer), np.asarray(h.astype(jnp.float16)))
+  np.testing.assert_array_equal(np.asarray(fr.buffer), np.asarray(fs.buffer))
+
+
 def test_eval_modes_are_stateless():
   link = Boundary(feedback.EF21(codecs.TopK(0.25)), feedback.Plain(codecs.MinMaxQuant(8)))
   state = link.init(B, (D,), jnp.float32)

@@ -85,9 +85,18 @@ def test_1f1b_matches_simulate(fwd, bwd):
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_aqsgd_warmup_then_compressed_matches_simulate(schedule):
-  _compare(_pipe("aqsgd+quant:2", "quant:4"), optax.adam(1e-2), steps=2, modes=(Mode.WARMUP, Mode.TRAIN),
-           schedule=schedule)
+def test_aqsgd_warmup_first_visit_and_compressed_match_simulate(schedule):
+  _compare(_pipe("aqsgd+quant:2", "quant:4"), optax.adam(1e-2), steps=2,
+           modes=(Mode.WARMUP, Mode.FIRST_VISIT, Mode.TRAIN), schedule=schedule)
+
+
+def test_first_visit_step_sends_dense_activations_and_compressed_gradients():
+  pipe, opt = _pipe("aqsgd+quant:2", "quant:4"), optax.sgd(0.1)
+  ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages))
+  flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
+  sent = gpipe.collective_permute_bytes(ex.compiled_text(pipe, opt, flat, BATCH, Mode.FIRST_VISIT))
+  dense, train = (simulate.wire_bytes_per_step(pipe, BATCH, m) for m in (Mode.WARMUP, Mode.TRAIN))
+  assert sent == {"fwd": dense["fwd"], "bwd": train["bwd"], "data": 0}
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

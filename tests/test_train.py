@@ -206,7 +206,8 @@ def test_checkpoints_of_every_keep_period_th_epoch_stay(tmp_path):
 
 
 def test_aqsgd_first_visit_without_warmup_sends_the_activation(tmp_path):
-  """warmup_epochs=0: the first step sends a densely, so both ends hold m(xi) = a exactly."""
+  """warmup_epochs=0: the first step sends a densely, so both ends hold m(xi) = a exactly;
+  its gradients stay compressed."""
   pipe, data = _pipe(), _data()
   state0 = simulate.init_state(pipe, OPT, jax.random.key(0), data.example_batch)
   batch = next(data.train_batches(0))
@@ -220,6 +221,7 @@ def test_aqsgd_first_visit_without_warmup_sends_the_activation(tmp_path):
   np.testing.assert_array_equal(np.asarray(link.fwd_send.buffer), np.asarray(link.fwd_recv.buffer))
   assert history[0]["dense_steps"] == 1
   assert history[0]["epoch_wire_bytes_fwd"] == simulate.wire_bytes_per_step(pipe, batch, train.Mode.WARMUP)["fwd"]
+  assert history[0]["epoch_wire_bytes_bwd"] == simulate.wire_bytes_per_step(pipe, batch, train.Mode.TRAIN)["bwd"]
 
 
 def test_aqsgd_examples_missed_by_warmup_are_sent_dense_and_counted(tmp_path):
@@ -235,11 +237,12 @@ def test_aqsgd_examples_missed_by_warmup_are_sent_dense_and_counted(tmp_path):
   first_visits = sum(not np.isin(b["id"], warm_ids).all() for b in data.train_batches(1))
   assert first_visits >= 1  # the data really has the case
   _, history = _fit(tmp_path, 2, data=data, pipe=pipe)
-  wire = {m: simulate.wire_bytes_per_step(pipe, data.example_batch, m) for m in (train.Mode.TRAIN, train.Mode.WARMUP)}
+  wire = {m: simulate.wire_bytes_per_step(pipe, data.example_batch, m) for m in train.Mode if m.trains}
+  assert wire[train.Mode.FIRST_VISIT] == {"fwd": wire[train.Mode.WARMUP]["fwd"], "bwd": wire[train.Mode.TRAIN]["bwd"]}
   assert [r["dense_steps"] for r in history] == [2, first_visits]
   for k in ("fwd", "bwd"):
     assert history[0][f"epoch_wire_bytes_{k}"] == 2 * wire[train.Mode.WARMUP][k]
-    assert history[1][f"epoch_wire_bytes_{k}"] == (first_visits * wire[train.Mode.WARMUP][k]
+    assert history[1][f"epoch_wire_bytes_{k}"] == (first_visits * wire[train.Mode.FIRST_VISIT][k]
                                                    + (2 - first_visits) * wire[train.Mode.TRAIN][k])
     assert history[1][f"avg_wire_bytes_per_step_{k}"] == (history[0][f"epoch_wire_bytes_{k}"]
                                                          + history[1][f"epoch_wire_bytes_{k}"]) / 4
