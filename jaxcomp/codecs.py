@@ -155,8 +155,9 @@ class MinMaxQuant(Codec):
 class MaxAbsQuant(Codec):
   """Max-abs k-bit quantization on a uniform signed grid (AQ-SGD).
 
-  s = max|x| per tensor, or per channel (last axis; shared over batch and sequence), stored
-  in `scale_dtype` and rounded up so |x| <= s. Grid of 2^bits points on [-s, s]:
+  s = max|x| per tensor, per channel (last axis; shared over batch and sequence), or per
+  group (granularity="group": one scale per `group` consecutive features of each row, the
+  "tile" scales of TAH-Quant), stored in `scale_dtype` and rounded up so |x| <= s. Grid of 2^bits points on [-s, s]:
   c = round((x/s + 1)/2 * levels), x_hat = s (2c/levels - 1), |x - x_hat| <= s / levels.
   Stochastic rounding makes E[x_hat] = x. A zero scale decodes to exactly 0.
   """
@@ -164,11 +165,16 @@ class MaxAbsQuant(Codec):
   granularity: str = "channel"
   stochastic: bool = False
   scale_dtype: str = "float16"
+  group: int | None = None  # features per scale, with granularity="group"
 
   def __post_init__(self):
     packing.check_bits(self.bits)
-    if self.granularity not in ("tensor", "channel"):
-      raise ValueError(f"granularity must be 'tensor' or 'channel', got {self.granularity!r}")
+    if self.granularity not in ("tensor", "channel", "group"):
+      raise ValueError(f"granularity must be 'tensor', 'channel' or 'group', got {self.granularity!r}")
+    if (self.granularity == "group") != (self.group is not None):
+      raise ValueError(f"group={self.group!r} goes with granularity='group' only (got {self.granularity!r})")
+    if self.group is not None and (isinstance(self.group, bool) or not isinstance(self.group, int) or self.group < 1):
+      raise ValueError(f"group must be a positive number of features, got {self.group!r}")
     if self.scale_dtype not in ("float16", "bfloat16", "float32"):
       raise ValueError(f"scale_dtype must be float16, bfloat16 or float32, got {self.scale_dtype!r}")
 
@@ -177,25 +183,42 @@ class MaxAbsQuant(Codec):
     return (1 << self.bits) - 1
 
   def _scale_shape(self, shape):
+    if self.granularity == "group":
+      return (*shape[:-1], shape[-1] // self._group_size(shape[-1]))
     return (shape[-1],) if self.granularity == "channel" else ()
 
+  def _group_size(self, features: int) -> int:
+    if features % self.group:
+      raise ValueError(f"maxabs group={self.group} does not divide the {features} features of the last axis; "
+                       f"pick a divisor of {features}")
+    return self.group
+
+  def _view(self, shape):
+    """(shape the scale is a max over, its reduced axes): groups split the last axis."""
+    if self.granularity == "group":
+      g = self._group_size(shape[-1])
+      return (*shape[:-1], shape[-1] // g, g), (len(shape),)
+    return tuple(shape), tuple(range(len(shape) - 1)) if self.granularity == "channel" else None
+
   def encode(self, x, key=None):
-    x32 = x.astype(jnp.float32)
-    axes = tuple(range(x.ndim - 1)) if self.granularity == "channel" else None
-    s = jnp.max(jnp.abs(x32), axis=axes)
+    view, axes = self._view(x.shape)
+    x32 = x.astype(jnp.float32).reshape(view)
+    s = jnp.max(jnp.abs(x32), axis=axes, keepdims=True)
     s_stored = s.astype(self.scale_dtype)
     s_stored = jnp.where(s_stored.astype(jnp.float32) < s, jnp.nextafter(s_stored, jnp.inf), s_stored)
     s32 = s_stored.astype(jnp.float32)
     y = (_ratio(x32, s32) * 0.5 + 0.5) * self.levels
     codes = jnp.clip(_round(y, self.stochastic, key), 0, self.levels)
     packed = packing.pack(codes.reshape(-1).astype(jnp.uint32), self.bits)
-    return Payload({"codes": packed, "scale": s_stored}, x.shape, x.dtype)
+    return Payload({"codes": packed, "scale": s_stored.reshape(self._scale_shape(x.shape))}, x.shape, x.dtype)
 
   def decode(self, payload):
     a = payload.arrays
-    codes = packing.unpack(a["codes"], self.bits, _size(payload.shape)).reshape(payload.shape)
+    view, axes = self._view(payload.shape)
+    codes = packing.unpack(a["codes"], self.bits, _size(payload.shape)).reshape(view)
     grid = codes.astype(jnp.float32) * (2.0 / self.levels) - 1.0
-    return (grid * a["scale"].astype(jnp.float32)).astype(payload.dtype)
+    scale = jnp.expand_dims(a["scale"].astype(jnp.float32), axes) if axes else a["scale"].astype(jnp.float32)
+    return (grid * scale).reshape(payload.shape).astype(payload.dtype)
 
   def wire_bytes(self, shape, dtype):
     scales = _size(self._scale_shape(shape)) * np.dtype(jnp.dtype(self.scale_dtype)).itemsize

@@ -1,17 +1,20 @@
 """One-line string specs for CLIs: `[scheme+]codec[:arg[:option...]]`.
 
-Codecs:  none | bf16 | fp16 | fp8 | quant:BITS[:stoch] | maxabs:BITS[:tensor|channel][:stoch]
+Codecs:  none | bf16 | fp16 | fp8 | quant:BITS[:stoch] | maxabs:BITS[:tensor|channel|group=G][:stoch]
          | topk:FRACTION[:row] | randk:FRACTION[:row]
+         | adaptive:LOW:HIGH:FRACTION[:group=G][:stoch]   (FRACTION of tokens in HIGH bits)
+Wrapper: hadamard[:BLOCK][:seed=S]+CODEC   (randomized Hadamard rotation around CODEC)
 Schemes: plain (default) | ef | ef21 | efmixed | aqsgd;  backward only: reuse (TopK index reuse)
-Examples: `topk:0.1`, `quant:4`, `ef21+topk:0.1`, `aqsgd+maxabs:2:stoch`, `reuse`.
+Examples: `topk:0.1`, `quant:4`, `ef21+topk:0.1`, `aqsgd+maxabs:2:stoch`, `reuse`,
+          `hadamard+maxabs:3:group=64`, `adaptive:3:4:0.25:group=32`.
 """
-from jaxcomp import codecs, feedback
+from jaxcomp import adaptive, codecs, feedback, rotation
 from jaxcomp.boundary import Boundary, Reuse
 
 _SCHEMES = {"plain": feedback.Plain, "ef": feedback.EF, "ef21": feedback.EF21,
             "efmixed": feedback.EFMixed, "aqsgd": feedback.AQSGD}
 _CASTS = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
-_CODECS = ("none", *_CASTS, "quant", "maxabs", "topk", "randk")
+_CODECS = ("none", *_CASTS, "quant", "maxabs", "topk", "randk", "adaptive", "hadamard+CODEC")
 
 
 def _number(text, kind, spec):
@@ -21,27 +24,65 @@ def _number(text, kind, spec):
     raise ValueError(f"bad number {text!r} in compression spec {spec!r}") from None
 
 
+def _settings(options: set, allowed_flags: set, allowed_keys: set, spec: str) -> tuple[set, dict]:
+  """Options split into flags (`stoch`) and key=value settings (`group=64`), both checked."""
+  settings = dict(o.split("=", 1) for o in options if "=" in o)
+  flags = {o for o in options if "=" not in o}
+  if not flags <= allowed_flags or not set(settings) <= allowed_keys:
+    allowed = sorted(allowed_flags) + [f"{k}=N" for k in sorted(allowed_keys)]
+    bad = sorted((flags - allowed_flags) | {f"{k}=" for k in set(settings) - allowed_keys})
+    raise ValueError(f"unknown option(s) {bad} in {spec!r}; allowed: {allowed}")
+  return flags, settings
+
+
+def _hadamard(head: str, inner: str, spec: str) -> rotation.Hadamard:
+  """hadamard[:BLOCK][:seed=S]+CODEC."""
+  _, *args = head.split(":")
+  block = [a for a in args if "=" not in a]
+  _, settings = _settings({a for a in args if "=" in a}, set(), {"seed"}, spec)
+  if len(block) > 1:
+    raise ValueError(f"hadamard takes one block size, got {block} in {spec!r}")
+  return rotation.Hadamard(parse_codec(inner), block=_number(block[0], int, spec) if block else None,
+                           seed=_number(settings.get("seed", "0"), int, spec))
+
+
 def parse_codec(spec: str) -> codecs.Codec:
-  name, *args = spec.strip().lower().split(":")
+  head, plus, inner = spec.strip().lower().partition("+")
+  if plus:
+    if head.split(":")[0] != "hadamard":
+      raise ValueError(f"unknown codec wrapper {head!r} in {spec!r}; the only wrapper is hadamard[:BLOCK]+CODEC")
+    return _hadamard(head, inner, spec)
+  name, *args = head.split(":")
   options = set(args[1:])
   if name in ("none", "fp32", "identity") and not args:
     return codecs.Identity()
   if name in _CASTS and not args:
     return codecs.Cast(_CASTS[name])
-  if name in ("quant", "maxabs", "topk", "randk") and args:
-    allowed = {"quant": {"stoch"}, "maxabs": {"stoch", "tensor", "channel"}}.get(name, {"row"})
+  if name == "adaptive" and len(args) >= 3:
+    flags, settings = _settings(set(args[3:]), {"stoch"}, {"group"}, spec)
+    group = settings.get("group")
+    return adaptive.TokenAdaptive(_number(args[0], int, spec), _number(args[1], int, spec),
+                                  _number(args[2], float, spec), None if group is None else _number(group, int, spec),
+                                  stochastic="stoch" in flags)
+  if name == "maxabs" and args:
+    flags, settings = _settings(options, {"stoch", "tensor", "channel"}, {"group"}, spec)
+    group = settings.get("group")
+    granularity = "group" if group is not None else "tensor" if "tensor" in flags else "channel"
+    if group is not None and flags & {"tensor", "channel"}:
+      raise ValueError(f"{spec!r}: group=G replaces tensor/channel scales; give one of them")
+    return codecs.MaxAbsQuant(_number(args[0], int, spec), granularity, stochastic="stoch" in flags,
+                              group=None if group is None else _number(group, int, spec))
+  if name in ("quant", "topk", "randk") and args:
+    allowed = {"quant": {"stoch"}}.get(name, {"row"})
     if not options <= allowed:
       raise ValueError(f"unknown option(s) {sorted(options - allowed)} in {spec!r}; allowed: {sorted(allowed)}")
     if name == "quant":
       return codecs.MinMaxQuant(_number(args[0], int, spec), stochastic="stoch" in options)
-    if name == "maxabs":
-      return codecs.MaxAbsQuant(_number(args[0], int, spec), stochastic="stoch" in options,
-                                granularity="tensor" if "tensor" in options else "channel")
     per = "row" if "row" in options else "example"
     cls = codecs.TopK if name == "topk" else codecs.RandK
     return cls(_number(args[0], float, spec), per=per)
   raise ValueError(f"unknown compressor {spec!r}; expected one of {list(_CODECS)} "
-                   "(quant/maxabs take :BITS, topk/randk take :FRACTION)")
+                   "(quant/maxabs take :BITS, topk/randk take :FRACTION, adaptive takes :LOW:HIGH:FRACTION)")
 
 
 def parse_scheme(spec: str, num_examples: int | None = None):
@@ -49,10 +90,10 @@ def parse_scheme(spec: str, num_examples: int | None = None):
   text = spec.strip().lower()
   if text == "reuse":
     return Reuse()
-  scheme_name, _, codec_text = text.rpartition("+")
-  scheme_name = scheme_name or "plain"
-  if scheme_name not in _SCHEMES:
-    raise ValueError(f"unknown scheme {scheme_name!r} in {spec!r}; expected one of {list(_SCHEMES)}")
+  first, plus, rest = text.partition("+")
+  scheme_name, codec_text = (first, rest) if plus and first in _SCHEMES else ("plain", text)
+  if plus and first not in _SCHEMES and first.split(":")[0] != "hadamard":
+    raise ValueError(f"unknown scheme {first!r} in {spec!r}; expected one of {list(_SCHEMES)}")
   codec = parse_codec(codec_text)
   if scheme_name == "aqsgd":
     if num_examples is None:
