@@ -38,3 +38,12 @@ def ratio_table(label: str, times: dict[str, float], base: str) -> str:
   lines = [f"| {label} | ms | / {base} |", "|---|---:|---:|"]
   lines += [f"| {name} | {t * 1e3:.2f} | {t / times[base]:.3f} |" for name, t in times.items()]
   return "\n".join(lines)
+
+
+def select(table: dict, names: str, baseline: str) -> dict:
+  """The entries of `table` named in comma-separated `names`, baseline first; SystemExit naming a bad one."""
+  wanted = [n.strip() for n in names.split(",") if n.strip()]
+  unknown = [n for n in wanted if n not in table]
+  if unknown:
+    raise SystemExit(f"error: unknown {unknown}; choose from {list(table)}")
+  return {n: table[n] for n in dict.fromkeys([baseline, *wanted])}

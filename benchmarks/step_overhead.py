@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import optax
 
 import jaxcomp
-from benchmarks.common import gpt2_config, gpt2_parser, median_seconds, ratio_table
+from benchmarks.common import gpt2_config, gpt2_parser, median_seconds, ratio_table, select
 from jaxcomp import gpipe, simulate
 from jaxcomp.boundary import Mode
 from jaxcomp.models import gpt2
@@ -24,14 +24,17 @@ def main(argv=None):
   parser = gpt2_parser(__doc__, microbatches=2)
   parser.add_argument("--executor", choices=["simulate", "gpipe"], default="simulate")
   parser.add_argument("--repeats", type=int, default=10)
+  parser.add_argument("--presets", default=",".join(PRESETS),
+                      help="comma-separated subset of the presets (fp32, the baseline, is always run)")
   args = parser.parse_args(argv)
+  presets = select(PRESETS, args.presets, "fp32")
   cfg = gpt2_config(args.model)
   tokens = jax.random.randint(jax.random.key(0), (args.batch, args.seq), 0, cfg.vocab_size)
   batch = {"tokens": tokens, "id": jnp.arange(args.batch)}
   opt = optax.adamw(1e-4)
   executor = simulate if args.executor == "simulate" else gpipe.GPipe(gpipe.make_mesh(4))
   runs = {}
-  for name, (fwd, bwd) in PRESETS.items():
+  for name, (fwd, bwd) in presets.items():
     pipe = jaxcomp.Pipeline(gpt2.gpt2_stages(cfg, 4), jaxcomp.parse_boundary(fwd, bwd, num_examples=args.batch),
                             jaxcomp.losses.language_model, "tokens", args.microbatches, tied=gpt2.gpt2_tied(4))
     state = executor.init_state(pipe, opt, jax.random.key(1), batch)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 
 import jaxcomp
-from benchmarks.common import gpt2_config, gpt2_parser, median_seconds
+from benchmarks.common import gpt2_config, gpt2_parser, median_seconds, select
 from jaxcomp import netsim, pipeline as pl, spec
 from jaxcomp.models import gpt2
 
@@ -57,7 +57,10 @@ def main(argv=None):
   parser = gpt2_parser(__doc__, microbatches=4)
   parser.add_argument("--latency-ms", type=float, default=1.0)
   parser.add_argument("--repeats", type=int, default=10)
+  parser.add_argument("--configs", default=",".join(CONFIGS),
+                      help="comma-separated subset of the configs (fp32, the baseline, is always run)")
   args = parser.parse_args(argv)
+  configs = select(CONFIGS, args.configs, "fp32")
 
   cfg = gpt2_config(args.model)
   stages = gpt2.gpt2_stages(cfg, 4)
@@ -75,7 +78,7 @@ def main(argv=None):
   print("stage forward ms:", [round(t * 1e3, 2) for t in fwd_s], "backward ms:", [round(t * 1e3, 2) for t in bwd_s])
 
   rows, bytes_lines = [], []
-  for name, (fwd_text, bwd_text) in CONFIGS.items():
+  for name, (fwd_text, bwd_text) in configs.items():
     boundary = spec.parse_boundary(fwd_text, bwd_text, num_examples=args.batch)
     per_message = [boundary.wire_bytes(s.shape, s.dtype) for s in shapes]
     t_fwd_codec = codec_seconds(boundary.fwd, act, args.repeats)

@@ -10,6 +10,7 @@
    all-gather in the compiled program) for compressed gradients and QuantizedAdam momentum.
 """
 import argparse
+import math
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -102,9 +103,11 @@ def data_parallel_table(batch=8, seq=64, microbatches=2) -> str:
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--skip-pipeline", action="store_true", help="only the codec table")
+  parser.add_argument("--shape", default="128,1024", help="the codec table's tensor")
   args = parser.parse_args(argv)
-  print("## Payload bytes of one [128, 1024] fp32 tensor (fp32: 524,288 bytes)\n")
-  print(codec_table())
+  shape = tuple(int(d) for d in args.shape.split(","))
+  print(f"## Payload bytes of one {list(shape)} fp32 tensor (fp32: {4 * math.prod(shape):,} bytes)\n")
+  print(codec_table(shape))
   if not args.skip_pipeline:
     print("\n## Bytes per training step of a 4-stage toy GPT-2 (GPipe, from the compiled HLO)\n")
     print(pipeline_table())

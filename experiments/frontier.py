@@ -77,8 +77,8 @@ def summarize(run: dict) -> dict:
   prev = 0
   for record in history:
     steps, prev = record["step"] - prev, record["step"]
-    for way in sent:
-      sent[way] += record[f"wire_bytes_{way}"] * steps
+    for way in sent:  # the epoch's exact bytes (AQ-SGD first visits go dense) where recorded
+      sent[way] += record.get(f"epoch_wire_bytes_{way}", record[f"wire_bytes_{way}"] * steps)
       if record["mode"] == "train":
         steady[way] = record[f"wire_bytes_{way}"]
   total_tokens = history[-1]["step"] * tokens_per_step

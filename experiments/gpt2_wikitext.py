@@ -37,6 +37,8 @@ def _presets():
   for a, b in ((2, 4), (3, 6), (4, 8)):
     presets[f"direct-fw{a}-bw{b}"] = dict(fwd=f"maxabs:{a}:stoch", bwd=f"maxabs:{b}:stoch")
     presets[f"aqsgd-fw{a}-bw{b}"] = dict(fwd=f"aqsgd+maxabs:{a}:stoch", bwd=f"maxabs:{b}:stoch", warmup_epochs=1)
+    # the same dense first epoch without AQ-SGD's buffer: separates the warm-up from the buffer
+    presets[f"direct-fw{a}-bw{b}-warm1"] = dict(fwd=f"maxabs:{a}:stoch", bwd=f"maxabs:{b}:stoch", warmup_epochs=1)
   return presets
 
 

@@ -4,7 +4,8 @@
     python -m experiments.report runs/gpt2_wikitext/results --paper gpt2
 
 For each run (one JSON per run): the last epoch's evaluation with compression off and on,
-bytes on the wire per step, steps/s, and the paper's (off, on) for the same preset. Plots:
+bytes on the wire per compressed step and the run's average per step (dense warm-up and
+AQ-SGD first-visit steps included), steps/s, and the paper's (off, on) for the same preset. Plots:
 the evaluation metric per epoch, compression off (solid) and on (dashed), one line per run.
 """
 import argparse
@@ -28,14 +29,18 @@ PAPERS = {  # reported numbers, metric, its label, scale, names of the two repor
 def table(runs: list[dict], which: str) -> str:
   reported, metric, label, scale, (ref_a, ref_b) = PAPERS[which]
   lines = [f"| run | data | epochs | {label} off | {label} on | {ref_a} | {ref_b} | fwd bytes/step "
-           "| bwd bytes/step | steps/s |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| bwd bytes/step | run avg fwd bytes/step | run avg bwd bytes/step | steps/s |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  average = lambda last, k: f"{last[k]:,.0f}" if k in last else ""  # results written before it existed: blank
   for run in runs:
     last = run["history"][-1]
     ref = reported.get(run["run"], ("", ""))
     speed = f"{last['steps_per_s']:.2f}" if last.get("steps_per_s") else ""
     lines.append(f"| {run['run']} | {run['config'].get('data', '')} | {last['epoch']} "
                  f"| {last['eval_off'][metric] * scale:.2f} | {last['eval_on'][metric] * scale:.2f} "
-                 f"| {ref[0]} | {ref[1]} | {last['wire_bytes_fwd']:,} | {last['wire_bytes_bwd']:,} | {speed} |")
+                 f"| {ref[0]} | {ref[1]} | {last['wire_bytes_fwd']:,} | {last['wire_bytes_bwd']:,} "
+                 f"| {average(last, 'avg_wire_bytes_per_step_fwd')} | {average(last, 'avg_wire_bytes_per_step_bwd')} "
+                 f"| {speed} |")
   return "\n".join(lines)
 
 

@@ -35,7 +35,7 @@ class TokenAdaptive(Codec):
   fraction: float = 0.25
   group: int | None = None  # features per scale; None: one scale per row
   stochastic: bool = False
-  scale_dtype: str = "float16"
+  scale_dtype: str = "float32"
 
   def __post_init__(self):
     if not 2 <= self.low < self.high <= 16:

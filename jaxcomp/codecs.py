@@ -38,6 +38,11 @@ def _size(shape) -> int:
   return int(np.prod(shape, dtype=np.int64))
 
 
+def _as_bits(x):
+  """A float array as its unsigned-int bit pattern (what travels; no backend widens it)."""
+  return jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize])
+
+
 class Codec:
   """Base class: `__call__` is C(x) = decode(encode(x))."""
 
@@ -70,7 +75,11 @@ class Identity(Codec):
 
 @dataclasses.dataclass(frozen=True)
 class Cast(Codec):
-  """Sends x in a narrower float type: C(x) = float(dtype(x))."""
+  """Sends x in a narrower float type: C(x) = float(dtype(x)).
+
+  The narrow floats travel as their bit patterns (uint8 for fp8, uint16 for 16-bit), so no
+  backend widens them on the wire (XLA:CPU moves f8 as f16 in a collective-permute).
+  """
   dtype: str = "bfloat16"
 
   def __post_init__(self):
@@ -78,10 +87,11 @@ class Cast(Codec):
       raise ValueError(f"Cast dtype must be one of {_CAST_DTYPES}, got {self.dtype!r}")
 
   def encode(self, x, key=None):
-    return Payload({"x": x.astype(self.dtype)}, x.shape, x.dtype)
+    return Payload({"bits": _as_bits(x.astype(self.dtype))}, x.shape, x.dtype)
 
   def decode(self, payload):
-    return payload.arrays["x"].astype(payload.dtype)
+    narrow = jax.lax.bitcast_convert_type(payload.arrays["bits"], jnp.dtype(self.dtype))
+    return narrow.astype(payload.dtype)
 
   def wire_bytes(self, shape, dtype):
     return _size(shape) * np.dtype(jnp.dtype(self.dtype)).itemsize
@@ -107,6 +117,12 @@ def _ratio(v, d):
   return jnp.where(d > 0, (v * c) * (1.0 / safe), 0.0)
 
 
+def _tiny_range_factor(lo, hi):
+  """2^64 when |lo|, |hi| < 2^-40, else 1: an exact rescaling that keeps tiny ranges (down to
+  fp32's smallest normal spacing) out of the denormals that XLA flushes to zero."""
+  return jnp.where(jnp.maximum(jnp.abs(lo), jnp.abs(hi)) < 2.0**-40, 2.0**64, 1.0)
+
+
 def _check_fraction(fraction) -> float:
   if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction <= 1.0:
     raise ValueError(f"fraction K must be in (0, 1], got {fraction!r}")
@@ -120,7 +136,8 @@ class MinMaxQuant(Codec):
   levels = 2^bits - 1, codes c = round((x - lo) / (hi - lo) * levels) in [0, levels],
   x_hat = lo + c * (hi - lo) / levels, so |x - x_hat| <= (hi - lo) / (2 levels).
   Sends the packed codes plus (lo, hi) in fp32. Arithmetic on halves avoids overflow for
-  |x| up to the fp32 maximum; a constant tensor decodes exactly; NaN propagates to x_hat.
+  |x| up to the fp32 maximum, and tiny tensors are rescaled by 2^64 so ranges below 1e-37
+  keep the bound; a constant tensor decodes exactly; NaN propagates to x_hat.
   """
   bits: int = 8
   stochastic: bool = False
@@ -135,8 +152,9 @@ class MinMaxQuant(Codec):
   def encode(self, x, key=None):
     x32 = x.astype(jnp.float32)
     lo, hi = jnp.min(x32), jnp.max(x32)
-    half_range = 0.5 * hi - 0.5 * lo
-    y = _ratio(0.5 * x32 - 0.5 * lo, half_range) * self.levels
+    up = _tiny_range_factor(lo, hi)
+    half_range = 0.5 * (hi * up) - 0.5 * (lo * up)
+    y = _ratio(0.5 * (x32 * up) - 0.5 * (lo * up), half_range) * self.levels
     codes = jnp.clip(_round(y, self.stochastic, key), 0, self.levels)
     packed = packing.pack(codes.reshape(-1).astype(jnp.uint32), self.bits)
     return Payload({"codes": packed, "lo": lo, "hi": hi}, x.shape, x.dtype)
@@ -144,81 +162,124 @@ class MinMaxQuant(Codec):
   def decode(self, payload):
     a = payload.arrays
     codes = packing.unpack(a["codes"], self.bits, _size(payload.shape)).reshape(payload.shape)
-    half_step = (0.5 * a["hi"] - 0.5 * a["lo"]) * (codes.astype(jnp.float32) / self.levels)
-    return ((a["lo"] + half_step) + half_step).astype(payload.dtype)
+    up = _tiny_range_factor(a["lo"], a["hi"])
+    half_step = (0.5 * (a["hi"] * up) - 0.5 * (a["lo"] * up)) * (codes.astype(jnp.float32) / self.levels)
+    return (((a["lo"] * up + half_step) + half_step) / up).astype(payload.dtype)
 
   def wire_bytes(self, shape, dtype):
     return packing.packed_size(_size(shape), self.bits) + 2 * 4
 
 
+_SCALE_DTYPES = ("float32", "bfloat16", "float16")
+_CLIP_CANDIDATES = tuple(1.0 - 0.75 * (j / 24) ** 2 for j in range(25))  # clip="mse": r in [0.25, 1], dense near 1
+
+
 @dataclasses.dataclass(frozen=True)
 class MaxAbsQuant(Codec):
-  """Max-abs k-bit quantization on a uniform signed grid (AQ-SGD).
+  """Max-abs B-bit quantization on a symmetric grid that contains 0 (AQ-SGD's quantizer family).
 
   s = max|x| per tensor, per channel (last axis; shared over batch and sequence), or per
   group (granularity="group": one scale per `group` consecutive features of each row, the
-  "tile" scales of TAH-Quant), stored in `scale_dtype` and rounded up so |x| <= s. Grid of 2^bits points on [-s, s]:
-  c = round((x/s + 1)/2 * levels), x_hat = s (2c/levels - 1), |x - x_hat| <= s / levels.
-  Stochastic rounding makes E[x_hat] = x. A zero scale decodes to exactly 0.
+  "tile" scales of TAH-Quant). With
+  L = 2^(B-1) - 1 levels each side: c = clip(round(x/s * L), -L, L), x_hat = (c/L) s, so 0
+  decodes to exactly 0, the grid is symmetric (no bias) and |x - x_hat| <= s/(2L) for |x| <= s.
+  Codes c + L in [0, 2L] are bit-packed (B >= 2: one bit has no symmetric grid with 0).
+  `clip` < 1 sends s = clip * max|x| instead (entries beyond saturate at +-s); clip="mse"
+  picks, per scale, the ratio in [0.25, 1] with the least squared error (deterministic
+  rounding decides). The receiver only sees the scale. Scales are fp32 by default (any finite
+  magnitude round-trips); bf16/fp16 scales are rounded up so nothing clips unasked (fp16
+  overflows above 65504: the inf shows in the output). Stochastic rounding: E[x_hat] = x for
+  |x| <= s. +-inf decodes to +-inf (other entries of its scale group become NaN).
   """
   bits: int = 4
   granularity: str = "channel"
   stochastic: bool = False
-  scale_dtype: str = "float16"
+  scale_dtype: str = "float32"
+  clip: float | str = 1.0
   group: int | None = None  # features per scale, with granularity="group"
 
   def __post_init__(self):
     packing.check_bits(self.bits)
+    if self.bits < 2:
+      raise ValueError(f"maxabs needs bits >= 2 (a symmetric grid with 0 has 3 levels), got {self.bits}; "
+                       "use quant:1 for 1-bit min-max")
     if self.granularity not in ("tensor", "channel", "group"):
       raise ValueError(f"granularity must be 'tensor', 'channel' or 'group', got {self.granularity!r}")
     if (self.granularity == "group") != (self.group is not None):
       raise ValueError(f"group={self.group!r} goes with granularity='group' only (got {self.granularity!r})")
     if self.group is not None and (isinstance(self.group, bool) or not isinstance(self.group, int) or self.group < 1):
       raise ValueError(f"group must be a positive number of features, got {self.group!r}")
-    if self.scale_dtype not in ("float16", "bfloat16", "float32"):
-      raise ValueError(f"scale_dtype must be float16, bfloat16 or float32, got {self.scale_dtype!r}")
+    if self.scale_dtype not in _SCALE_DTYPES:
+      raise ValueError(f"scale_dtype must be one of {_SCALE_DTYPES}, got {self.scale_dtype!r}")
+    if self.clip != "mse" and (isinstance(self.clip, bool) or not isinstance(self.clip, (int, float))
+                               or not 0.0 < self.clip <= 1.0):
+      raise ValueError(f"clip must be a ratio in (0, 1] or 'mse', got {self.clip!r}")
 
   @property
   def levels(self) -> int:
-    return (1 << self.bits) - 1
+    """L: the grid is {-L, ..., L} * s / L."""
+    return (1 << (self.bits - 1)) - 1
 
   def _scale_shape(self, shape):
     if self.granularity == "group":
-      return (*shape[:-1], shape[-1] // self._group_size(shape[-1]))
+      return self._view_shape(shape)[:-1]
     return (shape[-1],) if self.granularity == "channel" else ()
 
-  def _group_size(self, features: int) -> int:
-    if features % self.group:
-      raise ValueError(f"maxabs group={self.group} does not divide the {features} features of the last axis; "
-                       f"pick a divisor of {features}")
-    return self.group
+  def _view_shape(self, shape):
+    """The shape scales reduce over: groups split the last axis into [F/G, G]."""
+    if self.granularity != "group":
+      return tuple(shape)
+    if shape[-1] % self.group:
+      raise ValueError(f"maxabs group={self.group} does not divide the {shape[-1]} features of the last axis; "
+                       f"pick a divisor of {shape[-1]}")
+    return (*shape[:-1], shape[-1] // self.group, self.group)
 
-  def _view(self, shape):
-    """(shape the scale is a max over, its reduced axes): groups split the last axis."""
+  def _reduce_axes(self, x):
     if self.granularity == "group":
-      g = self._group_size(shape[-1])
-      return (*shape[:-1], shape[-1] // g, g), (len(shape),)
-    return tuple(shape), tuple(range(len(shape) - 1)) if self.granularity == "channel" else None
+      return (x.ndim - 1,)
+    return tuple(range(x.ndim - 1)) if self.granularity == "channel" else None
+
+  def _expand(self, s):
+    """A scale array broadcast against the (viewed) tensor."""
+    return s[..., None] if self.granularity == "group" else s
+
+  def _codes(self, x32, s32, key):
+    """Signed codes in [-L, L] of x on the grid of scale s."""
+    y = jnp.where(jnp.isinf(x32), jnp.sign(x32), _ratio(x32, s32)) * self.levels
+    return jnp.clip(_round(y, self.stochastic, key), -self.levels, self.levels)
+
+  def _grid(self, codes, s32):
+    return (codes / self.levels) * s32
+
+  def _scale(self, x32):
+    """The scale the sender picks: max|x|, clipped by a fixed ratio or the least-error one."""
+    axes = self._reduce_axes(x32)
+    s = jnp.max(jnp.abs(x32), axis=axes)
+    if self.clip == "mse":
+      def error(r):
+        rs = self._expand(r * s)
+        codes = jnp.clip(jnp.round(_ratio(x32, rs) * self.levels), -self.levels, self.levels)
+        return jnp.sum(jnp.square(self._grid(codes, rs) - x32), axis=axes)
+      ratios = jnp.asarray(_CLIP_CANDIDATES)
+      s = s * ratios[jnp.argmin(jax.lax.map(error, ratios), axis=0)]
+    elif self.clip != 1.0:
+      s = s * self.clip
+    stored = s.astype(self.scale_dtype)
+    return jnp.where(stored.astype(jnp.float32) < s, jnp.nextafter(stored, jnp.inf), stored)
 
   def encode(self, x, key=None):
-    view, axes = self._view(x.shape)
-    x32 = x.astype(jnp.float32).reshape(view)
-    s = jnp.max(jnp.abs(x32), axis=axes, keepdims=True)
-    s_stored = s.astype(self.scale_dtype)
-    s_stored = jnp.where(s_stored.astype(jnp.float32) < s, jnp.nextafter(s_stored, jnp.inf), s_stored)
-    s32 = s_stored.astype(jnp.float32)
-    y = (_ratio(x32, s32) * 0.5 + 0.5) * self.levels
-    codes = jnp.clip(_round(y, self.stochastic, key), 0, self.levels)
+    x32 = x.astype(jnp.float32).reshape(self._view_shape(x.shape))
+    scale = self._scale(x32)
+    codes = self._codes(x32, self._expand(scale.astype(jnp.float32)), key) + self.levels
     packed = packing.pack(codes.reshape(-1).astype(jnp.uint32), self.bits)
-    return Payload({"codes": packed, "scale": s_stored.reshape(self._scale_shape(x.shape))}, x.shape, x.dtype)
+    return Payload({"codes": packed, "scale": _as_bits(scale)}, x.shape, x.dtype)
 
   def decode(self, payload):
     a = payload.arrays
-    view, axes = self._view(payload.shape)
-    codes = packing.unpack(a["codes"], self.bits, _size(payload.shape)).reshape(view)
-    grid = codes.astype(jnp.float32) * (2.0 / self.levels) - 1.0
-    scale = jnp.expand_dims(a["scale"].astype(jnp.float32), axes) if axes else a["scale"].astype(jnp.float32)
-    return (grid * scale).reshape(payload.shape).astype(payload.dtype)
+    codes = packing.unpack(a["codes"], self.bits, _size(payload.shape)).reshape(self._view_shape(payload.shape))
+    s32 = jax.lax.bitcast_convert_type(a["scale"], jnp.dtype(self.scale_dtype)).astype(jnp.float32)
+    return self._grid(codes.astype(jnp.float32) - self.levels, self._expand(s32)).reshape(payload.shape).astype(
+        payload.dtype)
 
   def wire_bytes(self, shape, dtype):
     scales = _size(self._scale_shape(shape)) * np.dtype(jnp.dtype(self.scale_dtype)).itemsize

@@ -110,32 +110,41 @@ class EF21(Scheme):
 
 @dataclasses.dataclass(frozen=True)
 class EFMixed(Scheme):
-  """EF-mixed: m = TopK_{K/2}(x) + TopK_{K/2}(e); e' = x + e - m (K% non-zeros in total)."""
+  """EF-mixed: m = TopK_a(x) + TopK_b(e); e' = x + e - m, with a + b = ceil(K*F) non-zeros per row.
+
+  a = ceil(k/2) entries come from x, b = floor(k/2) from the error buffer (none when k = 1).
+  """
 
   def __post_init__(self):
     super().__post_init__()
     if not isinstance(self.codec, codecs.TopK):
       raise ValueError(f"EF-mixed needs a TopK codec, got {self.codec!r}")
 
-  @property
-  def half(self) -> codecs.TopK:
-    return dataclasses.replace(self.codec, fraction=self.codec.fraction / 2)
+  def parts(self, shape) -> tuple[codecs.TopK, codecs.TopK | None]:
+    """TopK of x keeping ceil(k/2) entries per row, TopK of e keeping floor(k/2) (None if 0)."""
+    k = self.codec.k(shape)
+    f = dataclasses.replace(self.codec, fraction=1.0).k(shape)  # features per row
+    exactly = lambda n: dataclasses.replace(self.codec, fraction=n / f) if n else None
+    return exactly(k - k // 2), exactly(k // 2)
 
   def init_sender(self, num_rows, row_shape, dtype):
     return EFState(_zeros(num_rows, row_shape, jnp.float32))
 
   def send(self, x, state, key=None):
-    from_x = self.half.encode(x)
-    from_e = self.half.encode(state.error.astype(x.dtype))
-    m = self.half.decode(from_x).astype(jnp.float32) + self.half.decode(from_e).astype(jnp.float32)
-    return (from_x, from_e), EFState(x.astype(jnp.float32) + state.error - m)
+    of_x, of_e = self.parts(x.shape)
+    payload = (of_x.encode(x),) + ((of_e.encode(state.error.astype(x.dtype)),) if of_e else ())
+    m = self._decode(payload)
+    return payload, EFState(x.astype(jnp.float32) + state.error - m)
+
+  def _decode(self, payload):
+    of_x, of_e = self.parts(payload[0].shape)
+    return sum(c.decode(p).astype(jnp.float32) for c, p in zip((of_x, of_e), payload))
 
   def receive(self, payload, state):
-    from_x, from_e = payload
-    return self.half.decode(from_x) + self.half.decode(from_e), state
+    return self._decode(payload).astype(payload[0].dtype), state
 
   def wire_bytes(self, shape, dtype):
-    return 2 * self.half.wire_bytes(shape, dtype)
+    return sum(c.wire_bytes(shape, dtype) for c in self.parts(shape) if c is not None)
 
 
 @dataclasses.dataclass(frozen=True)

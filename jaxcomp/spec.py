@@ -1,11 +1,12 @@
 """One-line string specs for CLIs: `[scheme+]codec[:arg[:option...]]`.
 
-Codecs:  none | bf16 | fp16 | fp8 | quant:BITS[:stoch] | maxabs:BITS[:tensor|channel|group=G][:stoch]
+Codecs:  none | bf16 | fp16 | fp8 | quant:BITS[:stoch]
+         | maxabs:BITS[:tensor|channel|group=G][:stoch][:scale=fp32|bf16|fp16][:clip=RATIO|mse]
          | topk:FRACTION[:row] | randk:FRACTION[:row]
          | adaptive:LOW:HIGH:FRACTION[:group=G][:stoch]   (FRACTION of tokens in HIGH bits)
 Wrapper: hadamard[:BLOCK][:seed=S]+CODEC   (randomized Hadamard rotation around CODEC)
 Schemes: plain (default) | ef | ef21 | efmixed | aqsgd;  backward only: reuse (TopK index reuse)
-Examples: `topk:0.1`, `quant:4`, `ef21+topk:0.1`, `aqsgd+maxabs:2:stoch`, `reuse`,
+Examples: `topk:0.1`, `quant:4`, `ef21+topk:0.1`, `aqsgd+maxabs:2:stoch`, `maxabs:2:clip=mse`, `reuse`,
           `hadamard+maxabs:3:group=64`, `adaptive:3:4:0.25:group=32`.
 """
 from jaxcomp import adaptive, codecs, feedback, rotation
@@ -15,6 +16,7 @@ _SCHEMES = {"plain": feedback.Plain, "ef": feedback.EF, "ef21": feedback.EF21,
             "efmixed": feedback.EFMixed, "aqsgd": feedback.AQSGD}
 _CASTS = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
 _CODECS = ("none", *_CASTS, "quant", "maxabs", "topk", "randk", "adaptive", "hadamard+CODEC")
+_SCALES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def _number(text, kind, spec):
@@ -33,6 +35,25 @@ def _settings(options: set, allowed_flags: set, allowed_keys: set, spec: str) ->
     bad = sorted((flags - allowed_flags) | {f"{k}=" for k in set(settings) - allowed_keys})
     raise ValueError(f"unknown option(s) {bad} in {spec!r}; allowed: {allowed}")
   return flags, settings
+
+
+def _scale_dtype(settings: dict, spec: str) -> str:
+  if settings.get("scale", "fp32") not in _SCALES:
+    raise ValueError(f"bad scale={settings['scale']!r} in {spec!r}; allowed: scale={'|'.join(_SCALES)}")
+  return _SCALES[settings.get("scale", "fp32")]
+
+
+def _maxabs(bits: int, options: set, spec: str) -> codecs.MaxAbsQuant:
+  """maxabs options: tensor|channel|group=G, stoch, scale=fp32|bf16|fp16, clip=RATIO|mse."""
+  flags, settings = _settings(options, {"tensor", "channel", "stoch"}, {"group", "scale", "clip"}, spec)
+  group = settings.get("group")
+  if group is not None and flags & {"tensor", "channel"}:
+    raise ValueError(f"{spec!r}: group=G replaces tensor/channel scales; give one of them")
+  clip = settings.get("clip", "1")
+  return codecs.MaxAbsQuant(bits, "group" if group is not None else "tensor" if "tensor" in flags else "channel",
+                            stochastic="stoch" in flags, scale_dtype=_scale_dtype(settings, spec),
+                            clip=clip if clip == "mse" else _number(clip, float, spec),
+                            group=None if group is None else _number(group, int, spec))
 
 
 def _hadamard(head: str, inner: str, spec: str) -> rotation.Hadamard:
@@ -59,19 +80,13 @@ def parse_codec(spec: str) -> codecs.Codec:
   if name in _CASTS and not args:
     return codecs.Cast(_CASTS[name])
   if name == "adaptive" and len(args) >= 3:
-    flags, settings = _settings(set(args[3:]), {"stoch"}, {"group"}, spec)
+    flags, settings = _settings(set(args[3:]), {"stoch"}, {"group", "scale"}, spec)
     group = settings.get("group")
     return adaptive.TokenAdaptive(_number(args[0], int, spec), _number(args[1], int, spec),
                                   _number(args[2], float, spec), None if group is None else _number(group, int, spec),
-                                  stochastic="stoch" in flags)
+                                  stochastic="stoch" in flags, scale_dtype=_scale_dtype(settings, spec))
   if name == "maxabs" and args:
-    flags, settings = _settings(options, {"stoch", "tensor", "channel"}, {"group"}, spec)
-    group = settings.get("group")
-    granularity = "group" if group is not None else "tensor" if "tensor" in flags else "channel"
-    if group is not None and flags & {"tensor", "channel"}:
-      raise ValueError(f"{spec!r}: group=G replaces tensor/channel scales; give one of them")
-    return codecs.MaxAbsQuant(_number(args[0], int, spec), granularity, stochastic="stoch" in flags,
-                              group=None if group is None else _number(group, int, spec))
+    return _maxabs(_number(args[0], int, spec), options, spec)
   if name in ("quant", "topk", "randk") and args:
     allowed = {"quant": {"stoch"}}.get(name, {"row"})
     if not options <= allowed:

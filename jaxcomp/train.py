@@ -1,12 +1,18 @@
 """The training driver every experiment shares: epochs, evaluation, checkpoints, resume.
 
 Per epoch: train with a progress bar (AQ-SGD warm-up epochs in Mode.WARMUP), evaluate with
-compression on and off, record loss/metrics, bytes on the wire per step and steps/s, save
+compression on and off, record loss/metrics, bytes on the wire (per compressed step, the
+epoch's total and the run's average per step) and steps/s, save
 an Orbax checkpoint, hand the history to `on_epoch` (results writing). A NaN/Inf loss stops
 the run at once with `NonFiniteLossError`; the last good checkpoint is never overwritten.
 Resume restores the latest checkpoint; data order, keys and every state continue exactly,
 also from an epoch that `RunConfig.steps` cut short (its checkpoint records how many of the
 epoch's batches were done and their losses; the resumed run finishes that epoch).
+
+AQ-SGD first visits (Algorithm 1): a batch holding an example that no step has sent yet (one
+dropped with an epoch's last partial batch, or any batch when warmup_epochs=0) runs as a
+Mode.WARMUP step: its activations go dense and m(xi) = a. `FirstVisits` tracks which
+examples were sent (replayed from the data order on resume), and their bytes are counted.
 
 The executor is `simulate`, a `gpipe.GPipe` or `hostbuffer.HostBuffered`; two optional hooks
 serve the last (AQ-SGD tables in host memory): a train step with `takes_next_ids` is called
@@ -25,6 +31,7 @@ from tqdm.auto import tqdm
 
 from jaxcomp import pipeline as pl
 from jaxcomp.boundary import Mode
+from jaxcomp.feedback import AQSGD
 from jaxcomp.checkpoint import Checkpointer
 
 
@@ -66,6 +73,28 @@ class RunConfig:
       raise ValueError(f"steps must be >= 1, got {self.steps}")
 
 
+class FirstVisits:
+  """Which training examples AQ-SGD has already sent in full (m(xi) holds their activation).
+
+  A batch with an unsent example must run as a dense (Mode.WARMUP) step; every step sends
+  all of its batch's examples at least once, so after it they are all seen.
+  """
+
+  def __init__(self, pipe: pl.Pipeline):
+    fwd = pipe.boundary.fwd
+    self.seen = np.zeros(fwd.num_examples, bool) if isinstance(fwd, AQSGD) else None
+
+  def mode(self, epoch_mode: Mode, ids) -> Mode:
+    """The mode of a step on examples `ids`: dense if any of them is a first visit."""
+    if self.seen is not None and not self.seen[np.asarray(ids)].all():
+      return Mode.WARMUP
+    return epoch_mode
+
+  def sent(self, ids):
+    if self.seen is not None:
+      self.seen[np.asarray(ids)] = True
+
+
 def evaluate(eval_step, state, batches, summary: Callable[[dict], dict] = dict) -> dict:
   """summary(metrics averaged over the evaluation set, weighted by batch size)."""
   totals, count = {}, 0
@@ -92,6 +121,15 @@ def _train_step(step, state, batch, following):
   if getattr(step, "takes_next_ids", False):
     return step(state, batch, None if following is None else following["id"])
   return step(state, batch)
+
+
+def _step_mode(visits: FirstVisits, epoch_mode: Mode, batch) -> Mode:
+  """The step's mode (dense for first visits); marks the batch's examples as sent."""
+  if "id" not in batch:
+    return epoch_mode
+  mode = visits.mode(epoch_mode, batch["id"])
+  visits.sent(batch["id"])
+  return mode
 
 
 def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
@@ -124,14 +162,28 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
   steps = {}
   eval_steps = {c: executor.make_eval_step(pipe, c) for c in (True, False)}
   global_step = int(state.step)
+  epoch_mode = lambda epoch: Mode.WARMUP if epoch < cfg.warmup_epochs else Mode.TRAIN
+  visits = FirstVisits(pipe)
+  if cfg.resume and visits.seen is not None:  # examples sent in finished epochs, from the data order
+    for epoch in range(start_epoch):
+      for batch in data.train_batches(epoch):
+        visits.sent(batch["id"])
   for epoch in range(start_epoch, cfg.epochs):
     if cfg.steps is not None and global_step >= cfg.steps:
       break
-    mode = Mode.WARMUP if epoch < cfg.warmup_epochs else Mode.TRAIN
-    if mode not in steps:
-      steps[mode] = executor.make_train_step(pipe, optimizer, mode)
+    mode = epoch_mode(epoch)
     losses, done_losses = done_losses, []
     skip = len(losses)
+    sent, dense_steps = {k: 0 for k in wire[mode]}, 0
+
+    def count(step_mode):
+      nonlocal dense_steps
+      dense_steps += step_mode is Mode.WARMUP
+      for k, v in wire[step_mode].items():
+        sent[k] += v
+
+    for batch in itertools.islice(data.train_batches(epoch), skip):  # this epoch's steps before a resume
+      count(_step_mode(visits, mode, batch))
     todo = data.steps_per_epoch - skip
     if cfg.steps is not None:
       todo = min(todo, cfg.steps - global_step)
@@ -140,7 +192,11 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     timed_steps, start = 0, None
     batches = _with_next(itertools.islice(data.train_batches(epoch), skip, skip + todo))
     for i, (batch, following) in enumerate(batches, start=skip):
-      state, metrics = _train_step(steps[mode], state, batch, following)
+      step_mode = _step_mode(visits, mode, batch)
+      if step_mode not in steps:
+        steps[step_mode] = executor.make_train_step(pipe, optimizer, step_mode)
+      state, metrics = _train_step(steps[step_mode], state, batch, following)
+      count(step_mode)
       loss = float(metrics["loss"])
       if not math.isfinite(loss):
         bar.close()
@@ -166,9 +222,14 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
         "eval_on": evaluate(eval_steps[True], state, data.eval_batches(), data.eval_summary),
         "eval_off": evaluate(eval_steps[False], state, data.eval_batches(), data.eval_summary),
         **{f"wire_bytes_{k}": v for k, v in wire[mode].items()},
+        "dense_steps": dense_steps,  # warm-up and AQ-SGD first-visit steps (sent uncompressed)
+        **{f"epoch_wire_bytes_{k}": v for k, v in sent.items()},
         "steps_per_s": timed_steps / elapsed if timed_steps and elapsed > 0 else None,
     }
     history.append(record)
+    total_steps = sum(r["epoch_batches"] for r in history)
+    for k in sent:  # the run so far: warm-up epochs and first visits included
+      record[f"avg_wire_bytes_per_step_{k}"] = sum(r[f"epoch_wire_bytes_{k}"] for r in history) / max(total_steps, 1)
     if ckpt:
       position = {"epoch": epoch + 1} if finished else {"epoch": epoch, "epoch_losses": losses}
       ckpt.save(epoch + 1, state, {**position, "history": history}, host_state)

@@ -103,14 +103,17 @@ def test_eval_modes_are_stateless():
 
 
 def test_invalid_ticks_leave_backward_state_alone():
-  """A bubble call contributes zero to the backward-state cotangent."""
+  """A bubble call contributes zero to the backward-state cotangent, whatever the state holds."""
   link = Boundary(feedback.Plain(codecs.Identity()), feedback.EF21(codecs.TopK(0.25)))
   state = link.init(B, (D,), jnp.float32)
+  ones = feedback.EF21State(jnp.ones((B, D)))
+  state = state._replace(bwd_send=ones, bwd_recv=ones)  # non-zero: an unmasked bubble would hand it back
   f = lambda s, ok: link(jnp.tanh(X @ W1), s, jax.random.key(0), Mode.TRAIN, ok, ok)[0].sum()
   valid = jax.grad(f)(state, True)
   bubble = jax.grad(f)(state, False)
   assert float(jnp.abs(valid.bwd_send.estimate).max()) > 0
   assert float(jnp.abs(bubble.bwd_send.estimate).max()) == 0.0
+  assert float(jnp.abs(bubble.bwd_recv.estimate).max()) == 0.0
 
 
 @pytest.mark.parametrize("fwd, bwd, match", [

@@ -4,14 +4,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from absl.testing import parameterized
+from hypothesis import given, settings, strategies as st
 
-from jaxcomp import codecs
+from jaxcomp import codecs, spec
 
 ALL_CODECS = [
     codecs.Identity(), codecs.Cast("bfloat16"), codecs.Cast("float16"),
     codecs.MinMaxQuant(1), codecs.MinMaxQuant(2), codecs.MinMaxQuant(3), codecs.MinMaxQuant(8),
     codecs.MinMaxQuant(16), codecs.MaxAbsQuant(2), codecs.MaxAbsQuant(4, "tensor"),
-    codecs.MaxAbsQuant(5, stochastic=True), codecs.TopK(0.1), codecs.TopK(0.5), codecs.TopK(0.3, "row"),
+    codecs.MaxAbsQuant(5, stochastic=True), codecs.MaxAbsQuant(3, scale_dtype="bfloat16", clip="mse"),
+    codecs.MaxAbsQuant(2, "tensor", scale_dtype="float16", clip=0.7), codecs.TopK(0.1), codecs.TopK(0.5), codecs.TopK(0.3, "row"),
     codecs.RandK(0.2),
 ]
 SHAPES = [(4, 33), (2, 8, 8, 6), (3, 5, 16)]
@@ -39,7 +41,8 @@ def test_wire_bytes_128x1024_fp32():
   assert codecs.MinMaxQuant(4).wire_bytes(shape, jnp.float32) == dense // 8 + 8
   assert codecs.MinMaxQuant(2).wire_bytes(shape, jnp.float32) == dense // 16 + 8
   assert codecs.MinMaxQuant(3).wire_bytes(shape, jnp.float32) == 128 * 1024 * 3 // 8 + 8
-  assert codecs.MaxAbsQuant(4).wire_bytes(shape, jnp.float32) == dense // 8 + 1024 * 2
+  assert codecs.MaxAbsQuant(4).wire_bytes(shape, jnp.float32) == dense // 8 + 1024 * 4  # fp32 scales
+  assert codecs.MaxAbsQuant(4, scale_dtype="float16").wire_bytes(shape, jnp.float32) == dense // 8 + 1024 * 2
   # Top10%: 103 of 1024 per row; 103 uint16 indices (206 B) > 128 B mask -> mask wins
   assert codecs.TopK(0.1).wire_bytes(shape, jnp.float32) == 128 * (103 * 4 + 128)
   assert codecs.TopK(0.01).wire_bytes(shape, jnp.float32) == 128 * (11 * 4 + 11 * 2)
@@ -69,26 +72,66 @@ def test_minmax_error_within_half_step(bits):
   assert float(x_hat.max()) == pytest.approx(hi, abs=1e-5)
 
 
-@pytest.mark.parametrize("bits", [1, 2, 4, 7, 8, 12])
+@pytest.mark.parametrize("bits", [2, 3, 4, 7, 8, 12])
 @pytest.mark.parametrize("granularity", ["tensor", "channel"])
-def test_maxabs_error_within_half_step(bits, granularity):
+@pytest.mark.parametrize("scale_dtype", ["float32", "bfloat16", "float16"])
+def test_maxabs_error_within_half_step(bits, granularity, scale_dtype):
   x = _x((6, 5, 16), seed=bits)
-  codec = codecs.MaxAbsQuant(bits, granularity)
+  codec = codecs.MaxAbsQuant(bits, granularity, scale_dtype=scale_dtype)
   payload = codec.encode(x)
-  scale = payload.arrays["scale"].astype(jnp.float32)
+  scale = jax.lax.bitcast_convert_type(payload.arrays["scale"], jnp.dtype(scale_dtype)).astype(jnp.float32)
   assert scale.shape == ((16,) if granularity == "channel" else ())
-  assert payload.arrays["scale"].dtype == jnp.float16
+  assert payload.arrays["scale"].dtype.itemsize == jnp.dtype(scale_dtype).itemsize
   true_scale = jnp.max(jnp.abs(x), axis=(0, 1) if granularity == "channel" else None)
   assert bool(jnp.all(scale >= true_scale))  # rounded up: nothing clips
   err = jnp.abs(codec.decode(payload) - x)
-  assert bool(jnp.all(err <= scale / codec.levels * (1 + 1e-4) + 1e-6))
+  assert bool(jnp.all(err <= scale / (2 * codec.levels) * (1 + 1e-5)))
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("clip", [1.0, 0.6, "mse"])
+def test_maxabs_grid_is_symmetric_and_contains_zero(bits, clip):
+  """0 -> 0 exactly; x and -x decode to opposite values (no bias); 2L+1 levels, L = 2^(B-1)-1."""
+  x = jnp.concatenate([_x((64, 8), seed=bits), jnp.zeros((16, 8))])
+  x = jnp.concatenate([x, -x])
+  codec = codecs.MaxAbsQuant(bits, clip=clip)
+  x_hat = codec(x)
+  np.testing.assert_array_equal(np.asarray(x_hat[64:80]), 0.0)
+  np.testing.assert_array_equal(np.asarray(x_hat[:80]), -np.asarray(x_hat[80:]))
+  assert codec.levels == 2 ** (bits - 1) - 1
+  assert len(np.unique(np.asarray(x_hat[:, 0]))) <= 2 * codec.levels + 1
+
+
+def _relative_mse(x, x_hat):
+  return float(np.mean((np.asarray(x_hat, np.float64) - np.asarray(x, np.float64)) ** 2) / np.mean(np.asarray(x, np.float64) ** 2))
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("relu", [True, False])
+def test_maxabs_matches_an_ideal_symmetric_grid(bits, relu):
+  """Relative MSE within 2% of float64 nearest rounding to {-L..L} * s / L with the same scales."""
+  x = np.asarray(jax.random.normal(jax.random.key(bits), (16, 8, 8, 64) if relu else (8, 128, 96)))
+  x = np.maximum(x, 0) if relu else x
+  s = np.abs(x).reshape(-1, x.shape[-1]).max(0).astype(np.float64)
+  levels = 2 ** (bits - 1) - 1
+  ideal = np.round(x / s * levels) * s / levels
+  ours = _relative_mse(x, codecs.MaxAbsQuant(bits)(jnp.asarray(x)))
+  assert ours == pytest.approx(_relative_mse(x, ideal), rel=0.02)
+
+
+def test_maxabs_mse_clip_never_worse_than_no_clip():
+  x = jnp.maximum(jax.random.normal(jax.random.key(0), (16, 8, 8, 64)), 0)
+  for bits in (2, 4, 8):
+    plain, mse = (_relative_mse(x, codecs.MaxAbsQuant(bits, clip=c)(x)) for c in (1.0, "mse"))
+    assert mse <= plain
+  assert _relative_mse(x, codecs.MaxAbsQuant(2, clip="mse")(x)) < 0.7 * _relative_mse(x, codecs.MaxAbsQuant(2)(x))
 
 
 def test_stochastic_rounding_is_unbiased():
   x = _x((2, 64), seed=7)
   codec = codecs.MaxAbsQuant(2, "tensor", stochastic=True)
   samples = jax.vmap(lambda k: codec(x, k))(jax.random.split(jax.random.key(0), 4000))
-  step = 2 * float(jnp.max(jnp.abs(x))) / codec.levels
+  step = float(jnp.max(jnp.abs(x))) / codec.levels
   # std of the mean of 4000 draws <= step/2/sqrt(4000) ~ 0.008 step
   assert float(jnp.max(jnp.abs(samples.mean(0) - x))) < 0.05 * step
   assert float(jnp.max(jnp.abs(codecs.MaxAbsQuant(2, "tensor")(x) - x))) > 0.1 * step  # deterministic is biased
@@ -118,15 +161,15 @@ def test_huge_inputs():
   x_hat = codecs.MinMaxQuant(8)(x)
   np.testing.assert_allclose(np.asarray(x_hat)[0, [0, 2]], [-3.0e38, 3.0e38], rtol=1e-6)
   x_top = jnp.array([[3.4e38, -3.4e38, 1.0]])
-  np.testing.assert_allclose(np.asarray(codecs.MaxAbsQuant(8, "tensor", scale_dtype="float32")(x_top))[0, :2],
+  np.testing.assert_allclose(np.asarray(codecs.MaxAbsQuant(8, "tensor")(x_top))[0, :2],
                              [3.4e38, -3.4e38], rtol=1e-6)
   assert bool(jnp.all(jnp.isfinite(x_hat)))
   assert float(jnp.max(jnp.abs(x_hat - x))) <= 6.0e38 / 255 / 2 * 1.001
   big = jnp.array([[1e30, -5e29, 3.0]])
-  np.testing.assert_allclose(np.asarray(codecs.MaxAbsQuant(8, "tensor", scale_dtype="float32")(big))[0, :2],
+  np.testing.assert_allclose(np.asarray(codecs.MaxAbsQuant(8, "tensor")(big))[0, :2],
                              [1e30, -5e29], rtol=1e-2)
-  # fp16 scales cannot hold 1e30: the overflow shows up, it is not hidden
-  assert not bool(jnp.all(jnp.isfinite(codecs.MaxAbsQuant(8, "tensor")(big))))
+  # fp16 scales (an option) cannot hold 1e30: the overflow shows up, it is not hidden
+  assert not bool(jnp.all(jnp.isfinite(codecs.MaxAbsQuant(8, "tensor", scale_dtype="float16")(big))))
 
 
 @pytest.mark.parametrize("codec", ALL_CODECS[3:-1], ids=repr)  # RandK may legitimately drop the NaN entry
@@ -201,3 +244,38 @@ def test_randk_keeps_k_random_entries_decoded_from_seed():
 def test_bad_configs(make, match):
   with pytest.raises(ValueError, match=match):
     make()
+
+
+@settings(max_examples=40, deadline=None)
+@given(exponent=st.floats(-30, 30), seed=st.integers(0, 2**16), bits=st.sampled_from([2, 4, 8]))
+def test_default_maxabs_round_trips_any_magnitude(exponent, seed, bits):
+  """Default spec (fp32 scales): error <= s / (2L) for max|x| anywhere in 1e-30..1e30."""
+  x = jax.random.normal(jax.random.key(seed), (4, 16)) * np.float32(10.0 ** exponent)
+  codec = spec.parse_codec(f"maxabs:{bits}")
+  s = np.abs(np.asarray(x)).max(0)
+  err = np.abs(np.asarray(codec(x)) - np.asarray(x))
+  assert np.all(err <= s / (2 * codec.levels) * (1 + 1e-5))
+
+
+@settings(max_examples=40, deadline=None)
+@given(exponent=st.floats(-36, 30), sign=st.sampled_from([-1.0, 1.0]), seed=st.integers(0, 2**16),
+       bits=st.sampled_from([2, 4, 8]))
+def test_minmax_half_step_bound_for_tiny_ranges(exponent, sign, seed, bits):
+  """x = base (1 + u 2^-20), |base| in 1e-36..1e30: ranges down to ~1e-42 keep the half-step bound."""
+  base = np.float32(sign * 10.0 ** exponent)
+  x = base * (1 + jax.random.uniform(jax.random.key(seed), (4, 16)) * np.float32(2**-20))
+  x_hat = np.asarray(codecs.MinMaxQuant(bits)(x))
+  x = np.asarray(x)
+  half_step = (float(x.max()) - float(x.min())) / (2 * (2**bits - 1))
+  assert np.max(np.abs(x_hat - x)) <= half_step + 2 * np.spacing(np.abs(x).max())
+
+
+@pytest.mark.parametrize("codec", [codecs.MinMaxQuant(4), codecs.MaxAbsQuant(4), codecs.MaxAbsQuant(4, "tensor"),
+                                   codecs.MaxAbsQuant(4, scale_dtype="bfloat16"),
+                                   codecs.MaxAbsQuant(4, scale_dtype="float16")], ids=repr)
+def test_plus_inf_never_decodes_as_minus_inf(codec):
+  x = jnp.array([[jnp.inf, 1.0, -2.0], [0.5, jnp.inf, 3.0]])
+  x_hat = np.asarray(codec(x))
+  assert not np.any(np.isneginf(x_hat[np.isposinf(np.asarray(x))]))
+  if isinstance(codec, codecs.MaxAbsQuant):
+    assert np.all(np.isposinf(x_hat[np.isposinf(np.asarray(x))]))

@@ -26,14 +26,18 @@ def test_ef_telescopes(scheme):
   assert float(jnp.abs(state.error).max()) > 0  # compression really lost something each step
 
 
-def test_efmixed_sends_k_nonzeros_in_total():
-  scheme = feedback.EFMixed(codecs.TopK(0.2))
-  state = scheme.init_sender(ROWS, FEAT, jnp.float32)
-  for x in _xs(3):
+@pytest.mark.parametrize("fraction, shape, k", [(0.2, (ROWS, *FEAT), 6), (0.1, (ROWS, 32768), 3277),
+                                                (0.1, (ROWS, 10), 1), (0.3, (ROWS, 10), 3)])
+def test_efmixed_sends_exactly_ceil_kf_entries(fraction, shape, k):
+  """ceil(K*F) values per row in total (ceil(k/2) of x, floor(k/2) of e), and bytes to match."""
+  scheme = feedback.EFMixed(codecs.TopK(fraction))
+  state = scheme.init_sender(ROWS, shape[1:], jnp.float32)
+  for x in [jax.random.normal(jax.random.key(i), shape) for i in range(3)]:
     payload, state = scheme.send(x, state)
+    assert sum(p.arrays["values"].shape[1] for p in payload) == k
     nnz = np.count_nonzero(np.asarray(scheme.receive(payload, ())[0]).reshape(ROWS, -1), axis=1)
-    assert np.all(nnz <= 6) and np.all(nnz >= 3)  # 3 + 3 of 30, possibly overlapping
-  assert scheme.wire_bytes((ROWS, *FEAT), jnp.float32) == 2 * codecs.TopK(0.1).wire_bytes((ROWS, *FEAT), jnp.float32)
+    assert np.all(nnz <= k) and np.all(nnz >= (k + 1) // 2)  # the two parts may overlap
+    assert scheme.wire_bytes(shape, jnp.float32) == codecs.nbytes(payload)
 
 
 @pytest.mark.parametrize("codec", [codecs.TopK(0.1), codecs.MaxAbsQuant(2, stochastic=True)], ids=repr)

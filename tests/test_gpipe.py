@@ -127,7 +127,7 @@ def test_tied_parameters_and_global_norm_clipping_match_simulate():
 
 @pytest.mark.parametrize("fwd, bwd, stages", [
     ("quant:4", "quant:8", None), ("quant:2", "ef+topk:0.1", None), ("topk:0.3", "reuse", None),
-    ("maxabs:4", "quant:2", _hetero_stages()),
+    ("maxabs:4", "quant:2", _hetero_stages()), ("fp8", "fp8", None), ("bf16", "fp8e5m2", None),
 ])
 def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages):
   pipe = _pipe(fwd, bwd, stages=stages, m=2)

@@ -17,9 +17,10 @@ from jaxcomp.models.mlp import mlp_stages
 N, B = 24, 8
 X = np.random.default_rng(0).normal(size=(N, 6)).astype(np.float32)
 LABELS = (X[:, 0] > 0).astype(np.int32)
-# consecutive batches share examples (5, 6, 7 and 16..19): the prefetch hazard
-ID_SEQUENCE = [np.arange(0, 8), np.arange(8, 16), np.r_[16:24], np.r_[5:8, 16:20, 0], np.r_[20:24, 1:5],
-               np.r_[8:16]]
+# consecutive compressed batches share examples (16..19, then 20, 21): the prefetch reads their rows
+# before the step before writes them (the read-after-write hazard)
+ID_SEQUENCE = [np.arange(0, 8), np.arange(8, 16), np.r_[16:24], np.r_[5:8, 16:20, 0], np.r_[20:24, 16:20],
+               np.r_[20:22, 8:14]]
 MODES = [Mode.WARMUP] * 3 + [Mode.TRAIN] * 3
 OPT = optax.sgd(0.1)
 

@@ -1,6 +1,7 @@
 import pathlib
 import re
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -116,3 +117,27 @@ def test_readme_example_runs_and_learns(capsys):
   exec(compile(code, "README.md", "exec"), namespace)
   assert float(namespace["metrics"]["loss"]) < 0.1
   assert "'fwd': 12312" in capsys.readouterr().out  # 3 boundaries x (256x64 2-bit codes + min/max)
+
+
+class _RecordDropoutMask(nn.Module):
+  """Identity on x; keeps the dropout mask of its last two calls in a 'record' collection."""
+
+  @nn.compact
+  def __call__(self, x, train):
+    mask = nn.Dropout(0.5, deterministic=not train)(jnp.ones((1, 64)))
+    record = self.variable("record", "masks", jnp.zeros, (2, 64))
+    if train:
+      record.value = jnp.concatenate([record.value[1:], mask])
+    return x
+
+
+def test_microbatches_and_stages_draw_different_dropout_masks():
+  stages = (pl.FlaxStage(_RecordDropoutMask()), pl.FlaxStage(_RecordDropoutMask()))
+  pipe = jaxcomp.Pipeline(stages, jaxcomp.parse_boundary("none", "none"),
+                          lambda y, mb: (jnp.mean(y), {}), "x", microbatches=2)
+  state = simulate.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
+  _, _, model_state, _, _ = simulate.loss_and_grads(pipe, state, BATCH)
+  masks = [np.asarray(ms["record"]["masks"]) for ms in model_state]  # [microbatch 0, 1] per stage
+  for m in masks:
+    assert not np.array_equal(m[0], m[1])  # each microbatch its own mask
+  assert not np.array_equal(masks[0], masks[1])  # each stage its own mask

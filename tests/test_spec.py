@@ -9,6 +9,9 @@ from jaxcomp.boundary import Reuse
     ("quant:4", feedback.Plain(codecs.MinMaxQuant(4))),
     ("quant:2:stoch", feedback.Plain(codecs.MinMaxQuant(2, stochastic=True))),
     ("maxabs:3:tensor:stoch", feedback.Plain(codecs.MaxAbsQuant(3, "tensor", stochastic=True))),
+    ("maxabs:4:scale=fp16", feedback.Plain(codecs.MaxAbsQuant(4, scale_dtype="float16"))),
+    ("maxabs:2:clip=mse:scale=bf16", feedback.Plain(codecs.MaxAbsQuant(2, scale_dtype="bfloat16", clip="mse"))),
+    ("maxabs:2:clip=0.8", feedback.Plain(codecs.MaxAbsQuant(2, clip=0.8))),
     ("ef21+topk:0.1", feedback.EF21(codecs.TopK(0.1))),
     ("EF+TopK:0.05:row", feedback.EF(codecs.TopK(0.05, per="row"))),
     ("efmixed+topk:0.1", feedback.EFMixed(codecs.TopK(0.1))),
@@ -32,6 +35,11 @@ def test_parse_scheme(text, expected):
     ("topk", "unknown compressor 'topk'"),
     ("ef22+topk:0.1", "unknown scheme 'ef22'"),
     ("topk:0.1:col", "unknown option"),
+    ("maxabs:4:scale=fp8", "bad maxabs option"),
+    ("maxabs:4:row", "bad maxabs option"),
+    ("maxabs:4:clip=1.5", r"clip must be a ratio in \(0, 1\] or 'mse', got 1.5"),
+    ("maxabs:4:clip=lots", "bad number 'lots'"),
+    ("maxabs:1", "maxabs needs bits >= 2"),
     ("aqsgd+quant:2", "needs the number of training examples"),
 ])
 def test_parse_errors_name_the_bad_value(text, match):

