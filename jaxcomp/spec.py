@@ -26,32 +26,32 @@ def _number(text, kind, spec):
     raise ValueError(f"bad number {text!r} in compression spec {spec!r}") from None
 
 
-def _settings(options: set, allowed_flags: set, allowed_keys: set, spec: str) -> tuple[set, dict]:
+def _settings(name: str, options: set, allowed_flags: set, allowed_keys: set, spec: str) -> tuple[set, dict]:
   """Options split into flags (`stoch`) and key=value settings (`group=64`), both checked."""
   settings = dict(o.split("=", 1) for o in options if "=" in o)
   flags = {o for o in options if "=" not in o}
   if not flags <= allowed_flags or not set(settings) <= allowed_keys:
     allowed = sorted(allowed_flags) + [f"{k}=N" for k in sorted(allowed_keys)]
     bad = sorted((flags - allowed_flags) | {f"{k}=" for k in set(settings) - allowed_keys})
-    raise ValueError(f"unknown option(s) {bad} in {spec!r}; allowed: {allowed}")
+    raise ValueError(f"bad {name} option(s) {bad} in {spec!r}; allowed: {allowed}")
   return flags, settings
 
 
-def _scale_dtype(settings: dict, spec: str) -> str:
+def _scale_dtype(name: str, settings: dict, spec: str) -> str:
   if settings.get("scale", "fp32") not in _SCALES:
-    raise ValueError(f"bad scale={settings['scale']!r} in {spec!r}; allowed: scale={'|'.join(_SCALES)}")
+    raise ValueError(f"bad {name} option scale={settings['scale']!r} in {spec!r}; allowed: scale={'|'.join(_SCALES)}")
   return _SCALES[settings.get("scale", "fp32")]
 
 
 def _maxabs(bits: int, options: set, spec: str) -> codecs.MaxAbsQuant:
   """maxabs options: tensor|channel|group=G, stoch, scale=fp32|bf16|fp16, clip=RATIO|mse."""
-  flags, settings = _settings(options, {"tensor", "channel", "stoch"}, {"group", "scale", "clip"}, spec)
+  flags, settings = _settings("maxabs", options, {"tensor", "channel", "stoch"}, {"group", "scale", "clip"}, spec)
   group = settings.get("group")
   if group is not None and flags & {"tensor", "channel"}:
     raise ValueError(f"{spec!r}: group=G replaces tensor/channel scales; give one of them")
   clip = settings.get("clip", "1")
   return codecs.MaxAbsQuant(bits, "group" if group is not None else "tensor" if "tensor" in flags else "channel",
-                            stochastic="stoch" in flags, scale_dtype=_scale_dtype(settings, spec),
+                            stochastic="stoch" in flags, scale_dtype=_scale_dtype("maxabs", settings, spec),
                             clip=clip if clip == "mse" else _number(clip, float, spec),
                             group=None if group is None else _number(group, int, spec))
 
@@ -60,7 +60,7 @@ def _hadamard(head: str, inner: str, spec: str) -> rotation.Hadamard:
   """hadamard[:BLOCK][:seed=S]+CODEC."""
   _, *args = head.split(":")
   block = [a for a in args if "=" not in a]
-  _, settings = _settings({a for a in args if "=" in a}, set(), {"seed"}, spec)
+  _, settings = _settings("hadamard", {a for a in args if "=" in a}, set(), {"seed"}, spec)
   if len(block) > 1:
     raise ValueError(f"hadamard takes one block size, got {block} in {spec!r}")
   return rotation.Hadamard(parse_codec(inner), block=_number(block[0], int, spec) if block else None,
@@ -80,11 +80,11 @@ def parse_codec(spec: str) -> codecs.Codec:
   if name in _CASTS and not args:
     return codecs.Cast(_CASTS[name])
   if name == "adaptive" and len(args) >= 3:
-    flags, settings = _settings(set(args[3:]), {"stoch"}, {"group", "scale"}, spec)
+    flags, settings = _settings("adaptive", set(args[3:]), {"stoch"}, {"group", "scale"}, spec)
     group = settings.get("group")
     return adaptive.TokenAdaptive(_number(args[0], int, spec), _number(args[1], int, spec),
                                   _number(args[2], float, spec), None if group is None else _number(group, int, spec),
-                                  stochastic="stoch" in flags, scale_dtype=_scale_dtype(settings, spec))
+                                  stochastic="stoch" in flags, scale_dtype=_scale_dtype("adaptive", settings, spec))
   if name == "maxabs" and args:
     return _maxabs(_number(args[0], int, spec), options, spec)
   if name in ("quant", "topk", "randk") and args:

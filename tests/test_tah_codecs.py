@@ -159,7 +159,7 @@ def test_specs(text, expected):
 
 @pytest.mark.parametrize("text, match", [
     ("maxabs:3:group=8:tensor", "group=G replaces tensor/channel"),
-    ("maxabs:3:groups=8", r"unknown option\(s\) \['groups='\]"),
+    ("maxabs:3:groups=8", r"bad maxabs option\(s\) \['groups='\]"),
     ("maxabs:3:group=x", "bad number 'x'"),
     ("hadamard:12+maxabs:3", "power of two >= 2, got 12"),
     ("rotate+maxabs:3", "unknown scheme 'rotate'"),
