@@ -178,7 +178,9 @@ _CLIP_CANDIDATES = tuple(1.0 - 0.75 * (j / 24) ** 2 for j in range(25))  # clip=
 class MaxAbsQuant(Codec):
   """Max-abs B-bit quantization on a symmetric grid that contains 0 (AQ-SGD's quantizer family).
 
-  s = max|x| per tensor, or per channel (last axis; shared over batch and sequence). With
+  s = max|x| per tensor, per channel (last axis; shared over batch and sequence), or per
+  group (granularity="group": one scale per `group` consecutive features of each row, the
+  "tile" scales of TAH-Quant). With
   L = 2^(B-1) - 1 levels each side: c = clip(round(x/s * L), -L, L), x_hat = (c/L) s, so 0
   decodes to exactly 0, the grid is symmetric (no bias) and |x - x_hat| <= s/(2L) for |x| <= s.
   Codes c + L in [0, 2L] are bit-packed (B >= 2: one bit has no symmetric grid with 0).
@@ -194,14 +196,19 @@ class MaxAbsQuant(Codec):
   stochastic: bool = False
   scale_dtype: str = "float32"
   clip: float | str = 1.0
+  group: int | None = None  # features per scale, with granularity="group"
 
   def __post_init__(self):
     packing.check_bits(self.bits)
     if self.bits < 2:
       raise ValueError(f"maxabs needs bits >= 2 (a symmetric grid with 0 has 3 levels), got {self.bits}; "
                        "use quant:1 for 1-bit min-max")
-    if self.granularity not in ("tensor", "channel"):
-      raise ValueError(f"granularity must be 'tensor' or 'channel', got {self.granularity!r}")
+    if self.granularity not in ("tensor", "channel", "group"):
+      raise ValueError(f"granularity must be 'tensor', 'channel' or 'group', got {self.granularity!r}")
+    if (self.granularity == "group") != (self.group is not None):
+      raise ValueError(f"group={self.group!r} goes with granularity='group' only (got {self.granularity!r})")
+    if self.group is not None and (isinstance(self.group, bool) or not isinstance(self.group, int) or self.group < 1):
+      raise ValueError(f"group must be a positive number of features, got {self.group!r}")
     if self.scale_dtype not in _SCALE_DTYPES:
       raise ValueError(f"scale_dtype must be one of {_SCALE_DTYPES}, got {self.scale_dtype!r}")
     if self.clip != "mse" and (isinstance(self.clip, bool) or not isinstance(self.clip, (int, float))
@@ -214,10 +221,27 @@ class MaxAbsQuant(Codec):
     return (1 << (self.bits - 1)) - 1
 
   def _scale_shape(self, shape):
+    if self.granularity == "group":
+      return self._view_shape(shape)[:-1]
     return (shape[-1],) if self.granularity == "channel" else ()
 
+  def _view_shape(self, shape):
+    """The shape scales reduce over: groups split the last axis into [F/G, G]."""
+    if self.granularity != "group":
+      return tuple(shape)
+    if shape[-1] % self.group:
+      raise ValueError(f"maxabs group={self.group} does not divide the {shape[-1]} features of the last axis; "
+                       f"pick a divisor of {shape[-1]}")
+    return (*shape[:-1], shape[-1] // self.group, self.group)
+
   def _reduce_axes(self, x):
+    if self.granularity == "group":
+      return (x.ndim - 1,)
     return tuple(range(x.ndim - 1)) if self.granularity == "channel" else None
+
+  def _expand(self, s):
+    """A scale array broadcast against the (viewed) tensor."""
+    return s[..., None] if self.granularity == "group" else s
 
   def _codes(self, x32, s32, key):
     """Signed codes in [-L, L] of x on the grid of scale s."""
@@ -233,8 +257,9 @@ class MaxAbsQuant(Codec):
     s = jnp.max(jnp.abs(x32), axis=axes)
     if self.clip == "mse":
       def error(r):
-        codes = jnp.clip(jnp.round(_ratio(x32, r * s) * self.levels), -self.levels, self.levels)
-        return jnp.sum(jnp.square(self._grid(codes, r * s) - x32), axis=axes)
+        rs = self._expand(r * s)
+        codes = jnp.clip(jnp.round(_ratio(x32, rs) * self.levels), -self.levels, self.levels)
+        return jnp.sum(jnp.square(self._grid(codes, rs) - x32), axis=axes)
       ratios = jnp.asarray(_CLIP_CANDIDATES)
       s = s * ratios[jnp.argmin(jax.lax.map(error, ratios), axis=0)]
     elif self.clip != 1.0:
@@ -243,17 +268,18 @@ class MaxAbsQuant(Codec):
     return jnp.where(stored.astype(jnp.float32) < s, jnp.nextafter(stored, jnp.inf), stored)
 
   def encode(self, x, key=None):
-    x32 = x.astype(jnp.float32)
+    x32 = x.astype(jnp.float32).reshape(self._view_shape(x.shape))
     scale = self._scale(x32)
-    codes = self._codes(x32, scale.astype(jnp.float32), key) + self.levels
+    codes = self._codes(x32, self._expand(scale.astype(jnp.float32)), key) + self.levels
     packed = packing.pack(codes.reshape(-1).astype(jnp.uint32), self.bits)
     return Payload({"codes": packed, "scale": _as_bits(scale)}, x.shape, x.dtype)
 
   def decode(self, payload):
     a = payload.arrays
-    codes = packing.unpack(a["codes"], self.bits, _size(payload.shape)).reshape(payload.shape)
+    codes = packing.unpack(a["codes"], self.bits, _size(payload.shape)).reshape(self._view_shape(payload.shape))
     s32 = jax.lax.bitcast_convert_type(a["scale"], jnp.dtype(self.scale_dtype)).astype(jnp.float32)
-    return self._grid(codes.astype(jnp.float32) - self.levels, s32).astype(payload.dtype)
+    return self._grid(codes.astype(jnp.float32) - self.levels, self._expand(s32)).reshape(payload.shape).astype(
+        payload.dtype)
 
   def wire_bytes(self, shape, dtype):
     scales = _size(self._scale_shape(shape)) * np.dtype(jnp.dtype(self.scale_dtype)).itemsize

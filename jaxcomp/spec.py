@@ -1,35 +1,23 @@
 """One-line string specs for CLIs: `[scheme+]codec[:arg[:option...]]`.
 
 Codecs:  none | bf16 | fp16 | fp8 | quant:BITS[:stoch]
-         | maxabs:BITS[:tensor|channel][:stoch][:scale=fp32|bf16|fp16][:clip=RATIO|mse]
+         | maxabs:BITS[:tensor|channel|group=G][:stoch][:scale=fp32|bf16|fp16][:clip=RATIO|mse]
          | topk:FRACTION[:row][:bf16|q8][:threshold|sort|approx] | randk:FRACTION[:row]
+         | adaptive:LOW:HIGH:FRACTION[:group=G][:stoch]   (FRACTION of tokens in HIGH bits)
+Wrapper: hadamard[:BLOCK][:seed=S]+CODEC   (randomized Hadamard rotation around CODEC)
 Schemes: plain (default) | ef | ef21 | efmixed | aqsgd;  backward only: reuse (TopK index reuse)
-Examples: `topk:0.1`, `quant:4`, `ef21+topk:0.1`, `topk:0.1:q8` (8-bit values), `aqsgd+maxabs:2:stoch`,
-          `maxabs:2:clip=mse`, `reuse`.
+Examples: `topk:0.1`, `topk:0.1:q8` (8-bit values), `quant:4`, `ef21+topk:0.1`, `aqsgd+maxabs:2:stoch`,
+          `maxabs:2:clip=mse`, `reuse`,
+          `hadamard+maxabs:3:group=64`, `adaptive:3:4:0.25:group=32`.
 """
-from jaxcomp import codecs, feedback, selection
+from jaxcomp import adaptive, codecs, feedback, rotation, selection
 from jaxcomp.boundary import Boundary, Reuse
 
 _SCHEMES = {"plain": feedback.Plain, "ef": feedback.EF, "ef21": feedback.EF21,
             "efmixed": feedback.EFMixed, "aqsgd": feedback.AQSGD}
 _CASTS = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
-_CODECS = ("none", *_CASTS, "quant", "maxabs", "topk", "randk")
+_CODECS = ("none", *_CASTS, "quant", "maxabs", "topk", "randk", "adaptive", "hadamard+CODEC")
 _SCALES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-
-
-def _maxabs(bits: int, options: set, spec: str) -> codecs.MaxAbsQuant:
-  """maxabs options: tensor|channel, stoch, scale=fp32|bf16|fp16, clip=RATIO|mse."""
-  settings = dict(o.split("=", 1) for o in options if "=" in o)
-  flags = {o for o in options if "=" not in o}
-  if not flags <= {"tensor", "channel", "stoch"} or not set(settings) <= {"scale", "clip"} \
-      or settings.get("scale", "fp32") not in _SCALES:
-    raise ValueError(f"bad maxabs option(s) in {spec!r}; allowed: tensor, channel, stoch, "
-                     f"scale={'|'.join(_SCALES)}, clip=RATIO|mse")
-  clip = settings.get("clip", "1")
-  return codecs.MaxAbsQuant(bits, stochastic="stoch" in options,
-                            granularity="tensor" if "tensor" in options else "channel",
-                            scale_dtype=_SCALES[settings.get("scale", "fp32")],
-                            clip=clip if clip == "mse" else _number(clip, float, spec))
 
 
 def _number(text, kind, spec):
@@ -47,16 +35,68 @@ def _one_of(choices, options, default, spec):
   return given[0] if given else default
 
 
+def _settings(name: str, options: set, allowed_flags: set, allowed_keys: set, spec: str) -> tuple[set, dict]:
+  """Options split into flags (`stoch`) and key=value settings (`group=64`), both checked."""
+  settings = dict(o.split("=", 1) for o in options if "=" in o)
+  flags = {o for o in options if "=" not in o}
+  if not flags <= allowed_flags or not set(settings) <= allowed_keys:
+    allowed = sorted(allowed_flags) + [f"{k}=N" for k in sorted(allowed_keys)]
+    bad = sorted((flags - allowed_flags) | {f"{k}=" for k in set(settings) - allowed_keys})
+    raise ValueError(f"bad {name} option(s) {bad} in {spec!r}; allowed: {allowed}")
+  return flags, settings
+
+
+def _scale_dtype(name: str, settings: dict, spec: str) -> str:
+  if settings.get("scale", "fp32") not in _SCALES:
+    raise ValueError(f"bad {name} option scale={settings['scale']!r} in {spec!r}; allowed: scale={'|'.join(_SCALES)}")
+  return _SCALES[settings.get("scale", "fp32")]
+
+
+def _maxabs(bits: int, options: set, spec: str) -> codecs.MaxAbsQuant:
+  """maxabs options: tensor|channel|group=G, stoch, scale=fp32|bf16|fp16, clip=RATIO|mse."""
+  flags, settings = _settings("maxabs", options, {"tensor", "channel", "stoch"}, {"group", "scale", "clip"}, spec)
+  group = settings.get("group")
+  if group is not None and flags & {"tensor", "channel"}:
+    raise ValueError(f"{spec!r}: group=G replaces tensor/channel scales; give one of them")
+  clip = settings.get("clip", "1")
+  return codecs.MaxAbsQuant(bits, "group" if group is not None else "tensor" if "tensor" in flags else "channel",
+                            stochastic="stoch" in flags, scale_dtype=_scale_dtype("maxabs", settings, spec),
+                            clip=clip if clip == "mse" else _number(clip, float, spec),
+                            group=None if group is None else _number(group, int, spec))
+
+
+def _hadamard(head: str, inner: str, spec: str) -> rotation.Hadamard:
+  """hadamard[:BLOCK][:seed=S]+CODEC."""
+  _, *args = head.split(":")
+  block = [a for a in args if "=" not in a]
+  _, settings = _settings("hadamard", {a for a in args if "=" in a}, set(), {"seed"}, spec)
+  if len(block) > 1:
+    raise ValueError(f"hadamard takes one block size, got {block} in {spec!r}")
+  return rotation.Hadamard(parse_codec(inner), block=_number(block[0], int, spec) if block else None,
+                           seed=_number(settings.get("seed", "0"), int, spec))
+
+
 def parse_codec(spec: str) -> codecs.Codec:
-  name, *args = spec.strip().lower().split(":")
+  head, plus, inner = spec.strip().lower().partition("+")
+  if plus:
+    if head.split(":")[0] != "hadamard":
+      raise ValueError(f"unknown codec wrapper {head!r} in {spec!r}; the only wrapper is hadamard[:BLOCK]+CODEC")
+    return _hadamard(head, inner, spec)
+  name, *args = head.split(":")
   options = set(args[1:])
   if name in ("none", "fp32", "identity") and not args:
     return codecs.Identity()
   if name in _CASTS and not args:
     return codecs.Cast(_CASTS[name])
-  if name in ("quant", "maxabs", "topk", "randk") and args:
-    if name == "maxabs":
-      return _maxabs(_number(args[0], int, spec), options, spec)
+  if name == "adaptive" and len(args) >= 3:
+    flags, settings = _settings("adaptive", set(args[3:]), {"stoch"}, {"group", "scale"}, spec)
+    group = settings.get("group")
+    return adaptive.TokenAdaptive(_number(args[0], int, spec), _number(args[1], int, spec),
+                                  _number(args[2], float, spec), None if group is None else _number(group, int, spec),
+                                  stochastic="stoch" in flags, scale_dtype=_scale_dtype("adaptive", settings, spec))
+  if name == "maxabs" and args:
+    return _maxabs(_number(args[0], int, spec), options, spec)
+  if name in ("quant", "topk", "randk") and args:
     allowed = {"quant": {"stoch"}, "topk": {"row", "bf16", "q8", *selection.SELECTORS}}.get(name, {"row"})
     if not options <= allowed:
       raise ValueError(f"unknown option(s) {sorted(options - allowed)} in {spec!r}; allowed: {sorted(allowed)}")
@@ -68,7 +108,7 @@ def parse_codec(spec: str) -> codecs.Codec:
     return codecs.TopK(_number(args[0], float, spec), per=per, select=_one_of(selection.SELECTORS, options, "auto", spec),
                        values=_one_of(("bf16", "q8"), options, "native", spec))
   raise ValueError(f"unknown compressor {spec!r}; expected one of {list(_CODECS)} "
-                   "(quant/maxabs take :BITS, topk/randk take :FRACTION)")
+                   "(quant/maxabs take :BITS, topk/randk take :FRACTION, adaptive takes :LOW:HIGH:FRACTION)")
 
 
 def parse_scheme(spec: str, num_examples: int | None = None):
@@ -76,10 +116,10 @@ def parse_scheme(spec: str, num_examples: int | None = None):
   text = spec.strip().lower()
   if text == "reuse":
     return Reuse()
-  scheme_name, _, codec_text = text.rpartition("+")
-  scheme_name = scheme_name or "plain"
-  if scheme_name not in _SCHEMES:
-    raise ValueError(f"unknown scheme {scheme_name!r} in {spec!r}; expected one of {list(_SCHEMES)}")
+  first, plus, rest = text.partition("+")
+  scheme_name, codec_text = (first, rest) if plus and first in _SCHEMES else ("plain", text)
+  if plus and first not in _SCHEMES and first.split(":")[0] != "hadamard":
+    raise ValueError(f"unknown scheme {first!r} in {spec!r}; expected one of {list(_SCHEMES)}")
   codec = parse_codec(codec_text)
   if scheme_name == "aqsgd":
     if num_examples is None:

@@ -1,0 +1,192 @@
+"""The compression frontier: every method on one step budget, eval loss against bytes per token.
+
+    python -m experiments.frontier                       # default budget: 192 steps each (2 CPU cores: ~30 min)
+    python -m experiments.frontier --steps 64 --methods fp32,aqsgd-fw2-bw4 --out /tmp/f
+
+Each method is a GPT-2 run (`experiments.gpt2_wikitext`, its default real-text data and tiny
+recipe, 4 stages) with the same seed, data, step budget and learning-rate schedule. Bytes per
+token are what all boundaries send in both directions over the whole run, warm-up epochs
+included (AQ-SGD's dense epoch counts), divided by the tokens trained on; the steady-state
+column leaves the warm-up out. A method is done when its results file records the full
+budget; a rerun skips done methods and resumes an interrupted one from its checkpoint.
+Writes <out>/frontier.md (table) and <out>/frontier.png (Pareto plot).
+"""
+import argparse
+import json
+import math
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from experiments import common, gpt2_wikitext  # noqa: E402
+from jaxcomp.data import batching  # noqa: E402
+
+BWD4 = "maxabs:4:stoch"
+METHODS = {  # name -> (forward spec, backward spec, warm-up epochs); the reference and new codecs first
+    "fp32": ("none", "none", 0),
+    "aqsgd-fw2-bw4": ("aqsgd+maxabs:2:stoch", BWD4, 1),
+    "direct-fw2-bw4": ("maxabs:2:stoch", BWD4, 0),
+    "had-fw2-bw4": ("hadamard+maxabs:2:group=64:stoch", "hadamard+maxabs:4:group=64:stoch", 0),
+    "had-fw3-bw4": ("hadamard+maxabs:3:group=64", "hadamard+maxabs:4:group=64:stoch", 0),
+    "had-adapt23-bw4": ("hadamard+adaptive:2:3:0.25:stoch", "hadamard+maxabs:4:group=64:stoch", 0),
+    "adapt34-bw4": ("adaptive:3:4:0.25", "hadamard+maxabs:4:group=64:stoch", 0),
+    "tile16-fw3-bw4": ("maxabs:3:group=16", "maxabs:4:group=16:stoch", 0),
+    "tile64-fw3-bw4": ("maxabs:3:group=64", "maxabs:4:group=64:stoch", 0),  # had-fw3-bw4 without rotation
+    "had-fw2-bw3": ("hadamard+maxabs:2:group=64:stoch", "hadamard+maxabs:3:group=64:stoch", 0),
+    "bf16": ("bf16", "bf16", 0),
+    "fp8": ("fp8", "fp8", 0),
+    "quant-fw4-bw8": ("quant:4", "quant:8", 0),
+    "direct-fw4-bw8": ("maxabs:4:stoch", "maxabs:8:stoch", 0),
+    "top10-reuse": ("topk:0.1", "reuse", 0),
+    "ef-top10-reuse": ("ef+topk:0.1", "reuse", 0),
+    "ef21-top10-reuse": ("ef21+topk:0.1", "reuse", 0),
+    "efmixed-top10": ("efmixed+topk:0.1", BWD4, 0),
+    "rand10": ("randk:0.1", BWD4, 0),
+}
+REFERENCE = "aqsgd-fw2-bw4"
+
+
+def run_argv(name: str, args) -> list[str]:
+  """The gpt2_wikitext command line of one method (its own run name, budget and folder)."""
+  fwd, bwd, warmup = METHODS[name]
+  spe = batching.num_batches(args.train_examples, args.batch_size)
+  return ["--fwd", fwd, "--bwd", bwd, "--warmup-epochs", str(warmup), "--steps", str(args.steps),
+          "--epochs", str(math.ceil(args.steps / spe)), "--train-examples", str(args.train_examples),
+          "--eval-examples", str(args.eval_examples), "--batch-size", str(args.batch_size),
+          "--seed", str(args.seed), "--out", str(args.out), "--run-name", name, "--no-progress"]
+
+
+def finished(out: pathlib.Path, name: str, steps: int) -> dict | None:
+  """The method's results if they cover the whole budget, else None."""
+  path = out / "results" / f"{name}.json"
+  if not path.is_file():
+    return None
+  run = json.loads(path.read_text())
+  return run if run["history"] and run["history"][-1]["step"] >= steps else None
+
+
+def summarize(run: dict) -> dict:
+  """Bytes per token over the run (warm-up included) and after warm-up; final eval losses."""
+  config, history = run["config"], run["history"]
+  tokens_per_step = config["batch_size"] * config["block_size"]
+  sent = {"fwd": 0, "bwd": 0}
+  steady = {"fwd": 0, "bwd": 0}
+  prev = 0
+  for record in history:
+    steps, prev = record["step"] - prev, record["step"]
+    for way in sent:  # the epoch's exact bytes (AQ-SGD first visits go dense) where recorded
+      sent[way] += record.get(f"epoch_wire_bytes_{way}", record[f"wire_bytes_{way}"] * steps)
+      if record["mode"] == "train":
+        steady[way] = record[f"wire_bytes_{way}"]
+  total_tokens = history[-1]["step"] * tokens_per_step
+  last = history[-1]
+  return {"method": run["run"], "fwd": config["fwd"], "bwd": config["bwd"],
+          "warmup_epochs": config.get("warmup_epochs", 0), "steps": last["step"],
+          "bytes_fwd": sent["fwd"] / total_tokens, "bytes_bwd": sent["bwd"] / total_tokens,
+          "bytes": (sent["fwd"] + sent["bwd"]) / total_tokens,
+          "bytes_steady": (steady["fwd"] + steady["bwd"]) / tokens_per_step,
+          "loss_off": last["eval_off"]["loss"], "loss_on": last["eval_on"]["loss"],
+          "per_example_buffers": config["fwd"].startswith("aqsgd+"), "data": config.get("data", "")}
+
+
+def pareto(rows: list[dict]) -> set[str]:
+  """Methods no other method beats on both bytes and eval loss (compression off)."""
+  return {r["method"] for r in rows
+          if not any(o["bytes"] <= r["bytes"] and o["loss_off"] <= r["loss_off"]
+                     and (o["bytes"], o["loss_off"]) != (r["bytes"], r["loss_off"]) for o in rows)}
+
+
+def dominating(rows: list[dict], reference: str = REFERENCE) -> list[dict]:
+  """Methods without per-example buffers that send fewer bytes at equal or lower eval loss."""
+  ref = next((r for r in rows if r["method"] == reference), None)
+  if ref is None:
+    return []
+  return [r for r in rows if not r["per_example_buffers"] and r["bytes"] < ref["bytes"]
+          and r["loss_off"] <= ref["loss_off"]]
+
+
+def table(rows: list[dict]) -> str:
+  front = pareto(rows)
+  lines = ["| method | fwd | bwd | warm-up ep | B/token fwd | B/token bwd | B/token total | B/token after warm-up "
+           "| eval loss (off) | eval loss (on) | per-example buffers | Pareto |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+  for r in sorted(rows, key=lambda r: r["bytes"]):
+    lines.append(f"| {r['method']} | `{r['fwd']}` | `{r['bwd']}` | {r['warmup_epochs']} | {r['bytes_fwd']:.1f} "
+                 f"| {r['bytes_bwd']:.1f} | {r['bytes']:.1f} | {r['bytes_steady']:.1f} | {r['loss_off']:.4f} "
+                 f"| {r['loss_on']:.4f} | {'yes' if r['per_example_buffers'] else 'no'} "
+                 f"| {'*' if r['method'] in front else ''} |")
+  return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: pathlib.Path, title: str) -> pathlib.Path:
+  front = sorted((r for r in rows if r["method"] in pareto(rows)), key=lambda r: r["bytes"])
+  fig, ax = plt.subplots(figsize=(8, 5))
+  for r in rows:
+    colour = "tab:red" if r["per_example_buffers"] else "tab:blue"
+    ax.scatter(r["bytes"], r["loss_off"], color=colour, s=22, zorder=3)
+    ax.annotate(r["method"], (r["bytes"], r["loss_off"]), fontsize=6.5, xytext=(3, 2), textcoords="offset points")
+  ax.step([r["bytes"] for r in front], [r["loss_off"] for r in front], where="post", color="grey", lw=1,
+          label="Pareto frontier")
+  ax.scatter([], [], color="tab:red", s=22, label="per-example buffers (AQ-SGD)")
+  ax.scatter([], [], color="tab:blue", s=22, label="no per-example state")
+  ax.set_xscale("log")
+  ax.set_xlabel("bytes per token, all boundaries, both directions, warm-up included (log)")
+  ax.set_ylabel("eval loss (compression off)")
+  ax.set_title(title, fontsize=9)
+  ax.grid(alpha=0.3, which="both")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m experiments.frontier", description=__doc__.splitlines()[0])
+  parser.add_argument("--steps", type=int, default=192, help="training steps per method (the budget)")
+  parser.add_argument("--train-examples", type=int, default=256, help="training blocks (an epoch is this / batch)")
+  parser.add_argument("--eval-examples", type=int, default=128, help="evaluation blocks")
+  parser.add_argument("--batch-size", type=int, default=8)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--methods", help=f"comma-separated subset of: {', '.join(METHODS)}")
+  parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs/frontier"))
+  args = parser.parse_args(argv)
+  names = args.methods.split(",") if args.methods else list(METHODS)
+  unknown = [n for n in names if n not in METHODS]
+  if unknown:
+    parser.error(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+  if args.steps < 1 or args.train_examples < args.batch_size:
+    parser.error(f"need --steps >= 1 and --train-examples >= --batch-size, got {args.steps}, {args.train_examples}")
+  exp = gpt2_wikitext.EXPERIMENT
+  runs = []
+  for name in names:
+    done = finished(args.out, name, args.steps)
+    if done is None:
+      argv_run = run_argv(name, args)
+      if (args.out / name / "ckpt").is_dir():
+        argv_run.append("--resume")  # interrupted: continue from its last checkpoint
+      common.run(exp, common.resolve(exp, common.parser_for(exp).parse_args(argv_run)))
+      done = finished(args.out, name, args.steps)
+    else:
+      print(f"[frontier] {name}: done, skipped")
+    runs.append(done)
+  rows = [summarize(r) for r in runs]
+  text = table(rows)
+  winners = dominating(rows)
+  verdict = (f"Dominate {REFERENCE} (fewer bytes/token, eval loss <=, no per-example buffers): "
+             + (", ".join(r["method"] for r in winners) if winners else "none")) if REFERENCE in names else ""
+  title = (f"tiny GPT-2, 4 stages, {args.steps} steps x {args.batch_size} x {runs[0]['config']['block_size']} "
+           f"tokens, {args.train_examples} training blocks; {rows[0]['data'].split(',')[0]}")
+  (args.out / "frontier.md").write_text(f"{title}\n\n{text}\n\n{verdict}\n")
+  png = plot(rows, args.out / "frontier.png", title)
+  print(text)
+  print(verdict)
+  print(f"wrote {args.out / 'frontier.md'} and {png}")
+  return rows
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,81 @@
+"""Token-level adaptive bit widths: outlier-heavy tokens get more bits (TAH-Quant's idea).
+
+Rows are tokens (every position of the leading axes; the last axis is the features). Per row
+the sender computes the peakiness p = max|x| / rms(x) (in [1, sqrt(F)]: a cheap kurtosis
+proxy; large p means a few outliers stretch the max-abs scale). The ceil(`fraction` R) rows
+of largest p are quantized with `high` bits, the rest with `low` bits, both by max-abs with
+one scale per `group` features of a row (default: one per row). A fixed count of high rows,
+not a threshold on p, keeps the payload a static size (exact `wire_bytes`); the choice
+travels as an R-bit bitmap, the rows' codes in row order within each width.
+"""
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxcomp import packing
+from jaxcomp.codecs import Codec, MaxAbsQuant, Payload
+
+
+def peakiness(rows: jax.Array) -> jax.Array:
+  """max|x| / rms(x) per row of [R, F] (0 for an all-zero row)."""
+  rows = rows.astype(jnp.float32)
+  rms = jnp.sqrt(jnp.mean(jnp.square(rows), axis=-1))
+  peak = jnp.max(jnp.abs(rows), axis=-1)
+  return jnp.where(rms > 0, peak / jnp.where(rms > 0, rms, 1.0), 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenAdaptive(Codec):
+  """ceil(fraction * R) rows (largest peakiness) in `high` bits, the others in `low` bits."""
+  low: int = 3
+  high: int = 4
+  fraction: float = 0.25
+  group: int | None = None  # features per scale; None: one scale per row
+  stochastic: bool = False
+  scale_dtype: str = "float32"
+
+  def __post_init__(self):
+    if not 2 <= self.low < self.high <= 16:
+      raise ValueError(f"adaptive bit widths need 2 <= low < high <= 16, got low={self.low}, high={self.high}")
+    if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) or not 0 < self.fraction < 1:
+      raise ValueError(f"adaptive fraction of high-bit tokens must be in (0, 1), got {self.fraction!r}")
+    self.quantizer(self.low, 2)  # validates group and scale_dtype
+
+  def quantizer(self, bits: int, features: int) -> MaxAbsQuant:
+    return MaxAbsQuant(bits, "group", self.stochastic, self.scale_dtype, group=self.group or features)
+
+  def split(self, shape) -> tuple[int, int, int]:
+    """(rows R, high rows, features F)."""
+    r, f = int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
+    return r, min(r, math.ceil(round(self.fraction * r, 6))), f
+
+  def _rows_of(self, mask, count):
+    return jnp.nonzero(mask, size=count, fill_value=0)[0]
+
+  def encode(self, x, key=None) -> Payload:
+    r, n_high, f = self.split(x.shape)
+    rows = x.reshape(r, f)
+    chosen = jax.lax.top_k(peakiness(rows), n_high)[1]
+    is_high = jnp.zeros((r,), bool).at[chosen].set(True)
+    high_rows, low_rows = self._rows_of(is_high, n_high), self._rows_of(~is_high, r - n_high)
+    k_high, k_low = jax.random.split(key) if key is not None else (None, None)
+    return Payload({"bitmap": packing.pack_mask(is_high[None])[0],
+                    "high": self.quantizer(self.high, f).encode(rows[high_rows], k_high),
+                    "low": self.quantizer(self.low, f).encode(rows[low_rows], k_low)}, x.shape, x.dtype)
+
+  def decode(self, payload: Payload) -> jax.Array:
+    r, n_high, f = self.split(payload.shape)
+    a = payload.arrays
+    is_high = packing.unpack_mask(a["bitmap"][None], r)[0]
+    rows = jnp.zeros((r, f), payload.dtype)
+    rows = rows.at[self._rows_of(is_high, n_high)].set(self.quantizer(self.high, f).decode(a["high"]))
+    rows = rows.at[self._rows_of(~is_high, r - n_high)].set(self.quantizer(self.low, f).decode(a["low"]))
+    return rows.reshape(payload.shape)
+
+  def wire_bytes(self, shape, dtype) -> int:
+    r, n_high, f = self.split(shape)
+    return (-(-r // 8) + self.quantizer(self.high, f).wire_bytes((n_high, f), dtype)
+            + self.quantizer(self.low, f).wire_bytes((r - n_high, f), dtype))

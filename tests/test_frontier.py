@@ -1,0 +1,43 @@
+"""Smoke test of the frontier sweep: two methods, a few steps, resumable, exact byte accounting."""
+import json
+
+import pytest
+
+from experiments import frontier
+
+
+def test_two_methods_table_plot_and_rerun_skips(tmp_path, capsys):
+  argv = ["--steps", "4", "--train-examples", "16", "--eval-examples", "8", "--batch-size", "8",
+          "--methods", "fp32,aqsgd-fw2-bw4", "--out", str(tmp_path)]
+  rows = {r["method"]: r for r in frontier.main(argv)}
+  assert (tmp_path / "frontier.png").stat().st_size > 0
+  assert "aqsgd-fw2-bw4" in (tmp_path / "frontier.md").read_text()
+  # fp32: 3 boundaries x 64 features x 4 bytes each way per token
+  assert rows["fp32"]["bytes_fwd"] == rows["fp32"]["bytes_bwd"] == 3 * 64 * 4
+  # AQ-SGD: epoch 1 (2 steps) dense, epoch 2 compressed: the average counts the warm-up
+  aq = rows["aqsgd-fw2-bw4"]
+  assert aq["bytes_steady"] < aq["bytes"] < rows["fp32"]["bytes"]
+  assert aq["bytes"] == pytest.approx((rows["fp32"]["bytes"] + aq["bytes_steady"]) / 2)
+  assert aq["per_example_buffers"] and not rows["fp32"]["per_example_buffers"]
+  capsys.readouterr()
+  frontier.main(argv)  # rerun: nothing trains again
+  assert capsys.readouterr().out.count("done, skipped") == 2
+
+
+def test_interrupted_method_resumes(tmp_path):
+  argv = ["--steps", "4", "--train-examples", "16", "--eval-examples", "8", "--methods", "bf16", "--out", str(tmp_path)]
+  frontier.main([*argv[:1], "3", *argv[2:]])  # a shorter budget stands in for an interrupted run
+  first = json.loads((tmp_path / "results" / "bf16.json").read_text())["history"]
+  assert first[-1]["step"] == 3
+  assert frontier.finished(tmp_path, "bf16", 4) is None
+  frontier.main(argv)
+  history = json.loads((tmp_path / "results" / "bf16.json").read_text())["history"]
+  assert history[-1]["step"] == 4 and len(history) == 2
+
+
+def test_pareto_and_domination():
+  row = lambda m, b, l, buf=False: {"method": m, "bytes": b, "loss_off": l, "per_example_buffers": buf}
+  rows = [row("aqsgd-fw2-bw4", 100, 2.0, True), row("a", 50, 2.0), row("b", 40, 2.5), row("c", 200, 1.9),
+          row("d", 90, 2.1)]
+  assert frontier.pareto(rows) == {"a", "b", "c"}
+  assert [r["method"] for r in frontier.dominating(rows)] == ["a"]
