@@ -398,7 +398,7 @@ def _index_shapes(prog: Program, b: int, mb_size: int):
   shape = prog.shapes[b]
   local = dataclasses.replace(prog.pipe.boundary, transport=boundary_mod.Transport())
   state = local.init(mb_size, shape.shape[1:], shape.dtype)
-  return jax.eval_shape(lambda x: boundary_mod.forward_half(local, False, x, state.fwd_send, state.fwd_recv,
+  return jax.eval_shape(lambda x: boundary_mod.forward_half(local, Mode.TRAIN, x, state.fwd_send, state.fwd_recv,
                                                           jax.random.key(0), True, True)[3], shape)
 
 

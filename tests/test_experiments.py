@@ -19,7 +19,8 @@ def _result(out, run):
   return json.loads((out / "results" / f"{run}.json").read_text())
 
 
-@pytest.mark.parametrize("preset", ["baseline", "fw4-bw8", "fw2-bw4", "top10", "ef21-top10", "ef21-top5"])
+@pytest.mark.parametrize("preset", ["baseline", "fw4-bw8", "fw2-bw4", "ef21-top10",
+                                    *(pytest.param(p, marks=pytest.mark.slow) for p in ("top10", "ef21-top5"))])
 def test_resnet_presets_smoke(tmp_path, preset):
   main(resnet_cifar10.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *RESNET_TINY])
   run = _result(tmp_path, preset)

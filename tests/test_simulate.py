@@ -101,7 +101,7 @@ def test_bad_pipeline_configs():
     jaxcomp.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
   with pytest.raises(ValueError, match="microbatches must be a positive integer, got 0"):
     _pipe(m=0)
-  with pytest.raises(ValueError, match="train step mode must be TRAIN or WARMUP"):
+  with pytest.raises(ValueError, match="train step mode must be TRAIN, WARMUP or FIRST_VISIT"):
     simulate.make_train_step(_pipe(), optax.sgd(0.1), Mode.EVAL_COMPRESSED)
   aq = _pipe("aqsgd+quant:2", "quant:4")
   shapes = [jax.ShapeDtypeStruct((8, 16), jnp.float32)] * 2
