@@ -96,8 +96,8 @@ def _run_workers(out_dir):
   assert all(p.returncode == 0 for p in procs), report
 
 
-# Flaky: in 2 of 4 runs on the shared 2-core machine a worker aborted in gloo ("Received data
-# size doesn't match expected size"); until that is understood it runs with -m slow only.
+# Known open bug: since the pipeline-runtime rewrite was merged a worker aborts in gloo ("Received
+# data size doesn't match expected size") in the resumed run; it runs with -m slow only until fixed.
 @pytest.mark.slow
 def test_two_processes_train_as_one(tmp_path):
   (tmp_path / "two").mkdir()
