@@ -189,6 +189,25 @@ def check_resumed_config(config: dict, results_file: pathlib.Path):
                      "values, or start a new run with another --run-name")
 
 
+@contextlib.contextmanager
+def run_lock(folder, change: str):
+  """`lock.FolderLock` of `folder` for a run of one or more processes: process 0 holds it for all
+  (on a shared file system the others would find it taken); every process raises
+  FolderInUseError when another run holds it."""
+  held, error = lock.FolderLock(folder, change), None
+  if distributed.is_main_process():
+    try:
+      held.acquire()
+    except lock.FolderInUseError as err:
+      error = err
+  if not distributed.main_process_value(error is None):
+    raise error or lock.FolderInUseError(f"{folder} is in use by another run (see process 0's error)")
+  try:
+    yield held
+  finally:
+    held.release()
+
+
 def run(exp: Experiment, config: dict):
   """Builds, trains and writes results after every epoch. Returns (state, history)."""
   out = pathlib.Path(config["out"])
@@ -212,12 +231,12 @@ def run(exp: Experiment, config: dict):
   print(f"[{exp.name}] configuration (recipe {config['recipe']} < preset {config.get('preset')} < flags): "
         + ", ".join(f"{k}={v}" for k, v in sorted(serializable.items()) if k not in ("data", "recipe", "preset")))
   with contextlib.ExitStack() as locks:  # one run per run folder and per AQ-SGD table folder
-    held = locks.enter_context(lock.FolderLock(run_dir, "--run-name or --out"))
+    held = locks.enter_context(run_lock(run_dir, "--run-name or --out"))
     if held.stale_pid is not None:
       print(f"note: took over the stale lock of run {config['run_name']!r} left by process {held.stale_pid}, "
             "which is not running")
     if config.get("aqsgd_buffers", "device") not in ("device", "host"):
-      locks.enter_context(lock.FolderLock(pathlib.Path(config["aqsgd_buffers"]).resolve(), "--aqsgd-buffers DIR"))
+      locks.enter_context(run_lock(pathlib.Path(config["aqsgd_buffers"]).resolve(), "--aqsgd-buffers DIR"))
     executor = executor_for(config, pipe, data.example_batch)
     if isinstance(executor, hostbuffer.HostBuffered):
       print(executor.tables.summary)

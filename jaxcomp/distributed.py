@@ -9,6 +9,7 @@ import os
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 # Environments where jax.distributed.initialize() finds coordinator, process count and id itself.
@@ -56,6 +57,19 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
 def is_main_process() -> bool:
   """True on process 0, the one that writes results and reports."""
   return jax.process_index() == 0
+
+
+def main_process_value(value: int) -> int:
+  """Process 0's `value` (an int) on every process.
+
+  Decisions that read the file system (does a checkpoint folder exist yet?) must be taken
+  once: another process may create the folder between two processes' reads, and processes
+  that then take different branches issue different collectives (gloo aborts with "Received
+  data size doesn't match expected size"). A collective itself: every process calls it.
+  """
+  if jax.process_count() == 1:
+    return value
+  return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
 
 
 def put_global(tree, shardings):

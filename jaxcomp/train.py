@@ -167,8 +167,10 @@ def _step_mode(visits: FirstVisits, epoch_mode: Mode, batch) -> Mode:
 
 
 def saved_epochs(checkpoint_dir) -> list[int]:
-  """The epochs checkpointed in `checkpoint_dir`, oldest first; [] (and nothing created) if it is absent."""
-  if not pathlib.Path(checkpoint_dir).is_dir():
+  """The epochs checkpointed in `checkpoint_dir`, oldest first; [] (and nothing created) if it is absent.
+
+  Whether it exists is process 0's answer (`distributed.main_process_value`): all processes agree."""
+  if not distributed.main_process_value(pathlib.Path(checkpoint_dir).is_dir()):
     return []
   ckpt = Checkpointer(checkpoint_dir)
   try:

@@ -1,6 +1,7 @@
 """2 OS processes x 4 CPU devices (jax.distributed on 127.0.0.1, gloo collectives) train a
 4-stage x 2-data GPipe exactly as 1 process x 8 devices: 2 steps, a checkpoint, a resume in
-a new `fit`, a 3rd step; losses and checkpoints bitwise equal.
+a new `fit`, a 3rd step; losses and checkpoints bitwise equal. Process 1 is made late to the
+checkpoint-folder check that process 0's checkpointer races with.
 
 The test runs this file as its two workers (`python tests/test_multiprocess.py ...`) with a
 time limit; on failure or timeout it kills those two processes only.
@@ -11,6 +12,7 @@ import pathlib
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ import pytest
 PROCESSES, LOCAL_DEVICES, STAGES, DATA = 2, 4, 4, 2
 N = B = 16  # one step per epoch: each epoch's train loss is one step's loss
 TIMEOUT_S = 240
+STAGGER_S = 10
 
 
 def problem():
@@ -57,9 +60,23 @@ def run_training(checkpoint_dir) -> list[dict]:
   return [{k: r[k] for k in ("epoch", "mode", "train_loss", "eval_on", "eval_off")} for r in history]
 
 
+def stagger_checkpoint_check(seconds=STAGGER_S):
+  """Process 1 looks for the checkpoint folder `seconds` after process 0, which creates it
+  meanwhile: processes that each read the file system would disagree and issue different
+  collectives (the gloo abort "Received data size doesn't match expected size")."""
+  from jaxcomp import train
+  check = train.saved_epochs
+  def late(checkpoint_dir):
+    time.sleep(seconds)
+    return check(checkpoint_dir)
+  train.saved_epochs = late
+
+
 def worker(coordinator, process_id, out_dir):
   from jaxcomp import distributed
   assert distributed.initialize(coordinator, PROCESSES, int(process_id)) == PROCESSES
+  if process_id == "1":
+    stagger_checkpoint_check()
   import jax
   assert len(jax.devices()) == PROCESSES * LOCAL_DEVICES and len(jax.local_devices()) == LOCAL_DEVICES
   history = run_training(pathlib.Path(out_dir) / "ckpt")
@@ -72,13 +89,15 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _run_workers(out_dir):
+def _run_processes(out_dir, argv):
+  """Runs `argv(coordinator, i)` as process i of PROCESSES on loopback, each with LOCAL_DEVICES
+  CPU devices and its output in out_dir/worker{i}.log; kills them at TIMEOUT_S; asserts all exit 0."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(pathlib.Path(__file__).parents[1]),
          "XLA_FLAGS": f"--xla_force_host_platform_device_count={LOCAL_DEVICES}"}
   coordinator = f"127.0.0.1:{_free_port()}"
   logs = [open(out_dir / f"worker{i}.log", "w") for i in range(PROCESSES)]
-  procs = [subprocess.Popen([sys.executable, __file__, coordinator, str(i), str(out_dir)], env=env,
-                            stdout=logs[i], stderr=subprocess.STDOUT) for i in range(PROCESSES)]
+  procs = [subprocess.Popen(argv(coordinator, i), env=env, stdout=logs[i], stderr=subprocess.STDOUT)
+           for i in range(PROCESSES)]
   try:
     for p in procs:
       p.wait(timeout=TIMEOUT_S)
@@ -96,12 +115,10 @@ def _run_workers(out_dir):
   assert all(p.returncode == 0 for p in procs), report
 
 
-# Known open bug: since the pipeline-runtime rewrite was merged a worker aborts in gloo ("Received
-# data size doesn't match expected size") in the resumed run; it runs with -m slow only until fixed.
-@pytest.mark.slow
 def test_two_processes_train_as_one(tmp_path):
   (tmp_path / "two").mkdir()
-  _run_workers(tmp_path / "two")
+  _run_processes(tmp_path / "two", lambda coordinator, i: [sys.executable, __file__, coordinator, str(i),
+                                                          str(tmp_path / "two")])
   expected = run_training(tmp_path / "one" / "ckpt")  # this process: 8 devices
   assert [r["mode"] for r in expected] == ["warmup", "train", "train"]
   for i in range(PROCESSES):
@@ -115,6 +132,31 @@ def test_two_processes_train_as_one(tmp_path):
   saved = [checkpoint.Checkpointer(tmp_path / run / "ckpt").restore(3, like)[0] for run in ("one", "two")]
   jax.tree.map(np.testing.assert_array_equal, *saved)  # one simulate-layout checkpoint, whatever the process count
   assert np.abs(saved[0].links[0].fwd_send.buffer).max() > 0
+
+
+CLI = ["-m", "experiments.gpt2_wikitext", "--executor", "gpipe", "--stages", str(STAGES), "--data-parallel",
+       str(DATA), "--fwd", "aqsgd+quant:2", "--bwd", "quant:4", "--warmup-epochs", "1", "--epochs", "2",
+       "--batch-size", "8", "--train-examples", "16", "--eval-examples", "8", "--no-progress", "--run-name", "r"]
+
+
+@pytest.mark.slow
+def test_cli_runs_on_two_processes(tmp_path):
+  """The experiment CLI with --coordinator/--num-processes/--process-id: both processes train
+  (process 0 holds the run folder's lock for both), results are written once, and they match
+  one process with 8 devices. Not bitwise: toy GPT-2 clips by global norm, a sum over the 4
+  stages that gloo and the in-process all-reduce add up in different orders."""
+  two, one = tmp_path / "two", tmp_path / "one"
+  two.mkdir()
+  _run_processes(two, lambda coordinator, i: [sys.executable, *CLI, "--out", str(two), "--coordinator", coordinator,
+                                             "--num-processes", str(PROCESSES), "--process-id", str(i)])
+  assert sorted(p.name for p in (two / "results").iterdir()) == ["r.csv", "r.json", "r.md"]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  subprocess.run([sys.executable, *CLI, "--out", str(one)], env=env, check=True, timeout=TIMEOUT_S,
+                 capture_output=True)
+  runs = [json.loads((run / "results" / "r.json").read_text())["history"] for run in (two, one)]
+  assert [r["mode"] for r in runs[0]] == [r["mode"] for r in runs[1]] == ["warmup", "train"]
+  for key in ("train_loss", "wire_bytes_fwd", "wire_bytes_bwd", "wire_bytes_data"):
+    np.testing.assert_allclose([r[key] for r in runs[0]], [r[key] for r in runs[1]], rtol=1e-4, err_msg=key)
 
 
 if __name__ == "__main__":
