@@ -53,10 +53,11 @@ def kth_largest(s_RxF, k_R, sample: int = SAMPLE) -> jax.Array:
   """
   r, f = s_RxF.shape
   stride = max(1, f // sample)
-  sample = jnp.sort(s_RxF[:, ::stride][:, :sample], axis=1)
+  # sorted as int32 bit patterns: the same order for s >= 0 and -1 (NaN) first; XLA:CPU sorts ints ~8x faster
+  sample = jnp.sort(_bits(s_RxF[:, ::stride][:, :sample]), axis=1)
   n = sample.shape[1]
   if n == f:  # the sample is the whole row
-    return jnp.take_along_axis(sample, (f - k_R)[:, None], axis=1)[:, 0]
+    return _float(jnp.take_along_axis(sample, (f - k_R)[:, None], axis=1)[:, 0])
   counts = lambda t_RxM: jnp.stack([_count(s_RxF >= _float(t)[:, None]) for t in t_RxM.T], axis=1)
 
   def shrink(lo, c_lo, hi, c_hi, t_RxM, c_RxM):
@@ -72,7 +73,7 @@ def kth_largest(s_RxF, k_R, sample: int = SAMPLE) -> jax.Array:
   q = k_R / f
   margin = 3.0 * jnp.sqrt(n * q * (1.0 - q)) + 1.0
   ranks = n * (1.0 - q)[:, None] + jnp.stack([-margin, margin], axis=1)
-  t = jnp.maximum(_bits(jnp.take_along_axis(sample, jnp.clip(ranks, 0, n - 1).astype(jnp.int32), axis=1)), _TINY)
+  t = jnp.maximum(jnp.take_along_axis(sample, jnp.clip(ranks, 0, n - 1).astype(jnp.int32), axis=1), _TINY)
   bracket = shrink(jnp.zeros(r, jnp.int32), _count(s_RxF >= 0), jnp.full(r, _BEYOND_INF, jnp.int32),
                    jnp.zeros(r, jnp.int32), t, counts(t))
 

@@ -7,6 +7,8 @@ from absl.testing import parameterized
 from hypothesis import given, settings, strategies as st
 
 from jaxcomp import codecs, spec
+from jaxcomp.adaptive import TokenAdaptive
+from jaxcomp.rotation import Hadamard
 
 ALL_CODECS = [
     codecs.Identity(), codecs.Cast("bfloat16"), codecs.Cast("float16"),
@@ -19,14 +21,23 @@ ALL_CODECS = [
     codecs.RandK(0.2),
 ]
 SHAPES = [(4, 33), (2, 8, 8, 6), (3, 5, 16)]
+# codecs with feature blocks (groups of 8/16, Hadamard blocks) on shapes their blocks divide
+BLOCK_CODECS = [
+    codecs.MaxAbsQuant(3, "group", group=8), codecs.MaxAbsQuant(4, "group", stochastic=True, group=16),
+    codecs.MaxAbsQuant(3, "group", clip="mse", scale_dtype="bfloat16", group=16),
+    Hadamard(codecs.Identity()), Hadamard(codecs.MaxAbsQuant(3, "group", group=16), block=8),
+    Hadamard(codecs.TopK(0.25), seed=5), TokenAdaptive(3, 4, 0.25), TokenAdaptive(2, 8, 0.5, group=8, stochastic=True),
+    Hadamard(TokenAdaptive(3, 4, 0.3, group=16)),
+]
+BLOCK_SHAPES = [(4, 32), (3, 2, 7, 48)]
+CASES = [(c, s) for c in ALL_CODECS for s in SHAPES] + [(c, s) for c in BLOCK_CODECS for s in BLOCK_SHAPES]
 
 
 def _x(shape, dtype=jnp.float32, seed=0):
   return (jax.random.normal(jax.random.key(seed), shape) * 3 + 1).astype(dtype)
 
 
-@pytest.mark.parametrize("codec", ALL_CODECS, ids=repr)
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("codec, shape", CASES, ids=repr)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
 def test_wire_bytes_is_payload_size(codec, shape, dtype):
   x = _x(shape, dtype)
@@ -34,6 +45,13 @@ def test_wire_bytes_is_payload_size(codec, shape, dtype):
   assert codecs.nbytes(payload) == codec.wire_bytes(shape, dtype)
   x_hat = codec.decode(payload)
   assert x_hat.shape == x.shape and x_hat.dtype == x.dtype
+
+
+@pytest.mark.parametrize("codec", BLOCK_CODECS, ids=repr)
+def test_block_codecs_jit_and_eager_agree(codec):
+  x = _x((3, 5, 16))
+  np.testing.assert_allclose(np.asarray(jax.jit(codec)(x, jax.random.key(1))), np.asarray(codec(x, jax.random.key(1))),
+                             rtol=1e-5, atol=1e-5)
 
 
 def test_wire_bytes_128x1024_fp32():

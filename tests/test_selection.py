@@ -97,3 +97,21 @@ def test_compact_and_expand_are_prefix_sum_inverses(r, f):
   full = mask & (np.cumsum(mask, axis=1) <= k)  # the first k set bits of each row
   dense = np.asarray(packing.expand(packing.pack_mask(full), f, values))
   np.testing.assert_array_equal(dense, np.where(full, np.asarray(operand), 0.0))
+
+
+@pytest.mark.parametrize("density", [0.0, 0.05, 0.5, 1.0])
+@pytest.mark.parametrize("k", [1, 7, 40])
+def test_compact_takes_the_first_k_set_positions_and_pads_with_zero(density, k):
+  rng = np.random.default_rng(k)
+  r, f = 4, 37
+  mask = rng.random((r, f)) < density
+  operand = rng.normal(size=(r, f)).astype(np.float32)
+  expected = np.zeros((r, k), np.int32)
+  for i, row in enumerate(mask):
+    first = np.flatnonzero(row)[:k]
+    expected[i, : len(first)] = first
+  filled = np.arange(k) < mask.sum(axis=1, keepdims=True)
+  packed = packing.pack_mask(jnp.asarray(mask))
+  np.testing.assert_array_equal(np.asarray(packing.compact(packed, f, k)), expected)
+  np.testing.assert_array_equal(np.asarray(packing.compact(packed, f, k, jnp.asarray(operand))),
+                                np.where(filled, np.take_along_axis(operand, expected, axis=1), 0.0))
