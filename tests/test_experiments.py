@@ -19,8 +19,8 @@ def _result(out, run):
   return json.loads((out / "results" / f"{run}.json").read_text())
 
 
-@pytest.mark.parametrize("preset", ["baseline", "fw4-bw8", "fw2-bw4", "ef21-top10",
-                                    *(pytest.param(p, marks=pytest.mark.slow) for p in ("top10", "ef21-top5"))])
+@pytest.mark.parametrize("preset", ["baseline", "fw2-bw4", *(pytest.param(p, marks=pytest.mark.slow)
+                                                               for p in ("fw4-bw8", "ef21-top10", "top10", "ef21-top5"))])
 def test_resnet_presets_smoke(tmp_path, preset):
   main(resnet_cifar10.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *RESNET_TINY])
   run = _result(tmp_path, preset)
@@ -34,7 +34,8 @@ def test_resnet_presets_smoke(tmp_path, preset):
     assert last["wire_bytes_fwd"] < dense / 3
 
 
-@pytest.mark.parametrize("preset", ["top10-reuse", "top10-separate", "aqsgd-fw2-bw4", "direct-fw3-bw6"])
+@pytest.mark.parametrize("preset", ["top10-reuse", "aqsgd-fw2-bw4", *(pytest.param(p, marks=pytest.mark.slow)
+                                                                     for p in ("top10-separate", "direct-fw3-bw6"))])
 def test_gpt2_presets_smoke(tmp_path, preset):
   main(gpt2_wikitext.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *GPT2_TINY])
   run = _result(tmp_path, preset)
@@ -65,7 +66,7 @@ def test_text_files_with_byte_tokens_and_an_explicit_recipe(tmp_path, capsys):
 
 def test_gpipe_executor_from_the_cli(tmp_path):
   main(gpt2_wikitext.EXPERIMENT, ["--preset", "top10-reuse", "--executor", "gpipe", "--microbatches", "2",
-                                  "--data-parallel", "2", "--grad-compression", "ef+quant:4",
+                                  "--stages", "2", "--data-parallel", "2", "--grad-compression", "ef+quant:4",
                                   "--out", str(tmp_path), *GPT2_TINY])
   last = _result(tmp_path, "top10-reuse")["history"][-1]
   assert last["steps_per_s"] is not None and last["wire_bytes_data"] > 0

@@ -73,13 +73,18 @@ SCHEMES = [("quant:4", "quant:8"), ("ef+topk:0.2", "ef21+quant:2"), ("efmixed+to
            ("ef21+maxabs:2:stoch", "topk:0.5"), ("topk:0.3", "reuse")]
 
 
-@pytest.mark.parametrize("fwd, bwd", SCHEMES)
+def slow(*args):
+  """A heavier variant: runs with `python -m pytest -m slow` (CI runs the rest)."""
+  return pytest.param(*args, marks=pytest.mark.slow)
+
+
+# the schemes in between run at data=2 below (test_data_parallel_matches_simulate) in every CI run
+@pytest.mark.parametrize("fwd, bwd", [s if s in (SCHEMES[0], SCHEMES[-1]) else slow(*s) for s in SCHEMES])
 def test_matches_simulate(fwd, bwd):
   _compare(_pipe(fwd, bwd), optax.sgd(0.1, momentum=0.9), steps=3)
 
 
-@pytest.mark.parametrize("fwd, bwd", [s if s in (SCHEMES[0], SCHEMES[-1]) else pytest.param(*s, marks=pytest.mark.slow)
-                                      for s in SCHEMES])
+@pytest.mark.parametrize("fwd, bwd", [s if s == SCHEMES[-1] else slow(*s) for s in SCHEMES])
 def test_1f1b_matches_simulate(fwd, bwd):
   """M=8 > 2S-3: fill, scanned steady and drain ticks; every state row equals simulate's."""
   _compare(_pipe(fwd, bwd, m=8), optax.sgd(0.1, momentum=0.9), steps=2, schedule="1f1b")
@@ -100,7 +105,7 @@ def test_first_visit_step_sends_dense_activations_and_compressed_gradients():
   assert sent == {"fwd": dense["fwd"], "bwd": train["bwd"], "data": 0}
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", pytest.param("1f1b", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("schedule", ["gpipe", slow("1f1b")])
 def test_heterogeneous_stages_with_batchnorm_match_simulate(schedule):
   # SGD, not Adam: Adam turns a 1-ulp gradient difference between the two programs'
   # float sums into a whole lr step wherever the true gradient is ~0.
@@ -109,6 +114,7 @@ def test_heterogeneous_stages_with_batchnorm_match_simulate(schedule):
   assert [l.fwd_send.estimate.shape for l in state.links] == [(16, 24), (16, 8)]
 
 
+@pytest.mark.slow
 def test_eight_stages():
   _compare(_pipe("quant:3", "topk:0.5", stages=mlp_stages(8, 2, 8), m=2), optax.sgd(0.1), steps=2)
 
@@ -214,8 +220,8 @@ WIRE_CASES = [("quant:4", "quant:8", None, 2), ("quant:2", "ef+topk:0.1", None, 
 
 
 @pytest.mark.parametrize("fwd, bwd, stages, m, schedule", [
-    *((*case, "gpipe") for case in WIRE_CASES), (*WIRE_CASES[1], "1f1b"),
-    *(pytest.param(*case, "1f1b", marks=pytest.mark.slow) for case in WIRE_CASES if case != WIRE_CASES[1])])
+    *((*case, "gpipe") if case != WIRE_CASES[-1] else slow(*case, "gpipe") for case in WIRE_CASES),
+    (*WIRE_CASES[1], "1f1b"), *(slow(*case, "1f1b") for case in WIRE_CASES if case != WIRE_CASES[1])])
 def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages, m, schedule):
   """Both schedules, also with M large enough that the steady ticks run in a scanned loop."""
   pipe = _pipe(fwd, bwd, stages=stages, m=m)
@@ -227,6 +233,7 @@ def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages, m, sche
   assert sent == {**expected, "data": 0}
 
 
+@pytest.mark.slow  # by hand; test_collective_permutes_carry_exactly_the_payload checks the HLO against wire_bytes
 def test_quantized_bytes_are_a_fraction_of_fp32():
   opt = optax.sgd(0.1)
   ex = gpipe.GPipe(gpipe.make_mesh(4))

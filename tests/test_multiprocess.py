@@ -20,7 +20,7 @@ import pytest
 PROCESSES, LOCAL_DEVICES, STAGES, DATA = 2, 4, 4, 2
 N = B = 16  # one step per epoch: each epoch's train loss is one step's loss
 TIMEOUT_S = 240
-STAGGER_S = 10
+STAGGER_S = 3
 
 
 def problem():

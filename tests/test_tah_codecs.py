@@ -29,12 +29,12 @@ def test_wire_bytes_by_hand():
 def test_group_scales_bound_the_error_of_each_group(rows, groups, g, seed):
   x = _x((rows, groups * g), seed=seed)
   codec = codecs.MaxAbsQuant(3, "group", group=g)
-  payload = codec.encode(x)
+  payload = jax.jit(codec.encode)(x)
   scale = jax.lax.bitcast_convert_type(payload.arrays["scale"], jnp.float32)  # fp32 scales travel as bits
   assert scale.shape == (rows, groups)
   true = jnp.max(jnp.abs(x.reshape(rows, groups, g)), axis=-1)
   assert bool(jnp.all(scale >= true)) and bool(jnp.all(scale <= true * 1.002 + 1e-6))
-  err = jnp.abs(codec.decode(payload) - x).reshape(rows, groups, g)
+  err = jnp.abs(jax.jit(codec.decode)(payload) - x).reshape(rows, groups, g)
   assert bool(jnp.all(err <= (scale / (2 * codec.levels))[..., None] * (1 + 1e-4) + 1e-6))
 
 
@@ -62,12 +62,12 @@ def test_rotation_keeps_the_inner_error_in_2_norm(rows, features_block, seed):
   x = _x((rows, f), seed=seed)
   inner = codecs.MaxAbsQuant(3, "group", group=f // 2 if f % 2 == 0 else f)
   rot = Hadamard(inner, block=block, seed=seed % 7)
-  np.testing.assert_allclose(np.asarray(Hadamard(codecs.Identity(), block, seed % 7)(x)), np.asarray(x),
+  np.testing.assert_allclose(np.asarray(jax.jit(Hadamard(codecs.Identity(), block, seed % 7))(x)), np.asarray(x),
                              rtol=1e-5, atol=1e-4)
-  y = rot.rotate(x)
+  y = jax.jit(rot.rotate)(x)
   np.testing.assert_allclose(np.linalg.norm(np.asarray(y)), np.linalg.norm(np.asarray(x)), rtol=1e-5)
-  inner_err = np.linalg.norm(np.asarray(inner(y) - y))
-  np.testing.assert_allclose(np.linalg.norm(np.asarray(rot(x) - x)), inner_err, rtol=1e-4, atol=1e-5)
+  inner_err = np.linalg.norm(np.asarray(jax.jit(inner)(y) - y))
+  np.testing.assert_allclose(np.linalg.norm(np.asarray(jax.jit(rot)(x) - x)), inner_err, rtol=1e-4, atol=1e-5)
 
 
 def test_rotation_spreads_an_outlier_and_lowers_the_error():
@@ -106,9 +106,9 @@ def test_adaptive_round_trip_bound_any_rows_and_fraction(rows, fraction, seed):
   codec = TokenAdaptive(3, 5, fraction)
   _, n_high, _ = codec.split(x.shape)
   assert 1 <= n_high <= rows
-  payload = codec.encode(x)
+  payload = jax.jit(codec.encode)(x)
   assert codecs.nbytes(payload) == codec.wire_bytes(x.shape, x.dtype)
-  err = np.abs(np.asarray(codec.decode(payload) - x)).max(1)
+  err = np.abs(np.asarray(jax.jit(codec.decode)(payload) - x)).max(1)
   assert np.all(err <= np.abs(np.asarray(x)).max(1) / 6 * 1.002 + 1e-6)  # 3-bit bound s / (2L) holds for every row
 
 
