@@ -114,12 +114,12 @@ def main(argv=None):
   print("| K | method | ms | recall | kept/k | / argpartition |")
   print("|---|---|---:|---:|---:|---:|")
   for fraction, name, t, recall, kept, ratio in selection_rows:
-    print(f"| {fraction:.0%} | {name} | {t * 1e3:.2f} | {recall:.4f} | {kept:.3f} | {ratio:.2f} |")
+    print(f"| {fraction * 100:g}% | {name} | {t * 1e3:.2f} | {recall:.4f} | {kept:.3f} | {ratio:.2f} |")
   print("\nCodec encode+decode (jit, round trip C(x)):\n")
   print("| K | path | ms | / before | / argpartition | same output as before |")
   print("|---|---|---:|---:|---:|---|")
   for fraction, name, t, before, argp, same in codec_rows:
-    print(f"| {fraction:.0%} | {name} | {t * 1e3:.2f} | {before:.3f} | {argp:.2f} | {same} |")
+    print(f"| {fraction * 100:g}% | {name} | {t * 1e3:.2f} | {before:.3f} | {argp:.2f} | {same} |")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from jaxcomp import packing, selection
+from jaxcomp import codecs, packing, selection
 
 # few distinct magnitudes so that ties are common; NaN, +-inf, -0.0 included
 VALUES = [0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 1e-3, 3e4, -3e4, np.inf, -np.inf, np.nan]
@@ -115,3 +115,11 @@ def test_compact_takes_the_first_k_set_positions_and_pads_with_zero(density, k):
   np.testing.assert_array_equal(np.asarray(packing.compact(packed, f, k)), expected)
   np.testing.assert_array_equal(np.asarray(packing.compact(packed, f, k, jnp.asarray(operand))),
                                 np.where(filled, np.take_along_axis(operand, expected, axis=1), 0.0))
+
+
+def test_auto_selects_by_backend_and_fraction():
+  """On CPU the threshold selection from K = 1% up (measured faster there), lax.top_k below."""
+  assert jax.default_backend() == "cpu"
+  assert codecs.TopK(0.1).selector == codecs.TopK(codecs.THRESHOLD_FROM_FRACTION_CPU).selector == "threshold"
+  assert codecs.TopK(0.001).selector == "sort"
+  assert codecs.TopK(0.001, select="threshold").selector == "threshold"
