@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 from jaxcomp import packing
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(bits=st.integers(1, 16), n=st.integers(1, 300), seed=st.integers(0, 2**31))
 def test_pack_round_trip_and_size(bits, n, seed):
   codes = np.random.default_rng(seed).integers(0, 2**bits, n, dtype=np.uint32)

@@ -152,7 +152,8 @@ def test_indivisible_shapes_are_clear_errors():
 
 
 @pytest.mark.parametrize("fwd, bwd", [("hadamard+maxabs:3:group=16", "hadamard+maxabs:4:group=16"),
-                                      ("adaptive:3:4:0.25", "hadamard+adaptive:3:4:0.25:stoch")])
+                                      pytest.param("adaptive:3:4:0.25", "hadamard+adaptive:3:4:0.25:stoch",
+                                                   marks=pytest.mark.slow)])
 def test_boundary_gradient_is_the_compressed_true_gradient(fwd, bwd):
   link = spec.parse_boundary(fwd, bwd)
   x = _x((4, 6, 32), seed=2)
