@@ -75,6 +75,12 @@ def unpack_mask(packed_RxF8: jnp.ndarray, f: int) -> jnp.ndarray:
   return bits.reshape(packed_RxF8.shape[0], -1)[:, :f].astype(bool)
 
 
+def _set_bits_before(packed_RxF8: jnp.ndarray):
+  """Int32 [R, F/8] each: set bits per byte, and set bits in the bytes before it (exclusive prefix sum)."""
+  per_byte = jax.lax.population_count(packed_RxF8.astype(jnp.int32))
+  return per_byte, jax.lax.associative_scan(jnp.add, per_byte, axis=1) - per_byte
+
+
 def mask_ranks(packed_RxF8: jnp.ndarray, f: int) -> jnp.ndarray:
   """Int32 [R, F]: how many mask bits are set before each position (exclusive prefix count).
 
@@ -82,8 +88,7 @@ def mask_ranks(packed_RxF8: jnp.ndarray, f: int) -> jnp.ndarray:
   sum over the F/8 bytes, the rest elementwise.
   """
   bytes_RxB = packed_RxF8.astype(jnp.uint32)
-  per_byte = jax.lax.population_count(bytes_RxB).astype(jnp.int32)
-  before = jax.lax.associative_scan(jnp.add, per_byte, axis=1) - per_byte
+  _, before = _set_bits_before(packed_RxF8)
   low_bits = (jnp.uint32(1) << jnp.arange(8, dtype=jnp.uint32)) - 1
   within = jax.lax.population_count(bytes_RxB[..., None] & low_bits).astype(jnp.int32)
   return (before[..., None] + within).reshape(packed_RxF8.shape[0], -1)[:, :f]
@@ -104,8 +109,7 @@ def compact(packed_RxF8: jnp.ndarray, f: int, k: int, operand_RxF=None) -> jnp.n
   """
   r, num_bytes = packed_RxF8.shape
   bytes_RxB = packed_RxF8.astype(jnp.int32)
-  per_byte = jax.lax.population_count(bytes_RxB)
-  before = jax.lax.associative_scan(jnp.add, per_byte, axis=1) - per_byte
+  per_byte, before = _set_bits_before(packed_RxF8)
   rows = jnp.arange(r)[:, None]
   first_slot = jnp.where(per_byte > 0, before, k)  # k: dropped
   marks = jnp.full((r, k), -1, jnp.int32).at[rows, first_slot].max(
