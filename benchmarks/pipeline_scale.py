@@ -1,7 +1,7 @@
 """Pipeline runtime scaling: compile time, step time and temporary memory per device.
 
-For each executor (simulate: the whole model on one device; gpipe / 1f1b: stage s on
-device s with that schedule),
+For each executor (simulate: the whole model on one device; gpipe / 1f1b / 1f1b-fused:
+stage s on device s with that schedule),
 stage count S and microbatch count M (fixed microbatch size, so the batch grows with M)
 it compiles one train step of the toy GPT-2 (8 blocks, d=64) or the MLP, and prints one
 markdown table: lowering+compile seconds, the median step in ms, and the compiled
@@ -68,7 +68,7 @@ def main(argv=None):
   parser.add_argument("--model", choices=["gpt2", "mlp"], default="gpt2")
   parser.add_argument("--stages", default="2,4,8", help="comma-separated stage counts")
   parser.add_argument("--microbatches", default="2,4,8,16,32,64", help="comma-separated microbatch counts")
-  parser.add_argument("--executors", default="simulate,gpipe,1f1b", help="comma-separated: simulate, gpipe, 1f1b")
+  parser.add_argument("--executors", default="simulate,gpipe,1f1b", help="comma-separated: simulate and any of gpipe.SCHEDULES (gpipe, 1f1b, 1f1b-fused)")
   parser.add_argument("--mb-size", type=int, default=2, help="examples per microbatch")
   parser.add_argument("--seq", type=int, default=32, help="GPT-2 sequence length")
   parser.add_argument("--fwd", default="quant:4")

@@ -66,8 +66,9 @@ def parser_for(exp: Experiment) -> argparse.ArgumentParser:
   for flag, (kind, text) in COMMON_FLAGS.items():
     p.add_argument("--" + flag.replace("_", "-"), type=kind, help=text)
   p.add_argument("--executor", choices=["simulate", "gpipe"], help="one device, or stages across devices")
-  p.add_argument("--schedule", choices=["gpipe", "1f1b"],
-                 help="gpipe executor's tick schedule: gpipe (default) or 1f1b (activation memory flat in microbatches)")
+  p.add_argument("--schedule", choices=list(gpipe.SCHEDULES),
+                 help="gpipe executor's tick schedule: gpipe (default), 1f1b (at most S microbatch inputs per "
+                      "stage) or 1f1b-fused (at most 2S-1, fewer ticks)")
   p.add_argument("--aqsgd-buffers", metavar="device|host|DIR",
                  help="where AQ-SGD's per-example tables live: on the device (default), in host RAM, or in "
                       "memory-mapped .npy files under DIR (simulate executor, aqsgd+ forward spec)")

@@ -31,7 +31,7 @@ from jaxcomp.boundary import LinkState, Mode
 from jaxcomp.qadam import QuantizedAdam
 
 STAGE, DATA = schedule.STAGE, dataparallel.DATA
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = schedule.SCHEDULES
 
 collective_permute_bytes = hlo_bytes.collective_bytes
 
@@ -76,9 +76,11 @@ class GPipe:
   of `grad_state`. Padding has zero gradient, moments and (masked) exchanged momentum, so it
   stays exactly zero. Ties and clipping apply to each replica's local gradient after warm-up
   (the mean gradient is never formed), to the mean one during warm-up.
-  `schedule`: "gpipe" (all forwards, then all backwards: M microbatch inputs saved per
-  stage) or "1f1b" (PipeDream-flush: forwards and backwards interleaved, at most 2S-1
-  inputs saved whatever M); both send the same bytes and give the same numbers.
+  `schedule` (`schedule.timing`): "gpipe" (all forwards, then all backwards: M microbatch
+  inputs saved per stage), "1f1b" (PipeDream-flush: one forward or backward per stage per
+  tick, at most S inputs saved whatever M) or "1f1b-fused" (a forward and a backward per
+  stage per tick: at most 2S-1 inputs, half of 1f1b's ticks); all send the same bytes and
+  give the same numbers.
   `remat="stage"` (default) saves a stage's input per microbatch and recomputes the stage in
   its explicit backward (`schedule.run_explicit`); `remat="none"` (GPipe only) differentiates
   the forward schedule with autodiff, which saves every stage's internals.
@@ -96,8 +98,9 @@ class GPipe:
       raise ValueError(f"remat must be one of {schedule.REMAT}, got {self.remat!r}")
     if self.schedule not in SCHEDULES:
       raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-    if self.schedule == "1f1b" and self.remat == "none":
-      raise ValueError("the 1f1b schedule always recomputes a stage from its stashed input; use remat='stage'")
+    if self.schedule != "gpipe" and self.remat == "none":
+      raise ValueError(f"the {self.schedule} schedule always recomputes a stage from its stashed input; "
+                       "use remat='stage'")
 
   @property
   def num_stages(self) -> int:
@@ -370,7 +373,8 @@ class GPipe:
     template = _abstract_template(pipe, optimizer, local)
     s_count, d_count, m_count = self.num_stages, self.data, pipe.microbatches
     explicit = train and self.remat == "stage"
-    prog = schedule.make_program(pipe, template, local, mode, train, m_count if self.schedule == "gpipe" else 0)
+    timing = schedule.timing(self.schedule, s_count, m_count) if explicit else schedule.Timing()
+    prog = schedule.make_program(pipe, template, local, mode, train, timing)
     params_fl = prog.params
     qadam = isinstance(optimizer, QuantizedAdam)
     opt_fl = layout.FlatRows([optimizer.init(p) for p in template.params]) if optimizer and not qadam else None

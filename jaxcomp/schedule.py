@@ -1,16 +1,17 @@
 """The pipeline schedules of one stage device, as a few named functions.
 
-Forward: at tick t device s runs its stage on microbatch t - s (`busy` when
-0 <= t - s < M), then every boundary b with a microbatch in flight (0 <= t - b < M) moves
-that microbatch's encoded payload from stage b to b+1 with a `ppermute` (`PPermute`).
-A bubble tick runs the no-op branch of the stage switch: no stage compute, nothing saved.
-Ticks where only some boundaries are busy are unrolled, so the program knows statically
-which boundaries carry a microbatch and idle links issue no collective at all; runs of
-ticks where every boundary is busy (or none) are one `lax.scan`, so the program's size (and
-compile time) does not grow with M.
+A schedule is a `Timing`: stage s runs microbatch m forward at tick stride*m + s and
+backward at tick stride*m + lag - s (`busy`, `microbatch`). At its forward tick a stage runs
+on the input it received, then every boundary b with a microbatch at that tick moves the
+encoded payload from stage b to b+1 with a `ppermute` (`PPermute`); backwards likewise send
+gradients from b+1 to b. A bubble tick runs the no-op branch of the stage switch: no stage
+compute, nothing saved. The program knows statically which boundaries carry a microbatch at
+a tick (idle links issue no collective at all); runs of ticks that repeat the same plan
+period after period are one `lax.scan`, so the program's size (and compile time) does not
+grow with M.
 
 Two ways to get the backward pass:
-- `run_explicit` (GPipe or 1F1B, below): a stage stashes its input at its forward, and at
+- `run_explicit` (every `SCHEDULES` timing, below): a stage stashes its input at its forward, and at
   its backward tick runs its vjp on it (rematerialised) and the boundary's
   `backward_half`; the weight gradient is accumulated in the loop.
 - `run_gpipe`: the forward ticks only (eval steps, and GPipe with `remat="none"`), whose
@@ -28,6 +29,23 @@ from jaxcomp.boundary import LinkState, Mode, Transport
 
 STAGE, DATA = "stage", "data"
 REMAT = ("stage", "none")
+SCHEDULES = ("gpipe", "1f1b", "1f1b-fused")
+
+
+class Timing(NamedTuple):
+  """Stage s runs microbatch m forward at tick stride*m + s and backward at tick stride*m + lag - s."""
+  stride: int = 1
+  lag: int = 0
+
+
+def timing(name: str, num_stages: int, microbatches: int) -> Timing:
+  """The explicit schedules (S stages, M microbatches):
+  gpipe: every forward, then every backward (M inputs stashed per stage, 2M+2S-2 ticks);
+  1f1b: PipeDream-flush, one op per stage per tick, forwards every 2nd tick (S-s inputs
+    stashed on stage s, 2M+2S-2 ticks);
+  1f1b-fused: a forward and a backward per stage per tick (2(S-s)-1 inputs, M+2S-2 ticks)."""
+  s, m = num_stages, microbatches
+  return {"gpipe": Timing(1, m + 2 * s - 2), "1f1b": Timing(2, 2 * s - 1), "1f1b-fused": Timing(1, 2 * s - 2)}[name]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,16 +61,28 @@ class PPermute(Transport):
 
 
 def phases(num_stages: int, microbatches: int) -> tuple[range, range, range]:
-  """(fill, steady, drain) forward ticks; in steady ticks every stage and boundary is busy."""
+  """(fill, steady, drain) ticks of `run_gpipe` (stride 1); in steady ticks every stage and
+  boundary is busy."""
   total = microbatches + num_stages - 1
   if microbatches < num_stages:
     return range(total), range(0), range(total, total)
   return range(num_stages - 1), range(num_stages - 1, microbatches), range(microbatches, total)
 
 
-def busy(tick, stage, microbatches):
-  """Whether `stage` has a microbatch (tick - stage) at `tick`."""
-  return (tick - stage >= 0) & (tick - stage < microbatches)
+def busy(prog, tick, offset):
+  """Whether an op that runs microbatch m at tick stride*m + offset has one at `tick`."""
+  since, stride = tick - offset, prog.timing.stride
+  return (since >= 0) & (since % stride == 0) & (since < stride * prog.pipe.microbatches)
+
+
+def microbatch(prog, tick, offset):
+  """The microbatch of that op at `tick` (when it is `busy`)."""
+  return (tick - offset) // prog.timing.stride
+
+
+def clipped_microbatch(prog, tick, offset):
+  """`microbatch`, kept in range for the idle devices of a tick."""
+  return jnp.clip(microbatch(prog, tick, offset), 0, prog.pipe.microbatches - 1)
 
 
 def global_microbatch(prog, m):
@@ -61,9 +91,9 @@ def global_microbatch(prog, m):
   return jax.lax.axis_index(DATA) * prog.pipe.microbatches + m
 
 
-def boundaries_at(tick: int, num_stages: int, microbatches: int) -> list[int]:
-  """The boundaries a microbatch crosses at a (static) tick."""
-  return [b for b in range(num_stages - 1) if busy(tick, b, microbatches)]
+def boundaries_at(prog, tick: int, offset=lambda b: b) -> tuple[int, ...]:
+  """The boundaries b whose op at `offset(b)` carries a microbatch at a (static) tick."""
+  return tuple(b for b in range(prog.pipe.num_stages - 1) if busy(prog, tick, offset(b)))
 
 
 class Program(NamedTuple):
@@ -75,7 +105,7 @@ class Program(NamedTuple):
   mode: Mode
   train: bool
   metrics: Any  # the last stage's metric structure (ShapeDtypeStructs)
-  delay: int = 0  # explicit schedules: ticks a backward waits beyond 1F1B's (0: 1F1B, M: GPipe)
+  timing: Timing = Timing()  # `run_gpipe`: stride 1
 
   @property
   def width(self) -> int:
@@ -115,14 +145,14 @@ def zero_metrics(prog: Program):
 
 def stage_step(prog: Program, tick, params_row, ms_row, x_buf, mbs, step_key):
   """This device's stage at `tick`: its microbatch, or the bubble branch when idle."""
-  s_count, m_count = prog.pipe.num_stages, prog.pipe.microbatches
+  s_count = prog.pipe.num_stages
   branches = [stage_branch(prog, j) for j in range(s_count)] + [bubble(prog)]
 
   def run(tick, params_row, ms_row, x_buf, mbs, step_key):
     s = jax.lax.axis_index(STAGE)
-    m = jnp.clip(tick - s, 0, m_count - 1)
+    m = clipped_microbatch(prog, tick, s)
     mb = jax.tree.map(lambda a: a[m], mbs)
-    index = jnp.where(busy(tick, s, m_count), s, s_count)
+    index = jnp.where(busy(prog, tick, s), s, s_count)
     rng = pl.stage_key(step_key, global_microbatch(prog, m), s)
     return jax.lax.switch(index, branches, params_row, ms_row, x_buf, mb, rng)
 
@@ -130,9 +160,9 @@ def stage_step(prog: Program, tick, params_row, ms_row, x_buf, mbs, step_key):
 
 
 def boundary_step(prog: Program, tick, b: int, y_buf, fwd_tables, bwd_tables, mbs, step_key):
-  """Boundary b carries microbatch tick - b: (received activation or None, forward tables)."""
+  """Boundary b carries its microbatch at `tick`: (received activation, forward tables)."""
   s = jax.lax.axis_index(STAGE)
-  m, shape = tick - b, prog.shapes[b]
+  m, shape = microbatch(prog, tick, b), prog.shapes[b]
   mb_size = jax.tree.leaves(mbs)[0].shape[1]
   ids = mbs["id"][m] if "id" in mbs else None
   boundary = dataclasses.replace(prog.pipe.boundary, transport=PPermute(b))
@@ -171,8 +201,9 @@ def tick_step(prog: Program, tick, boundaries, carry: Carry, params_row, bwd_tab
 
 
 def run_gpipe(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, step_key) -> Carry:
-  """The M+S-1 forward ticks on this device: fill and drain unrolled, the steady ticks
-  scanned (differentiable: its autodiff is GPipe's backward)."""
+  """The M+S-1 forward ticks (stride 1) on this device: fill and drain unrolled, the steady
+  ticks scanned (differentiable: its autodiff is GPipe's backward)."""
+  assert prog.timing.stride == 1, prog.timing
   s_count, m_count = prog.pipe.num_stages, prog.pipe.microbatches
   mb_size = jax.tree.leaves(mbs)[0].shape[1]
   carry = Carry(jnp.zeros((mb_size, prog.width), prog.act_dtype), ms_row, tuple(fwd_tables),
@@ -180,23 +211,23 @@ def run_gpipe(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, st
   tick = lambda t, c, bs: tick_step(prog, t, bs, c, params_row, bwd_tables, mbs, step_key)
   fill, steady, drain = phases(s_count, m_count)
   for t in fill:
-    carry = tick(t, carry, boundaries_at(t, s_count, m_count))
+    carry = tick(t, carry, boundaries_at(prog, t))
   if len(steady):
     every = range(s_count - 1)
     carry, _ = jax.lax.scan(lambda c, t: (tick(t, c, every), None), carry,
                             jnp.arange(steady.start, steady.stop, dtype=jnp.int32))
   for t in drain:
-    carry = tick(t, carry, boundaries_at(t, s_count, m_count))
+    carry = tick(t, carry, boundaries_at(prog, t))
   return carry
 
 
 def make_program(pipe: pl.Pipeline, template: pl.TrainState, local_batch, mode: Mode, train: bool,
-                 delay: int = 0) -> Program:
+                 timing: Timing = Timing()) -> Program:
   """The schedule's static layout for one data shard's batch `local_batch` (shapes only)."""
   mb = jax.tree.map(lambda x: x[0], pl.split_microbatches(local_batch, pipe.microbatches))
   shapes = pl.boundary_shapes(pipe, template.params, template.model_state, mb[pipe.input_key])
   prog = Program(pipe, layout.FlatRows(template.params), layout.FlatRows(template.model_state), shapes,
-                 mode, train, None, delay)
+                 mode, train, None, timing)
   last = pipe.num_stages - 1
   x_buf = jax.ShapeDtypeStruct((mb[pipe.input_key].shape[0], prog.width), prog.act_dtype)
 
@@ -212,48 +243,52 @@ def make_program(pipe: pl.Pipeline, template: pl.TrainState, local_batch, mode: 
 
 
 # ---------------------------------------------------------------- explicit backward
-# Stage s runs microbatch m forward at tick m + s and backward at tick m + delay + 2S - 2 - s;
-# a backward runs the stage's vjp on the input it stashed at its forward (rematerialised),
-# then the boundary's `backward_half` sends the gradient on. delay = 0 is 1F1B
-# (PipeDream-flush): a stage holds at most 2(S-1-s)+1 <= 2S-1 inputs whatever M, the last
-# stage runs a microbatch's forward and backward in the same tick. delay = M is GPipe: all
-# forwards, then all backwards, M inputs held. Ticks whose busy boundaries are all or none
-# (and the same from tick to tick) run under one `lax.scan`; the others are unrolled.
+# A backward runs the stage's vjp on the input it stashed at its forward (rematerialised),
+# then the boundary's `backward_half` sends the gradient on. The ticks are cut into periods
+# of `stride` ticks; a run of periods with the same plan runs under one `lax.scan` (the same
+# collectives every period), the other periods are unrolled.
 
 
 def backward_tick(prog: Program, stage):
-  """Offset of a stage's backward: microbatch m's backward runs at tick m + offset."""
-  return prog.delay + 2 * prog.pipe.num_stages - 2 - stage
+  """Offset of a stage's backward: microbatch m's backward runs at tick stride*m + offset."""
+  return prog.timing.lag - stage
+
+
+def total_ticks(prog: Program) -> int:
+  """Ticks until stage 0's last backward."""
+  return prog.timing.stride * (prog.pipe.microbatches - 1) + backward_tick(prog, 0) + 1
+
+
+def in_flight(prog: Program, stage: int, tick: int) -> int:
+  """Microbatches whose input `stage` holds at `tick` (from its forward tick to its backward tick)."""
+  stride = prog.timing.stride
+  return sum(stride * m + stage <= tick <= stride * m + backward_tick(prog, stage)
+             for m in range(prog.pipe.microbatches))
 
 
 def stash_slots(prog: Program) -> int:
-  """Ring-buffer slots a stage needs for inputs awaiting their backward."""
-  return min(prog.pipe.microbatches, 2 * prog.pipe.num_stages - 1 + prog.delay)
+  """Ring-buffer slots for inputs awaiting their backward: the most any stage holds at once
+  (microbatch m uses slot m % slots; its stage holds consecutive microbatches)."""
+  return max(in_flight(prog, s, t) for s in range(prog.pipe.num_stages) for t in range(total_ticks(prog)))
 
 
 def tick_plan(prog: Program, tick: int) -> tuple:
   """(forward boundaries, backward boundaries, any stage forward, any stage backward) at a tick."""
-  s_count, m_count = prog.pipe.num_stages, prog.pipe.microbatches
-  return (tuple(boundaries_at(tick, s_count, m_count)),
-          tuple(b for b in range(s_count - 1) if busy(tick, backward_tick(prog, b + 1), m_count)),
-          any(busy(tick, s, m_count) for s in range(s_count)),
-          any(busy(tick, backward_tick(prog, s), m_count) for s in range(s_count)))
+  stages = range(prog.pipe.num_stages)
+  return (boundaries_at(prog, tick), boundaries_at(prog, tick, lambda b: backward_tick(prog, b + 1)),
+          any(busy(prog, tick, s) for s in stages), any(busy(prog, tick, backward_tick(prog, s)) for s in stages))
 
 
 def segments(prog: Program) -> list[tuple[range, tuple]]:
-  """The ticks as runs with one plan each; a run is scanned when its boundaries are all
-  busy or all idle (the same collectives every tick), else unrolled tick by tick."""
-  s_count = prog.pipe.num_stages
-  total = prog.pipe.microbatches + 2 * s_count - 2 + prog.delay
-  every = tuple(range(s_count - 1))
-  uniform = lambda plan: plan[0] in ((), every) and plan[1] in ((), every)
+  """(period starts, the period's plans): consecutive periods with equal plans form one run."""
+  stride = prog.timing.stride
   runs = []
-  for t in range(total):
-    plan = tick_plan(prog, t)
-    if runs and uniform(plan) and runs[-1][1] == plan:
-      runs[-1] = (range(runs[-1][0].start, t + 1), plan)
+  for start in range(0, total_ticks(prog), stride):
+    plans = tuple(tick_plan(prog, t) for t in range(start, start + stride))
+    if runs and runs[-1][1] == plans:
+      runs[-1] = (range(runs[-1][0].start, start + 1, stride), plans)
     else:
-      runs.append((range(t, t + 1), plan))
+      runs.append((range(start, start + 1, stride), plans))
   return runs
 
 
@@ -276,12 +311,12 @@ def no_grads(params_row, ms_row, x_buf, mb, rng, g_buf, scale):
 
 def stage_backward(prog: Program, tick, params_row, stash, mbs, step_key, g_buf, scale):
   """This device's stage backward at `tick` (or nothing): (d params row, d input buffer)."""
-  s_count, m_count = prog.pipe.num_stages, prog.pipe.microbatches
+  s_count = prog.pipe.num_stages
   s = jax.lax.axis_index(STAGE)
-  m = jnp.clip(tick - backward_tick(prog, s), 0, m_count - 1)
+  m = clipped_microbatch(prog, tick, backward_tick(prog, s))
   slot = m % stash_slots(prog)
   mb = jax.tree.map(lambda a: a[m], mbs)
-  index = jnp.where(busy(tick, backward_tick(prog, s), m_count), s, s_count)
+  index = jnp.where(busy(prog, tick, backward_tick(prog, s)), s, s_count)
   branches = [stage_grads(prog, j) for j in range(s_count)] + [no_grads]
   return jax.lax.switch(index, branches, params_row, stash.model_state[slot], stash.x_buf[slot], mb,
                         pl.stage_key(step_key, global_microbatch(prog, m), s), g_buf, scale)
@@ -319,9 +354,9 @@ def _link_rows(prog, m, mbs):
 
 
 def forward_exchange(prog: Program, tick, b: int, y_buf, carry: ExplicitCarry, mbs, step_key):
-  """Boundary b's forward half for microbatch tick - b: (received activation, carry)."""
+  """Boundary b's forward half for its microbatch at `tick`: (received activation, carry)."""
   s = jax.lax.axis_index(STAGE)
-  m, shape = tick - b, prog.shapes[b]
+  m, shape = microbatch(prog, tick, b), prog.shapes[b]
   fwd_rows, _ = _link_rows(prog, m, mbs)
   fs, fr = carry.fwd_tables
   x, fs_new, fr_new, idx = boundary_mod.forward_half(
@@ -341,7 +376,7 @@ def backward_exchange(prog: Program, tick, b: int, dx_buf, bwd_old, carry: Expli
   """Boundary b's backward half for the microbatch whose stage b+1 backward ran this tick:
   (gradient received by stage b, carry with the new backward-state rows)."""
   s = jax.lax.axis_index(STAGE)
-  m = tick - backward_tick(prog, b + 1)
+  m = microbatch(prog, tick, backward_tick(prog, b + 1))
   shape = prog.shapes[b]
   _, rows = _link_rows(prog, m, mbs)
   bs_old, br_old = bwd_old
@@ -366,11 +401,10 @@ def explicit_tick(prog: Program, tick, plan, carry: ExplicitCarry, params_row, b
   Work that no stage has at this tick (by `plan`) is left out of the program."""
   fwd_bs, bwd_bs, any_forward, any_backward = plan
   s = jax.lax.axis_index(STAGE)
-  m_count = prog.pipe.microbatches
   y_buf = dx_buf = jnp.zeros_like(carry.x_buf)
   if any_forward:
-    slot = jnp.clip(tick - s, 0, m_count - 1) % stash_slots(prog)
-    forward_busy = busy(tick, s, m_count)
+    slot = clipped_microbatch(prog, tick, s) % stash_slots(prog)
+    forward_busy = busy(prog, tick, s)
     keep = lambda buf, new: buf.at[slot].set(jnp.where(forward_busy, new, buf[slot]))
     stash = carry.stash._replace(x_buf=keep(carry.stash.x_buf, carry.x_buf),
                                  model_state=keep(carry.stash.model_state, carry.model_state))
@@ -414,11 +448,15 @@ def run_explicit(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs,
   stash = Stash(jnp.zeros((k, *buf.shape), buf.dtype), jnp.zeros((k, *ms_row.shape), ms_row.dtype), indices)
   carry = ExplicitCarry(buf, buf, stash, ms_row, tuple(fwd_tables), jax.tree.map(jnp.zeros_like, tuple(bwd_tables)),
                         jnp.zeros_like(params_row), jnp.zeros((), jnp.float32), zero_metrics(prog))
-  tick = lambda t, c, plan: explicit_tick(prog, t, plan, c, params_row, bwd_tables, mbs, step_key, scale)
-  for ticks, plan in segments(prog):
-    if len(ticks) == 1:
-      carry = tick(ticks.start, carry, plan)
+  def period(carry, start, plans):
+    for j, plan in enumerate(plans):
+      carry = explicit_tick(prog, start + j, plan, carry, params_row, bwd_tables, mbs, step_key, scale)
+    return carry
+
+  for starts, plans in segments(prog):
+    if len(starts) == 1:
+      carry = period(carry, starts.start, plans)
     else:
-      carry, _ = jax.lax.scan(lambda c, t: (tick(t, c, plan), None), carry,
-                              jnp.arange(ticks.start, ticks.stop, dtype=jnp.int32))
+      carry, _ = jax.lax.scan(lambda c, t: (period(c, t, plans), None), carry,
+                              jnp.arange(starts.start, starts.stop, starts.step, dtype=jnp.int32))
   return carry

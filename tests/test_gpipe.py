@@ -9,7 +9,7 @@ import optax
 import pytest
 
 import jaxcomp
-from jaxcomp import gpipe, layout, simulate
+from jaxcomp import gpipe, layout, schedule as sched, simulate
 from jaxcomp.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
 from jaxcomp.pipeline import FlaxStage
@@ -79,18 +79,42 @@ def slow(*args):
 
 
 # the schemes in between run at data=2 below (test_data_parallel_matches_simulate), by default
-@pytest.mark.parametrize("fwd, bwd", [s if s in (SCHEMES[0], SCHEMES[-1]) else slow(*s) for s in SCHEMES])
+@pytest.mark.parametrize("fwd, bwd", [s if s == SCHEMES[-1] else slow(*s) for s in SCHEMES])
 def test_matches_simulate(fwd, bwd):
   _compare(_pipe(fwd, bwd), optax.sgd(0.1, momentum=0.9), steps=3)
 
 
-@pytest.mark.parametrize("fwd, bwd", [s if s == SCHEMES[-1] else slow(*s) for s in SCHEMES])
-def test_1f1b_matches_simulate(fwd, bwd):
-  """M=8 > 2S-3: fill, scanned steady and drain ticks; every state row equals simulate's."""
-  _compare(_pipe(fwd, bwd, m=8), optax.sgd(0.1, momentum=0.9), steps=2, schedule="1f1b")
+@pytest.mark.parametrize("fwd, bwd, schedule", [
+    (*SCHEMES[-1], "1f1b"), slow(*SCHEMES[-1], "1f1b-fused"),
+    *(slow(*s, name) for s in SCHEMES[:-1] for name in ("1f1b", "1f1b-fused"))])
+def test_1f1b_matches_simulate(fwd, bwd, schedule):
+  """M=8: fill, scanned steady and drain ticks; every state row equals simulate's."""
+  _compare(_pipe(fwd, bwd, m=8), optax.sgd(0.1, momentum=0.9), steps=2, schedule=schedule)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("name, most", [("1f1b", lambda s, S, M: min(M, S - s)),
+                                        ("1f1b-fused", lambda s, S, M: min(M, 2 * (S - s) - 1)),
+                                        ("gpipe", lambda s, S, M: M)])
+def test_schedule_holds_at_most_its_inputs_per_stage(name, most):
+  """PipeDream-flush: stage s holds S - s microbatch inputs at most, whatever M (the fused
+  variant 2(S-s)-1, GPipe all M); a microbatch reaches stage s+1 the tick after stage s and
+  its gradient reaches s the tick after s+1; 1f1b runs one op per stage per tick."""
+  for S in range(1, 9):
+    for M in range(1, 20):
+      pipe = _pipe("quant:4", "quant:8", stages=mlp_stages(16, 2, S), m=M)
+      prog = sched.Program(pipe, None, None, [], Mode.TRAIN, True, None, sched.timing(name, S, M))
+      ticks = range(sched.total_ticks(prog))
+      assert [max(sched.in_flight(prog, s, t) for t in ticks) for s in range(S)] == [most(s, S, M) for s in range(S)]
+      stride = prog.timing.stride
+      for s in range(S - 1):
+        assert sched.backward_tick(prog, s) == sched.backward_tick(prog, s + 1) + 1 > s + 1
+      if name == "1f1b":
+        assert not any(sched.busy(prog, t, s) and sched.busy(prog, t, sched.backward_tick(prog, s))
+                       for t in ticks for s in range(S))
+        assert len(ticks) == stride * (M + S - 1)
+
+
+@pytest.mark.parametrize("schedule", [slow("gpipe"), "1f1b"])
 def test_aqsgd_warmup_first_visit_and_compressed_match_simulate(schedule):
   _compare(_pipe("aqsgd+quant:2", "quant:4"), optax.adam(1e-2), steps=2,
            modes=(Mode.WARMUP, Mode.FIRST_VISIT, Mode.TRAIN), schedule=schedule)
@@ -120,8 +144,8 @@ def test_eight_stages():
 
 
 @pytest.mark.parametrize("fwd, bwd", [
-    ("quant:4", "fp8"), ("ef+topk:0.2", "ef21+quant:2"), ("efmixed+topk:0.3", "ef+topk:0.2"),
-    ("ef21+maxabs:2:stoch", "topk:0.5"), slow("topk:0.3", "reuse"), ("aqsgd+quant:2", "quant:4"),
+    slow("quant:4", "fp8"), ("ef+topk:0.2", "ef21+quant:2"), slow("efmixed+topk:0.3", "ef+topk:0.2"),
+    slow("ef21+maxabs:2:stoch", "topk:0.5"), slow("topk:0.3", "reuse"), ("aqsgd+quant:2", "quant:4"),
 ])
 def test_data_parallel_matches_simulate(fwd, bwd):
   """(data=2, stage=4): each shard runs M=2 microbatches; simulate runs the same 4 in order.
@@ -169,12 +193,12 @@ def test_quantized_adam_state_round_trips_through_the_simulate_layout():
   _assert_trees_close(again._replace(rng=()), state._replace(rng=()), 0)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_program_size_does_not_grow_with_microbatches(schedule):
+@pytest.mark.parametrize("name", gpipe.SCHEDULES)
+def test_program_size_does_not_grow_with_microbatches(name):
   """The steady ticks are one scanned loop: M=4 and M=8 compile to as many collectives."""
   def permutes(m):
     pipe = _pipe("quant:4", "quant:8", stages=mlp_stages(16, 2, 2), m=m)
-    ex = gpipe.GPipe(gpipe.make_mesh(2), schedule=schedule)
+    ex = gpipe.GPipe(gpipe.make_mesh(2), schedule=name)
     state = ex.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
     return ex.compiled_text(pipe, optax.sgd(0.1), state, BATCH).count("collective-permute")
   assert permutes(8) == permutes(4)
@@ -220,10 +244,11 @@ WIRE_CASES = [("quant:4", "quant:8", None, 2), ("quant:2", "ef+topk:0.1", None, 
 
 
 @pytest.mark.parametrize("fwd, bwd, stages, m, schedule", [
-    *((*case, "gpipe") if case != WIRE_CASES[-1] else slow(*case, "gpipe") for case in WIRE_CASES),
-    (*WIRE_CASES[1], "1f1b"), *(slow(*case, "1f1b") for case in WIRE_CASES if case != WIRE_CASES[1])])
+    *((*case, "gpipe") if case in WIRE_CASES[1:4] else slow(*case, "gpipe") for case in WIRE_CASES),
+    (*WIRE_CASES[1], "1f1b"), *(slow(*case, "1f1b") for case in WIRE_CASES if case != WIRE_CASES[1]),
+    *(slow(*case, "1f1b-fused") for case in WIRE_CASES)])
 def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages, m, schedule):
-  """Both schedules, also with M large enough that the steady ticks run in a scanned loop."""
+  """Every schedule, also with M large enough that the steady ticks run in a scanned loop."""
   pipe = _pipe(fwd, bwd, stages=stages, m=m)
   opt = optax.sgd(0.1)
   ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages), schedule=schedule)
