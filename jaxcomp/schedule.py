@@ -293,24 +293,27 @@ def segments(prog: Program) -> list[tuple[range, tuple]]:
 
 
 def stage_grads(prog: Program, j: int):
-  """Stage j's vjp on one microbatch: (d params row, d input buffer) given the output's
-  cotangent `g_buf` (stages before the last) or the loss weight `scale` (the last)."""
+  """Stage j's vjp on one microbatch, added to the weight-gradient sum: (grads + d params
+  row, d input buffer) given the output's cotangent `g_buf` (stages before the last) or the
+  loss weight `scale` (the last). The sum is taken inside the branch, so a backward tick
+  holds one gradient row, not a fresh d params row beside the sum."""
   run, last = stage_branch(prog, j), prog.pipe.num_stages - 1
 
-  def grads(params_row, ms_row, x_buf, mb, rng, g_buf, scale):
+  def grads(params_row, ms_row, x_buf, mb, rng, g_buf, scale, grad_sum):
     outputs = lambda p, x: (lambda out: (out[0], out[2]))(run(p, ms_row, x, mb, rng))
     _, vjp = jax.vjp(outputs, params_row, x_buf)
     dy = jnp.zeros_like(g_buf) if j == last else g_buf
-    return vjp((dy, scale if j == last else jnp.zeros((), jnp.float32)))
+    dp, dx = vjp((dy, scale if j == last else jnp.zeros((), jnp.float32)))
+    return grad_sum + dp, dx
   return grads
 
 
-def no_grads(params_row, ms_row, x_buf, mb, rng, g_buf, scale):
-  return jnp.zeros_like(params_row), jnp.zeros_like(x_buf)
+def no_grads(params_row, ms_row, x_buf, mb, rng, g_buf, scale, grad_sum):
+  return grad_sum, jnp.zeros_like(x_buf)
 
 
-def stage_backward(prog: Program, tick, params_row, stash, mbs, step_key, g_buf, scale):
-  """This device's stage backward at `tick` (or nothing): (d params row, d input buffer)."""
+def stage_backward(prog: Program, tick, params_row, stash, mbs, step_key, g_buf, scale, grad_sum):
+  """This device's stage backward at `tick` (or nothing): (grad_sum + d params row, d input buffer)."""
   s_count = prog.pipe.num_stages
   s = jax.lax.axis_index(STAGE)
   m = clipped_microbatch(prog, tick, backward_tick(prog, s))
@@ -319,7 +322,7 @@ def stage_backward(prog: Program, tick, params_row, stash, mbs, step_key, g_buf,
   index = jnp.where(busy(prog, tick, backward_tick(prog, s)), s, s_count)
   branches = [stage_grads(prog, j) for j in range(s_count)] + [no_grads]
   return jax.lax.switch(index, branches, params_row, stash.model_state[slot], stash.x_buf[slot], mb,
-                        pl.stage_key(step_key, global_microbatch(prog, m), s), g_buf, scale)
+                        pl.stage_key(step_key, global_microbatch(prog, m), s), g_buf, scale, grad_sum)
 
 
 class Stash(NamedTuple):
@@ -413,8 +416,9 @@ def explicit_tick(prog: Program, tick, plan, carry: ExplicitCarry, params_row, b
     carry = carry._replace(stash=stash, model_state=ms_row, loss_sum=carry.loss_sum + loss,
                            metric_sums=jax.tree.map(jnp.add, carry.metric_sums, metrics))
   if any_backward:
-    dp, dx_buf = stage_backward(prog, tick, params_row, carry.stash, mbs, step_key, carry.g_buf, scale)
-    carry = carry._replace(grads=carry.grads + dp)
+    grads, dx_buf = stage_backward(prog, tick, params_row, carry.stash, mbs, step_key, carry.g_buf, scale,
+                                   carry.grads)
+    carry = carry._replace(grads=grads)
   next_x, next_g = jnp.zeros_like(carry.x_buf), jnp.zeros_like(carry.g_buf)
   for b in fwd_bs:
     x, carry = forward_exchange(prog, tick, b, y_buf, carry, mbs, step_key)
