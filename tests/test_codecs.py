@@ -42,14 +42,16 @@ def _x(shape, dtype=jnp.float32, seed=0):
 
 @pytest.mark.parametrize("codec, shape, dtype", WIRE_CASES, ids=repr)
 def test_wire_bytes_is_payload_size(codec, shape, dtype):
-  x = _x(shape, dtype)
-  payload = jax.jit(codec.encode)(x, jax.random.key(1))  # one compile (eager dispatch recompiles loops per call)
+  """Payload shapes are static: tracing encode gives the bytes every call sends."""
+  x = jax.ShapeDtypeStruct(shape, dtype)
+  payload = jax.eval_shape(codec.encode, x, jax.random.key(1))
   assert codecs.nbytes(payload) == codec.wire_bytes(shape, dtype)
-  x_hat = jax.jit(codec.decode)(payload)
+  x_hat = jax.eval_shape(codec.decode, payload)
   assert x_hat.shape == x.shape and x_hat.dtype == x.dtype
 
 
-@pytest.mark.parametrize("codec", BLOCK_CODECS, ids=repr)
+@pytest.mark.parametrize("codec", [c if i in (1, 5, 7) else pytest.param(c, marks=pytest.mark.slow)
+                                   for i, c in enumerate(BLOCK_CODECS)], ids=repr)
 def test_block_codecs_jit_and_eager_agree(codec):
   x = _x((3, 5, 16))
   np.testing.assert_allclose(np.asarray(jax.jit(codec)(x, jax.random.key(1))), np.asarray(codec(x, jax.random.key(1))),
