@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jaxcomp import packing
 
 SELECTORS = ("threshold", "sort", "approx")
-SAMPLE = 1024  # strided sample per row for the first bracket
+SAMPLE = 128  # strided sample per row for the first bracket (A/B vs 1024: round trip 0.44 vs 0.52 ms at [4, 8192], equal at [8, 98304])
 SNAP_WIDTH = 16  # bracket width (entries) from which passes also snap to data values
 _BEYOND_INF = 0x7F800001  # fp32 bit pattern just above +inf: no magnitude reaches it
 _TINY = 0x00800000  # smallest normal fp32: XLA flushes subnormals to 0 in comparisons
