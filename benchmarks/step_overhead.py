@@ -2,7 +2,8 @@
 
 `python -m benchmarks.step_overhead [--model tiny|small] [--executor simulate|gpipe]`
 GPT-2 in 4 stages; the same batch and executor for every preset. All presets are compiled
-first, then timed in interleaved rounds (so machine drift hits all alike); each figure is the
+first, then timed in interleaved rounds (so machine drift hits all alike; each round starts one
+preset later, so no preset always runs first); each figure is the
 median over rounds of synchronised steps. Ratio 1.05 = 5% overhead. The uncompressed step is
 compiled and timed twice ("fp32" and "fp32 (again)"): their ratio is the run's noise floor.
 """
@@ -49,9 +50,10 @@ def main(argv=None):
     jax.block_until_ready(run())  # compile
     runs[name] = run
   samples = {name: [] for name in runs}
-  for _ in range(args.repeats):
-    for name, run in runs.items():
-      samples[name].append(median_seconds(run, repeats=3, warmup=1))
+  names = list(runs)
+  for r in range(args.repeats):
+    for name in names[r % len(names):] + names[:r % len(names)]:  # each round starts one preset later
+      samples[name].append(median_seconds(runs[name], repeats=3, warmup=1))
   times = {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
   print(f"device: {jax.devices()[0].device_kind}; GPT-2 {args.model}, 4 stages, {args.executor}, batch "
         f"{args.batch}x{args.seq}, {args.microbatches} microbatches\n")

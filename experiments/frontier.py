@@ -41,6 +41,8 @@ METHODS = {  # name -> (forward spec, backward spec, warm-up epochs); the refere
     "quant-fw4-bw8": ("quant:4", "quant:8", 0),
     "direct-fw4-bw8": ("maxabs:4:stoch", "maxabs:8:stoch", 0),
     "top10-reuse": ("topk:0.1", "reuse", 0),
+    "top10-bf16-reuse": ("topk:0.1:bf16", "reuse", 0),  # values (and reused-index gradients) in bf16
+    "top10-q8-reuse": ("topk:0.1:q8", "reuse", 0),  # int8 values, one fp32 scale per row
     "ef-top10-reuse": ("ef+topk:0.1", "reuse", 0),
     "ef21-top10-reuse": ("ef21+topk:0.1", "reuse", 0),
     "efmixed-top10": ("efmixed+topk:0.1", BWD4, 0),
