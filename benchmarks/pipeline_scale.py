@@ -68,7 +68,8 @@ def main(argv=None):
   parser.add_argument("--model", choices=["gpt2", "mlp"], default="gpt2")
   parser.add_argument("--stages", default="2,4,8", help="comma-separated stage counts")
   parser.add_argument("--microbatches", default="2,4,8,16,32,64", help="comma-separated microbatch counts")
-  parser.add_argument("--executors", default="simulate,gpipe,1f1b,1f1b-fused", help="comma-separated: simulate and any of gpipe.SCHEDULES (gpipe, 1f1b, 1f1b-fused)")
+  parser.add_argument("--executors", default=",".join(("simulate", *gpipe.SCHEDULES)),
+                      help=f"comma-separated: simulate and any of gpipe.SCHEDULES ({', '.join(gpipe.SCHEDULES)})")
   parser.add_argument("--mb-size", type=int, default=2, help="examples per microbatch")
   parser.add_argument("--seq", type=int, default=32, help="GPT-2 sequence length")
   parser.add_argument("--fwd", default="quant:4")
