@@ -3,9 +3,9 @@
 `python -m benchmarks.step_overhead [--model tiny|small] [--executor simulate|gpipe]`
 GPT-2 in 4 stages; the same batch and executor for every preset. All presets are compiled
 first, then timed in interleaved rounds (so machine drift hits all alike; each round starts one
-preset later, so no preset always runs first); each figure is the
-median over rounds of synchronised steps. Ratio 1.05 = 5% overhead. The uncompressed step is
-compiled and timed twice ("fp32" and "fp32 (again)"): their ratio is the run's noise floor.
+preset later, so no preset always runs first); each figure is the median over rounds of
+synchronised steps. Ratio 1.05 = 5% overhead. The uncompressed step is compiled and timed twice
+("fp32" and "fp32 (again)"): their ratio is the run's noise floor.
 """
 import jax
 import jax.numpy as jnp
