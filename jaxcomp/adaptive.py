@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcomp import packing
-from jaxcomp.codecs import Codec, MaxAbsQuant, Payload
+from jaxcomp.codecs import Codec, MaxAbsQuant, Payload, compiled
 
 
 def peakiness(rows: jax.Array) -> jax.Array:
@@ -55,6 +55,7 @@ class TokenAdaptive(Codec):
   def _rows_of(self, mask, count):
     return jnp.nonzero(mask, size=count, fill_value=0)[0]
 
+  @compiled
   def encode(self, x, key=None) -> Payload:
     r, n_high, f = self.split(x.shape)
     rows = x.reshape(r, f)
@@ -66,6 +67,7 @@ class TokenAdaptive(Codec):
                     "high": self.quantizer(self.high, f).encode(rows[high_rows], k_high),
                     "low": self.quantizer(self.low, f).encode(rows[low_rows], k_low)}, x.shape, x.dtype)
 
+  @compiled
   def decode(self, payload: Payload) -> jax.Array:
     r, n_high, f = self.split(payload.shape)
     a = payload.arrays

@@ -1,6 +1,6 @@
 """Stateless compressors C: encode to the bytes that travel, decode back.
 
-Every codec is a frozen dataclass (hashable, so it is static under `jax.jit`) with
+Every codec is a frozen dataclass (hashable, so it is static under `jax.jit`: see `compiled`) with
   encode(x, key) -> Payload      the arrays that cross the link, nothing else
   decode(payload) -> x_hat       what the receiver reconstructs from those arrays alone
   wire_bytes(shape, dtype) -> int exact size of the payload, computed without running it
@@ -43,6 +43,15 @@ def _as_bits(x):
   return jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize])
 
 
+def compiled(method):
+  """A codec method under `jax.jit` with the codec itself static (codecs are hashable).
+
+  Called eagerly, the method compiles as one program instead of one per operation inside it;
+  under an enclosing `jit` it inlines. Every codec's `encode` and `decode` carry it.
+  """
+  return jax.jit(method, static_argnums=0)
+
+
 class Codec:
   """Base class: `__call__` is C(x) = decode(encode(x))."""
 
@@ -63,9 +72,11 @@ class Codec:
 class Identity(Codec):
   """Sends the dense tensor: C(x) = x."""
 
+  @compiled
   def encode(self, x, key=None):
     return Payload({"x": x}, x.shape, x.dtype)
 
+  @compiled
   def decode(self, payload):
     return payload.arrays["x"]
 
@@ -86,9 +97,11 @@ class Cast(Codec):
     if self.dtype not in _CAST_DTYPES:
       raise ValueError(f"Cast dtype must be one of {_CAST_DTYPES}, got {self.dtype!r}")
 
+  @compiled
   def encode(self, x, key=None):
     return Payload({"bits": _as_bits(x.astype(self.dtype))}, x.shape, x.dtype)
 
+  @compiled
   def decode(self, payload):
     narrow = jax.lax.bitcast_convert_type(payload.arrays["bits"], jnp.dtype(self.dtype))
     return narrow.astype(payload.dtype)
@@ -149,6 +162,7 @@ class MinMaxQuant(Codec):
   def levels(self) -> int:
     return (1 << self.bits) - 1
 
+  @compiled
   def encode(self, x, key=None):
     x32 = x.astype(jnp.float32)
     lo, hi = jnp.min(x32), jnp.max(x32)
@@ -159,6 +173,7 @@ class MinMaxQuant(Codec):
     packed = packing.pack(codes.reshape(-1).astype(jnp.uint32), self.bits)
     return Payload({"codes": packed, "lo": lo, "hi": hi}, x.shape, x.dtype)
 
+  @compiled
   def decode(self, payload):
     a = payload.arrays
     codes = packing.unpack(a["codes"], self.bits, _size(payload.shape)).reshape(payload.shape)
@@ -267,6 +282,7 @@ class MaxAbsQuant(Codec):
     stored = s.astype(self.scale_dtype)
     return jnp.where(stored.astype(jnp.float32) < s, jnp.nextafter(stored, jnp.inf), stored)
 
+  @compiled
   def encode(self, x, key=None):
     x32 = x.astype(jnp.float32).reshape(self._view_shape(x.shape))
     scale = self._scale(x32)
@@ -274,6 +290,7 @@ class MaxAbsQuant(Codec):
     packed = packing.pack(codes.reshape(-1).astype(jnp.uint32), self.bits)
     return Payload({"codes": packed, "scale": _as_bits(scale)}, x.shape, x.dtype)
 
+  @compiled
   def decode(self, payload):
     a = payload.arrays
     codes = packing.unpack(a["codes"], self.bits, _size(payload.shape)).reshape(self._view_shape(payload.shape))
@@ -413,6 +430,7 @@ class TopK(Codec):
     values = self._unpack_values(payload.arrays, payload.dtype)
     return _scatter_rows(values, idx_RxK, f).reshape(payload.shape)
 
+  @compiled
   def encode(self, x, key=None):
     r, f = _rows(x.shape, self.per)
     x_RxF = x.reshape(r, f)
@@ -432,6 +450,7 @@ class TopK(Codec):
     _, f = _rows(payload.shape, self.per)
     return packing.compact(a["mask"], f, a["values"].shape[1])
 
+  @compiled
   def decode(self, payload):
     if "indices" in payload.arrays:
       return self.scatter(payload, self.indices(payload))
@@ -464,6 +483,7 @@ class RandK(Codec):
     noise = jax.random.uniform(jax.random.wrap_key_data(seed), (r, f))
     return jax.lax.top_k(noise, _k(self.fraction, f))[1]
 
+  @compiled
   def encode(self, x, key=None):
     if key is None:
       raise ValueError("RandK needs a PRNG key, got key=None")
@@ -472,6 +492,7 @@ class RandK(Codec):
     values = jnp.take_along_axis(x.reshape(r, f), self._positions(seed, x.shape), axis=1)
     return Payload({"values": values, "seed": seed}, x.shape, x.dtype)
 
+  @compiled
   def decode(self, payload):
     a = payload.arrays
     _, f = _rows(payload.shape, self.per)

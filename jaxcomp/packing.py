@@ -1,8 +1,11 @@
 """Dense little-endian bit packing of unsigned integer codes into uint8 streams.
 
 `pack(codes, bits)` stores code i in bits [i*bits, (i+1)*bits) of the stream, so N codes of
-width b occupy exactly ceil(N*b/8) bytes for any b in 1..16.
+width b occupy exactly ceil(N*b/8) bytes for any b in 1..16. The functions are jitted with
+their sizes static, as `jax.numpy`'s are: an eager call compiles one program, not one per op.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +16,7 @@ def packed_size(n: int, bits: int) -> int:
   return -(-n * bits // 8)
 
 
+@functools.partial(jax.jit, static_argnames=("bits",))
 def pack(codes_N: jnp.ndarray, bits: int) -> jnp.ndarray:
   """Packs a flat array of codes in [0, 2**bits) into uint8 [packed_size(N, bits)]."""
   n = codes_N.shape[0]
@@ -36,6 +40,7 @@ def pack(codes_N: jnp.ndarray, bits: int) -> jnp.ndarray:
   return byte_Gx4W[:, :bits].astype(jnp.uint8).reshape(-1)[: packed_size(n, bits)]
 
 
+@functools.partial(jax.jit, static_argnames=("bits", "n"))
 def unpack(packed: jnp.ndarray, bits: int, n: int) -> jnp.ndarray:
   """Inverse of `pack`: uint8 stream -> uint32 codes [n]."""
   packed = packed.astype(jnp.uint32)
@@ -62,6 +67,7 @@ def unpack(packed: jnp.ndarray, bits: int, n: int) -> jnp.ndarray:
   return jnp.stack(codes, axis=1).reshape(-1)[:n]
 
 
+@jax.jit
 def pack_mask(mask_RxF: jnp.ndarray) -> jnp.ndarray:
   """Bool [R, F] -> uint8 [R, ceil(F/8)] bitmask, one row at a time."""
   r, f = mask_RxF.shape
@@ -69,6 +75,7 @@ def pack_mask(mask_RxF: jnp.ndarray) -> jnp.ndarray:
   return jnp.sum(m << jnp.arange(8, dtype=jnp.uint32), axis=2).astype(jnp.uint8)
 
 
+@functools.partial(jax.jit, static_argnames=("f",))
 def unpack_mask(packed_RxF8: jnp.ndarray, f: int) -> jnp.ndarray:
   """uint8 [R, ceil(F/8)] -> bool [R, F]."""
   bits = (packed_RxF8.astype(jnp.uint32)[..., None] >> jnp.arange(8, dtype=jnp.uint32)) & 1
@@ -81,6 +88,7 @@ def _set_bits_before(packed_RxF8: jnp.ndarray):
   return per_byte, jax.lax.associative_scan(jnp.add, per_byte, axis=1) - per_byte
 
 
+@functools.partial(jax.jit, static_argnames=("f",))
 def mask_ranks(packed_RxF8: jnp.ndarray, f: int) -> jnp.ndarray:
   """Int32 [R, F]: how many mask bits are set before each position (exclusive prefix count).
 
@@ -99,6 +107,7 @@ BIT_POSITIONS = np.array([[j for j in range(8) if v >> j & 1] + [0] * (8 - bin(v
                          np.int32)
 
 
+@functools.partial(jax.jit, static_argnames=("f", "k"))
 def compact(packed_RxF8: jnp.ndarray, f: int, k: int, operand_RxF=None) -> jnp.ndarray:
   """[R, k]: operand at the first k set positions of each row, in position order (stream compaction).
 
@@ -125,6 +134,7 @@ def compact(packed_RxF8: jnp.ndarray, f: int, k: int, operand_RxF=None) -> jnp.n
   return jnp.where(filled, jnp.take_along_axis(operand_RxF, positions, axis=1), jnp.zeros((), operand_RxF.dtype))
 
 
+@functools.partial(jax.jit, static_argnames=("f",))
 def expand(packed_RxF8: jnp.ndarray, f: int, values_RxK: jnp.ndarray) -> jnp.ndarray:
   """Inverse of `compact`: [R, F] with the k values at the set positions in order, 0 elsewhere."""
   k = values_RxK.shape[1]

@@ -13,7 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxcomp.codecs import Codec, Payload
+from jaxcomp.codecs import Codec, Payload, compiled
 
 
 def fwht(x: jax.Array) -> jax.Array:
@@ -75,9 +75,11 @@ class Hadamard(Codec):
     n = self.block_for(f)
     return fwht(y.astype(jnp.float32).reshape(*y.shape[:-1], f // n, n)).reshape(y.shape) * self._signs(f)
 
+  @compiled
   def encode(self, x, key=None) -> Payload:
     return self.inner.encode(self.rotate(x).astype(x.dtype), key)
 
+  @compiled
   def decode(self, payload: Payload) -> jax.Array:
     return self.unrotate(self.inner.decode(payload)).astype(payload.dtype)
 

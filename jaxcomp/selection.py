@@ -8,8 +8,11 @@ when the secant stalls; the first bracket comes from a sorted strided sample of 
 Near the end each pass also returns the nearest entries on either side of t, which snaps
 the bracket onto data values, so ties and discrete data end in a few passes. Every pass is
 one read of the rows (no sort, no scatter). The set is then {|x| > T} plus the first
-k - #{|x| > T} entries equal to T (bit-packed mask, prefix counts).
+k - #{|x| > T} entries equal to T (bit-packed mask, prefix counts). The entry points are
+jitted with k and the sample size static: an eager call compiles one program.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -45,6 +48,7 @@ def _count(mask):
   return jnp.sum(mask, axis=1, dtype=dtype).astype(jnp.int32)
 
 
+@functools.partial(jax.jit, static_argnames=("sample",))
 def kth_largest(s_RxF, k_R, sample: int = SAMPLE) -> jax.Array:
   """The k-th largest entry T [R] of each row of s (entries < 0 never count).
 
@@ -130,6 +134,7 @@ def kth_largest(s_RxF, k_R, sample: int = SAMPLE) -> jax.Array:
   return _float(lo)
 
 
+@functools.partial(jax.jit, static_argnames=("k", "sample"))
 def top_k_mask(x_RxF, k: int, sample: int = SAMPLE) -> jax.Array:
   """Bool [R, F] with exactly k True per row: the entries `lax.top_k(|x|, k)` returns."""
   r, f = x_RxF.shape
@@ -151,6 +156,7 @@ def top_k_mask(x_RxF, k: int, sample: int = SAMPLE) -> jax.Array:
   return above | jax.lax.cond(take_all, lambda t: t, first_of_tied, tied)
 
 
+@functools.partial(jax.jit, static_argnames=("k", "selector"))
 def top_k_positions(x_RxF, k: int, selector: str = "threshold") -> jax.Array:
   """Int32 [R, k] positions of the k largest |x| per row.
 
