@@ -19,27 +19,28 @@ def _result(out, run):
   return json.loads((out / "results" / f"{run}.json").read_text())
 
 
-# baseline also runs (and its dense bytes are checked) in test_report_table_and_plot
-@pytest.mark.parametrize("preset", ["fw2-bw4", *(pytest.param(p, marks=pytest.mark.slow)
-                                                for p in ("baseline", "fw4-bw8", "ef21-top10", "top10", "ef21-top5"))])
-def test_resnet_presets_smoke(tmp_path, preset):
-  main(resnet_cifar10.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *RESNET_TINY])
-  run = _result(tmp_path, preset)
+DENSE_RESNET_BYTES = 10 * (32 * 32 * 8 + 16 * 16 * 16 + 8 * 8 * 32) * 4  # batch x boundary activations x fp32
+
+
+def _check_resnet_run(run, preset):
   last = run["history"][-1]
   assert "NOT CIFAR-10" in run["config"]["data"]
   assert set(last["eval_on"]) == set(last["eval_off"]) == {"accuracy", "loss"}
-  dense = 10 * (32 * 32 * 8 + 16 * 16 * 16 + 8 * 8 * 32) * 4  # batch x boundary activations x fp32
   if preset == "baseline":
-    assert last["wire_bytes_fwd"] == last["wire_bytes_bwd"] == dense
+    assert last["wire_bytes_fwd"] == last["wire_bytes_bwd"] == DENSE_RESNET_BYTES
   else:
-    assert last["wire_bytes_fwd"] < dense / 3
+    assert last["wire_bytes_fwd"] < DENSE_RESNET_BYTES / 3
 
 
-@pytest.mark.parametrize("preset", ["top10-reuse", "aqsgd-fw2-bw4", *(pytest.param(p, marks=pytest.mark.slow)
-                                                                     for p in ("top10-separate", "direct-fw3-bw6"))])
-def test_gpt2_presets_smoke(tmp_path, preset):
-  main(gpt2_wikitext.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *GPT2_TINY])
-  run = _result(tmp_path, preset)
+# by default baseline and top10 run (and are checked the same way) in test_report_table_and_plot
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["baseline", "fw2-bw4", "fw4-bw8", "ef21-top10", "top10", "ef21-top5"])
+def test_resnet_presets_smoke(tmp_path, preset):
+  main(resnet_cifar10.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *RESNET_TINY])
+  _check_resnet_run(_result(tmp_path, preset), preset)
+
+
+def _check_gpt2_run(run, preset):
   assert run["config"]["data"].startswith("WikiText-2 validation split (tokenized release")
   assert run["config"]["data"].endswith("articles 1-54 train, 55-60 eval (NOT the papers' WikiText-2 train/test); "
                                         "byte tokens")
@@ -48,6 +49,14 @@ def test_gpt2_presets_smoke(tmp_path, preset):
   assert last["eval_on"]["perplexity"] > 1 and last["mode"] == ("warmup" if preset.startswith("aqsgd") else "train")
   for which in ("eval_on", "eval_off"):  # corpus perplexity over 2 eval batches: exp(mean token CE)
     assert last[which]["perplexity"] == pytest.approx(math.exp(last[which]["loss"]), rel=1e-12)
+
+
+# by default top10-reuse runs (and is checked the same way) in test_gpipe_executor_from_the_cli
+@pytest.mark.parametrize("preset", ["aqsgd-fw2-bw4", *(pytest.param(p, marks=pytest.mark.slow)
+                                                       for p in ("top10-reuse", "top10-separate", "direct-fw3-bw6"))])
+def test_gpt2_presets_smoke(tmp_path, preset):
+  main(gpt2_wikitext.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *GPT2_TINY])
+  _check_gpt2_run(_result(tmp_path, preset), preset)
 
 
 def test_text_files_with_byte_tokens_and_an_explicit_recipe(tmp_path, capsys):
@@ -69,18 +78,14 @@ def test_gpipe_executor_from_the_cli(tmp_path):
   main(gpt2_wikitext.EXPERIMENT, ["--preset", "top10-reuse", "--executor", "gpipe", "--microbatches", "2",
                                   "--stages", "2", "--data-parallel", "2", "--grad-compression", "ef+quant:4",
                                   "--out", str(tmp_path), *GPT2_TINY])
-  last = _result(tmp_path, "top10-reuse")["history"][-1]
-  assert last["steps_per_s"] is not None and last["wire_bytes_data"] > 0
+  run = _result(tmp_path, "top10-reuse")
+  _check_gpt2_run(run, "top10-reuse")
+  assert run["history"][-1]["steps_per_s"] is not None and run["history"][-1]["wire_bytes_data"] > 0
 
 
-def test_warm_start_preset_needs_a_baseline(tmp_path):
+def test_warm_start_preset_needs_a_baseline():
   with pytest.raises(SystemExit, match="run the baseline preset first and pass its folder with --init-from"):
     main(resnet_cifar10.EXPERIMENT, ["--preset", "ef21-top10-base20", *RESNET_TINY])
-  base = ["--out", str(tmp_path), *RESNET_TINY, "--steps", "4", "--train-examples", "20"]
-  main(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", "--epochs", "3", *base])
-  main(resnet_cifar10.EXPERIMENT, ["--preset", "ef21-top10-base20", "--init-epoch", "1", "--epochs", "3",
-                                   "--init-from", str(tmp_path / "baseline"), *base])
-  assert [r["epoch"] for r in _result(tmp_path, "ef21-top10-base20")["history"]] == [2]
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -134,7 +139,7 @@ def test_cli_errors_after_parsing_are_one_line_and_create_nothing(tmp_path, flag
   assert not out.exists()
 
 
-def test_resume_and_warm_start_refuse_what_does_not_match(tmp_path, caplog, capsys):
+def test_resume_and_warm_start_take_what_matches_and_refuse_the_rest(tmp_path, caplog, capsys):
   out = ["--out", str(tmp_path), *RESNET_TINY, "--epochs", "3"]
   main(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out])
   before = _tree(tmp_path)
@@ -155,6 +160,9 @@ def test_resume_and_warm_start_refuse_what_does_not_match(tmp_path, caplog, caps
       "those or train the baseline further")
   assert _tree(tmp_path) == before  # nothing created or overwritten
   main(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out, "--resume", "--steps", "4"])  # epochs may change
+  main(resnet_cifar10.EXPERIMENT, ["--preset", "ef21-top10-base20", "--init-epoch", "1", *out, "--steps", "6",
+                                   "--init-from", str(tmp_path / "baseline")])  # 4 steps per epoch: epoch 2 only
+  assert [r["epoch"] for r in _result(tmp_path, "ef21-top10-base20")["history"]] == [2]
   logs = caplog.text + capsys.readouterr().err  # 2 saves, 1 resume, warm-start reads: none of Orbax's routine noise
   assert "Skipping merge of OCDBT" not in logs and "could not be restored" not in logs, logs
   logging.getLogger("absl").warning("a real warning")
@@ -181,9 +189,7 @@ def test_errors_reach_stderr_with_exit_status_1(tmp_path):
 def test_report_table_and_plot(tmp_path):
   for preset in ("baseline", "top10"):
     main(resnet_cifar10.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *RESNET_TINY])
-  dense = 10 * (32 * 32 * 8 + 16 * 16 * 16 + 8 * 8 * 32) * 4  # batch x boundary activations x fp32
-  baseline = _result(tmp_path, "baseline")["history"][-1]
-  assert baseline["wire_bytes_fwd"] == baseline["wire_bytes_bwd"] == dense
+    _check_resnet_run(_result(tmp_path, preset), preset)
   report.main([str(tmp_path / "results"), "--paper", "resnet"])
   table = (tmp_path / "results" / "report.md").read_text()
   assert "| top10 |" in table and "| 75.89 | 91.87 |" in table
