@@ -80,7 +80,8 @@ def test_gpipe_executor_from_the_cli(tmp_path):
                                   "--out", str(tmp_path), *GPT2_TINY])
   run = _result(tmp_path, "top10-reuse")
   _check_gpt2_run(run, "top10-reuse")
-  assert run["history"][-1]["steps_per_s"] is not None and run["history"][-1]["wire_bytes_data"] > 0
+  last = run["history"][-1]
+  assert last["steps_per_s"] is not None and last["wire_bytes_data"] > 0
 
 
 def test_warm_start_preset_needs_a_baseline():
@@ -163,7 +164,7 @@ def test_resume_and_warm_start_take_what_matches_and_refuse_the_rest(tmp_path, c
   main(resnet_cifar10.EXPERIMENT, ["--preset", "ef21-top10-base20", "--init-epoch", "1", *out, "--steps", "6",
                                    "--init-from", str(tmp_path / "baseline")])  # 4 steps per epoch: epoch 2 only
   assert [r["epoch"] for r in _result(tmp_path, "ef21-top10-base20")["history"]] == [2]
-  logs = caplog.text + capsys.readouterr().err  # 2 saves, 1 resume, warm-start reads: none of Orbax's routine noise
+  logs = caplog.text + capsys.readouterr().err  # saves, a resume, warm-start reads: none of Orbax's routine noise
   assert "Skipping merge of OCDBT" not in logs and "could not be restored" not in logs, logs
   logging.getLogger("absl").warning("a real warning")
   assert "a real warning" in caplog.text
