@@ -126,7 +126,7 @@ def test_hub_name_loads_from_a_local_hub_cache_offline(tmp_path, monkeypatch):
   save_file(w, str(snapshot / "model.safetensors"))
   cfg, params = gpt2_weights.from_pretrained("gpt2", 2, cache_dir=str(tmp_path))
   assert cfg.n_layer == 4 and cfg.vocab_size == 50
-  np.testing.assert_array_equal(params[1]["h_3"]["mlp_c_proj"]["kernel"], w["h.3.mlp.c_proj.weight"])
+  np.testing.assert_array_equal(params[1]["blocks"]["mlp_c_proj"]["kernel"][1], w["h.3.mlp.c_proj.weight"])
   with pytest.raises(OSError, match="could not download 'gpt2-medium' from the Hugging Face hub .*pass a local dir"):
     gpt2_weights.from_pretrained("gpt2-medium", 2, cache_dir=str(tmp_path))
 

@@ -2,8 +2,11 @@
 
 Block: h = x + attn(ln_1(x)); y = h + mlp(ln_2(h)), causal attention softmax(q k^T / sqrt(d_h)),
 mlp = c_proj(gelu_tanh(c_fc(.))), LayerNorm eps 1e-5, logits = ln_f(x) wte^T (tied head).
-Stage 0 embeds tokens (wte[tokens] + wpe[:T]); the last stage has ln_f and the head. Block
-parameters are named `h_{i}` by their global index, so HF weights map onto any cut.
+Stage 0 embeds tokens (wte[tokens] + wpe[:T]); the last stage has ln_f and the head. A
+stage's blocks run as one `nn.scan` over their stacked parameters (`params["blocks"]`, leaves
+[n_blocks, ...], block `first_block + i` at index i), as MaxText's `scan_layers`: the program
+holds one block body whatever the depth, so GPT-2 XL compiles in seconds rather than one
+unrolled copy per block.
 """
 import dataclasses
 
@@ -23,6 +26,7 @@ class GPT2Config:
   n_head: int = 12
   dropout: float = 0.1  # HF resid_pdrop = embd_pdrop = attn_pdrop
   dtype: str = "float32"  # compute dtype; parameters stay fp32
+  remat: str = "block"  # what a block's backward saves: "block" its input only, "dots" matmul outputs, "none" all
 
   @classmethod
   def small(cls, **kw):
@@ -47,6 +51,8 @@ class GPT2Config:
 
 
 _LN = dict(epsilon=1e-5)
+_REMAT = {"block": jax.checkpoint_policies.nothing_saveable, "dots": jax.checkpoint_policies.dots_saveable,
+          "none": None}
 _INIT = nn.initializers.normal(0.02)
 
 
@@ -92,8 +98,10 @@ class GPT2Stage(nn.Module):
       wpe = self.param("wpe", nn.initializers.normal(0.01), (cfg.n_positions, cfg.n_embd))
       x = (wte[x] + wpe[: x.shape[1]]).astype(cfg.dtype)
       x = nn.Dropout(cfg.dropout, deterministic=not train)(x)
-    for i in range(self.first_block, self.first_block + self.num_blocks):
-      x = Block(cfg, name=f"h_{i}")(x, train)
+    block = nn.remat(Block, static_argnums=(2,), policy=_REMAT[cfg.remat]) if cfg.remat != "none" else Block
+    scanned = nn.scan(lambda block, x, _: (block(x, train), None), variable_axes={"params": 0},
+                      split_rngs={"params": True, "dropout": True}, length=self.num_blocks)
+    x, _ = scanned(block(cfg, name="blocks"), x, None)
     if self.head:
       x = nn.LayerNorm(**_LN, dtype=cfg.dtype, name="ln_f")(x)
       wte = wte if self.embed else self.param("wte", _INIT, (cfg.vocab_size, cfg.n_embd))

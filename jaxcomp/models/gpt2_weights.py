@@ -3,7 +3,8 @@
 Reads `model.safetensors` (PyTorch names: `h.{i}.attn.c_attn.weight`, Conv1D weights
 stored [in, out]) or `flax_model.msgpack` (HF Flax: `h/{i}/attn/c_attn/kernel` stored
 [out, in], embeddings under `embedding`), with an optional `transformer.` prefix, and
-`config.json`. The head is tied: the last stage gets its own copy of `wte`.
+`config.json`. A stage's blocks are stacked on a leading axis (`params["blocks"]`, the scanned
+layout of `gpt2.GPT2Stage`). The head is tied: the last stage gets its own copy of `wte`.
 """
 import json
 import pathlib
@@ -70,12 +71,10 @@ def stage_params(weights: dict[str, np.ndarray], kind: str, cfg: GPT2Config, num
   stages = []
   splits = block_splits(cfg.n_layer, num_stages, cuts)
   for s, (first, n) in enumerate(splits):
-    p = {}
-    for i in range(first, first + n):
-      block = {}
-      for (module, leaf), names in _BLOCK.items():
-        block.setdefault(module, {})[leaf] = get(f"h{sep}{i}{sep}{names[pick]}")
-      p[f"h_{i}"] = block
+    p = {"blocks": {}}
+    for (module, leaf), names in _BLOCK.items():
+      p["blocks"].setdefault(module, {})[leaf] = np.stack([get(f"h{sep}{i}{sep}{names[pick]}")
+                                                           for i in range(first, first + n)])
     if s == 0:
       p["wte"], p["wpe"] = top("wte"), top("wpe")
     if s == num_stages - 1:
