@@ -148,18 +148,20 @@ class Row(NamedTuple):
   bandwidth_bps: float
   method: str
   samples_per_s: float
-  bottleneck: str
+  critical: dict  # seconds of the step's critical path in compute, link, exchange
 
 
 def render(rows: list[Row], baseline: str = "fp32") -> str:
-  """`bandwidth | method | samples/s | x fp32 | bottleneck | AQ-SGD paper`, bandwidth-major."""
+  """`bandwidth | method | samples/s | x fp32 | critical path | AQ-SGD paper`, bandwidth-major; the critical
+  path's shares of the step say which term dominates it."""
   base = {r.bandwidth_bps: r.samples_per_s for r in rows if r.method == baseline}
-  lines = [f"| bandwidth | method | samples/s | x {baseline} | bottleneck (busy / step) | AQ-SGD paper (Table 2) |",
-           "|---|---|---:|---:|---|---|"]
+  lines = [f"| bandwidth | method | samples/s | x {baseline} | critical path % compute / link / exchange "
+           "| AQ-SGD paper (Table 2) |", "|---|---|---:|---:|---:|---|"]
   for r in sorted(rows, key=lambda r: -r.bandwidth_bps):
     reported = paper.AQSGD_THROUGHPUT.get((r.method, r.bandwidth_bps), "")
+    shares = " / ".join(f"{100 * t / sum(r.critical.values()):.0f}" for t in r.critical.values())
     lines.append(f"| {netsim.format_bandwidth(r.bandwidth_bps)} | {r.method} | {r.samples_per_s:.2f} "
-                 f"| {r.samples_per_s / base[r.bandwidth_bps]:.2f} | {r.bottleneck} | {reported} |")
+                 f"| {r.samples_per_s / base[r.bandwidth_bps]:.2f} | {shares} | {reported} |")
   return "\n".join(lines)
 
 
@@ -170,9 +172,8 @@ def method_rows(name, fwd_s, bwd_s, per_message, exchanges, args) -> list[Row]:
     for bw in netsim.DEFAULT_BANDWIDTHS_BPS:
       tl = netsim.simulate_step(fwd_s, bwd_s, [m[0] for m in per_message], [m[1] for m in per_message],
                                 args.microbatches, bw, args.latency_ms * 1e-3, ex, args.schedule)
-      resource, busy = tl.bottleneck()
       rows.append(Row(bw, name + suffix, netsim.throughput(args.batch * args.data_parallel, tl),
-                      f"{resource} {busy / tl.makespan:.0%}"))
+                      tl.critical_seconds()))
   return rows
 
 

@@ -93,9 +93,11 @@ class Event:
 @dataclass(frozen=True)
 class Timeline:
   """All events of one step: `events` (compute ops and messages, in evaluation order, not by
-  time) and one `exchanges` event per stage (none without data parallelism)."""
+  time), one `exchanges` event per stage (none without data parallelism), and the
+  `critical_path`: from t = 0 to the makespan, each event the one the next waited for last."""
   events: tuple[Event, ...]
   exchanges: tuple[Event, ...] = ()
+  critical_path: tuple[Event, ...] = ()
 
   @property
   def pipeline_end(self) -> float:
@@ -107,16 +109,14 @@ class Timeline:
     """Step time in seconds: the end of the last op, message or exchange."""
     return max(e.end for e in self.events + self.exchanges)
 
-  def bottleneck(self) -> tuple[str, float]:
-    """The resource busy longest (a lower bound of the makespan) and its busy seconds:
-    ``'stage 2'``, ``'link 0 fwd'``, ``'link 0 bwd'`` or ``'exchange 1'``."""
-    names = {"fwd": "stage {}", "bwd": "stage {}", "send_fwd": "link {} fwd", "send_bwd": "link {} bwd",
-             "exchange": "exchange {}"}
-    busy: dict[str, float] = {}
-    for e in self.events + self.exchanges:
-      name = names[e.kind].format(e.index)
-      busy[name] = busy.get(name, 0.0) + e.end - e.start
-    return max(busy.items(), key=lambda item: item[1])
+  def critical_seconds(self) -> dict[str, float]:
+    """Seconds of the critical path spent in ``compute`` (forwards, backwards), on a ``link``
+    and in an ``exchange``: they sum to the makespan, and say which term dominates the step."""
+    terms = {"fwd": "compute", "bwd": "compute", "send_fwd": "link", "send_bwd": "link", "exchange": "exchange"}
+    seconds = dict.fromkeys(("compute", "link", "exchange"), 0.0)
+    for e in self.critical_path:
+      seconds[terms[e.kind]] += e.end - e.start
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -220,21 +220,23 @@ def simulate_step(
   transfer = {"send_fwd": [transfer_time(n, bandwidth_bps, latency_s) for n in fwd_bytes],
               "send_bwd": [transfer_time(n, bandwidth_bps, latency_s) for n in bwd_bytes]}
   compute = {"fwd": fwd_s, "bwd": bwd_s}
-  done: dict[tuple[Kind, int, int], float] = {}  # end time of every evaluated op and message
-  link_free = {"send_fwd": [0.0] * (num_stages - 1), "send_bwd": [0.0] * (num_stages - 1)}
-  stage_free = [0.0] * num_stages
-  events: list[Event] = []
+  evaluated: dict[tuple, Event] = {}  # (kind, index, microbatch) -> its event
+  cause: dict[tuple, tuple | None] = {}  # what an event waited for last (None: started at t = 0)
+  last: dict[tuple, tuple] = {}  # resource -> its last event's key
+
+  def run(key, resource, inputs, duration):
+    """Evaluate event `key` on `resource`: it starts when the resource's previous event and its inputs end."""
+    waits = [k for k in (last.get(resource), *inputs) if k is not None]
+    cause[key] = max(waits, key=lambda k: evaluated[k].end, default=None)
+    start = evaluated[cause[key]].end if cause[key] is not None else 0.0
+    evaluated[key] = Event(*key, start, start + duration)
+    last[resource] = key
 
   def input_key(kind, s, m):
     """The op or message whose end this op waits for (None: its input is there at t = 0)."""
     if kind == "fwd":
       return ("send_fwd", s - 1, m) if s > 0 else None
     return ("send_bwd", s, m) if s < num_stages - 1 else ("fwd", s, m)
-
-  def send(kind, b, m, ready):
-    start = max(link_free[kind][b], ready)
-    link_free[kind][b] = done[kind, b, m] = start + transfer[kind][b]
-    events.append(Event(kind, b, m, start, done[kind, b, m]))
 
   # Evaluate each stage's ops in its order; a stage waits (is skipped) until its next op's
   # input has been evaluated. Messages are evaluated with their producer, so each link
@@ -247,32 +249,32 @@ def simulate_step(
       while position[s] < len(order):
         kind, m = order[position[s]]
         needs = input_key(kind, s, m)
-        if needs is not None and needs not in done:
+        if needs is not None and needs not in evaluated:
           break
-        start = max(stage_free[s], done[needs] if needs is not None else 0.0)
-        stage_free[s] = done[kind, s, m] = start + compute[kind][s]
-        events.append(Event(kind, s, m, start, stage_free[s]))
-        if kind == "fwd" and s < num_stages - 1:
-          send("send_fwd", s, m, stage_free[s])
-        if kind == "bwd" and s > 0:
-          send("send_bwd", s - 1, m, stage_free[s])
+        run((kind, s, m), ("stage", s), [needs], compute[kind][s])
+        link = {"fwd": s, "bwd": s - 1}[kind]
+        if 0 <= link < num_stages - 1:
+          message = "send_" + kind
+          run((message, link, m), (message, link), [(kind, s, m)], transfer[message][link])
         position[s] += 1
         progressed = True
     if not progressed:
       raise RuntimeError(f"schedule {schedule!r} deadlocks at stage positions {position}")
+  events = tuple(evaluated.values())
 
-  exchanges = ()
   if exchange is not None:
-    # Stage s is done when its last op has ended and its last message (on link s-1 backward
-    # or link s forward) has left.
-    sent = [max([0.0] + link_free["send_bwd"][s - 1:s] + link_free["send_fwd"][s:s + 1]) for s in range(num_stages)]
-    exchanges = []
+    # Stage s is done when its last op has ended and its last messages (link s-1 backward,
+    # link s forward) have left.
     for s, n in enumerate(exchange.sent_bytes):
-      start = max(stage_free[s], sent[s])
-      exchanges.append(Event("exchange", s, -1, start,
-                             start + transfer_time(n, bandwidth_bps, latency_s, exchange.messages)))
-    exchanges = tuple(exchanges)
-  return Timeline(tuple(events), exchanges)
+      run(("exchange", s, -1), ("exchange", s),
+          [last[("stage", s)], last.get(("send_bwd", s - 1)), last.get(("send_fwd", s))],
+          transfer_time(n, bandwidth_bps, latency_s, exchange.messages))
+  exchanges = tuple(evaluated.values())[len(events):]
+
+  path = [max(evaluated, key=lambda k: evaluated[k].end)]
+  while cause[path[-1]] is not None:
+    path.append(cause[path[-1]])
+  return Timeline(events, exchanges, tuple(evaluated[k] for k in reversed(path)))
 
 
 def throughput(samples_per_step: float, timeline: Timeline) -> float:

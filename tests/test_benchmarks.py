@@ -31,6 +31,7 @@ def test_throughput_table_rows_and_label(capsys):
   bandwidths = ["10 Gbps", "1 Gbps", "500 Mbps", "300 Mbps", "100 Mbps"]
   assert [c[:2] for c in cells] == [[b, m] for b in bandwidths for m in methods]
   assert all(float(c[2]) > 0 for c in cells) and {c[3] for c in cells if c[1] == "fp32"} == {"1.00"}
+  assert all(abs(sum(map(int, c[4].split(" / "))) - 100) <= 2 for c in cells)  # critical path shares, rounded
   assert cells[-2][5] == "3.4 (up to 4.3x end-to-end)"  # the paper's figure, labelled as such in the header
 
 

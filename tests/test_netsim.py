@@ -90,6 +90,11 @@ def test_1f1b_two_stages_with_links_and_exchange():
   assert tl.pipeline_end == 17
   assert tl.exchanges == (Event("exchange", 0, -1, 17, 22), Event("exchange", 1, -1, 15, 17))
   assert tl.makespan == 22
+  # each event waits last for the one before it: stage 1's work, then the gradient's way back
+  assert [(e.kind, e.index, e.microbatch) for e in tl.critical_path] == [
+      ("fwd", 0, 0), ("send_fwd", 0, 0), ("fwd", 1, 0), ("bwd", 1, 0), ("fwd", 1, 1), ("bwd", 1, 1),
+      ("send_bwd", 0, 1), ("bwd", 0, 1), ("exchange", 0, -1)]
+  assert tl.critical_seconds() == {"compute": 13, "link": 4, "exchange": 5}
 
 
 def test_one_microbatch_two_stages_is_a_chain():
@@ -131,7 +136,7 @@ def test_communication_bound_link_serialises_messages():
   ]
   assert _sorted(tl.events) == _sorted(expected)
   assert tl.makespan == fwd[0] + m * t + fwd[1] + bwd[1] + m * t + bwd[0] == 66
-  assert tl.bottleneck() == ("link 0 fwd", 30)
+  assert tl.critical_seconds() == {"compute": 6, "link": 60, "exchange": 0}
 
 
 def test_single_stage_has_no_links():
@@ -147,7 +152,7 @@ def test_exchange_follows_each_stage_and_counts_latency_per_message():
   tl = simulate_step(*args, latency_s=0.0, exchange=Exchange([2.5, 24.0], 0))
   assert tl.events == plain.events and tl.pipeline_end == plain.makespan == 20
   assert tl.exchanges == (Event("exchange", 0, -1, 20, 22.5), Event("exchange", 1, -1, 18, 42))
-  assert tl.makespan == 42 and tl.bottleneck() == ("exchange 1", 24)
+  assert tl.makespan == 42 and tl.critical_path[-2:] == (Event("send_bwd", 0, 1, 16, 18), tl.exchanges[1])
   assert netsim.transfer_time(16, BW8, 0.5, messages=6) == 3 + 16
 
 
@@ -239,7 +244,6 @@ def test_makespan_respects_lower_bounds(p):
       + sum(map(t, p["fwd_bytes"])) + sum(map(t, p["bwd_bytes"]))
   )
   assert _at_least(tl.makespan, one_microbatch_path)
-  assert _at_least(tl.makespan, tl.bottleneck()[1])
 
 
 @settings(deadline=None, max_examples=60)
@@ -292,15 +296,22 @@ def test_timeline_invariants(p):
     assert e.start == max(ready, default=0.0)
 
   # Each stage's exchange starts once the stage and its outgoing links are done.
+  waits_for = {e: [x for x in (previous.get(e), needs.get(e)) if x is not None] for e in tl.events}
   if p["exchange"] is None:
     assert tl.exchanges == () and tl.makespan == tl.pipeline_end
-    return
   for s, x in enumerate(tl.exchanges):
-    mine = [e for e in tl.events if (e.kind in ("fwd", "bwd") and e.index == s)
-            or (e.kind == "send_fwd" and e.index == s) or (e.kind == "send_bwd" and e.index == s - 1)]
-    assert (x.kind, x.index, x.start) == ("exchange", s, max(e.end for e in mine))
+    waits_for[x] = [e for e in tl.events if (e.kind in ("fwd", "bwd") and e.index == s)
+                    or (e.kind == "send_fwd" and e.index == s) or (e.kind == "send_bwd" and e.index == s - 1)]
+    assert (x.kind, x.index, x.start) == ("exchange", s, max(e.end for e in waits_for[x]))
     assert x.end - x.start == pytest.approx(netsim.transfer_time(
         p["exchange"].sent_bytes[s], p["bandwidth_bps"], p["latency_s"], p["exchange"].messages), abs=1e-9)
+
+  # The critical path runs from t = 0 to the makespan along dependencies, without gaps.
+  path = tl.critical_path
+  assert path[0].start == 0 and path[-1].end == tl.makespan
+  for before, after in zip(path, path[1:]):
+    assert before in waits_for[after] and before.end == after.start
+  assert sum(tl.critical_seconds().values()) == pytest.approx(tl.makespan, rel=1e-9, abs=1e-9)
 
 
 # --- input validation ---------------------------------------------------------------------
