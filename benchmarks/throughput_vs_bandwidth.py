@@ -11,7 +11,8 @@ For every method (its name in the frontier / GPT-2 presets), and again with Quan
    `dataparallel.exchange_bytes` (fp32 gradients: dense ring all-reduce; QuantizedAdam: all-gather of the
    compressed first moment, `--dp-scheme`);
 3. `jaxcomp.netsim` simulates one step on `--schedule` at each bandwidth.
-`x fp32` is over fp32 with the dense exchange at the same bandwidth. AQ-SGD rows are its steady state (after the
+`x fp32` is over fp32 with the dense exchange at the same bandwidth; the critical path's shares (compute / link
+/ exchange) say which term dominates the step. AQ-SGD rows are its steady state (after the
 dense warm-up epoch), QuantizedAdam's after its dense warm-up. The paper's column holds its reported figures
 (`experiments.paper.AQSGD_THROUGHPUT`: another model and cluster), not results of this run.
 """

@@ -94,7 +94,8 @@ class Event:
 class Timeline:
   """All events of one step: `events` (compute ops and messages, in evaluation order, not by
   time), one `exchanges` event per stage (none without data parallelism), and the
-  `critical_path`: from t = 0 to the makespan, each event the one the next waited for last."""
+  `critical_path`: from t = 0 to the makespan, each event the one the next waited for last
+  (on a tie, the previous event on the same resource)."""
   events: tuple[Event, ...]
   exchanges: tuple[Event, ...] = ()
   critical_path: tuple[Event, ...] = ()
