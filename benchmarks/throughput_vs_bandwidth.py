@@ -1,29 +1,77 @@
-"""Training throughput vs link bandwidth (AQ-SGD Table 2 style), from measured parts.
+"""Training throughput vs link bandwidth (AQ-SGD Table 2), from stage and codec costs and netsim.
 
-`python -m benchmarks.throughput_vs_bandwidth [--model tiny|small] [--batch 8] [--seq 128]`
-1. measures, on this machine's default device, each GPT-2 stage's forward and backward
-   time for one microbatch, and each config's codec time (encode+decode of a forward and a
-   backward message, added to the sending stages);
-2. takes each config's exact bytes per message from the codecs' `wire_bytes`;
-3. feeds both to `jaxcomp.netsim` (GPipe schedule, full-duplex links, given latency) and
-   prints samples/s per bandwidth, with the speed-up over fp32.
+`python -m benchmarks.throughput_vs_bandwidth [--model tiny|small] [--stages 4] [--schedule gpipe|1f1b|1f1b-fused]
+    [--data-parallel 2] [--dp-scheme ef+quant:4] [--methods fp32,aqsgd-fw3-bw6,...]`
+
+For every method (its name in the frontier / GPT-2 presets), and again with QuantizedAdam's data-parallel exchange:
+1. a cost source gives the method's `StageCosts` (seconds per microbatch: each stage's forward and backward, each
+   boundary's encode and decode of both messages), labelled with where they come from. `measured_costs` times
+   them on this machine's default device; an estimated source fills the same fields from a compiled program;
+2. bytes per message come from the boundary's `wire_bytes`, the data-parallel exchange of each stage from
+   `dataparallel.exchange_bytes` (fp32 gradients: dense ring all-reduce; QuantizedAdam: all-gather of the
+   compressed first moment, `--dp-scheme`);
+3. `jaxcomp.netsim` simulates one step on `--schedule` at each bandwidth.
+`x fp32` is over fp32 with the dense exchange at the same bandwidth; the critical path's shares (compute / link
+/ exchange) say which term dominates the step. AQ-SGD rows are its steady state (after the
+dense warm-up epoch), QuantizedAdam's after its dense warm-up. The paper's column holds its reported figures
+(`experiments.paper.AQSGD_THROUGHPUT`: another model and cluster), not results of this run.
 """
+from typing import Callable, NamedTuple
+
 import jax
 import jax.numpy as jnp
 import optax
 
 import jaxcomp
 from benchmarks.common import gpt2_config, gpt2_parser, median_seconds, select
-from jaxcomp import netsim, pipeline as pl, spec
+from experiments import frontier, gpt2_wikitext, paper
+from jaxcomp import dataparallel, netsim, pipeline as pl, schedule, spec
 from jaxcomp.models import gpt2
 
-CONFIGS = {"fp32": ("none", "none"), "fw4-bw8": ("maxabs:4", "maxabs:8"),
-           "direct fw3-bw6": ("maxabs:3", "maxabs:6"), "AQ-SGD fw3-bw6": ("aqsgd+maxabs:3", "maxabs:6"),
-           "direct fw2-bw4": ("maxabs:2", "maxabs:4"), "Top10% (reuse)": ("topk:0.1", "reuse")}
+# The stateless quantizer of the README's frontier table with the fewest bytes among those that learn
+# (192 B/token, eval loss 2.617 vs fp32's 2.576).
+BEST_QUANTIZER = "tile64-fw3-bw4"
+METHODS = ("fp32", "aqsgd-fw3-bw6", "aqsgd-fw2-bw4", "top10-reuse", "top10-q8-reuse", BEST_QUANTIZER)
+QADAM = " + QuantizedAdam"
+
+
+def method_specs() -> dict[str, tuple[str, str]]:
+  """(forward, backward) spec of every named method: the GPT-2 presets and the frontier's."""
+  presets = {name: (p["fwd"], p["bwd"]) for name, p in gpt2_wikitext.PRESETS.items() if "fwd" in p}
+  return {**presets, **{name: (fwd, bwd) for name, (fwd, bwd, _) in frontier.METHODS.items()}}
+
+
+class StageCosts(NamedTuple):
+  """One method's seconds per microbatch, and where they come from (`source`, printed with every table).
+
+  fwd_s[s], bwd_s[s]: stage s's forward, and its backward as the executor runs it (the vjp with the forward
+  recomputed, `schedule.stage_grads`), codecs excluded. encode_s[b], decode_s[b]: boundary b's codec as
+  (forward message, backward message); stage b encodes the forward message and decodes the backward one,
+  stage b+1 the other way round.
+  """
+  source: str
+  fwd_s: tuple[float, ...]
+  bwd_s: tuple[float, ...]
+  encode_s: tuple[tuple[float, float], ...]
+  decode_s: tuple[tuple[float, float], ...]
+
+
+CostSource = Callable[[jaxcomp.Boundary], StageCosts]  # one method's boundary -> its costs
+
+
+def op_seconds(costs: StageCosts) -> tuple[list[float], list[float]]:
+  """Each stage's forward and backward op with the codec work it does (netsim's fwd_s, bwd_s)."""
+  last = len(costs.fwd_s) - 1
+  fwd = [t + (costs.decode_s[s - 1][0] if s > 0 else 0.0) + (costs.encode_s[s][0] if s < last else 0.0)
+         for s, t in enumerate(costs.fwd_s)]
+  bwd = [t + (costs.decode_s[s][1] if s < last else 0.0) + (costs.encode_s[s - 1][1] if s > 0 else 0.0)
+         for s, t in enumerate(costs.bwd_s)]
+  return fwd, bwd
 
 
 def stage_times(pipe, state, microbatch, repeats):
-  """(forward seconds, backward seconds) of each stage on one microbatch."""
+  """(forward seconds, backward seconds) of each stage on one microbatch; the backward is the vjp with the
+  forward recomputed, as the executor's explicit backward runs it."""
   fwd_s, bwd_s = [], []
   x = microbatch[pipe.input_key]
   rng = jax.random.key(0)
@@ -32,70 +80,162 @@ def stage_times(pipe, state, microbatch, repeats):
     y = forward(params, x)
     diff_x = jnp.issubdtype(x.dtype, jnp.floating)
 
-    def both(p, x, g, forward=forward, diff_x=diff_x):
+    def backward(p, x, g, forward=forward, diff_x=diff_x):
       if diff_x:
         return jax.vjp(forward, p, x)[1](g)
       return jax.vjp(lambda p: forward(p, x), p)[1](g)
 
-    t_fwd = median_seconds(forward, params, x, repeats=repeats)
-    t_both = median_seconds(jax.jit(both), params, x, jnp.ones_like(y), repeats=repeats)
-    fwd_s.append(t_fwd)
-    bwd_s.append(max(t_both - t_fwd, 0.0))
+    fwd_s.append(median_seconds(forward, params, x, repeats=repeats))
+    bwd_s.append(median_seconds(jax.jit(backward), params, x, jnp.ones_like(y), repeats=repeats))
     x = y
   return fwd_s, bwd_s
 
 
-def codec_seconds(scheme, x, repeats):
-  """Encode + decode of one message (index reuse: gather + scatter at known positions)."""
-  if isinstance(scheme, jaxcomp.Reuse):
-    return 0.0
-  codec = scheme.codec
-  return median_seconds(jax.jit(lambda x, k: codec(x, k)), x, jax.random.key(0), repeats=repeats)
+def scheme_seconds(scheme, x, repeats):
+  """(encode seconds, decode seconds, payload) of one message of `x` through `scheme` (its state rows for x's
+  rows: AQ-SGD's buffer arithmetic is included)."""
+  rows = lambda init: jax.tree.map(lambda a: a[: x.shape[0]], init(x.shape[0], x.shape[1:], x.dtype))
+  send = jax.jit(lambda x, state, key: scheme.send(x, state, key))
+  receive = jax.jit(scheme.receive)
+  sender, receiver, key = rows(scheme.init_sender), rows(scheme.init_receiver), jax.random.key(0)
+  payload = send(x, sender, key)[0]
+  return (median_seconds(send, x, sender, key, repeats=repeats),
+          median_seconds(receive, payload, receiver, repeats=repeats), payload)
+
+
+def codec_seconds(boundary, shape, repeats):
+  """((encode forward, encode backward), (decode forward, decode backward)) seconds of one message each way
+  (index reuse: the gather of the gradient at the forward's positions and its scatter)."""
+  x = jax.random.normal(jax.random.key(2), shape.shape, shape.dtype)
+  enc_f, dec_f, payload = scheme_seconds(boundary.fwd, x, repeats)
+  if boundary.reuse:
+    topk, idx = boundary.fwd.codec, boundary.fwd.codec.indices(payload)
+    gather, scatter = jax.jit(topk.values_at), jax.jit(topk.scatter)
+    enc_b = median_seconds(gather, x, idx, repeats=repeats)
+    dec_b = median_seconds(scatter, gather(x, idx), idx, repeats=repeats)
+  else:
+    enc_b, dec_b, _ = scheme_seconds(boundary.bwd, x, repeats)
+  return (enc_f, enc_b), (dec_f, dec_b)
+
+
+def measured_costs(pipe, batch, repeats) -> CostSource:
+  """Stage and codec times taken on the default device for one microbatch of `batch` (stage times once,
+  codec times per method)."""
+  state = pl.init_state(pipe, optax.sgd(0.0), jax.random.key(1), batch)
+  microbatch = jax.tree.map(lambda a: a[0], pl.split_microbatches(batch, pipe.microbatches))
+  fwd_s, bwd_s = stage_times(pipe, state, microbatch, repeats)
+  shapes = pl.boundary_shapes(pipe, state.params, state.model_state, microbatch[pipe.input_key])
+  source = f"measured on {jax.devices()[0].device_kind}"
+
+  def costs(boundary):
+    by_shape = {}
+    for s in shapes:
+      if (s.shape, s.dtype) not in by_shape:
+        by_shape[s.shape, s.dtype] = codec_seconds(boundary, s, repeats)
+    encode, decode = zip(*(by_shape[s.shape, s.dtype] for s in shapes))
+    return StageCosts(source, tuple(fwd_s), tuple(bwd_s), tuple(encode), tuple(decode))
+  return costs
+
+
+def exchange(scheme, rows, replicas) -> netsim.Exchange:
+  """Each stage device's data-parallel exchange of its [P] row, as `dataparallel.exchange_bytes` counts it:
+  dense (scheme None) a ring all-reduce, 2(D-1) messages; compressed an all-gather, D-1 messages."""
+  dense = scheme is None
+  sent = [dataparallel.exchange_bytes(scheme, p, 1, replicas, dense) / replicas for p in rows]
+  return netsim.Exchange(sent, (2 if dense else 1) * (replicas - 1))
+
+
+class Row(NamedTuple):
+  bandwidth_bps: float
+  method: str
+  samples_per_s: float
+  critical: dict  # seconds of the step's critical path in compute, link, exchange
+
+
+def render(rows: list[Row], baseline: str = "fp32") -> str:
+  """`bandwidth | method | samples/s | x fp32 | critical path | AQ-SGD paper`, bandwidth-major; the critical
+  path's shares of the step say which term dominates it."""
+  base = {r.bandwidth_bps: r.samples_per_s for r in rows if r.method == baseline}
+  lines = [f"| bandwidth | method | samples/s | x {baseline} | critical path % compute / link / exchange "
+           "| AQ-SGD paper (Table 2) |", "|---|---|---:|---:|---:|---|"]
+  for r in sorted(rows, key=lambda r: -r.bandwidth_bps):
+    reported = paper.AQSGD_THROUGHPUT.get((r.method, r.bandwidth_bps), "")
+    shares = " / ".join(f"{100 * t / sum(r.critical.values()):.0f}" for t in r.critical.values())
+    lines.append(f"| {netsim.format_bandwidth(r.bandwidth_bps)} | {r.method} | {r.samples_per_s:.2f} "
+                 f"| {r.samples_per_s / base[r.bandwidth_bps]:.2f} | {shares} | {reported} |")
+  return "\n".join(lines)
+
+
+def method_rows(name, fwd_s, bwd_s, per_message, exchanges, args) -> list[Row]:
+  """netsim's samples/s of one method at every bandwidth, with each data-parallel exchange."""
+  rows = []
+  for suffix, ex in exchanges.items():
+    for bw in netsim.DEFAULT_BANDWIDTHS_BPS:
+      tl = netsim.simulate_step(fwd_s, bwd_s, [m[0] for m in per_message], [m[1] for m in per_message],
+                                args.microbatches, bw, args.latency_ms * 1e-3, ex, args.schedule)
+      rows.append(Row(bw, name + suffix, netsim.throughput(args.batch * args.data_parallel, tl),
+                      tl.critical_seconds()))
+  return rows
 
 
 def main(argv=None):
   parser = gpt2_parser(__doc__, microbatches=4)
+  parser.add_argument("--stages", type=int, default=4)
+  parser.add_argument("--schedule", choices=schedule.SCHEDULES, default="gpipe")
+  parser.add_argument("--data-parallel", type=int, default=2, help="replicas of the pipeline (D)")
+  parser.add_argument("--dp-scheme", default="ef+quant:4", help="QuantizedAdam's first-moment compression")
   parser.add_argument("--latency-ms", type=float, default=1.0)
   parser.add_argument("--repeats", type=int, default=10)
-  parser.add_argument("--configs", default=",".join(CONFIGS),
-                      help="comma-separated subset of the configs (fp32, the baseline, is always run)")
+  parser.add_argument("--methods", default=",".join(METHODS),
+                      help="comma-separated method names (fp32, the baseline, is always run)")
   args = parser.parse_args(argv)
-  configs = select(CONFIGS, args.configs, "fp32")
-
+  methods = select(method_specs(), args.methods, "fp32")
+  if args.data_parallel < 1:
+    parser.error(f"--data-parallel must be >= 1, got {args.data_parallel}")
+  if args.stages < 2:
+    parser.error(f"--stages must be >= 2 (links join stages), got {args.stages}")
   cfg = gpt2_config(args.model)
-  stages = gpt2.gpt2_stages(cfg, 4)
+  try:
+    stages = gpt2.gpt2_stages(cfg, args.stages)
+    dp_scheme = spec.parse_scheme(args.dp_scheme)
+  except ValueError as err:
+    parser.error(str(err))
   tokens = jax.random.randint(jax.random.key(0), (args.batch, args.seq), 0, cfg.vocab_size)
   batch = {"tokens": tokens, "id": jnp.arange(args.batch)}
   base = jaxcomp.Pipeline(stages, spec.parse_boundary("none", "none"), jaxcomp.losses.language_model,
                           "tokens", args.microbatches)
-  state = pl.init_state(base, optax.sgd(0.0), jax.random.key(1), batch)
-  microbatch = jax.tree.map(lambda a: a[: args.batch // args.microbatches], batch)
-  fwd_s, bwd_s = stage_times(base, state, microbatch, args.repeats)
-  shapes = pl.boundary_shapes(base, state.params, state.model_state, microbatch["tokens"])
-  act = jax.random.normal(jax.random.key(2), shapes[0].shape, shapes[0].dtype)
-  print(f"device: {jax.devices()[0].device_kind}; GPT-2 {args.model}, 4 stages, {args.microbatches} "
-        f"microbatches of {list(shapes[0].shape)} activations")
-  print("stage forward ms:", [round(t * 1e3, 2) for t in fwd_s], "backward ms:", [round(t * 1e3, 2) for t in bwd_s])
+  abstract = jax.eval_shape(lambda: pl.init_state(base, optax.sgd(0.0), jax.random.key(1), batch))
+  microbatch = jax.tree.map(lambda a: a[0], pl.split_microbatches(batch, args.microbatches))
+  shapes = pl.boundary_shapes(base, abstract.params, abstract.model_state, microbatch["tokens"])
+  rows_p = [sum(a.size for a in jax.tree.leaves(p)) for p in abstract.params]
+  exchanges = {"": exchange(None, rows_p, args.data_parallel),
+               QADAM: exchange(dp_scheme, rows_p, args.data_parallel)}
+  costs_of = measured_costs(base, batch, args.repeats)
 
-  rows, bytes_lines = [], []
-  for name, (fwd_text, bwd_text) in configs.items():
+  results, cost_lines, costs = [], [], {}
+  for name, (fwd_text, bwd_text) in methods.items():
     boundary = spec.parse_boundary(fwd_text, bwd_text, num_examples=args.batch)
+    costs[name] = c = costs_of(boundary)
     per_message = [boundary.wire_bytes(s.shape, s.dtype) for s in shapes]
-    t_fwd_codec = codec_seconds(boundary.fwd, act, args.repeats)
-    t_bwd_codec = codec_seconds(boundary.bwd, act, args.repeats)
-    f = [t + (t_fwd_codec if s < len(shapes) else 0.0) for s, t in enumerate(fwd_s)]
-    b = [t + (t_bwd_codec if s > 0 else 0.0) for s, t in enumerate(bwd_s)]
-    bytes_lines.append(f"| {name} | {per_message[0][0]:,} | {per_message[0][1]:,} | "
-                       f"{t_fwd_codec * 1e3:.3f} | {t_bwd_codec * 1e3:.3f} |")
-    for bw in netsim.DEFAULT_BANDWIDTHS_BPS:
-      timeline = netsim.simulate_step(f, b, [m[0] for m in per_message], [m[1] for m in per_message],
-                                      args.microbatches, bw, args.latency_ms * 1e-3)
-      rows.append(netsim.SweepRow(name, bw, timeline.makespan, netsim.throughput(args.batch, timeline)))
-  print("\n| config | fwd bytes/message | bwd bytes/message | codec fwd ms | codec bwd ms |")
-  print("|---|---:|---:|---:|---:|")
-  print("\n".join(bytes_lines))
-  print(f"\nTraining throughput (samples/s) over links of the given bandwidth, {args.latency_ms} ms latency:\n")
-  print(netsim.render_markdown(rows, baseline="fp32"))
+    cost_lines.append(f"| {name} | `{fwd_text}` | `{bwd_text}` | {per_message[0][0]:,} | {per_message[0][1]:,} | "
+                      + " | ".join(f"{t * 1e3:.3f}" for t in (*c.encode_s[0], *c.decode_s[0])) + " |")
+    results += method_rows(name, *op_seconds(c), per_message, exchanges, args)
+
+  source = costs["fp32"].source
+  print(f"GPT-2 {args.model}, {args.stages} stages, schedule {args.schedule}, {args.microbatches} microbatches of "
+        f"{list(shapes[0].shape)} activations, {args.data_parallel} data-parallel replicas "
+        f"(QuantizedAdam: `{args.dp_scheme}`), {args.latency_ms} ms latency")
+  print(f"\nStage and codec times ({source}), ms per microbatch:")
+  print("stage forward:", [round(t * 1e3, 3) for t in costs["fp32"].fwd_s],
+        "stage backward:", [round(t * 1e3, 3) for t in costs["fp32"].bwd_s])
+  print("\n| method | fwd | bwd | fwd bytes/message | bwd bytes/message | encode fwd ms | encode bwd ms "
+        "| decode fwd ms | decode bwd ms |")
+  print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+  print("\n".join(cost_lines))
+  print("\nData-parallel bytes sent per stage device and step: dense", [round(b) for b in exchanges[""].sent_bytes],
+        "QuantizedAdam", [round(b) for b in exchanges[QADAM].sent_bytes])
+  print(f"\nTraining throughput, samples/s ({source}; netsim, {args.schedule}):\n")
+  print(render(results))
 
 
 if __name__ == "__main__":

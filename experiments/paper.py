@@ -18,3 +18,12 @@ GPT2 = {
     "baseline": (3.05, 21.01), "top50-reuse": (3.11, 22.38), "top30-reuse": (3.27, 26.28),
     "top20-reuse": (3.51, 33.32), "top10-reuse": (4.31, 74.51), "top10-separate": (8.0, 2990.0),
 }
+
+# AQ-SGD (Wang et al.) training throughput at 100 Mbps, GPT2-1.5B in 8 stages, in the units of its Table 2,
+# and its end-to-end speed-ups (SPEC.md; issue 28 ties them to fw3-bw6 at 100 Mbps), keyed by (method,
+# bandwidth in bits/s) as `benchmarks.throughput_vs_bandwidth` names its rows
+AQSGD_THROUGHPUT = {
+    ("fp32", 100e6): "0.5",
+    ("aqsgd-fw3-bw6", 100e6): "3.4 (up to 4.3x end-to-end)",
+    ("aqsgd-fw3-bw6 + QuantizedAdam", 100e6): "up to 4.9x end-to-end",
+}

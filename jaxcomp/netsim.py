@@ -1,49 +1,55 @@
-"""Timeline simulator for one GPipe training step over a chain of pipeline stages.
+"""Timeline of one pipelined training step over slow links, on the executor's schedule.
 
-Pure Python; no JAX. It turns measured
+No JAX computation (the schedule's tick rule comes from `jaxcomp.schedule`). It turns
 per-stage compute times and exact per-boundary wire bytes into a step time at a given
-link bandwidth and latency, which is how AQ-SGD's Table 2 (throughput vs bandwidth)
-is reproduced from single-machine measurements.
+link bandwidth and latency: AQ-SGD's Table 2 (throughput vs bandwidth) from single-machine
+figures.
 
 Model
 -----
 ``S`` stages in a chain, ``M`` microbatches. Boundary (link) ``b`` joins stage ``b`` and
-stage ``b + 1``; there are ``S - 1`` links. Per microbatch, stage ``s`` spends
-``fwd_s[s]`` seconds on its forward and ``bwd_s[s]`` on its backward; link ``b`` carries
-``fwd_bytes[b]`` bytes forward (activation) and ``bwd_bytes[b]`` bytes backward
-(activation-gradient). One message takes::
+stage ``b + 1``. Per microbatch, stage ``s`` spends ``fwd_s[s]`` seconds on its forward and
+``bwd_s[s]`` on its backward (codec work included by the caller); link ``b`` carries one
+message of ``fwd_bytes[b]`` bytes forward (activation) and one of ``bwd_bytes[b]`` backward
+(activation gradient).
 
-    T_f[b] = latency_s + 8 * fwd_bytes[b] / bandwidth_bps
-    T_b[b] = latency_s + 8 * bwd_bytes[b] / bandwidth_bps
+Stages. Stage ``s`` runs one op at a time, in the order the executor runs them: the
+schedule's ``Timing(stride, lag)`` (`schedule.timing`) puts microbatch ``m``'s forward at
+tick ``stride*m + s`` and its backward at tick ``stride*m + lag - s``; a stage's ops run by
+tick. Under ``1f1b-fused`` a tick can hold a forward and a backward: the forward runs first,
+then the backward (as `schedule.explicit_tick`). The ticks fix only the order: an op starts
+as soon as its stage is free and its input has arrived (asynchronous sends; the SPMD
+executor, which also waits for each tick's collectives, can only be slower).
 
-Resources and their fixed operation order (GPipe with a flush):
-
-* stage ``s`` (one op at a time): ``fwd(s, 0), ..., fwd(s, M-1)``, then
-  ``bwd(s, M-1), ..., bwd(s, 0)``;
-* forward direction of link ``b`` (one message at a time, occupied for the whole
-  ``T_f[b]``, latency included): ``send_fwd(b, 0), ..., send_fwd(b, M-1)``;
-* backward direction of link ``b`` (independent of the forward direction: full duplex):
-  ``send_bwd(b, M-1), ..., send_bwd(b, 0)``.
-
-Both link directions are FIFO in the order the messages are produced. Every op starts as
-soon as its resource has finished the previous op in its order and its input has arrived::
+Links. One link per direction per boundary (full duplex: the two directions are
+independent). A message occupies its link direction for ``latency_s + 8 * bytes /
+bandwidth_bps`` seconds (`transfer_time`), latency included; each direction sends its
+messages one at a time, FIFO in production order, and a message starts when its producer op
+has ended and the link direction is free::
 
     fwd(s, m).start      = max(stage s free, send_fwd(s-1, m).end)  # s = 0: input at t = 0
     send_fwd(b, m).start = max(link b fwd free, fwd(b, m).end)
-    bwd(s, m).start      = max(stage s free, send_bwd(s, m).end)    # s = S-1: no input
+    bwd(s, m).start      = max(stage s free, send_bwd(s, m).end)    # s = S-1: after fwd(S-1, m)
     send_bwd(b, m).start = max(link b bwd free, bwd(b+1, m).end)
     end = start + duration
 
-Because stage ``s`` runs all its forwards before any backward, the last stage starts
-``bwd(S-1, M-1)`` right after ``fwd(S-1, M-1)`` (its loss is part of its compute), and no
-backward anywhere starts before that last forward has ended. The step makespan is the end
-of the last op (``bwd(0, 0)``) plus ``dp_allreduce_s``, a data-parallel gradient
-all-reduce modelled as starting only after the whole pipeline has drained (no overlap).
+Data-parallel exchange (`Exchange`). With ``D`` replicas of the pipeline, the replicas of
+stage ``s`` exchange its weight gradient (or QuantizedAdam's first moment) once per step.
+Stage ``s``'s exchange starts when stage ``s`` has finished its last op and its last
+message has left (its gradient is complete then, and its network is idle: no overlap with
+pipeline traffic to count), and takes ``messages * latency_s + 8 * sent_bytes[s] /
+bandwidth_bps`` (ring collectives: a dense all-reduce is 2(D-1) messages carrying
+2(D-1)/D of the fp32 row; an all-gather of compressed messages is D-1 messages, see
+`dataparallel.exchange_bytes`). Each stage's exchange involves only that stage's replicas,
+so it need not wait for the whole pipeline: later stages finish their backwards earlier
+and their exchanges overlap the drain of earlier stages. Stage 0 finishes last under every
+schedule, so with equal rows the step ends with stage 0's exchange, the same time as
+"after the whole pipeline"; the choice matters only when a later stage's row is larger.
 
-With zero communication and uniform stages (``t_f``, ``t_b``) this gives the classic
-GPipe step time ``(M + S - 1) * (t_f + t_b)``. Since every time is built from ``max`` and
-``+`` over a fixed order, the makespan never decreases when any duration grows: more
-bandwidth or fewer bytes never slow a step.
+The makespan is the end of the last op or exchange. With zero communication and uniform
+stages (``t_f``, ``t_b``), GPipe gives the classic ``(M + S - 1) * (t_f + t_b)``. Every time
+is built from ``max`` and ``+`` over fixed orders, so the makespan never decreases when a
+duration grows: more bandwidth or fewer bytes never slow a step.
 """
 
 from __future__ import annotations
@@ -52,99 +58,134 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
-Kind = Literal["fwd", "bwd", "send_fwd", "send_bwd"]
+from jaxcomp import schedule as schedule_mod
+
+Kind = Literal["fwd", "bwd", "send_fwd", "send_bwd", "exchange"]
 
 # The bandwidths of AQ-SGD's Table 2.
 DEFAULT_BANDWIDTHS_BPS = (10e9, 1e9, 500e6, 300e6, 100e6)
 
 
+class Exchange(NamedTuple):
+  """One step's data-parallel exchange: `sent_bytes[s]` leave each device of stage s, in
+  `messages` sequential ring steps (each pays the latency once)."""
+  sent_bytes: Sequence[float]
+  messages: int
+
+
 @dataclass(frozen=True)
 class Event:
-    """One compute op or one message.
+  """One compute op, one message, or one stage's data-parallel exchange.
 
-    ``index`` is the stage for ``fwd``/``bwd`` and the link ``b`` (stage ``b`` to ``b + 1``)
-    for ``send_fwd``/``send_bwd``. Times are seconds from the start of the step.
-    """
-
-    kind: Kind
-    index: int
-    microbatch: int
-    start: float
-    end: float
+  ``index`` is the stage for ``fwd``/``bwd``/``exchange`` and the link ``b`` (stage ``b`` to
+  ``b + 1``) for ``send_fwd``/``send_bwd``; ``microbatch`` is -1 for an ``exchange``. Times
+  are seconds from the start of the step.
+  """
+  kind: Kind
+  index: int
+  microbatch: int
+  start: float
+  end: float
 
 
 @dataclass(frozen=True)
 class Timeline:
-    """All events of one step, listed stage by stage in evaluation order (not by time)."""
+  """All events of one step: `events` (compute ops and messages, in evaluation order, not by
+  time), one `exchanges` event per stage (none without data parallelism), and the
+  `critical_path`: from t = 0 to the makespan, each event the one the next waited for last
+  (on a tie, the previous event on the same resource)."""
+  events: tuple[Event, ...]
+  exchanges: tuple[Event, ...] = ()
+  critical_path: tuple[Event, ...] = ()
 
-    events: tuple[Event, ...]
-    pipeline_end: float  # end of the last compute op
-    dp_allreduce_s: float
+  @property
+  def pipeline_end(self) -> float:
+    """End of the last compute op or message."""
+    return max(e.end for e in self.events)
 
-    @property
-    def makespan(self) -> float:
-        """Step time in seconds: pipeline drain plus the data-parallel all-reduce."""
-        return self.pipeline_end + self.dp_allreduce_s
+  @property
+  def makespan(self) -> float:
+    """Step time in seconds: the end of the last op, message or exchange."""
+    return max(e.end for e in self.events + self.exchanges)
+
+  def critical_seconds(self) -> dict[str, float]:
+    """Seconds of the critical path spent in ``compute`` (forwards, backwards), on a ``link``
+    and in an ``exchange``: they sum to the makespan, and say which term dominates the step."""
+    terms = {"fwd": "compute", "bwd": "compute", "send_fwd": "link", "send_bwd": "link", "exchange": "exchange"}
+    seconds = dict.fromkeys(("compute", "link", "exchange"), 0.0)
+    for e in self.critical_path:
+      seconds[terms[e.kind]] += e.end - e.start
+    return seconds
 
 
 @dataclass(frozen=True)
 class SweepRow:
-    config: str
-    bandwidth_bps: float
-    makespan_s: float
-    samples_per_s: float
+  config: str
+  bandwidth_bps: float
+  makespan_s: float
+  samples_per_s: float
 
 
 def _check_time(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+  if not (math.isfinite(value) and value >= 0):
+    raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
 def _check_bandwidth(bandwidth_bps: float) -> None:
-    if not bandwidth_bps > 0:  # also rejects NaN; +inf means free transfers
-        raise ValueError(f"bandwidth_bps must be > 0, got {bandwidth_bps!r}")
+  if not bandwidth_bps > 0:  # also rejects NaN; +inf means free transfers
+    raise ValueError(f"bandwidth_bps must be > 0, got {bandwidth_bps!r}")
 
 
-def _check_microbatches(microbatches: int) -> None:
-    if (
-        not isinstance(microbatches, numbers.Integral)
-        or isinstance(microbatches, bool)
-        or microbatches < 1
-    ):
-        raise ValueError(f"microbatches must be an integer >= 1, got {microbatches!r}")
+def _check_count(name: str, value: int, least: int) -> None:
+  if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
+    raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
 
 
 def _check_stage_times(fwd_s: Sequence[float], bwd_s: Sequence[float]) -> None:
-    if len(fwd_s) == 0:
-        raise ValueError("fwd_s must list at least one stage, got an empty sequence")
-    if len(bwd_s) != len(fwd_s):
-        raise ValueError(
-            f"bwd_s has {len(bwd_s)} entries but fwd_s has {len(fwd_s)} (one per stage)"
-        )
-    for name, values in (("fwd_s", fwd_s), ("bwd_s", bwd_s)):
-        for i, v in enumerate(values):
-            _check_time(f"{name}[{i}]", v)
-
-
-def _check_link_bytes(name: str, values: Sequence[float], num_stages: int) -> None:
-    if len(values) != num_stages - 1:
-        raise ValueError(
-            f"{name} has {len(values)} entries but {num_stages} stages have "
-            f"{num_stages - 1} links (one entry per link)"
-        )
+  if len(fwd_s) == 0:
+    raise ValueError("fwd_s must list at least one stage, got an empty sequence")
+  if len(bwd_s) != len(fwd_s):
+    raise ValueError(f"bwd_s has {len(bwd_s)} entries but fwd_s has {len(fwd_s)} (one per stage)")
+  for name, values in (("fwd_s", fwd_s), ("bwd_s", bwd_s)):
     for i, v in enumerate(values):
-        if not (math.isfinite(v) and v >= 0):
-            raise ValueError(f"{name}[{i}] must be a finite number of bytes >= 0, got {v!r}")
+      _check_time(f"{name}[{i}]", v)
 
 
-def transfer_time(nbytes: float, bandwidth_bps: float, latency_s: float) -> float:
-    """Seconds to send one message: ``latency_s + 8 * nbytes / bandwidth_bps``."""
-    _check_time("nbytes", nbytes)
-    _check_bandwidth(bandwidth_bps)
-    _check_time("latency_s", latency_s)
-    return latency_s + 8.0 * nbytes / bandwidth_bps
+def _check_bytes(name: str, values: Sequence[float], count: int, per: str) -> None:
+  if len(values) != count:
+    raise ValueError(f"{name} has {len(values)} entries but the pipeline has {count} {per} (one entry each)")
+  for i, v in enumerate(values):
+    if not (math.isfinite(v) and v >= 0):
+      raise ValueError(f"{name}[{i}] must be a finite number of bytes >= 0, got {v!r}")
+
+
+def _check_schedule(name: str) -> None:
+  if name not in schedule_mod.SCHEDULES:
+    raise ValueError(f"schedule must be one of {list(schedule_mod.SCHEDULES)}, got {name!r}")
+
+
+def transfer_time(nbytes: float, bandwidth_bps: float, latency_s: float, messages: int = 1) -> float:
+  """Seconds to send `nbytes` in `messages` back-to-back messages: ``messages * latency_s +
+  8 * nbytes / bandwidth_bps``."""
+  _check_time("nbytes", nbytes)
+  _check_bandwidth(bandwidth_bps)
+  _check_time("latency_s", latency_s)
+  _check_count("messages", messages, 0)
+  return messages * latency_s + 8.0 * nbytes / bandwidth_bps
+
+
+def _stage_orders(schedule: str, num_stages: int, microbatches: int) -> list[list[tuple[Kind, int]]]:
+  """Each stage's ops ``("fwd" | "bwd", microbatch)`` in the executor's order: by tick, a
+  tick's forward before its backward (module docstring)."""
+  stride, lag = schedule_mod.timing(schedule, num_stages, microbatches)
+
+  def order(s):
+    tick = {("fwd", m): (stride * m + s, 0) for m in range(microbatches)}
+    tick.update({("bwd", m): (stride * m + lag - s, 1) for m in range(microbatches)})
+    return sorted(tick, key=tick.get)
+  return [order(s) for s in range(num_stages)]
 
 
 def simulate_step(
@@ -155,67 +196,95 @@ def simulate_step(
     microbatches: int,
     bandwidth_bps: float,
     latency_s: float = 0.0,
-    dp_allreduce_s: float = 0.0,
+    exchange: Exchange | None = None,
+    schedule: str = "gpipe",
 ) -> Timeline:
-    """Event timeline of one GPipe step (rule in the module docstring).
+  """Event timeline of one step on `schedule` (one of `schedule.SCHEDULES`; rule in the
+  module docstring).
 
-    ``fwd_s``/``bwd_s``: per-stage compute seconds per microbatch (length ``S``).
-    ``fwd_bytes``/``bwd_bytes``: per-link bytes per microbatch (length ``S - 1``).
-    """
-    _check_stage_times(fwd_s, bwd_s)
-    num_stages = len(fwd_s)
-    _check_link_bytes("fwd_bytes", fwd_bytes, num_stages)
-    _check_link_bytes("bwd_bytes", bwd_bytes, num_stages)
-    _check_microbatches(microbatches)
-    _check_bandwidth(bandwidth_bps)
-    _check_time("latency_s", latency_s)
-    _check_time("dp_allreduce_s", dp_allreduce_s)
+  ``fwd_s``/``bwd_s``: per-stage compute seconds per microbatch (length ``S``).
+  ``fwd_bytes``/``bwd_bytes``: per-link bytes per microbatch (length ``S - 1``).
+  ``exchange``: the data-parallel exchange (``sent_bytes`` per stage), or None.
+  """
+  _check_stage_times(fwd_s, bwd_s)
+  num_stages = len(fwd_s)
+  _check_bytes("fwd_bytes", fwd_bytes, num_stages - 1, "links")
+  _check_bytes("bwd_bytes", bwd_bytes, num_stages - 1, "links")
+  _check_count("microbatches", microbatches, 1)
+  _check_bandwidth(bandwidth_bps)
+  _check_time("latency_s", latency_s)
+  _check_schedule(schedule)
+  if exchange is not None:
+    _check_bytes("exchange.sent_bytes", exchange.sent_bytes, num_stages, "stages")
+    _check_count("exchange.messages", exchange.messages, 0)
 
-    t_fwd = [transfer_time(n, bandwidth_bps, latency_s) for n in fwd_bytes]
-    t_bwd = [transfer_time(n, bandwidth_bps, latency_s) for n in bwd_bytes]
-    stage_free = [0.0] * num_stages
-    link_fwd_free = [0.0] * (num_stages - 1)
-    link_bwd_free = [0.0] * (num_stages - 1)
-    events: list[Event] = []
+  transfer = {"send_fwd": [transfer_time(n, bandwidth_bps, latency_s) for n in fwd_bytes],
+              "send_bwd": [transfer_time(n, bandwidth_bps, latency_s) for n in bwd_bytes]}
+  compute = {"fwd": fwd_s, "bwd": bwd_s}
+  evaluated: dict[tuple, Event] = {}  # (kind, index, microbatch) -> its event
+  cause: dict[tuple, tuple | None] = {}  # what an event waited for last (None: started at t = 0)
+  last: dict[tuple, tuple] = {}  # resource -> its last event's key
 
-    # Forward phase. Data only flows from stage s to s + 1, so stage by stage is a valid
-    # evaluation order of the recurrence.
-    arrived = [0.0] * microbatches  # when microbatch m's input is at the current stage
-    for s in range(num_stages):
-        for m in range(microbatches):
-            start = max(stage_free[s], arrived[m])
-            stage_free[s] = start + fwd_s[s]
-            events.append(Event("fwd", s, m, start, stage_free[s]))
-            if s < num_stages - 1:
-                send = max(link_fwd_free[s], stage_free[s])
-                link_fwd_free[s] = send + t_fwd[s]
-                events.append(Event("send_fwd", s, m, send, link_fwd_free[s]))
-                arrived[m] = link_fwd_free[s]
+  def run(key, resource, inputs, duration):
+    """Evaluate event `key` on `resource`: it starts when the resource's previous event and its inputs end."""
+    waits = [k for k in (last.get(resource), *inputs) if k is not None]
+    cause[key] = max(waits, key=lambda k: evaluated[k].end, default=None)
+    start = evaluated[cause[key]].end if cause[key] is not None else 0.0
+    evaluated[key] = Event(*key, start, start + duration)
+    last[resource] = key
 
-    # Backward phase: last stage first, microbatches in reverse. stage_free carries each
-    # stage's end of forwards, which enforces the GPipe flush.
-    arrived = [0.0] * microbatches
-    for s in reversed(range(num_stages)):
-        for m in reversed(range(microbatches)):
-            start = max(stage_free[s], arrived[m])
-            stage_free[s] = start + bwd_s[s]
-            events.append(Event("bwd", s, m, start, stage_free[s]))
-            if s > 0:
-                send = max(link_bwd_free[s - 1], stage_free[s])
-                link_bwd_free[s - 1] = send + t_bwd[s - 1]
-                events.append(Event("send_bwd", s - 1, m, send, link_bwd_free[s - 1]))
-                arrived[m] = link_bwd_free[s - 1]
+  def input_key(kind, s, m):
+    """The op or message whose end this op waits for (None: its input is there at t = 0)."""
+    if kind == "fwd":
+      return ("send_fwd", s - 1, m) if s > 0 else None
+    return ("send_bwd", s, m) if s < num_stages - 1 else ("fwd", s, m)
 
-    return Timeline(tuple(events), max(e.end for e in events), float(dp_allreduce_s))
+  # Evaluate each stage's ops in its order; a stage waits (is skipped) until its next op's
+  # input has been evaluated. Messages are evaluated with their producer, so each link
+  # direction is FIFO in production order.
+  orders = _stage_orders(schedule, num_stages, microbatches)
+  position = [0] * num_stages
+  while any(p < len(o) for p, o in zip(position, orders)):
+    progressed = False
+    for s, order in enumerate(orders):
+      while position[s] < len(order):
+        kind, m = order[position[s]]
+        needs = input_key(kind, s, m)
+        if needs is not None and needs not in evaluated:
+          break
+        run((kind, s, m), ("stage", s), [needs], compute[kind][s])
+        link = {"fwd": s, "bwd": s - 1}[kind]
+        if 0 <= link < num_stages - 1:
+          message = "send_" + kind
+          run((message, link, m), (message, link), [(kind, s, m)], transfer[message][link])
+        position[s] += 1
+        progressed = True
+    if not progressed:
+      raise RuntimeError(f"schedule {schedule!r} deadlocks at stage positions {position}")
+  events = tuple(evaluated.values())
+
+  if exchange is not None:
+    # Stage s is done when its last op has ended and its last messages (link s-1 backward,
+    # link s forward) have left.
+    for s, n in enumerate(exchange.sent_bytes):
+      run(("exchange", s, -1), ("exchange", s),
+          [last[("stage", s)], last.get(("send_bwd", s - 1)), last.get(("send_fwd", s))],
+          transfer_time(n, bandwidth_bps, latency_s, exchange.messages))
+  exchanges = tuple(evaluated.values())[len(events):]
+
+  path = [max(evaluated, key=lambda k: evaluated[k].end)]
+  while cause[path[-1]] is not None:
+    path.append(cause[path[-1]])
+  return Timeline(events, exchanges, tuple(evaluated[k] for k in reversed(path)))
 
 
 def throughput(samples_per_step: float, timeline: Timeline) -> float:
-    """Training throughput in samples per second."""
-    if not (math.isfinite(samples_per_step) and samples_per_step > 0):
-        raise ValueError(f"samples_per_step must be a finite number > 0, got {samples_per_step!r}")
-    if timeline.makespan <= 0:
-        raise ValueError(f"throughput is undefined for a makespan of {timeline.makespan!r} s")
-    return samples_per_step / timeline.makespan
+  """Training throughput in samples per second."""
+  if not (math.isfinite(samples_per_step) and samples_per_step > 0):
+    raise ValueError(f"samples_per_step must be a finite number > 0, got {samples_per_step!r}")
+  if timeline.makespan <= 0:
+    raise ValueError(f"throughput is undefined for a makespan of {timeline.makespan!r} s")
+  return samples_per_step / timeline.makespan
 
 
 def sweep(
@@ -227,60 +296,57 @@ def sweep(
     latency_s: float = 0.0,
     *,
     samples_per_step: float,
-    dp_allreduce_s: float = 0.0,
+    exchange: Exchange | None = None,
+    schedule: str = "gpipe",
 ) -> list[SweepRow]:
-    """Simulate every ``(config, bandwidth)`` pair; ``configs`` maps a name to
-    ``(fwd_bytes, bwd_bytes)``. Rows come config-major, in the given orders."""
-    if not configs:
-        raise ValueError("configs must name at least one (fwd_bytes, bwd_bytes) pair")
-    if len(bandwidths_bps) == 0:
-        raise ValueError("bandwidths_bps must list at least one bandwidth")
-    rows = []
-    for name, (fwd_bytes, bwd_bytes) in configs.items():
-        for bandwidth in bandwidths_bps:
-            try:
-                timeline = simulate_step(
-                    fwd_s, bwd_s, fwd_bytes, bwd_bytes, microbatches, bandwidth,
-                    latency_s, dp_allreduce_s,
-                )
-            except ValueError as err:
-                raise ValueError(f"config {name!r}: {err}") from err
-            rows.append(
-                SweepRow(name, bandwidth, timeline.makespan, throughput(samples_per_step, timeline))
-            )
-    return rows
+  """Simulate every ``(config, bandwidth)`` pair; ``configs`` maps a name to
+  ``(fwd_bytes, bwd_bytes)``. Rows come config-major, in the given orders."""
+  if not configs:
+    raise ValueError("configs must name at least one (fwd_bytes, bwd_bytes) pair")
+  if len(bandwidths_bps) == 0:
+    raise ValueError("bandwidths_bps must list at least one bandwidth")
+  rows = []
+  for name, (fwd_bytes, bwd_bytes) in configs.items():
+    for bandwidth in bandwidths_bps:
+      try:
+        timeline = simulate_step(fwd_s, bwd_s, fwd_bytes, bwd_bytes, microbatches, bandwidth, latency_s,
+                                 exchange, schedule)
+      except ValueError as err:
+        raise ValueError(f"config {name!r}: {err}") from err
+      rows.append(SweepRow(name, bandwidth, timeline.makespan, throughput(samples_per_step, timeline)))
+  return rows
 
 
 def format_bandwidth(bandwidth_bps: float) -> str:
-    """``10e9 -> '10 Gbps'``, ``300e6 -> '300 Mbps'``."""
-    for scale, unit in ((1e9, "Gbps"), (1e6, "Mbps"), (1e3, "kbps")):
-        if bandwidth_bps >= scale:
-            return f"{bandwidth_bps / scale:g} {unit}"
-    return f"{bandwidth_bps:g} bps"
+  """``10e9 -> '10 Gbps'``, ``300e6 -> '300 Mbps'``."""
+  for scale, unit in ((1e9, "Gbps"), (1e6, "Mbps"), (1e3, "kbps")):
+    if bandwidth_bps >= scale:
+      return f"{bandwidth_bps / scale:g} {unit}"
+  return f"{bandwidth_bps:g} bps"
 
 
 def render_markdown(rows: Sequence[SweepRow], baseline: str | None = None) -> str:
-    """Markdown table of samples/s: one row per config, one column per bandwidth.
+  """Markdown table of samples/s: one row per config, one column per bandwidth.
 
-    With ``baseline`` (a config name), each cell also shows the speedup over it.
-    """
-    configs = list(dict.fromkeys(r.config for r in rows))
-    bandwidths = list(dict.fromkeys(r.bandwidth_bps for r in rows))
-    cell = {(r.config, r.bandwidth_bps): r.samples_per_s for r in rows}
-    if baseline is not None and baseline not in configs:
-        raise ValueError(f"baseline {baseline!r} is not one of the configs {configs}")
-    lines = [
-        "| config | " + " | ".join(format_bandwidth(b) for b in bandwidths) + " |",
-        "|---|" + "---:|" * len(bandwidths),
-    ]
-    for name in configs:
-        cells = []
-        for bw in bandwidths:
-            if (name, bw) not in cell:
-                raise ValueError(f"no row for config {name!r} at {format_bandwidth(bw)}")
-            text = f"{cell[name, bw]:.2f}"
-            if baseline is not None:
-                text += f" ({cell[name, bw] / cell[baseline, bw]:.1f}x)"
-            cells.append(text)
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+  With ``baseline`` (a config name), each cell also shows the speedup over it.
+  """
+  configs = list(dict.fromkeys(r.config for r in rows))
+  bandwidths = list(dict.fromkeys(r.bandwidth_bps for r in rows))
+  cell = {(r.config, r.bandwidth_bps): r.samples_per_s for r in rows}
+  if baseline is not None and baseline not in configs:
+    raise ValueError(f"baseline {baseline!r} is not one of the configs {configs}")
+  lines = [
+      "| config | " + " | ".join(format_bandwidth(b) for b in bandwidths) + " |",
+      "|---|" + "---:|" * len(bandwidths),
+  ]
+  for name in configs:
+    cells = []
+    for bw in bandwidths:
+      if (name, bw) not in cell:
+        raise ValueError(f"no row for config {name!r} at {format_bandwidth(bw)}")
+      text = f"{cell[name, bw]:.2f}"
+      if baseline is not None:
+        text += f" ({cell[name, bw] / cell[baseline, bw]:.1f}x)"
+      cells.append(text)
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)

@@ -3,6 +3,7 @@ import pytest
 
 from benchmarks import (aqsgd_buffers, codec_throughput, quantizer_error, step_overhead, throughput_vs_bandwidth,
                         topk_selection, wire_bytes)
+from jaxcomp import netsim, spec
 
 
 @pytest.mark.parametrize("module, argv, expect", [
@@ -11,11 +12,42 @@ from benchmarks import (aqsgd_buffers, codec_throughput, quantizer_error, step_o
     (wire_bytes, ["--skip-pipeline", "--shape", "4,64"], "| `efmixed+topk:0.1` |"),
     (step_overhead, ["--seq", "8", "--batch", "4", "--microbatches", "1", "--repeats", "1", "--presets", "EF21 Top10%"],
      "| EF21 Top10% |"),
-    (throughput_vs_bandwidth, ["--seq", "8", "--batch", "4", "--repeats", "1", "--configs", "AQ-SGD fw3-bw6"],
-     "| AQ-SGD fw3-bw6 |"),
     (aqsgd_buffers, ["--examples", "8", "--batch", "4", "--seq", "8"], "| host + prefetch |"),
     (quantizer_error, ["--relu-shape", "4,2,2,8", "--gauss-shape", "2,4,8", "--bits", "2"], "| authors (SPEC) |"),
 ])
 def test_benchmark_prints_its_table(module, argv, expect, capsys):
   module.main(argv)
   assert expect in capsys.readouterr().out
+
+
+def test_throughput_table_rows_and_label(capsys):
+  throughput_vs_bandwidth.main(["--seq", "8", "--batch", "4", "--repeats", "1", "--schedule", "1f1b",
+                                "--methods", "aqsgd-fw3-bw6"])
+  out = capsys.readouterr().out
+  assert "Training throughput, samples/s (measured on cpu; netsim, 1f1b)" in out
+  table = out[out.index("| bandwidth | method | samples/s | x fp32 |"):].splitlines()[2:]
+  cells = [[c.strip() for c in line.split("|")[1:-1]] for line in table]
+  methods = ["fp32", "fp32 + QuantizedAdam", "aqsgd-fw3-bw6", "aqsgd-fw3-bw6 + QuantizedAdam"]
+  bandwidths = ["10 Gbps", "1 Gbps", "500 Mbps", "300 Mbps", "100 Mbps"]
+  assert [c[:2] for c in cells] == [[b, m] for b in bandwidths for m in methods]
+  assert all(float(c[2]) > 0 for c in cells) and {c[3] for c in cells if c[1] == "fp32"} == {"1.00"}
+  assert all(abs(sum(map(int, c[4].split(" / "))) - 100) <= 2 for c in cells)  # critical path shares, rounded
+  assert cells[-2][5] == "3.4 (up to 4.3x end-to-end)"  # the paper's figure, labelled as such in the header
+
+
+def test_codec_work_goes_to_the_stage_that_does_it():
+  costs = throughput_vs_bandwidth.StageCosts("test", fwd_s=(1, 2, 3), bwd_s=(10, 20, 30),
+                                             encode_s=((0.1, 0.2), (0.3, 0.4)), decode_s=((0.01, 0.02), (0.03, 0.04)))
+  fwd, bwd = throughput_vs_bandwidth.op_seconds(costs)
+  # stage s encodes boundary s's forward message and decodes boundary s-1's; backwards the other way round
+  assert fwd == pytest.approx([1 + 0.1, 2 + 0.01 + 0.3, 3 + 0.03])
+  assert bwd == pytest.approx([10 + 0.02, 20 + 0.2 + 0.04, 30 + 0.4])
+
+
+def test_data_parallel_exchange_per_stage_device():
+  dense = throughput_vs_bandwidth.exchange(None, [1000, 10], 4)
+  assert dense == netsim.Exchange([2 * 3 / 4 * 4000, 2 * 3 / 4 * 40], 6)  # ring all-reduce of the fp32 row
+  q4 = spec.parse_scheme("ef+quant:4")
+  compressed = throughput_vs_bandwidth.exchange(q4, [1000], 4)
+  assert compressed == netsim.Exchange([3 * q4.wire_bytes((1, 1000), "float32")], 3)  # all-gather to 3 others
+  assert throughput_vs_bandwidth.exchange(None, [1000], 1) == netsim.Exchange([0], 0)

@@ -1,96 +1,181 @@
-"""netsim: hand-computed GPipe schedules, schedule invariants and monotonicity."""
+"""netsim: the executor's schedules, hand-computed timelines, closed forms, monotonicity."""
 import math
+import random
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxcomp import netsim
-from jaxcomp.netsim import Event, simulate_step
+from jaxcomp import netsim, schedule
+from jaxcomp.netsim import Event, Exchange, simulate_step
 
 # With bandwidth_bps = 8, sending n bytes takes n seconds: hand timelines stay readable.
 BW8 = 8.0
 
 
 def _sorted(events):
-    return sorted(events, key=lambda e: (e.kind, e.index, e.microbatch))
+  return sorted(events, key=lambda e: (e.kind, e.index, e.microbatch))
 
 
-# --- hand-computed schedules -------------------------------------------------------------
+def executor_orders(name, num_stages, microbatches):
+  """Each stage's ops as the executor runs them, tick by tick (`schedule.run_explicit`): at a
+  tick, `explicit_tick` runs the stage's forward (if `busy`), then its backward."""
+  prog = SimpleNamespace(timing=schedule.timing(name, num_stages, microbatches),
+                         pipe=SimpleNamespace(num_stages=num_stages, microbatches=microbatches))
+  orders = []
+  for s in range(num_stages):
+    ops = []
+    for tick in range(schedule.total_ticks(prog)):
+      for kind, offset in (("fwd", s), ("bwd", schedule.backward_tick(prog, s))):
+        if schedule.busy(prog, tick, offset):
+          ops.append((kind, schedule.microbatch(prog, tick, offset)))
+    orders.append(ops)
+  return orders
+
+
+def simulated_orders(timeline, num_stages):
+  """Each stage's compute ops in the order they start."""
+  ops = [e for e in timeline.events if e.kind in ("fwd", "bwd")]
+  return [[(e.kind, e.microbatch) for e in sorted(ops, key=lambda e: e.start) if e.index == s]
+          for s in range(num_stages)]
+
+
+# --- the executor's schedule -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", schedule.SCHEDULES)
+def test_each_stage_runs_the_executors_order(name):
+  for s_count in range(1, 9):
+    for m_count in range(1, 20):
+      rng = random.Random(100 * s_count + m_count)
+      times = lambda n, low: [rng.uniform(low, 1.0) for _ in range(n)]
+      # compute > 0, so a stage's ops start strictly one after another
+      tl = simulate_step(times(s_count, 0.1), times(s_count, 0.1), times(s_count - 1, 0.0),
+                         times(s_count - 1, 0.0), m_count, BW8, latency_s=0.05, schedule=name)
+      expected = executor_orders(name, s_count, m_count)
+      assert all(sorted(ops) == sorted((k, m) for k in ("fwd", "bwd") for m in range(m_count)) for ops in expected)
+      assert simulated_orders(tl, s_count) == expected, (name, s_count, m_count)
+
+
+def test_schedules_differ_where_the_executor_differs():
+  # 3 stages, 3 microbatches, stage 1: GPipe runs every forward first, 1F1B interleaves,
+  # 1f1b-fused's tick 3 holds forward 2 and backward 0 (forward first).
+  tl = {n: simulate_step([1.0] * 3, [1.0] * 3, [0, 0], [0, 0], 3, BW8, schedule=n) for n in schedule.SCHEDULES}
+  assert simulated_orders(tl["gpipe"], 3)[1] == [("fwd", 0), ("fwd", 1), ("fwd", 2), ("bwd", 0), ("bwd", 1), ("bwd", 2)]
+  assert simulated_orders(tl["1f1b"], 3)[1] == [("fwd", 0), ("fwd", 1), ("bwd", 0), ("fwd", 2), ("bwd", 1), ("bwd", 2)]
+  assert simulated_orders(tl["1f1b-fused"], 3)[1] == simulated_orders(tl["gpipe"], 3)[1]
+  assert simulated_orders(tl["1f1b-fused"], 3)[2] == [("fwd", 0), ("bwd", 0), ("fwd", 1), ("bwd", 1), ("fwd", 2),
+                                                      ("bwd", 2)]
+
+
+# --- hand-computed timelines -------------------------------------------------------------------
+
+
+def test_1f1b_two_stages_with_links_and_exchange():
+  # 1f1b, S=2: stage 0 runs f0 f1 b0 b1, stage 1 f0 b0 f1 b1. Messages: 0.5 s latency + bytes,
+  # 1.5 s forward, 2.5 s backward. Exchange: 2 messages, stage 0 sends 4 bytes (5 s), stage 1
+  # 1 byte (2 s), each after the stage's last op and its last message.
+  tl = simulate_step([1, 2], [2, 3], [1], [2], 2, BW8, latency_s=0.5, exchange=Exchange([4, 1], 2), schedule="1f1b")
+  expected = [
+      Event("fwd", 0, 0, 0, 1), Event("fwd", 0, 1, 1, 2),
+      Event("send_fwd", 0, 0, 1, 2.5), Event("send_fwd", 0, 1, 2.5, 4),  # waits for the link
+      Event("fwd", 1, 0, 2.5, 4.5), Event("bwd", 1, 0, 4.5, 7.5),
+      Event("fwd", 1, 1, 7.5, 9.5),  # arrived at 4, waits for the stage
+      Event("bwd", 1, 1, 9.5, 12.5),
+      Event("send_bwd", 0, 0, 7.5, 10), Event("send_bwd", 0, 1, 12.5, 15),
+      Event("bwd", 0, 0, 10, 12), Event("bwd", 0, 1, 15, 17),
+  ]
+  assert _sorted(tl.events) == _sorted(expected)
+  assert tl.pipeline_end == 17
+  assert tl.exchanges == (Event("exchange", 0, -1, 17, 22), Event("exchange", 1, -1, 15, 17))
+  assert tl.makespan == 22
+  # each event waits last for the one before it: stage 1's work, then the gradient's way back
+  assert [(e.kind, e.index, e.microbatch) for e in tl.critical_path] == [
+      ("fwd", 0, 0), ("send_fwd", 0, 0), ("fwd", 1, 0), ("bwd", 1, 0), ("fwd", 1, 1), ("bwd", 1, 1),
+      ("send_bwd", 0, 1), ("bwd", 0, 1), ("exchange", 0, -1)]
+  assert tl.critical_seconds() == {"compute": 13, "link": 4, "exchange": 5}
 
 
 def test_one_microbatch_two_stages_is_a_chain():
-    # transfer = latency + 8 * bytes / bandwidth: 0.25 + 1 forward, 0.25 + 3 backward.
-    tl = simulate_step([1.5, 2.0], [3.0, 4.0], [100], [300], 1, 800.0, latency_s=0.25)
-    assert tl.makespan == 1.5 + 1.25 + 2.0 + 4.0 + 3.25 + 3.0
-
-
-@pytest.mark.parametrize("stages,microbatches", [(2, 2), (2, 1), (3, 5), (4, 8)])
-def test_uniform_stages_without_communication_give_gpipe_formula(stages, microbatches):
-    t_f, t_b = 1.0, 2.0
-    tl = simulate_step(
-        [t_f] * stages, [t_b] * stages, [1e9] * (stages - 1), [1e9] * (stages - 1),
-        microbatches, math.inf,
-    )
-    assert tl.makespan == (microbatches + stages - 1) * (t_f + t_b)
+  # transfer = latency + 8 * bytes / bandwidth: 0.25 + 1 forward, 0.25 + 3 backward.
+  tl = simulate_step([1.5, 2.0], [3.0, 4.0], [100], [300], 1, 800.0, latency_s=0.25)
+  assert tl.makespan == 1.5 + 1.25 + 2.0 + 4.0 + 3.25 + 3.0
 
 
 def test_busy_stage_delays_arrived_input():
-    # Stage 1 is slow: microbatch 1 arrives at t=3 but waits until stage 1 is free at 5.
-    tl = simulate_step([1, 3], [2, 4], [1], [2], 2, BW8)
-    expected = [
-        Event("fwd", 0, 0, 0, 1), Event("fwd", 0, 1, 1, 2),
-        Event("send_fwd", 0, 0, 1, 2), Event("send_fwd", 0, 1, 2, 3),
-        Event("fwd", 1, 0, 2, 5), Event("fwd", 1, 1, 5, 8),
-        Event("bwd", 1, 1, 8, 12), Event("bwd", 1, 0, 12, 16),
-        Event("send_bwd", 0, 1, 12, 14), Event("send_bwd", 0, 0, 16, 18),
-        Event("bwd", 0, 1, 14, 16), Event("bwd", 0, 0, 18, 20),
-    ]
-    assert _sorted(tl.events) == _sorted(expected)
-    assert tl.makespan == 20
+  # GPipe as the executor runs it (backwards in microbatch order). Stage 1 is slow:
+  # microbatch 1 arrives at t=3 but waits until stage 1 is free at 5.
+  tl = simulate_step([1, 3], [2, 4], [1], [2], 2, BW8)
+  expected = [
+      Event("fwd", 0, 0, 0, 1), Event("fwd", 0, 1, 1, 2),
+      Event("send_fwd", 0, 0, 1, 2), Event("send_fwd", 0, 1, 2, 3),
+      Event("fwd", 1, 0, 2, 5), Event("fwd", 1, 1, 5, 8),
+      Event("bwd", 1, 0, 8, 12), Event("bwd", 1, 1, 12, 16),
+      Event("send_bwd", 0, 0, 12, 14), Event("send_bwd", 0, 1, 16, 18),
+      Event("bwd", 0, 0, 14, 16), Event("bwd", 0, 1, 18, 20),
+  ]
+  assert _sorted(tl.events) == _sorted(expected)
+  assert tl.makespan == 20
 
 
 def test_communication_bound_link_serialises_messages():
-    # Each message takes 1 s latency + 9 s on the wire = 10 s, far more than compute, so
-    # the link runs back to back: makespan = f0 + M*T + f1 + b1 + M*T + b0.
-    fwd, bwd, t, m = (1, 1), (2, 2), 10, 3
-    tl = simulate_step(fwd, bwd, [9], [9], m, BW8, latency_s=1)
-    expected = [
-        Event("fwd", 0, 0, 0, 1), Event("fwd", 0, 1, 1, 2), Event("fwd", 0, 2, 2, 3),
-        Event("send_fwd", 0, 0, 1, 11), Event("send_fwd", 0, 1, 11, 21),
-        Event("send_fwd", 0, 2, 21, 31),
-        Event("fwd", 1, 0, 11, 12), Event("fwd", 1, 1, 21, 22), Event("fwd", 1, 2, 31, 32),
-        Event("bwd", 1, 2, 32, 34), Event("bwd", 1, 1, 34, 36), Event("bwd", 1, 0, 36, 38),
-        Event("send_bwd", 0, 2, 34, 44), Event("send_bwd", 0, 1, 44, 54),
-        Event("send_bwd", 0, 0, 54, 64),
-        Event("bwd", 0, 2, 44, 46), Event("bwd", 0, 1, 54, 56), Event("bwd", 0, 0, 64, 66),
-    ]
-    assert _sorted(tl.events) == _sorted(expected)
-    assert tl.makespan == fwd[0] + m * t + fwd[1] + bwd[1] + m * t + bwd[0] == 66
+  # Each message takes 1 s latency + 9 s on the wire = 10 s, far more than compute, so
+  # the link runs back to back: makespan = f0 + M*T + f1 + b1 + M*T + b0.
+  fwd, bwd, t, m = (1, 1), (2, 2), 10, 3
+  tl = simulate_step(fwd, bwd, [9], [9], m, BW8, latency_s=1)
+  expected = [
+      Event("fwd", 0, 0, 0, 1), Event("fwd", 0, 1, 1, 2), Event("fwd", 0, 2, 2, 3),
+      Event("send_fwd", 0, 0, 1, 11), Event("send_fwd", 0, 1, 11, 21),
+      Event("send_fwd", 0, 2, 21, 31),
+      Event("fwd", 1, 0, 11, 12), Event("fwd", 1, 1, 21, 22), Event("fwd", 1, 2, 31, 32),
+      Event("bwd", 1, 0, 32, 34), Event("bwd", 1, 1, 34, 36), Event("bwd", 1, 2, 36, 38),
+      Event("send_bwd", 0, 0, 34, 44), Event("send_bwd", 0, 1, 44, 54),
+      Event("send_bwd", 0, 2, 54, 64),
+      Event("bwd", 0, 0, 44, 46), Event("bwd", 0, 1, 54, 56), Event("bwd", 0, 2, 64, 66),
+  ]
+  assert _sorted(tl.events) == _sorted(expected)
+  assert tl.makespan == fwd[0] + m * t + fwd[1] + bwd[1] + m * t + bwd[0] == 66
+  assert tl.critical_seconds() == {"compute": 6, "link": 60, "exchange": 0}
 
 
 def test_single_stage_has_no_links():
-    tl = simulate_step([1.0], [2.0], [], [], 4, BW8)
-    assert {e.kind for e in tl.events} == {"fwd", "bwd"}
-    assert tl.makespan == 4 * 3.0
+  tl = simulate_step([1.0], [2.0], [], [], 4, BW8)
+  assert {e.kind for e in tl.events} == {"fwd", "bwd"}
+  assert tl.makespan == 4 * 3.0
 
 
-def test_dp_allreduce_is_added_after_the_pipeline_drains():
-    args = ([1, 3], [2, 4], [1], [2], 2, BW8)
-    plain = simulate_step(*args)
-    with_dp = simulate_step(*args, dp_allreduce_s=2.5)
-    assert with_dp.events == plain.events
-    assert with_dp.pipeline_end == plain.makespan == 20
-    assert with_dp.makespan == 22.5
+def test_exchange_follows_each_stage_and_counts_latency_per_message():
+  args = ([1, 3], [2, 4], [1], [2], 2, BW8)
+  plain = simulate_step(*args)
+  # stage 1 is done at 16 (last backward) and its last message has left at 18
+  tl = simulate_step(*args, latency_s=0.0, exchange=Exchange([2.5, 24.0], 0))
+  assert tl.events == plain.events and tl.pipeline_end == plain.makespan == 20
+  assert tl.exchanges == (Event("exchange", 0, -1, 20, 22.5), Event("exchange", 1, -1, 18, 42))
+  assert tl.makespan == 42 and tl.critical_path[-2:] == (Event("send_bwd", 0, 1, 16, 18), tl.exchanges[1])
+  assert netsim.transfer_time(16, BW8, 0.5, messages=6) == 3 + 16
 
 
 def test_throughput_is_samples_over_makespan():
-    tl = simulate_step([1, 3], [2, 4], [1], [2], 2, BW8, dp_allreduce_s=5)
-    assert netsim.throughput(50, tl) == 2.0
+  tl = simulate_step([1, 3], [2, 4], [1], [2], 2, BW8, exchange=Exchange([5, 0], 1))
+  assert netsim.throughput(50, tl) == 2.0
 
 
 def test_transfer_time():
-    assert netsim.transfer_time(125_000, 1e9, 0.5) == 0.5 + 1e-3
+  assert netsim.transfer_time(125_000, 1e9, 0.5) == 0.5 + 1e-3
+
+
+# --- closed form ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", schedule.SCHEDULES)
+@pytest.mark.parametrize("stages,microbatches", [(2, 2), (2, 1), (3, 5), (4, 8), (8, 3)])
+@pytest.mark.parametrize("t_f,t_b", [(1.0, 2.0), (2.0, 1.0)])
+def test_uniform_stages_without_communication_give_gpipe_formula(name, stages, microbatches, t_f, t_b):
+  # (M + S - 1)(t_f + t_b); the 1F1B schedules have GPipe's bubble (they save memory, not time)
+  tl = simulate_step([t_f] * stages, [t_b] * stages, [1e9] * (stages - 1), [1e9] * (stages - 1), microbatches,
+                     math.inf, schedule=name)
+  assert tl.makespan == (microbatches + stages - 1) * (t_f + t_b)
 
 
 # --- properties ------------------------------------------------------------------------
@@ -101,119 +186,139 @@ _bytes = st.floats(0, 1e4, allow_nan=False)
 
 @st.composite
 def pipelines(draw):
-    s = draw(st.integers(1, 5))
-    return dict(
-        fwd_s=draw(st.lists(_time, min_size=s, max_size=s)),
-        bwd_s=draw(st.lists(_time, min_size=s, max_size=s)),
-        fwd_bytes=draw(st.lists(_bytes, min_size=s - 1, max_size=s - 1)),
-        bwd_bytes=draw(st.lists(_bytes, min_size=s - 1, max_size=s - 1)),
-        microbatches=draw(st.integers(1, 6)),
-        bandwidth_bps=draw(st.floats(1.0, 1e5)),
-        latency_s=draw(_time),
-    )
+  s = draw(st.integers(1, 5))
+  exchange = draw(st.none() | st.builds(Exchange, st.lists(_bytes, min_size=s, max_size=s), st.integers(0, 6)))
+  return dict(
+      fwd_s=draw(st.lists(_time, min_size=s, max_size=s)),
+      bwd_s=draw(st.lists(_time, min_size=s, max_size=s)),
+      fwd_bytes=draw(st.lists(_bytes, min_size=s - 1, max_size=s - 1)),
+      bwd_bytes=draw(st.lists(_bytes, min_size=s - 1, max_size=s - 1)),
+      microbatches=draw(st.integers(1, 6)),
+      bandwidth_bps=draw(st.floats(1.0, 1e5)),
+      latency_s=draw(_time),
+      exchange=exchange,
+      schedule=draw(st.sampled_from(schedule.SCHEDULES)),
+  )
 
 
 def _at_least(value, bound):
-    return value >= bound - 1e-9 * max(1.0, bound)
+  return value >= bound - 1e-9 * max(1.0, bound)
 
 
-@settings(deadline=None, max_examples=60)
+@settings(deadline=None, max_examples=100)
 @given(pipelines(), st.floats(1.0, 100.0))
 def test_more_bandwidth_never_slows_a_step(p, factor):
-    faster = dict(p, bandwidth_bps=p["bandwidth_bps"] * factor)
-    assert simulate_step(**faster).makespan <= simulate_step(**p).makespan
+  faster = dict(p, bandwidth_bps=p["bandwidth_bps"] * factor)
+  assert simulate_step(**faster).makespan <= simulate_step(**p).makespan
 
 
 @settings(deadline=None, max_examples=60)
 @given(pipelines(), st.data())
 def test_fewer_bytes_never_slow_a_step(p, data):
-    def shrink(sizes):
-        scales = data.draw(st.lists(st.floats(0, 1), min_size=len(sizes), max_size=len(sizes)))
-        return [n * k for n, k in zip(sizes, scales)]
+  def shrink(sizes):
+    scales = data.draw(st.lists(st.floats(0, 1), min_size=len(sizes), max_size=len(sizes)))
+    return [n * k for n, k in zip(sizes, scales)]
 
-    smaller = dict(p, fwd_bytes=shrink(p["fwd_bytes"]), bwd_bytes=shrink(p["bwd_bytes"]))
-    assert simulate_step(**smaller).makespan <= simulate_step(**p).makespan
+  smaller = dict(p, fwd_bytes=shrink(p["fwd_bytes"]), bwd_bytes=shrink(p["bwd_bytes"]))
+  if p["exchange"] is not None:
+    smaller["exchange"] = p["exchange"]._replace(sent_bytes=shrink(p["exchange"].sent_bytes))
+  assert simulate_step(**smaller).makespan <= simulate_step(**p).makespan
 
 
 @settings(deadline=None, max_examples=60)
 @given(pipelines())
 def test_makespan_respects_lower_bounds(p):
-    tl = simulate_step(**p)
-    m = p["microbatches"]
+  tl = simulate_step(**p)
+  m = p["microbatches"]
 
-    def t(n):
-        return netsim.transfer_time(n, p["bandwidth_bps"], p["latency_s"])
+  def t(n):
+    return netsim.transfer_time(n, p["bandwidth_bps"], p["latency_s"])
 
-    for f, b in zip(p["fwd_s"], p["bwd_s"]):  # a stage does all its work serially
-        assert _at_least(tl.makespan, m * (f + b))
-    for nf, nb in zip(p["fwd_bytes"], p["bwd_bytes"]):  # a link direction is serial too
-        assert _at_least(tl.makespan, m * t(nf))
-        assert _at_least(tl.makespan, m * t(nb))
-    one_microbatch_path = (
-        sum(p["fwd_s"]) + sum(p["bwd_s"])
-        + sum(map(t, p["fwd_bytes"])) + sum(map(t, p["bwd_bytes"]))
-    )
-    assert _at_least(tl.makespan, one_microbatch_path)
+  for f, b in zip(p["fwd_s"], p["bwd_s"]):  # a stage does all its work serially
+    assert _at_least(tl.makespan, m * (f + b))
+  for nf, nb in zip(p["fwd_bytes"], p["bwd_bytes"]):  # a link direction is serial too
+    assert _at_least(tl.makespan, m * t(nf))
+    assert _at_least(tl.makespan, m * t(nb))
+  one_microbatch_path = (
+      sum(p["fwd_s"]) + sum(p["bwd_s"])
+      + sum(map(t, p["fwd_bytes"])) + sum(map(t, p["bwd_bytes"]))
+  )
+  assert _at_least(tl.makespan, one_microbatch_path)
 
 
 @settings(deadline=None, max_examples=60)
 @given(pipelines())
 def test_timeline_invariants(p):
-    tl = simulate_step(**p)
-    s_count, m_count = len(p["fwd_s"]), p["microbatches"]
-    ev = {(e.kind, e.index, e.microbatch): e for e in tl.events}
-    assert len(ev) == len(tl.events) == 2 * m_count * (2 * s_count - 1)
-    assert tl.pipeline_end == max(e.end for e in tl.events)
+  tl = simulate_step(**p)
+  s_count, m_count = len(p["fwd_s"]), p["microbatches"]
+  ev = {(e.kind, e.index, e.microbatch): e for e in tl.events}
+  assert len(ev) == len(tl.events) == 2 * m_count * (2 * s_count - 1)
+  assert tl.pipeline_end == max(e.end for e in tl.events)
 
-    def transfer(n):
-        return netsim.transfer_time(n, p["bandwidth_bps"], p["latency_s"])
+  def transfer(n):
+    return netsim.transfer_time(n, p["bandwidth_bps"], p["latency_s"])
 
-    duration = {
-        "fwd": p["fwd_s"], "bwd": p["bwd_s"],
-        "send_fwd": [transfer(n) for n in p["fwd_bytes"]],
-        "send_bwd": [transfer(n) for n in p["bwd_bytes"]],
-    }
-    for e in tl.events:
-        assert e.start >= 0
-        assert e.end - e.start == pytest.approx(duration[e.kind][e.index], abs=1e-9)
+  duration = {
+      "fwd": p["fwd_s"], "bwd": p["bwd_s"],
+      "send_fwd": [transfer(n) for n in p["fwd_bytes"]],
+      "send_bwd": [transfer(n) for n in p["bwd_bytes"]],
+  }
+  for e in tl.events:
+    assert e.start >= 0
+    assert e.end - e.start == pytest.approx(duration[e.kind][e.index], abs=1e-9)
 
-    mbs = range(m_count)
-    # Each resource runs its ops one at a time in the GPipe order.
-    orders = [
-        [ev["fwd", s, m] for m in mbs] + [ev["bwd", s, m] for m in reversed(mbs)]
-        for s in range(s_count)
-    ]
-    orders += [[ev["send_fwd", b, m] for m in mbs] for b in range(s_count - 1)]
-    orders += [[ev["send_bwd", b, m] for m in reversed(mbs)] for b in range(s_count - 1)]
-    previous = {}
-    for order in orders:
-        for before, after in zip(order, order[1:]):
-            assert after.start >= before.end
-            previous[after] = before
+  mbs = range(m_count)
+  # Each stage runs its ops one at a time in the executor's order; each link direction is
+  # FIFO in production order (microbatch order, under every schedule).
+  orders = [[ev[kind, s, m] for kind, m in ops]
+            for s, ops in enumerate(executor_orders(p["schedule"], s_count, m_count))]
+  orders += [[ev[kind, b, m] for m in mbs] for kind in ("send_fwd", "send_bwd") for b in range(s_count - 1)]
+  previous = {}
+  for order in orders:
+    for before, after in zip(order, order[1:]):
+      assert after.start >= before.end
+      previous[after] = before
 
-    # Data dependencies.
-    needs = {}
-    for m in mbs:
-        for s in range(1, s_count):
-            needs[ev["send_fwd", s - 1, m]] = ev["fwd", s - 1, m]
-            needs[ev["fwd", s, m]] = ev["send_fwd", s - 1, m]
-            needs[ev["send_bwd", s - 1, m]] = ev["bwd", s, m]
-            needs[ev["bwd", s - 1, m]] = ev["send_bwd", s - 1, m]
-        assert ev["bwd", s_count - 1, m].start >= ev["fwd", s_count - 1, m_count - 1].end
-    for after, before in needs.items():
-        assert after.start >= before.end
+  # Data dependencies.
+  needs = {}
+  for m in mbs:
+    for s in range(1, s_count):
+      needs[ev["send_fwd", s - 1, m]] = ev["fwd", s - 1, m]
+      needs[ev["fwd", s, m]] = ev["send_fwd", s - 1, m]
+      needs[ev["send_bwd", s - 1, m]] = ev["bwd", s, m]
+      needs[ev["bwd", s - 1, m]] = ev["send_bwd", s - 1, m]
+  for after, before in needs.items():
+    assert after.start >= before.end
 
-    # Nothing waits longer than it has to.
-    for e in tl.events:
-        ready = [x.end for x in (previous.get(e), needs.get(e)) if x is not None]
-        assert e.start == max(ready, default=0.0)
+  # Nothing waits longer than it has to.
+  for e in tl.events:
+    ready = [x.end for x in (previous.get(e), needs.get(e)) if x is not None]
+    assert e.start == max(ready, default=0.0)
+
+  # Each stage's exchange starts once the stage and its outgoing links are done.
+  waits_for = {e: [x for x in (previous.get(e), needs.get(e)) if x is not None] for e in tl.events}
+  if p["exchange"] is None:
+    assert tl.exchanges == () and tl.makespan == tl.pipeline_end
+  for s, x in enumerate(tl.exchanges):
+    waits_for[x] = [e for e in tl.events if (e.kind in ("fwd", "bwd") and e.index == s)
+                    or (e.kind == "send_fwd" and e.index == s) or (e.kind == "send_bwd" and e.index == s - 1)]
+    assert (x.kind, x.index, x.start) == ("exchange", s, max(e.end for e in waits_for[x]))
+    assert x.end - x.start == pytest.approx(netsim.transfer_time(
+        p["exchange"].sent_bytes[s], p["bandwidth_bps"], p["latency_s"], p["exchange"].messages), abs=1e-9)
+
+  # The critical path runs from t = 0 to the makespan along dependencies, without gaps.
+  path = tl.critical_path
+  assert path[0].start == 0 and path[-1].end == tl.makespan
+  for before, after in zip(path, path[1:]):
+    assert before in waits_for[after] and before.end == after.start
+  assert sum(tl.critical_seconds().values()) == pytest.approx(tl.makespan, rel=1e-9, abs=1e-9)
 
 
 # --- input validation ---------------------------------------------------------------------
 
 GOOD = dict(
     fwd_s=[1.0, 1.0], bwd_s=[2.0, 2.0], fwd_bytes=[10], bwd_bytes=[10],
-    microbatches=2, bandwidth_bps=1e6, latency_s=0.0, dp_allreduce_s=0.0,
+    microbatches=2, bandwidth_bps=1e6, latency_s=0.0, exchange=None, schedule="gpipe",
 )
 
 
@@ -225,30 +330,33 @@ GOOD = dict(
         (dict(fwd_s=[], bwd_s=[], fwd_bytes=[], bwd_bytes=[]), r"fwd_s .*empty"),
         (dict(bwd_s=[2.0]), r"bwd_s has 1 entries but fwd_s has 2"),
         (dict(fwd_bytes=[-5]), r"fwd_bytes\[0\].*-5"),
-        (dict(bwd_bytes=[10, 10]), r"bwd_bytes has 2 entries.*2 stages have 1 links"),
+        (dict(bwd_bytes=[10, 10]), r"bwd_bytes has 2 entries but the pipeline has 1 links"),
         (dict(fwd_bytes=[math.inf]), r"fwd_bytes\[0\].*inf"),
         (dict(bandwidth_bps=0), r"bandwidth_bps must be > 0, got 0"),
         (dict(bandwidth_bps=-1e9), r"bandwidth_bps.*-1000000000\.0"),
         (dict(bandwidth_bps=math.nan), r"bandwidth_bps.*nan"),
         (dict(latency_s=-0.1), r"latency_s.*-0\.1"),
-        (dict(dp_allreduce_s=-2.0), r"dp_allreduce_s.*-2\.0"),
         (dict(microbatches=0), r"microbatches.*got 0"),
         (dict(microbatches=1.5), r"microbatches.*got 1\.5"),
         (dict(microbatches=True), r"microbatches.*got True"),
+        (dict(schedule="pipedream"), r"schedule must be one of \['gpipe', '1f1b', '1f1b-fused'\], got 'pipedream'"),
+        (dict(exchange=Exchange([1.0], 2)), r"exchange.sent_bytes has 1 entries but the pipeline has 2 stages"),
+        (dict(exchange=Exchange([1.0, -2.0], 2)), r"exchange.sent_bytes\[1\].*-2\.0"),
+        (dict(exchange=Exchange([1.0, 1.0], -1)), r"exchange.messages must be an integer >= 0, got -1"),
     ],
 )
 def test_bad_inputs_raise_naming_the_value(override, message):
-    with pytest.raises(ValueError, match=message):
-        simulate_step(**dict(GOOD, **override))
+  with pytest.raises(ValueError, match=message):
+    simulate_step(**dict(GOOD, **override))
 
 
 def test_throughput_rejects_bad_samples_and_empty_step():
-    tl = simulate_step(**GOOD)
-    with pytest.raises(ValueError, match=r"samples_per_step.*got 0"):
-        netsim.throughput(0, tl)
-    empty = simulate_step([0.0], [0.0], [], [], 1, 1.0)
-    with pytest.raises(ValueError, match="makespan of 0.0"):
-        netsim.throughput(8, empty)
+  tl = simulate_step(**GOOD)
+  with pytest.raises(ValueError, match=r"samples_per_step.*got 0"):
+    netsim.throughput(0, tl)
+  empty = simulate_step([0.0], [0.0], [], [], 1, 1.0)
+  with pytest.raises(ValueError, match="makespan of 0.0"):
+    netsim.throughput(8, empty)
 
 
 # --- sweep and table -----------------------------------------------------------------------
@@ -258,41 +366,45 @@ CONFIGS = {"big": ([125e6], [125e6]), "small": ([12.5e6], [12.5e6])}
 
 
 def test_sweep_rows_match_individual_simulations():
-    rows = netsim.sweep([1e9, 100e6], CONFIGS, [1, 1], [1, 1], 1, samples_per_step=12)
-    assert [(r.config, r.bandwidth_bps) for r in rows] == [
-        ("big", 1e9), ("big", 100e6), ("small", 1e9), ("small", 100e6),
-    ]
-    # compute 4 s + one message each way
-    assert [r.makespan_s for r in rows] == pytest.approx([6, 24, 4.2, 6])
-    assert [r.samples_per_s for r in rows] == pytest.approx([2, 0.5, 12 / 4.2, 2])
+  rows = netsim.sweep([1e9, 100e6], CONFIGS, [1, 1], [1, 1], 1, samples_per_step=12)
+  assert [(r.config, r.bandwidth_bps) for r in rows] == [
+      ("big", 1e9), ("big", 100e6), ("small", 1e9), ("small", 100e6),
+  ]
+  # compute 4 s + one message each way
+  assert [r.makespan_s for r in rows] == pytest.approx([6, 24, 4.2, 6])
+  assert [r.samples_per_s for r in rows] == pytest.approx([2, 0.5, 12 / 4.2, 2])
+  # an exchange of 12.5 MB per stage adds 0.1 s / 1 s after stage 0, the last to finish
+  rows = netsim.sweep([1e9, 100e6], CONFIGS, [1, 1], [1, 1], 1, samples_per_step=12,
+                      exchange=Exchange([12.5e6, 12.5e6], 1), schedule="1f1b")
+  assert [r.makespan_s for r in rows] == pytest.approx([6.1, 25, 4.3, 7])
 
 
 def test_sweep_rejects_empty_inputs():
-    with pytest.raises(ValueError, match="configs"):
-        netsim.sweep([1e9], {}, [1], [1], 1, samples_per_step=1)
-    with pytest.raises(ValueError, match="bandwidths_bps"):
-        netsim.sweep([], CONFIGS, [1, 1], [1, 1], 1, samples_per_step=1)
-    with pytest.raises(ValueError, match=r"config 'bad': bwd_bytes\[0\].*-1"):
-        netsim.sweep([1e9], {"bad": ([1], [-1])}, [1, 1], [1, 1], 1, samples_per_step=1)
+  with pytest.raises(ValueError, match="configs"):
+    netsim.sweep([1e9], {}, [1], [1], 1, samples_per_step=1)
+  with pytest.raises(ValueError, match="bandwidths_bps"):
+    netsim.sweep([], CONFIGS, [1, 1], [1, 1], 1, samples_per_step=1)
+  with pytest.raises(ValueError, match=r"config 'bad': bwd_bytes\[0\].*-1"):
+    netsim.sweep([1e9], {"bad": ([1], [-1])}, [1, 1], [1, 1], 1, samples_per_step=1)
 
 
 def test_render_markdown_with_speedups():
-    rows = netsim.sweep([1e9, 100e6], CONFIGS, [1, 1], [1, 1], 1, samples_per_step=12)
-    assert netsim.render_markdown(rows, baseline="big") == "\n".join([
-        "| config | 1 Gbps | 100 Mbps |",
-        "|---|---:|---:|",
-        "| big | 2.00 (1.0x) | 0.50 (1.0x) |",
-        "| small | 2.86 (1.4x) | 2.00 (4.0x) |",
-    ])
-    assert netsim.render_markdown(rows).splitlines()[3] == "| small | 2.86 | 2.00 |"
+  rows = netsim.sweep([1e9, 100e6], CONFIGS, [1, 1], [1, 1], 1, samples_per_step=12)
+  assert netsim.render_markdown(rows, baseline="big") == "\n".join([
+      "| config | 1 Gbps | 100 Mbps |",
+      "|---|---:|---:|",
+      "| big | 2.00 (1.0x) | 0.50 (1.0x) |",
+      "| small | 2.86 (1.4x) | 2.00 (4.0x) |",
+  ])
+  assert netsim.render_markdown(rows).splitlines()[3] == "| small | 2.86 | 2.00 |"
 
 
 def test_render_markdown_rejects_unknown_baseline_and_missing_cells():
-    rows = netsim.sweep([1e9, 100e6], CONFIGS, [1, 1], [1, 1], 1, samples_per_step=12)
-    with pytest.raises(ValueError, match="baseline 'fp32'"):
-        netsim.render_markdown(rows, baseline="fp32")
-    with pytest.raises(ValueError, match="'small' at 100 Mbps"):
-        netsim.render_markdown(rows[:-1])
+  rows = netsim.sweep([1e9, 100e6], CONFIGS, [1, 1], [1, 1], 1, samples_per_step=12)
+  with pytest.raises(ValueError, match="baseline 'fp32'"):
+    netsim.render_markdown(rows, baseline="fp32")
+  with pytest.raises(ValueError, match="'small' at 100 Mbps"):
+    netsim.render_markdown(rows[:-1])
 
 
 @pytest.mark.parametrize(
@@ -300,4 +412,4 @@ def test_render_markdown_rejects_unknown_baseline_and_missing_cells():
     [(10e9, "10 Gbps"), (1.5e9, "1.5 Gbps"), (500e6, "500 Mbps"), (2e3, "2 kbps"), (8, "8 bps")],
 )
 def test_format_bandwidth(bps, text):
-    assert netsim.format_bandwidth(bps) == text
+  assert netsim.format_bandwidth(bps) == text
