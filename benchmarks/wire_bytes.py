@@ -74,7 +74,7 @@ def pipeline_table(batch=8, seq=64, microbatches=2) -> str:
   for name, (fwd, bwd) in PIPELINE_CONFIGS.items():
     pipe, data, cfg = _toy_gpt2(batch, seq, microbatches, fwd, bwd)
     state = ex.init_state(pipe, opt, jax.random.key(1), data)
-    sent = gpipe.collective_permute_bytes(ex.compiled_text(pipe, opt, state, data))
+    sent = ex.collective_bytes(ex.compiled_text(pipe, opt, state, data))
     predicted = jaxcomp.wire_bytes_per_step(pipe, jaxcomp.init_state(pipe, opt, jax.random.key(1), data), data)
     total = sent["fwd"] + sent["bwd"]
     dense_total = dense_total or total
@@ -93,7 +93,7 @@ def data_parallel_table(batch=8, seq=64, microbatches=2) -> str:
   for name, (opt, scheme) in DATA_PARALLEL_CONFIGS.items():
     ex = gpipe.GPipe(gpipe.make_mesh(4, data=2), spec.parse_scheme(scheme))
     state = ex.init_state(pipe, opt, jax.random.key(1), data)
-    sent = gpipe.collective_permute_bytes(ex.compiled_text(pipe, opt, state, data))["data"]
+    sent = ex.collective_bytes(ex.compiled_text(pipe, opt, state, data))["data"]
     dense = dense or sent  # the first row
     lines.append(f"| {name} | {sent:,} | {ex.wire_bytes_per_step(pipe, data)['data']:,} | {sent / dense:.4f} |")
   return (f"4 stages x 2 data replicas, one fp32 row of {state.params.shape[1]:,} parameters per stage; "

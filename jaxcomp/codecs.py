@@ -38,11 +38,6 @@ def _size(shape) -> int:
   return int(np.prod(shape, dtype=np.int64))
 
 
-def _as_bits(x):
-  """A float array as its unsigned-int bit pattern (what travels; no backend widens it)."""
-  return jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize])
-
-
 def compiled(method):
   """A codec method under `jax.jit` with the codec itself static (codecs are hashable).
 
@@ -99,7 +94,7 @@ class Cast(Codec):
 
   @compiled
   def encode(self, x, key=None):
-    return Payload({"bits": _as_bits(x.astype(self.dtype))}, x.shape, x.dtype)
+    return Payload({"bits": packing.as_bits(x.astype(self.dtype))}, x.shape, x.dtype)
 
   @compiled
   def decode(self, payload):
@@ -288,7 +283,7 @@ class MaxAbsQuant(Codec):
     scale = self._scale(x32)
     codes = self._codes(x32, self._expand(scale.astype(jnp.float32)), key) + self.levels
     packed = packing.pack(codes.reshape(-1).astype(jnp.uint32), self.bits)
-    return Payload({"codes": packed, "scale": _as_bits(scale)}, x.shape, x.dtype)
+    return Payload({"codes": packed, "scale": packing.as_bits(scale)}, x.shape, x.dtype)
 
   @compiled
   def decode(self, payload):
@@ -332,6 +327,19 @@ def _scatter_rows(values_RxK, idx_RxK, f):
   return jnp.zeros((values_RxK.shape[0], f), values_RxK.dtype).at[rows, idx_RxK].set(values_RxK)
 
 
+def _selected_positions(selector, x_RxF, k):
+  return selection.top_k_positions(x_RxF, k, selector)
+
+
+def _selected_mask(selector, x_RxF, k):
+  """Packed bitmask of the k largest |x| per row, selected by `selector`."""
+  if selector == "threshold":
+    return packing.pack_mask(selection.top_k_mask(x_RxF, k))
+  idx = _selected_positions(selector, x_RxF, k)
+  rows = jnp.arange(x_RxF.shape[0])[:, None]
+  return packing.pack_mask(jnp.zeros(x_RxF.shape, bool).at[rows, idx].set(True))
+
+
 # `python -m benchmarks.topk_selection` on CPU ([8, 98304]): the threshold round trip is ~6x
 # faster than lax.top_k at K = 10%, equal near 1%, ~2.4x slower at 0.1%
 THRESHOLD_FROM_FRACTION_CPU = 0.01
@@ -351,8 +359,8 @@ class TopK(Codec):
   v_hat = s c / 127, |v - v_hat| <= s / 254.
   `select`: "threshold" (counting passes + prefix-sum compaction, `jaxcomp.selection`),
   "sort" (`lax.top_k`), "approx" (`lax.approx_max_k`), or "auto": the fastest measured on
-  the default backend (CPU: threshold from K = THRESHOLD_FROM_FRACTION_CPU up, sort below;
-  sort elsewhere until measured).
+  the platform the program is compiled for (`jax.lax.platform_dependent`; CPU: threshold from
+  K = THRESHOLD_FROM_FRACTION_CPU up, sort below; sort elsewhere until measured).
   """
   fraction: float = 0.1
   per: str = "example"
@@ -374,26 +382,29 @@ class TopK(Codec):
     _, f = _rows(shape, self.per)
     return f / 8 < self.k(shape) * np.dtype(_index_dtype(f)).itemsize
 
-  @property
-  def selector(self) -> str:
-    """The selection method `select` resolves to on the default backend."""
+  def selector(self, platform: str) -> str:
+    """The selection method on `platform` ("cpu", "tpu", "cuda", ...): `select`, or for "auto"
+    the threshold selection on CPU from K = THRESHOLD_FROM_FRACTION_CPU up, `lax.top_k` elsewhere."""
     if self.select != "auto":
       return self.select
-    cpu = jax.default_backend() == "cpu"
-    return "threshold" if cpu and self.fraction >= THRESHOLD_FROM_FRACTION_CPU else "sort"
+    return "threshold" if platform == "cpu" and self.fraction >= THRESHOLD_FROM_FRACTION_CPU else "sort"
+
+  def _selected(self, how, x_RxF, k):
+    """how(selector, x, k) with the selector of the platform the program is lowered for (not the
+    host's default backend: a program compiled for a TPU from a CPU host selects as on the TPU)."""
+    on_cpu, elsewhere = self.selector("cpu"), self.selector("tpu")
+    if on_cpu == elsewhere:
+      return how(on_cpu, x_RxF, k)
+    return jax.lax.platform_dependent(x_RxF, cpu=lambda x: how(on_cpu, x, k), default=lambda x: how(elsewhere, x, k))
 
   def positions(self, x) -> jax.Array:
     """Int32 [R, k]: positions of the largest-magnitude entries of each row."""
     r, f = _rows(x.shape, self.per)
-    return selection.top_k_positions(x.reshape(r, f), self.k(x.shape), self.selector)
+    return self._selected(_selected_positions, x.reshape(r, f), self.k(x.shape))
 
   def _mask(self, x_RxF, k) -> jax.Array:
     """Packed bitmask [R, ceil(F/8)] of the selected entries."""
-    if self.selector == "threshold":
-      return packing.pack_mask(selection.top_k_mask(x_RxF, k))
-    idx = selection.top_k_positions(x_RxF, k, self.selector)
-    rows = jnp.arange(x_RxF.shape[0])[:, None]
-    return packing.pack_mask(jnp.zeros(x_RxF.shape, bool).at[rows, idx].set(True))
+    return self._selected(_selected_mask, x_RxF, k)
 
   def _pack_values(self, v_RxK) -> dict:
     """The selected values in the wire format `values`."""
@@ -468,8 +479,11 @@ class TopK(Codec):
 class RandK(Codec):
   """Keeps ceil(K*F) uniformly random entries per row (unscaled, so contractive like TopK).
 
-  Positions come from a PRNG key that travels with the values (8 bytes), so the receiver
-  regenerates them and no indices are sent.
+  Positions come from a PRNG seed that travels with the values (8 bytes), so the receiver
+  regenerates them and no indices are sent. The seed is the message's key folded with the bits
+  of its first entry: known to the sender alone, so no compiler can drop it from the message as
+  a value the receiver could compute itself (XLA:TPU does that to a seed drawn from a key both
+  ends derive, and the bytes sent would no longer be the bytes counted).
   """
   fraction: float = 0.1
   per: str = "example"
@@ -487,7 +501,9 @@ class RandK(Codec):
   def encode(self, x, key=None):
     if key is None:
       raise ValueError("RandK needs a PRNG key, got key=None")
-    seed = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    key = key if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else jax.random.wrap_key_data(key)
+    first = jax.lax.bitcast_convert_type(x.reshape(-1)[0].astype(jnp.float32), jnp.uint32)
+    seed = jax.random.key_data(jax.random.fold_in(key, first))
     r, f = _rows(x.shape, self.per)
     values = jnp.take_along_axis(x.reshape(r, f), self._positions(seed, x.shape), axis=1)
     return Payload({"values": values, "seed": seed}, x.shape, x.dtype)

@@ -1,28 +1,190 @@
-"""Bytes that the collectives of a compiled XLA program send, read from its HLO text.
+"""Bytes in a compiled XLA program, read from its HLO text (CPU, GPU and TPU backends).
 
-A collective inside a `while` body (a scanned schedule) runs once per iteration: its bytes
-are multiplied by the loop's `known_trip_count`, through nested loops and called
-computations.
+`collective_bytes`: what the collectives send per call. `memory_bytes`: the HBM traffic of a
+call (every top-level instruction reads its operands and writes its result; a fusion counts
+at its boundary, as XLA's own cost analysis does). Both count a loop body once per iteration:
+a `while` runs `known_trip_count` times when the backend writes it, else, for the counted
+loops JAX emits (`scan`, `fori_loop`), the bound of its condition `i < N` less the counter's
+constant start; a loop whose trip count is data-dependent (`lax.while_loop`) is counted once
+for memory and refused for collectives. A `conditional` runs one branch per call: collectives
+count each branch once, memory the costliest branch.
 """
+import dataclasses
 import re
 
 import numpy as np
 
-_ARRAY = re.compile(r"(pred|[suf]\d+|bf16|f8e4m3fn|f8e5m2)\[([\d,]*)\]")
-_BYTES = {"pred": 1, "bf16": 2, "f8e4m3fn": 1, "f8e5m2": 1}
+_ARRAY = re.compile(r"(pred|[suf]\d+|bf16|f8e4m3fn|f8e5m2|f8e4m3fnuz|f8e5m2fnuz|f8e4m3b11fnuz|f8e4m3|f8e3m4)"
+                    r"\[([\d,]*)\]")
+_BYTES = {"pred": 1, "bf16": 2}
+_LAID_OUT = re.compile(_ARRAY.pattern + r"(?:\{([^}]*)\})?")
+_ARRAY_TEXT = re.compile(r"(?:pred|[suf]\d+|bf16|f8\w*)\[[\d,]*\]")
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
-_CALLED = re.compile(r"\b(?:body|condition|to_apply|calls|true_computation|false_computation)=%?([\w.\-]+)")
+_DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*")
+_CALLED = re.compile(r"\b(body|condition|to_apply|calls|true_computation|false_computation)=%?([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+# instructions that move no data of their own (aliases, control, metadata) or whose callees are counted instead
+_NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional", "call",
+               "after-all", "partition-id", "replica-id", "iota", "opt-barrier", "copy-done", "slice-done",
+               "collective-permute-done", "all-gather-done", "all-reduce-done", "async-done", "send-done",
+               "recv-done", "add-dependency", "domain"}
+
+
+def _itemsize(dtype: str) -> int:
+  return _BYTES.get(dtype) or (1 if dtype.startswith("f8") else int(dtype[1:]) // 8)
 
 
 def array_bytes(text: str) -> int:
   """Bytes of every array type (`f32[2,3]`, ...) written in `text`."""
   total = 0
   for dtype, dims in _ARRAY.findall(text):
-    size = int(np.prod([int(d) for d in dims.split(",") if d], dtype=np.int64))
-    total += size * _BYTES.get(dtype, int(dtype[1:]) // 8 if dtype[0] in "suf" else 0)
+    total += int(np.prod([int(d) for d in dims.split(",") if d], dtype=np.int64)) * _itemsize(dtype)
   return total
+
+
+def device_memory_bytes(text: str) -> int:
+  """Bytes of the arrays written in `text` that live in device memory (HBM), padded to their
+  layout's tiles: `f32[20,100]{1,0:T(8,128)}` takes 24 x 128 floats; arrays placed in another
+  memory space (`S(1)`: TPU VMEM, ...) take none."""
+  total = 0
+  for dtype, dims, layout in _LAID_OUT.findall(text):
+    shape = [int(d) for d in dims.split(",") if d]
+    order, _, tiling = layout.partition(":")
+    space = re.search(r"S\((\d+)\)", tiling)
+    if space and space.group(1) != "0":
+      continue
+    tile = re.match(r"T\(([\d,]+)\)", tiling)
+    if tile and shape:
+      minor_to_major = [int(d) for d in order.split(",") if d]
+      physical = minor_to_major[::-1]  # major to minor
+      for dim, size in zip(physical[::-1], [int(t) for t in tile.group(1).split(",")][::-1]):
+        shape[dim] = -(-shape[dim] // size) * size
+    total += int(np.prod(shape, dtype=np.int64)) * _itemsize(dtype)
+  return total
+
+
+def _closing(text: str, start: int) -> int:
+  """Index just past the bracket that closes the one opening at `start`."""
+  depth = 0
+  for i in range(start, len(text)):
+    depth += text[i] in "([{"
+    depth -= text[i] in ")]}"
+    if depth == 0:
+      return i + 1
+  return len(text)
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+  """One HLO instruction: `name = type opcode(operands), attributes`."""
+  name: str
+  type: str  # result type text: `f32[8,16]{1,0}` or a tuple `(u8[4], u32[])`
+  opcode: str
+  operands: tuple[str, ...]  # operand instruction names
+  attributes: str  # the text after the operand list
+  line: str
+
+
+def parse_instruction(line: str) -> Instruction | None:
+  """The instruction a line of HLO text defines, or None."""
+  head = _DEFINITION.match(line)
+  if head is None:
+    return None
+  rest = line[head.end():]
+  end = _closing(rest, 0) if rest.startswith("(") else rest.find(" ")
+  type_text, rest = rest[:end], rest[end:].lstrip()
+  paren = rest.find("(")
+  if paren < 0:
+    return None
+  close = _closing(rest, paren)
+  operands = tuple(re.findall(r"%([\w.\-]+)", rest[paren:close]))
+  return Instruction(head.group(1), type_text, rest[:paren], operands, rest[close:], line)
+
+
+class Module:
+  """A compiled program's computations, their instructions and the types of their values."""
+
+  def __init__(self, hlo_text: str):
+    self.computations: dict[str, list[Instruction]] = {}
+    self.entry = None
+    current = None
+    for line in hlo_text.splitlines():
+      header = _HEADER.match(line)
+      if header and not line.startswith(" "):
+        current = header.group(1)
+        self.computations[current] = []
+        if line.startswith("ENTRY"):
+          self.entry = current
+      elif current is not None and line.startswith(" "):
+        inst = parse_instruction(line)
+        if inst is not None:
+          self.computations[current].append(inst)
+    self.types = {(c, i.name): i.type for c, insts in self.computations.items() for i in insts}
+    self.by_name = {(c, i.name): i for c, insts in self.computations.items() for i in insts}
+
+  def callees(self, inst: Instruction) -> list[tuple[str, str]]:
+    """(role, computation) pairs an instruction calls: body, condition, to_apply, calls, branch."""
+    called = _CALLED.findall(inst.attributes)
+    for group in _BRANCHES.findall(inst.attributes):
+      called += [("branch", c) for c in re.findall(r"%?([\w.\-]+)", group)]
+    return called
+
+  def trip_count(self, computation: str, loop: Instruction) -> int | None:
+    """Iterations of a `while`: the backend's known_trip_count, else N - c for a condition `i < N`
+    whose counter starts at the constant c; None when neither can be read."""
+    known = _TRIP.search(loop.attributes)
+    if known:
+      return int(known.group(1))
+    condition = dict(self.callees(loop)).get("condition")
+    insts = self.computations.get(condition, [])
+    root = next((i for i in insts if i.line.lstrip().startswith("ROOT")), None)
+    if root is None or root.opcode != "compare" or "direction=LT" not in root.attributes or len(root.operands) != 2:
+      return None
+    counter, bound = (self.by_name.get((condition, o)) for o in root.operands)
+    if counter is None or bound is None or counter.opcode != "get-tuple-element" or bound.opcode != "constant":
+      return None
+    index = int(re.search(r"index=(\d+)", counter.attributes).group(1))
+    start = self._tuple_element(computation, loop.operands[0], index)
+    if start is None or start.opcode != "constant":
+      return None
+    value = lambda inst: int(re.search(r"constant\((-?\d+)\)", inst.line).group(1))
+    return value(bound) - value(start)
+
+  def _tuple_element(self, computation: str, name: str, index: int) -> Instruction | None:
+    inst = self.by_name.get((computation, name))
+    if inst is None or inst.opcode != "tuple" or index >= len(inst.operands):
+      return None
+    element = self.by_name.get((computation, inst.operands[index]))
+    while element is not None and element.opcode in ("copy", "bitcast") and len(element.operands) == 1:
+      element = self.by_name.get((computation, element.operands[0]))  # TPU copies the start into the loop
+    return element
+
+
+@dataclasses.dataclass
+class Executions:
+  """How often each computation runs per call, and which run under a loop of unknown trip count."""
+  counts: dict[str, int]
+  uncounted: set[str]  # computations inside a `while` whose trip count could not be read
+
+
+def executions(module: Module) -> Executions:
+  """Runs of each computation per call of the program (loop bodies x trip count; each branch of a
+  conditional counted once)."""
+  out = Executions({}, set())
+
+  def visit(name, times, uncounted):
+    out.counts[name] = out.counts.get(name, 0) + times
+    if uncounted:
+      out.uncounted.add(name)
+    for inst in module.computations.get(name, ()):
+      trip = module.trip_count(name, inst) if inst.opcode == "while" else None
+      for role, callee in module.callees(inst):
+        looped = role in ("body", "condition")
+        visit(callee, times * ((trip or 1) if looped else 1), uncounted or (looped and trip is None))
+
+  visit(module.entry, 1, False)
+  return out
 
 
 def _group_size_and_count(line):
@@ -34,65 +196,73 @@ def _group_size_and_count(line):
   return len(members[0].split(",")), len(members)
 
 
-def computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
-  """({computation name: instruction lines}, name of the entry computation)."""
-  comps, entry, current = {}, None, None
-  for line in hlo_text.splitlines():
-    header = _HEADER.match(line)
-    if header and not line.startswith(" "):
-      current = header.group(1)
-      comps[current] = []
-      if line.startswith("ENTRY"):
-        entry = current
-    elif current is not None and line.startswith(" "):
-      comps[current].append(line)
-  return comps, entry
+def _first_array(type_text: str) -> str:
+  """An async start's result is (operand, result, context...): the operand's type."""
+  return _ARRAY.search(type_text).group(0)
 
 
-def executions(hlo_text: str) -> dict[str, int]:
-  """How many times each computation runs per call of the program (while bodies x trip count)."""
-  comps, entry = computations(hlo_text)
-  counts: dict[str, int] = {}
-
-  def visit(name, times):
-    counts[name] = counts.get(name, 0) + times
-    for line in comps.get(name, ()):
-      trip = _TRIP.search(line)
-      for callee in _CALLED.findall(line):
-        is_body = f"body=%{callee}" in line or f"body={callee}" in line
-        if is_body and " while(" in line and trip is None:
-          raise ValueError(f"while loop without a known trip count in the compiled program: {line.strip()[:120]}")
-        visit(callee, times * (int(trip.group(1)) if is_body and trip else 1))
-      for group in _BRANCHES.findall(line):  # a conditional runs one branch: count each as once
-        for callee in re.findall(r"%?([\w.\-]+)", group):
-          visit(callee, times)
-
-  visit(entry, 1)
-  return counts
-
-
-def collective_bytes(hlo_text: str) -> dict[str, int]:
+def collective_bytes(hlo_text: str, num_stages: int | None = None) -> dict[str, int]:
   """Bytes the collectives of a compiled program send per call, summed over all devices.
 
-  fwd/bwd: each collective-permute moves its operand once per source->target pair; a pair
-  (a, a+1) is forward (activations), (a+1, a) backward (gradients). data: each all-gather
-  over a group of n sends every member's operand (result / n) to the n-1 others.
+  Devices are numbered as a (data, stage) mesh lists them: d * num_stages + s. Each
+  collective-permute moves its operand once per source->target pair: a pair within one data
+  row is a pipeline message, forward (activations) from stage a to a+1, backward (gradients)
+  from a+1 to a; a pair across data rows is the data-parallel exchange (`data`; without
+  `num_stages` every pair is a pipeline message). Each all-gather over a group of n also
+  counts as `data`: every member's operand (result / n) to the n-1 others. All-reduces are
+  not counted. A collective in a loop of unknown trip count is a ValueError.
   """
+  module = Module(hlo_text)
+  runs = executions(module)
   totals = {"fwd": 0, "bwd": 0, "data": 0}
-  comps, _ = computations(hlo_text)
-  for name, times in executions(hlo_text).items():
-    for line in comps.get(name, ()):
-      if " all-gather(" in line or " all-gather-start(" in line:
-        size, count = _group_size_and_count(line)
-        result = line.split("=", 1)[1].split("all-gather", 1)[0]
-        totals["data"] += times * (array_bytes(_ARRAY.search(result).group(0)) // size * (size - 1) * size * count)
+  for name, times in runs.counts.items():
+    for inst in module.computations.get(name, ()):
+      kind = inst.opcode.removesuffix("-start")
+      if kind not in ("all-gather", "collective-permute"):
         continue
-      if "collective-permute(" not in line and "collective-permute-start(" not in line:
+      if name in runs.uncounted:
+        raise ValueError(f"a {kind} inside a loop without a known trip count: {inst.line.strip()[:160]}")
+      if kind == "all-gather":  # the gathered result: the sync op's type, the last array of an async start's
+        size, count = _group_size_and_count(inst.line)
+        gathered = array_bytes(inst.type if inst.opcode == kind else _ARRAY_TEXT.findall(inst.type)[-1])
+        totals["data"] += times * (gathered // size * (size - 1) * size * count)
         continue
-      result = line.split("=", 1)[1].split("collective-permute", 1)[0]
-      if "collective-permute-start(" in line:  # start returns (operand, result, ...): count one
-        result = _ARRAY.search(result).group(0)
-      pairs = re.findall(r"\{(\d+),(\d+)\}", line.split("source_target_pairs=", 1)[1])
-      for src, dst in pairs:
-        totals["fwd" if int(dst) > int(src) else "bwd"] += times * array_bytes(result)
+      moved = array_bytes(inst.type if inst.opcode == kind else _first_array(inst.type))
+      pairs = re.findall(r"\{(\d+),(\d+)\}", inst.attributes.split("source_target_pairs=", 1)[1])
+      for src, dst in ((int(a), int(b)) for a, b in pairs):
+        same_row = num_stages is None or src // num_stages == dst // num_stages
+        totals[("fwd" if dst > src else "bwd") if same_row else "data"] += times * moved
   return totals
+
+
+def memory_bytes(hlo_text: str) -> int:
+  """Bytes one call reads and writes in device memory: per top-level instruction its operands and
+  result in device memory (`device_memory_bytes`; a fusion at its boundary, an async start its
+  operand and result), loop bodies x trip count (once where unknown), the costliest branch of a
+  conditional. On CPU this is XLA's own "bytes accessed" (which counts loop bodies once)."""
+  module = Module(hlo_text)
+  memo: dict[str, int] = {}
+
+  def inst_bytes(computation, inst):
+    result = inst.type if not inst.opcode.endswith("-start") else _LAID_OUT.search(inst.type).group(0)
+    operands = (module.types.get((computation, o), "") for o in inst.operands)
+    return device_memory_bytes(result) + sum(device_memory_bytes(o) for o in operands)
+
+  def cost(name):
+    if name not in memo:
+      total = 0
+      for inst in module.computations.get(name, ()):
+        called = module.callees(inst)
+        if inst.opcode == "while":
+          total += (module.trip_count(name, inst) or 1) * sum(cost(c) for _, c in called)
+        elif inst.opcode == "conditional":
+          total += max((cost(c) for role, c in called if role in ("branch", "true_computation", "false_computation")),
+                       default=0)
+        elif inst.opcode in ("call", "async-start"):
+          total += sum(cost(c) for _, c in called)
+        elif inst.opcode not in _NO_TRAFFIC:
+          total += inst_bytes(name, inst)
+      memo[name] = total
+    return memo[name]
+
+  return cost(module.entry)

@@ -11,6 +11,23 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def as_bits(x):
+  """A float array as the unsigned integers of its bit pattern (same width); others unchanged.
+
+  What travels in a message: no backend may widen the values (XLA:CPU moves f8 as f16 in a
+  collective-permute) or narrow them (XLA:TPU hoists a receiver's f32 -> bf16 cast above the
+  collective-permute), so the bytes on the wire are the bytes counted.
+  """
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    return x
+  return jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[x.dtype.itemsize])
+
+
+def from_bits(bits, dtype):
+  """Inverse of `as_bits` for an array that was of `dtype`."""
+  return bits if bits.dtype == dtype else jax.lax.bitcast_convert_type(bits, dtype)
+
+
 def packed_size(n: int, bits: int) -> int:
   """Bytes needed for `n` codes of width `bits`: ceil(n*bits/8)."""
   return -(-n * bits // 8)

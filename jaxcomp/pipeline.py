@@ -117,6 +117,11 @@ def split_microbatches(batch, m: int):
   return jax.tree.map(lambda x: x.reshape(m, b // m, *x.shape[1:]), batch)
 
 
+def microbatch_shapes(batch, m: int):
+  """Shapes (ShapeDtypeStructs) of one of the M microbatches of `batch` (arrays or shapes)."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // m, *x.shape[1:]), x.dtype), batch)
+
+
 def stage_key(step_key, microbatch, stage):
   return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(step_key, 0), microbatch), stage)
 
@@ -164,6 +169,14 @@ def boundary_shapes(pipe: Pipeline, params, model_state, microbatch):
   return shapes[:-1]
 
 
+def activation_shapes(pipe: Pipeline, batch) -> list:
+  """The activation [B/M, ...] at each of the S-1 boundaries for batches like `batch`, traced
+  abstractly (nothing is allocated; compression tables are left out)."""
+  dense = uncompressed(pipe)
+  state = jax.eval_shape(lambda b: init_state(dense, optax.identity(), jax.random.key(0), b), batch)
+  return boundary_shapes(pipe, state.params, state.model_state, microbatch_shapes(batch, pipe.microbatches)[pipe.input_key])
+
+
 def available_memory_bytes() -> int:
   """Free memory of the default device (accelerator limit, or host RAM on CPU)."""
   stats = jax.local_devices()[0].memory_stats() or {}
@@ -173,7 +186,8 @@ def available_memory_bytes() -> int:
 
 
 def check_aqsgd_memory(boundary: Boundary, shapes, available: int | None = None):
-  """Clear error before allocating AQ-SGD tables (two ends x every boundary) that cannot fit."""
+  """Clear error before allocating AQ-SGD tables (two ends x every boundary) that cannot fit
+  (`shapes`: the activation at each boundary)."""
   if not isinstance(boundary.fwd, feedback.AQSGD):
     return
   total = sum(2 * boundary.fwd.buffer_bytes(s.shape[1:]) for s in shapes)
@@ -190,6 +204,8 @@ def init_state(pipe: Pipeline, optimizer: optax.GradientTransformation, rng, bat
   """Initialises every stage on one microbatch, zero compression state, optimizer state.
 
   `params` (per-stage trees, e.g. pretrained weights) replace the random initialisation.
+  Tracing it abstractly (`jax.eval_shape`) allocates nothing; executors that allocate call
+  `check_aqsgd_memory` first.
   """
   given = params
   mb = jax.tree.map(lambda x: x[0], split_microbatches(batch, pipe.microbatches))
@@ -207,7 +223,6 @@ def init_state(pipe: Pipeline, optimizer: optax.GradientTransformation, rng, bat
   params = tie_params(tuple(params), pipe.tied)
   model_state = tuple(model_state)
   shapes = boundary_shapes(pipe, params, model_state, mb[pipe.input_key])
-  check_aqsgd_memory(pipe.boundary, shapes)
   batch_size = jax.tree.leaves(batch)[0].shape[0]
   links = tuple(pipe.boundary.init(batch_size, s.shape[1:], s.dtype) for s in shapes)
   return TrainState(jnp.zeros((), jnp.int32), state_rng, params, model_state,
@@ -244,7 +259,7 @@ def wire_bytes_per_step(pipe: Pipeline, state: TrainState | None, batch) -> dict
   """
   if state is None:
     state = jax.eval_shape(lambda b: init_state(pipe, optax.identity(), jax.random.key(0), b), batch)
-  mb = jax.tree.map(lambda x: x[0], split_microbatches(batch, pipe.microbatches))
+  mb = microbatch_shapes(batch, pipe.microbatches)
   shapes = boundary_shapes(pipe, state.params, state.model_state, mb[pipe.input_key])
   per_message = [pipe.boundary.wire_bytes(s.shape, s.dtype) for s in shapes]
   m = pipe.microbatches

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxcomp import boundary as boundary_mod, layout, pipeline as pl
+from jaxcomp import boundary as boundary_mod, layout, packing, pipeline as pl
 from jaxcomp.boundary import LinkState, Mode, Transport
 
 STAGE, DATA = "stage", "data"
@@ -50,14 +50,19 @@ def timing(name: str, num_stages: int, microbatches: int) -> Timing:
 
 @dataclasses.dataclass(frozen=True)
 class PPermute(Transport):
-  """Moves a payload from stage `src` to `src + 1` forward, and back."""
+  """Moves a payload from stage `src` to `src + 1` forward, and back, as bit patterns
+  (`packing.as_bits`: the compiled program sends exactly the payload's bytes)."""
   src: int = 0
 
   def forward(self, payload):
-    return jax.tree.map(lambda a: jax.lax.ppermute(a, STAGE, [(self.src, self.src + 1)]), payload)
+    return _ppermute(payload, [(self.src, self.src + 1)])
 
   def backward(self, payload):
-    return jax.tree.map(lambda a: jax.lax.ppermute(a, STAGE, [(self.src + 1, self.src)]), payload)
+    return _ppermute(payload, [(self.src + 1, self.src)])
+
+
+def _ppermute(payload, pairs):
+  return jax.tree.map(lambda a: packing.from_bits(jax.lax.ppermute(packing.as_bits(a), STAGE, pairs), a.dtype), payload)
 
 
 def phases(num_stages: int, microbatches: int) -> tuple[range, range, range]:
@@ -224,7 +229,7 @@ def run_gpipe(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, st
 def make_program(pipe: pl.Pipeline, template: pl.TrainState, local_batch, mode: Mode, train: bool,
                  timing: Timing = Timing()) -> Program:
   """The schedule's static layout for one data shard's batch `local_batch` (shapes only)."""
-  mb = jax.tree.map(lambda x: x[0], pl.split_microbatches(local_batch, pipe.microbatches))
+  mb = pl.microbatch_shapes(local_batch, pipe.microbatches)
   shapes = pl.boundary_shapes(pipe, template.params, template.model_state, mb[pipe.input_key])
   prog = Program(pipe, layout.FlatRows(template.params), layout.FlatRows(template.model_state), shapes,
                  mode, train, None, timing)

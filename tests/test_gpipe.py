@@ -124,7 +124,7 @@ def test_first_visit_step_sends_dense_activations_and_compressed_gradients():
   pipe, opt = _pipe("aqsgd+quant:2", "quant:4"), optax.sgd(0.1)
   ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages))
   flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
-  sent = gpipe.collective_permute_bytes(ex.compiled_text(pipe, opt, flat, BATCH, Mode.FIRST_VISIT))
+  sent = ex.collective_bytes(ex.compiled_text(pipe, opt, flat, BATCH, Mode.FIRST_VISIT))
   dense, train = (simulate.wire_bytes_per_step(pipe, BATCH, m) for m in (Mode.WARMUP, Mode.TRAIN))
   assert sent == {"fwd": dense["fwd"], "bwd": train["bwd"], "data": 0}
 
@@ -253,7 +253,7 @@ def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages, m, sche
   opt = optax.sgd(0.1)
   ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages), schedule=schedule)
   flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
-  sent = gpipe.collective_permute_bytes(ex.compiled_text(pipe, opt, flat, BATCH))
+  sent = ex.collective_bytes(ex.compiled_text(pipe, opt, flat, BATCH))
   expected = jaxcomp.wire_bytes_per_step(pipe, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   assert sent == {**expected, "data": 0}
 
@@ -266,7 +266,7 @@ def test_quantized_bytes_are_a_fraction_of_fp32():
   for name in ("none", "quant:4", "quant:2"):
     pipe = _pipe(name, name, m=2)
     flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
-    sent[name] = gpipe.collective_permute_bytes(ex.compiled_text(pipe, opt, flat, BATCH))
+    sent[name] = ex.collective_bytes(ex.compiled_text(pipe, opt, flat, BATCH))
   messages = 3 * 2  # boundaries x microbatches
   for direction in ("fwd", "bwd"):
     dense = sent["none"][direction]
@@ -284,7 +284,7 @@ def test_compressed_data_parallel_gradients():
   states, sent = {}, {}
   for name, ex in executors.items():
     state = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
-    sent[name] = gpipe.collective_permute_bytes(ex.compiled_text(pipe, opt, state, BATCH))
+    sent[name] = ex.collective_bytes(ex.compiled_text(pipe, opt, state, BATCH))
     step = ex.make_train_step(pipe, opt)
     for _ in range(3):
       state, metrics = step(state, BATCH)
@@ -402,9 +402,9 @@ def test_quantized_adam_exchange_bytes_match_the_hlo():
   sent, predicted = {}, {}
   for scheme in ("none", "ef+quant:4"):
     pipe, ex, state = _qadam_setup(scheme, opt)
-    sent[scheme] = gpipe.collective_permute_bytes(ex.compiled_text(pipe, opt, state, BATCH))["data"]
+    sent[scheme] = ex.collective_bytes(ex.compiled_text(pipe, opt, state, BATCH))["data"]
     predicted[scheme] = ex.wire_bytes_per_step(pipe, BATCH)["data"]
-  warm = gpipe.collective_permute_bytes(ex.compiled_text(pipe, opt, state, BATCH, Mode.WARMUP))
+  warm = ex.collective_bytes(ex.compiled_text(pipe, opt, state, BATCH, Mode.WARMUP))
   assert sent == predicted
   assert warm["data"] == 0  # warm-up: a dense all-reduce, no all-gather
   row = state.params.shape[1]

@@ -117,9 +117,8 @@ def test_compact_takes_the_first_k_set_positions_and_pads_with_zero(density, k):
                                 np.where(filled, np.take_along_axis(operand, expected, axis=1), 0.0))
 
 
-def test_auto_selects_by_backend_and_fraction():
-  """On CPU the threshold selection from K = 1% up (measured faster there), lax.top_k below."""
-  assert jax.default_backend() == "cpu"
-  assert codecs.TopK(0.1).selector == codecs.TopK(codecs.THRESHOLD_FROM_FRACTION_CPU).selector == "threshold"
-  assert codecs.TopK(0.001).selector == "sort"
-  assert codecs.TopK(0.001, select="threshold").selector == "threshold"
+def test_auto_selects_by_platform_and_fraction():
+  """On CPU the threshold selection from K = 1% up (measured faster there), lax.top_k below and elsewhere."""
+  assert codecs.TopK(0.1).selector("cpu") == codecs.TopK(codecs.THRESHOLD_FROM_FRACTION_CPU).selector("cpu") == "threshold"
+  assert codecs.TopK(0.001).selector("cpu") == codecs.TopK(0.1).selector("tpu") == codecs.TopK(0.1).selector("cuda") == "sort"
+  assert codecs.TopK(0.001, select="threshold").selector("tpu") == "threshold"

@@ -1,0 +1,111 @@
+"""HLO-text accounting: collectives and memory traffic, loops counted per iteration on every backend's text."""
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+import jaxcomp
+from jaxcomp import hlo_bytes, simulate
+from jaxcomp.models.mlp import mlp_stages
+
+# A TPU-style program (no known_trip_count annotation; async collective-permute; the loop counter's
+# start copied into the loop tuple), written by hand: a 4-iteration loop whose body sends f32[8,128].
+TPU_STYLE = """HloModule m
+
+%cond (p: (s32[], f32[8,128])) -> pred[] {
+  %p = (s32[]{:T(128)}, f32[8,128]{1,0:T(8,128)}) parameter(0)
+  %n = s32[]{:T(128)} constant(4)
+  %i = s32[]{:T(128)} get-tuple-element(%p), index=0
+  ROOT %lt = pred[]{:T(512)} compare(%i, %n), direction=LT
+}
+
+%body (q: (s32[], f32[8,128])) -> (s32[], f32[8,128]) {
+  %q = (s32[]{:T(128)}, f32[8,128]{1,0:T(8,128)}) parameter(0)
+  %x = f32[8,128]{1,0:T(8,128)} get-tuple-element(%q), index=1
+  %start = (f32[8,128]{1,0:T(8,128)}, f32[8,128]{1,0:T(8,128)}, u32[]{:S(2)}, u32[]{:S(2)}) collective-permute-start(%x), channel_id=1, source_target_pairs={{0,1},{2,3}}
+  %done = f32[8,128]{1,0:T(8,128)} collective-permute-done(%start)
+  %j = s32[]{:T(128)} get-tuple-element(%q), index=0
+  %one = s32[]{:T(128)} constant(1)
+  %k = s32[]{:T(128)} add(%j, %one)
+  ROOT %t = (s32[]{:T(128)}, f32[8,128]{1,0:T(8,128)}) tuple(%k, %done)
+}
+
+%search_cond (r: (f32[8,128])) -> pred[] {
+  %r = (f32[8,128]{1,0:T(8,128)}) parameter(0)
+  %y = f32[8,128]{1,0:T(8,128)} get-tuple-element(%r), index=0
+  %z = f32[]{:T(128)} constant(0)
+  %s = f32[]{:T(128)} reduce(%y, %z), dimensions={0,1}, to_apply=%add
+  ROOT %gt = pred[]{:T(512)} compare(%s, %z), direction=GT
+}
+
+%search_body (u: (f32[8,128])) -> (f32[8,128]) {
+  %u = (f32[8,128]{1,0:T(8,128)}) parameter(0)
+  %v = f32[8,128]{1,0:T(8,128)} get-tuple-element(%u), index=0
+  %w = f32[8,128]{1,0:T(8,128)} negate(%v)
+  ROOT %out = (f32[8,128]{1,0:T(8,128)}) tuple(%w)
+}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %c = f32[] add(%a, %b)
+}
+
+ENTRY %main (x0: f32[8,128]) -> f32[8,128] {
+  %x0 = f32[8,128]{1,0:T(8,128)} parameter(0)
+  %zero = s32[]{:T(128)} constant(0)
+  %start0 = s32[]{:T(128)} copy(%zero)
+  %init = (s32[]{:T(128)}, f32[8,128]{1,0:T(8,128)}) tuple(%start0, %x0)
+  %loop = (s32[]{:T(128)}, f32[8,128]{1,0:T(8,128)}) while(%init), condition=%cond, body=%body
+  %sent = f32[8,128]{1,0:T(8,128)} get-tuple-element(%loop), index=1
+  %search_init = (f32[8,128]{1,0:T(8,128)}) tuple(%sent)
+  %search = (f32[8,128]{1,0:T(8,128)}) while(%search_init), condition=%search_cond, body=%search_body
+  ROOT %result = f32[8,128]{1,0:T(8,128)} get-tuple-element(%search), index=0
+}
+"""
+
+
+def test_trip_count_from_the_loop_condition_and_async_collectives():
+  """No known_trip_count: 4 iterations read from `i < 4` with i starting at (a copy of) 0; each
+  async collective-permute counted once per pair and iteration; the data-dependent search loop
+  holds no collective, so it is allowed."""
+  sent = hlo_bytes.collective_bytes(TPU_STYLE)
+  assert sent == {"fwd": 4 * 2 * 8 * 128 * 4, "bwd": 0, "data": 0}
+
+
+def test_a_collective_in_a_loop_of_unknown_trip_count_is_refused():
+  text = TPU_STYLE.replace("constant(4)", "parameter(1)")  # the bound is no longer a constant
+  with pytest.raises(ValueError, match="collective-permute inside a loop without a known trip count"):
+    hlo_bytes.collective_bytes(text)
+
+
+def test_memory_traffic_counts_loop_bodies_per_iteration_and_skips_other_memory_spaces():
+  tile, scalar, pred = 8 * 128 * 4, 4, 1
+  # per iteration: the collective-permute-start's operand and result, the counter's add, the condition's
+  # compare; once: the entry's copy of the counter, the search loop's negate, reduce (+ init) and compare
+  per_iteration = 2 * tile + 3 * scalar + (2 * scalar + pred)
+  once = 2 * scalar + 2 * tile + (tile + 2 * scalar) + (2 * scalar + pred)
+  assert hlo_bytes.memory_bytes(TPU_STYLE) == 4 * per_iteration + once
+  assert hlo_bytes.device_memory_bytes("f32[20,100]{1,0:T(8,128)}") == 24 * 128 * 4
+  assert hlo_bytes.device_memory_bytes("f32[20,100]{1,0}") == 20 * 100 * 4
+  assert hlo_bytes.device_memory_bytes("f32[256,512]{1,0:T(8,128)S(1)}") == 0  # VMEM: not HBM traffic
+
+
+def test_memory_traffic_is_xlas_bytes_accessed_on_a_loop_free_cpu_program():
+  x = jax.random.normal(jax.random.key(0), (16, 8))
+  batch = {"x": x, "label": (x[:, 0] > 0).astype(jnp.int32)}
+  pipe = jaxcomp.Pipeline(mlp_stages(32, 2, 3), jaxcomp.parse_boundary("quant:4", "quant:8"),
+                          jaxcomp.losses.classification, "x", microbatches=2)
+  state = simulate.init_state(pipe, optax.adam(1e-3), jax.random.key(1), batch)
+  compiled = simulate.make_train_step(pipe, optax.adam(1e-3)).lower(state, batch).compile()
+  assert "while" not in compiled.as_text().split("ENTRY")[1]
+  xla = compiled.cost_analysis()["bytes accessed"]
+  assert abs(hlo_bytes.memory_bytes(compiled.as_text()) - xla) <= 0.01 * xla
+
+
+def test_loop_traffic_grows_with_the_trip_count():
+  def traffic(n):
+    f = jax.jit(lambda x: jax.lax.fori_loop(0, n, lambda i, x: jnp.tanh(x @ x), x))
+    return hlo_bytes.memory_bytes(f.lower(jnp.ones((16, 16))).compile().as_text())
+  two, three, four = traffic(2), traffic(3), traffic(4)
+  assert three - two == four - three > 0
