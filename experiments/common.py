@@ -1,9 +1,10 @@
 """What every experiment shares: the CLI, presets, executor choice and result writing.
 
 An experiment module defines its recipes (named defaults, `--recipe`), a preset table (paper
-row -> overrides) and `build(config) -> (Pipeline, optimizer, train.Data)`; `main` does the
-rest. Precedence: recipe < preset < explicit flags; the resolved configuration is printed
-before training.
+row -> overrides), `build(config) -> (Pipeline, optimizer, train.Data, params)` and
+`abstract(config) -> (Pipeline, optimizer, batch, assumption)` (the same run without data, for
+`--compile-for`); `main` does the rest. Precedence: recipe < preset < explicit flags; the
+resolved configuration is printed before training.
 """
 import argparse
 import contextlib
@@ -16,7 +17,7 @@ from typing import Callable
 
 import jax
 
-from jaxcomp import distributed, gpipe, hostbuffer, lock, results, simulate, train
+from jaxcomp import distributed, dryrun, gpipe, hostbuffer, lock, results, simulate, targets, train
 from jaxcomp.feedback import AQSGD
 from jaxcomp.spec import parse_boundary, parse_scheme
 
@@ -41,7 +42,8 @@ COMMON_FLAGS = {  # flag -> (type, help); defaults come from the recipe
 
 AT_LEAST_ONE = ("epochs", "steps", "batch_size", "microbatches", "stages", "train_examples", "eval_examples",
                 "data_parallel", "block_size", "width", "init_epoch")
-RESUMABLE = ("epochs", "steps", "resume", "no_progress", "out", "coordinator", "num_processes", "process_id")
+RESUMABLE = ("epochs", "steps", "resume", "no_progress", "out", "coordinator", "num_processes", "process_id",
+             "compile_for")
 # (may change when a run is resumed: where it runs is not what it computes)
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
@@ -53,6 +55,7 @@ class Experiment:
   default_recipe: str
   presets: dict  # preset name -> overrides
   build: Callable  # config dict -> (Pipeline, optimizer, train.Data, initial params or None)
+  abstract: Callable  # config dict -> (Pipeline, optimizer, batch, assumption): no data read (--compile-for)
   add_flags: Callable = lambda parser: None  # experiment-specific flags
 
 
@@ -77,6 +80,10 @@ def parser_for(exp: Experiment) -> argparse.ArgumentParser:
   p.add_argument("--resume", action="store_true", help="continue from this run's latest checkpoint")
   p.add_argument("--init-from", help="baseline run folder (with ckpt/) for warm starts (baseN presets)")
   p.add_argument("--no-progress", action="store_true", help="no progress bar")
+  p.add_argument("--compile-for", metavar="TARGET",
+                 help="compile the run's steps for an accelerator and report memory, FLOPs, an estimated step time "
+                      f"and wire bytes; train nothing, read no data (exit 0: fits, 1: does not). TARGET: "
+                      f"{', '.join(targets.TARGETS)}")
   multi = p.add_argument_group("multi-process runs (one process per host; SLURM, Open MPI and Cloud TPU pods "
                                "are detected without these flags)")
   multi.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (jax.distributed)")
@@ -253,6 +260,22 @@ def run(exp: Experiment, config: dict):
   return state, history
 
 
+def compile_run(exp: Experiment, config: dict) -> dryrun.DryRun:
+  """--compile-for: the run's train and eval steps compiled for the target, reported; nothing trained or written."""
+  target = targets.target(config["compile_for"])
+  pipe, optimizer, batch, assumed = exp.abstract(config)
+  grad = config.get("grad_compression")
+  plan = dryrun.Plan(config.get("executor") or "simulate", config.get("data_parallel") or 1,
+                     config.get("schedule") or "gpipe", parse_scheme(grad) if grad else None,
+                     "device" if config.get("aqsgd_buffers", "device") == "device" else "host")
+  print(f"[{exp.name}] --compile-for {target.name}: run {config['run_name']}; fwd {config['fwd']}, bwd {config['bwd']}; "
+        f"{pipe.num_stages} stages x {pipe.microbatches} microbatches; batch "
+        + ", ".join(f"{k} {tuple(v.shape)} {v.dtype}" for k, v in batch.items()) + (f"; {assumed}" if assumed else ""))
+  report = dryrun.compile_for(target, pipe, optimizer, batch, plan)
+  print(report.text())
+  return report
+
+
 def main(exp: Experiment, argv=None):
   args = parser_for(exp).parse_args(argv)
   if args.list_presets:
@@ -260,7 +283,12 @@ def main(exp: Experiment, argv=None):
       print(f"{name:24s} {overrides}")
     return None
   try:
+    if args.compile_for:
+      targets.prepare_host(targets.target(args.compile_for))  # before any backend starts
+      if not compile_run(exp, resolve(exp, args)).fits:
+        sys.exit(1)
+      return None
     distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     return run(exp, resolve(exp, args))
-  except (ValueError, OSError, train.NonFiniteLossError, lock.FolderInUseError) as err:  # the user can fix these
+  except (ValueError, OSError, RuntimeError, train.NonFiniteLossError, lock.FolderInUseError) as err:  # fixable
     sys.exit("error: " + " ".join(str(err).split()))

@@ -12,8 +12,10 @@ trains a tiny GPT-2 from scratch on byte tokens, blocks of 128, lr 1e-3, 2 epoch
 and wiki.valid .raw or .tokens), else the WikiText-2 validation text shipped with jaxcomp,
 split by article 90/10 and labelled as such in every output.
 """
+import json
 import pathlib
 
+import numpy as np
 import optax
 
 from experiments import common
@@ -72,32 +74,74 @@ def tokenizer_for(config):
   return text.tokenizer(config["tokenizer"], directory)
 
 
+# sizes AQ-SGD's per-example tables in --compile-for when --train-examples is not given: WikiText-2's
+# raw training text is about 2.4 million GPT-2 tokens (an assumption stated wherever it is used)
+WIKITEXT2_TRAIN_TOKENS = 2_400_000
+HUB_SIZES = {"gpt2": "small", "gpt2-medium": "medium", "gpt2-large": "large", "gpt2-xl": "xl"}
+
+
+def model_config(config, vocab_size: int) -> gpt2.GPT2Config:
+  """--model's GPT-2 (random initialisation) with the tokenizer's vocabulary."""
+  base = getattr(gpt2.GPT2Config, config["model"])()
+  return gpt2.GPT2Config(**{**base.__dict__, "vocab_size": vocab_size,
+                            "n_positions": max(base.n_positions, config["block_size"])})
+
+
+def assemble(config, cfg: gpt2.GPT2Config, num_train: int):
+  """(Pipeline, optimizer) of the run for `num_train` training blocks (AQ-SGD tables, lr schedule)."""
+  s, bs, shards = config["stages"], config["batch_size"], config.get("data_parallel") or 1
+  steps = batching.num_batches(num_train, bs, shards) * config["epochs"]
+  optimizer = optax.adamw(optax.linear_schedule(config["lr"], 0.0, steps), weight_decay=config["weight_decay"])
+  boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=num_train)
+  pipe = Pipeline(gpt2.gpt2_stages(cfg, s), boundary, losses.language_model, "tokens", config["microbatches"],
+                  tied=gpt2.gpt2_tied(s), grad_clip_norm=config["grad_clip"])
+  return pipe, optimizer
+
+
 def build(config):
   data = text.load(corpus_for(config), tokenizer_for(config), config["block_size"])
   train_blocks = data.train[: config.get("train_examples")]
   eval_blocks = data.validation[: config.get("eval_examples")]
   common.check_batch_size(config["batch_size"], len(train_blocks), len(eval_blocks))
   data = text.TextData(data.name, train_blocks, eval_blocks, data.vocab_size)
-  s = config["stages"]
   if config["pretrained"]:
-    cfg, params = gpt2_weights.from_pretrained(config["pretrained"], s)
+    cfg, params = gpt2_weights.from_pretrained(config["pretrained"], config["stages"])
   else:
-    base = getattr(gpt2.GPT2Config, config["model"])()
-    cfg, params = gpt2.GPT2Config(**{**base.__dict__, "vocab_size": data.vocab_size,
-                                     "n_positions": max(base.n_positions, config["block_size"])}), None
-  bs, shards = config["batch_size"], config.get("data_parallel") or 1
-  steps = batching.num_batches(len(train_blocks), bs, shards) * config["epochs"]
-  schedule = optax.linear_schedule(config["lr"], 0.0, steps)
-  optimizer = optax.adamw(schedule, weight_decay=config["weight_decay"])
-  boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=len(train_blocks))
-  pipe = Pipeline(gpt2.gpt2_stages(cfg, s), boundary, losses.language_model, "tokens", config["microbatches"],
-                  tied=gpt2.gpt2_tied(s), grad_clip_norm=config["grad_clip"])
-  example = next(text.train_batches(data, bs, config["seed"], 0, shards))
+    cfg, params = model_config(config, data.vocab_size), None
+  pipe, optimizer = assemble(config, cfg, len(train_blocks))
+  bs, shards, seed = config["batch_size"], config.get("data_parallel") or 1, config["seed"]
   return pipe, optimizer, train.Data(
-      train_batches=lambda epoch: text.train_batches(data, bs, config["seed"], epoch, shards),
+      train_batches=lambda epoch: text.train_batches(data, bs, seed, epoch, shards),
       steps_per_epoch=batching.num_batches(len(train_blocks), bs, shards),
-      eval_batches=lambda: text.eval_batches(data, bs), example_batch=example, name=data.name,
-      eval_summary=losses.with_perplexity), params
+      eval_batches=lambda: text.eval_batches(data, bs), example_batch=next(text.train_batches(data, bs, seed, 0, shards)),
+      name=data.name, eval_summary=losses.with_perplexity), params
+
+
+def abstract(config):
+  """(Pipeline, optimizer, batch shapes, what was assumed) of the run, reading no text and no weights
+  (--compile-for): the vocabulary of --tokenizer, the size of --model or of --pretrained (its config.json,
+  or a hub name's size), and --train-examples training blocks, else WikiText-2's (assumed) size."""
+  vocab = text.ByteTokenizer().vocab_size if config["tokenizer"] == "bytes" else gpt2.GPT2Config().vocab_size
+  pretrained = config["pretrained"]
+  if pretrained and pathlib.Path(pretrained, "config.json").is_file():
+    cfg = gpt2_weights.config_from_hf(json.loads(pathlib.Path(pretrained, "config.json").read_text()))
+  elif pretrained:
+    if pretrained not in HUB_SIZES:
+      raise ValueError(f"--pretrained {pretrained}: --compile-for reads a local folder's config.json or a hub name "
+                       f"it knows ({', '.join(HUB_SIZES)}); use --model instead")
+    cfg = model_config({**config, "model": HUB_SIZES[pretrained]}, vocab)
+  else:
+    cfg = model_config(config, vocab)
+  num_train, assumed = config.get("train_examples"), ""
+  if num_train is None:
+    num_train = WIKITEXT2_TRAIN_TOKENS // config["block_size"]
+    assumed = (f"{num_train} training blocks (assumed: WikiText-2's ~{WIKITEXT2_TRAIN_TOKENS:,} training tokens / "
+               f"{config['block_size']}; --train-examples sets it)")
+  pipe, optimizer = assemble(config, cfg, num_train)
+  bs, shards, block = config["batch_size"], config.get("data_parallel") or 1, config["block_size"]
+  placeholder = text.TextData("", np.zeros((bs, block), np.int32), np.zeros((bs, block), np.int32), vocab)
+  batch = next(text.train_batches(placeholder, bs, config["seed"], 0, shards))
+  return pipe, optimizer, batch, assumed
 
 
 def _flags(parser):
@@ -111,7 +155,7 @@ def _flags(parser):
   parser.add_argument("--block-size", type=int, help="tokens per example")
 
 
-EXPERIMENT = common.Experiment("gpt2_wikitext", RECIPES, "tiny", PRESETS, build, _flags)
+EXPERIMENT = common.Experiment("gpt2_wikitext", RECIPES, "tiny", PRESETS, build, abstract, _flags)
 
 if __name__ == "__main__":
   common.main(EXPERIMENT)

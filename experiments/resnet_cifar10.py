@@ -10,6 +10,7 @@ Data: CIFAR-10 from --data-dir (cifar-10-batches-py or a tfds cifar10 there; any
 is an error) or tensorflow-datasets' default folder; without either, a generated stand-in
 that every output labels NOT CIFAR-10.
 """
+import numpy as np
 import optax
 
 from experiments import common
@@ -50,25 +51,45 @@ def _subset(split, n):
   return split if n is None else {k: v[:n] for k, v in split.items()}
 
 
+CIFAR10_TRAIN = 50_000
+
+
+def assemble(config, num_train: int):
+  """(Pipeline, optimizer) of the run for `num_train` training images (AQ-SGD tables, lr schedule)."""
+  bs, shards = config["batch_size"], config.get("data_parallel") or 1
+  schedule = optax.cosine_decay_schedule(config["lr"], config["cosine_epochs"] * batching.num_batches(num_train, bs, shards))
+  optimizer = optax.chain(optax.add_decayed_weights(config["weight_decay"]),
+                          optax.sgd(schedule, momentum=config["momentum"]))
+  boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=num_train)
+  stages = resnet.resnet18_stages(resnet.ResNet18Config(width=config["width"]), config["stages"])
+  return Pipeline(stages, boundary, losses.classification, "image", config["microbatches"]), optimizer
+
+
 def build(config):
   data = cifar10.load(config["data_source"], config["data_dir"])
   train_split = _subset(data.train, config.get("train_examples"))
   test_split = _subset(data.test, config.get("eval_examples"))
   data = cifar10.ImageData(data.name, train_split, test_split)
-  bs, shards = config["batch_size"], config.get("data_parallel") or 1
+  bs, shards, seed = config["batch_size"], config.get("data_parallel") or 1, config["seed"]
   common.check_batch_size(bs, len(train_split["label"]), len(test_split["label"]))
-  steps_per_epoch = batching.num_batches(len(train_split["label"]), bs, shards)
-  schedule = optax.cosine_decay_schedule(config["lr"], config["cosine_epochs"] * steps_per_epoch)
-  optimizer = optax.chain(optax.add_decayed_weights(config["weight_decay"]),
-                          optax.sgd(schedule, momentum=config["momentum"]))
-  boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=len(train_split["label"]))
-  stages = resnet.resnet18_stages(resnet.ResNet18Config(width=config["width"]), config["stages"])
-  pipe = Pipeline(stages, boundary, losses.classification, "image", config["microbatches"])
-  example = next(cifar10.train_batches(data, bs, config["seed"], 0, shards))
+  pipe, optimizer = assemble(config, len(train_split["label"]))
   return pipe, optimizer, train.Data(
-      train_batches=lambda epoch: cifar10.train_batches(data, bs, config["seed"], epoch, shards),
-      steps_per_epoch=steps_per_epoch, eval_batches=lambda: cifar10.eval_batches(data, bs),
-      example_batch=example, name=data.name), None
+      train_batches=lambda epoch: cifar10.train_batches(data, bs, seed, epoch, shards),
+      steps_per_epoch=batching.num_batches(len(train_split["label"]), bs, shards),
+      eval_batches=lambda: cifar10.eval_batches(data, bs),
+      example_batch=next(cifar10.train_batches(data, bs, seed, 0, shards)), name=data.name), None
+
+
+def abstract(config):
+  """(Pipeline, optimizer, batch shapes, what was assumed) of the run without reading images (--compile-for):
+  --train-examples training images, else CIFAR-10's 50,000."""
+  num_train = config.get("train_examples") or CIFAR10_TRAIN
+  assumed = "" if config.get("train_examples") else f"{CIFAR10_TRAIN} training images (CIFAR-10's training set)"
+  pipe, optimizer = assemble(config, num_train)
+  bs, shards = config["batch_size"], config.get("data_parallel") or 1
+  split = {"image": np.zeros((bs, 32, 32, 3), np.uint8), "label": np.zeros((bs,), np.int32)}
+  batch = next(cifar10.train_batches(cifar10.ImageData("", split, split), bs, config["seed"], 0, shards))
+  return pipe, optimizer, batch, assumed
 
 
 def _flags(parser):
@@ -77,7 +98,7 @@ def _flags(parser):
   parser.add_argument("--data-dir", help="folder with cifar-10-batches-py, or tfds data_dir")
 
 
-EXPERIMENT = common.Experiment("resnet_cifar10", RECIPES, "paper", PRESETS, build, _flags)
+EXPERIMENT = common.Experiment("resnet_cifar10", RECIPES, "paper", PRESETS, build, abstract, _flags)
 
 if __name__ == "__main__":
   common.main(EXPERIMENT)

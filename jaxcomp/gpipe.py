@@ -33,8 +33,6 @@ from jaxcomp.qadam import QuantizedAdam
 STAGE, DATA = schedule.STAGE, dataparallel.DATA
 SCHEDULES = schedule.SCHEDULES
 
-collective_permute_bytes = hlo_bytes.collective_bytes
-
 
 def make_mesh(num_stages: int, data: int = 1, devices=None) -> jax.sharding.Mesh:
   """A (data, stage) mesh, topology-aware where the platform tells (`jax.make_mesh`):
@@ -120,11 +118,11 @@ class GPipe:
                        "uncompressed exchange), or use optax.adam")
 
   def local_batch(self, batch):
-    """One data shard's share of a global batch (shapes: the first B/D examples)."""
+    """Shapes of one data shard's share of a global batch (arrays or ShapeDtypeStructs): B/D examples."""
     b = jax.tree.leaves(batch)[0].shape[0]
     if b % self.data:
       raise ValueError(f"batch size {b} does not split over {self.data} data shards")
-    return jax.tree.map(lambda x: x[: b // self.data], batch)
+    return pl.microbatch_shapes(batch, self.data)
 
   # ---------------------------------------------------------------- state layout
   def shardings(self, flat_state):
@@ -194,8 +192,7 @@ class GPipe:
   def _layout(self, pipe, optimizer, batch):
     """(template, params rows, model-state rows, per-stage optimizer template, widest activation)."""
     template = _abstract_template(pipe, optimizer, batch)
-    local = self.local_batch(batch)
-    mb = jax.tree.map(lambda x: x[0], pl.split_microbatches(local, pipe.microbatches))
+    mb = pl.microbatch_shapes(self.local_batch(batch), pipe.microbatches)
     shapes = pl.boundary_shapes(pipe, template.params, template.model_state, mb[pipe.input_key])
     f_max = max([layout.feature_size(s.shape) for s in shapes] or [1])
     return template, layout.FlatRows(template.params), layout.FlatRows(template.model_state), shapes, f_max
@@ -272,15 +269,29 @@ class GPipe:
     `params` (per-stage trees, e.g. pretrained weights) are read from the host instead."""
     self._check(pipe, optimizer)
     self.local_batch(batch)
+    pl.check_aqsgd_memory(pipe.boundary, self._layout(pipe, optimizer, batch)[3])
     if params is not None:
       return self.stack(pipe, optimizer, pl.init_state(pipe, optimizer, rng, batch, params), batch)
+    build = self._initializer(pipe, optimizer, jax.random.key_impl(rng), batch)
+    key_data = jax.device_get(jax.random.key_data(rng))
+    return jax.jit(build, out_shardings=self.shardings(jax.eval_shape(build, key_data)))(key_data)
+
+  def state_shapes(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation, batch):
+    """ShapeDtypeStructs, with their shardings, of what `init_state` returns, traced abstractly: nothing
+    is allocated and no memory is checked (for compiling ahead of time for a target, `jaxcomp.dryrun`)."""
+    self._check(pipe, optimizer)
+    key = jax.random.key(0)
+    build = self._initializer(pipe, optimizer, jax.random.key_impl(key), batch)
+    shapes = jax.eval_shape(build, jax.random.key_data(key))
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes,
+                        self.shardings(shapes))
+
+  def _initializer(self, pipe, optimizer, impl, batch):
+    """key data -> the sharded train state (device s initialises stage s's rows)."""
     template, params_fl, ms_fl, shapes, f_max = self._layout(pipe, optimizer, batch)
-    local = self.local_batch(batch)
-    x0 = jax.tree.map(lambda x: x[0], pl.split_microbatches(local, pipe.microbatches))[pipe.input_key]
-    inputs = [jax.ShapeDtypeStruct(x0.shape, x0.dtype), *shapes]
+    inputs = [pl.microbatch_shapes(self.local_batch(batch), pipe.microbatches)[pipe.input_key], *shapes]
     qadam = isinstance(optimizer, QuantizedAdam)
     opt_fl = None if qadam else layout.FlatRows([optimizer.init(p) for p in template.params])
-    impl = jax.random.key_impl(rng)
 
     def stage_rows(init_rng):
       s = jax.lax.axis_index(STAGE)
@@ -310,9 +321,7 @@ class GPipe:
       return pl.TrainState(jnp.zeros((), jnp.int32), state_rng, p_rows, ms_rows, opt_rows,
                            self._tables(pipe, links, f_max), grad_state)
 
-    key_data = jax.device_get(jax.random.key_data(rng))
-    shapes = jax.eval_shape(build, key_data)
-    return jax.jit(build, out_shardings=self.shardings(shapes))(key_data)
+    return build
 
   # ---------------------------------------------------------------- steps
   def make_train_step(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation,
@@ -343,6 +352,10 @@ class GPipe:
     QuantizedAdam's momentum exchange sends the same [1, P] messages."""
     params = layout.FlatRows(_abstract_template(pipe, optimizer, self.local_batch(batch)).params)
     return dataparallel.exchange_bytes(self.grad_scheme, params.size, self.num_stages, self.data, dense)
+
+  def collective_bytes(self, hlo_text: str) -> dict[str, int]:
+    """Bytes the collectives of a compiled program of this mesh send per call: fwd, bwd, data (`hlo_bytes`)."""
+    return hlo_bytes.collective_bytes(hlo_text, self.num_stages)
 
   def compiled_text(self, pipe, optimizer, state, batch, mode: Mode = Mode.TRAIN) -> str:
     """HLO of the compiled train step for this batch shape (for wire accounting)."""

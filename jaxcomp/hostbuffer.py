@@ -53,10 +53,7 @@ def _aqsgd(pipe: pl.Pipeline) -> AQSGD:
 
 def table_rows(pipe: pl.Pipeline, batch) -> list[tuple]:
   """Row shape of each boundary's table (one example's activation), traced abstractly: nothing is allocated."""
-  dense = pl.uncompressed(pipe)  # no tables, so no memory check while tracing
-  state = jax.eval_shape(lambda b: pl.init_state(dense, optax.identity(), jax.random.key(0), b), batch)
-  mb = jax.tree.map(lambda x: x[0], pl.split_microbatches(batch, pipe.microbatches))
-  return [s.shape[1:] for s in pl.boundary_shapes(pipe, state.params, state.model_state, mb[pipe.input_key])]
+  return [s.shape[1:] for s in pl.activation_shapes(pipe, batch)]
 
 
 def device_summary(pipe: pl.Pipeline, batch) -> str:
@@ -162,6 +159,12 @@ class HostBufferedStep:
       self.pool.shutdown()
 
 
+def on_device(pipe: pl.Pipeline, batch_size: int) -> pl.Pipeline:
+  """The pipeline the device runs with host tables: `pipe` with AQ-SGD tables of one batch's rows."""
+  small = dataclasses.replace(_aqsgd(pipe), num_examples=batch_size)
+  return dataclasses.replace(pipe, boundary=dataclasses.replace(pipe.boundary, fwd=small))
+
+
 class HostBuffered:
   """The executor protocol of `simulate` with the AQ-SGD tables in `tables` instead of the train state.
 
@@ -186,9 +189,7 @@ class HostBuffered:
     return self.tables.tables
 
   def _on_device(self, pipe: pl.Pipeline) -> pl.Pipeline:
-    """`pipe` with AQ-SGD tables of one batch's rows."""
-    small = dataclasses.replace(_aqsgd(pipe), num_examples=self.batch_size)
-    return dataclasses.replace(pipe, boundary=dataclasses.replace(pipe.boundary, fwd=small))
+    return on_device(pipe, self.batch_size)
 
   def init_state(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None):
     """`simulate.init_state` of the device pipeline; ValueError if `pipe` or `batch` do not match the tables."""

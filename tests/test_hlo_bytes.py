@@ -109,3 +109,14 @@ def test_loop_traffic_grows_with_the_trip_count():
     return hlo_bytes.memory_bytes(f.lower(jnp.ones((16, 16))).compile().as_text())
   two, three, four = traffic(2), traffic(3), traffic(4)
   assert three - two == four - three > 0
+
+
+def test_a_scanned_layer_reads_its_slice_of_the_stacked_weights_not_the_stack():
+  """A scan over stacked layer weights [n, d, d] dynamic-slices one layer per iteration: the traffic of
+  an iteration is a few layers' bytes whatever n (XLA's fusion-boundary rule would count the whole stack)."""
+  def per_iteration(n):
+    f = jax.jit(lambda x, w: jax.lax.scan(lambda x, w: (jnp.tanh(x @ w), None), x, w)[0])
+    args = jax.ShapeDtypeStruct((16, 128), jnp.float32), jax.ShapeDtypeStruct((n, 128, 128), jnp.float32)
+    return hlo_bytes.memory_bytes(f.lower(*args).compile().as_text()) / n
+  layer = 128 * 128 * 4
+  assert per_iteration(16) < 4 * layer and abs(per_iteration(16) - per_iteration(4)) < 0.05 * per_iteration(4)

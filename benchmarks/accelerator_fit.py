@@ -1,0 +1,122 @@
+"""Which paper run fits which accelerator: every cell compiled for its target (`--compile-for`), nothing run.
+
+    python -m benchmarks.accelerator_fit                         # the whole table (hours on 2 CPU cores)
+    python -m benchmarks.accelerator_fit --models small --methods baseline --columns v5e-1
+
+Rows: ResNet18 (CIFAR-10, batch 100) and GPT-2 small / medium / large / xl (the paper recipe: batch 8 x 1024
+tokens, 4 stages) x baseline, top10-reuse (`topk:0.1` + `reuse`) and aqsgd-fw2-bw4 (its per-example tables
+at the training set's size: CIFAR-10's 50,000 images; WikiText-2's, assumed ~2,343 blocks of 1,024 tokens).
+Columns: one chip running simulate (v5e-1, v6e-1: Colab), a v5e-8 slice as GPipe 4 stages x 2 data and
+8 stages x 1 (Kaggle), and GPU targets where the CUDA plugin is installed. Each cell compiles the train step
+(`dryrun.compile_for`) and reports: compiled?, peak GiB per device / HBM, the estimated step time (from the
+chip's published peaks: an estimate), and whether the target's compiled collectives send exactly the bytes the
+boundaries count. Results are kept in --cache as they finish (a rerun skips done cells; cells compile one at a
+time, minutes each for GPT-2 on 2 CPU cores); the markdown table goes to stdout and --out.
+"""
+import argparse
+import json
+import pathlib
+import time
+
+from experiments import common, gpt2_wikitext, resnet_cifar10
+from jaxcomp import dryrun, targets
+
+MODELS = {  # name -> (experiment, argv of the run)
+    "resnet18": (resnet_cifar10.EXPERIMENT, ["--recipe", "paper"]),
+    **{size: (gpt2_wikitext.EXPERIMENT, ["--recipe", "paper", "--model", size])
+       for size in ("small", "medium", "large", "xl")},
+}
+METHODS = {"baseline": ["--fwd", "none", "--bwd", "none"], "top10-reuse": ["--fwd", "topk:0.1", "--bwd", "reuse"],
+           "aqsgd-fw2-bw4": ["--fwd", "aqsgd+maxabs:2:stoch", "--bwd", "maxabs:4:stoch", "--warmup-epochs", "1"]}
+COLUMNS = {  # name -> (target, executor flags)
+    "v5e-1": ("v5e-1", []), "v6e-1": ("v6e-1", []),
+    "v5e-8 gpipe 4x2": ("v5e-8", ["--executor", "gpipe", "--stages", "4", "--data-parallel", "2"]),
+    "v5e-8 gpipe 8x1": ("v5e-8", ["--executor", "gpipe", "--stages", "8"]),
+    "h100": ("h100", []), "a100": ("a100", []),
+    "h100-8 gpipe 4x2": ("h100-8", ["--executor", "gpipe", "--stages", "4", "--data-parallel", "2"]),
+}
+
+
+def cell(model: str, method: str, column: str) -> dict:
+  """One compile: what the table shows, or why there is nothing to show."""
+  exp, argv = MODELS[model]
+  target, executor = COLUMNS[column]
+  config = common.resolve(exp, common.parser_for(exp).parse_args(
+      [*argv, *METHODS[method], *executor, "--compile-for", target, "--run-name", "fit"]))
+  pipe, optimizer, batch, _ = exp.abstract(config)
+  grad = config.get("grad_compression")
+  plan = dryrun.Plan(config.get("executor") or "simulate", config.get("data_parallel") or 1, "gpipe", grad)
+  start = time.perf_counter()
+  try:
+    report = dryrun.compile_for(targets.target(target), pipe, optimizer, batch, plan, steps=("train",))
+  except RuntimeError as err:  # a compiler plugin that is not installed
+    return {"status": "not compiled", "why": str(err).split(" (")[0]}
+  except ValueError as err:  # a layout the model does not have (e.g. more stages than it has cuts)
+    return {"status": "n/a", "why": str(err)}
+  seconds = time.perf_counter() - start
+  chip = report.target.chip
+  out = {"status": "fits" if report.fits else "does not fit", "peak_gib": report.peak_bytes / 2**30,
+         "hbm_gib": chip.hbm_bytes / 2**30, "compile_s": seconds, "error": report.error}
+  if report.steps:
+    step = report.steps[0]
+    out["est_ms"] = 1e3 * step.estimated_s(chip)
+    out["bound"] = "compute" if step.compute_s(chip) >= step.memory_s(chip) else "memory"
+    if plan.executor == "gpipe":
+      out["hlo_equal"] = all(step.collectives[k] == report.counted[k] for k in ("fwd", "bwd"))
+  return out
+
+
+def render(results: dict, models, methods, columns) -> str:
+  lines = ["| model | method | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+  for model in models:
+    for method in methods:
+      cells = []
+      for column in columns:
+        r = results.get(f"{model}|{method}|{column}")
+        if r is None:
+          cells.append("")
+        elif r["status"] in ("not compiled", "n/a"):
+          cells.append("not compiled (plugin missing)" if r["status"] == "not compiled" else "n/a")
+        else:
+          text = f"{'fits' if r['status'] == 'fits' else '**no**'} {r['peak_gib']:.1f}/{r['hbm_gib']:.0f} GiB"
+          if "est_ms" in r:
+            text += f", ~{r['est_ms']:.0f} ms ({r['bound'][0]})"
+          if "hlo_equal" in r:
+            text += ", HLO bytes " + ("=" if r["hlo_equal"] else "!=")
+          cells.append(text)
+      lines.append(f"| {model} | {method} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--models", default=",".join(MODELS))
+  parser.add_argument("--methods", default=",".join(METHODS))
+  parser.add_argument("--columns", default=",".join(COLUMNS))
+  parser.add_argument("--cache", type=pathlib.Path, default=pathlib.Path("runs/accelerator_fit.json"))
+  parser.add_argument("--out", type=pathlib.Path, help="also write the markdown table here")
+  args = parser.parse_args(argv)
+  models, methods, columns = (a.split(",") for a in (args.models, args.methods, args.columns))
+  for names, table in ((models, MODELS), (methods, METHODS), (columns, COLUMNS)):
+    unknown = [n for n in names if n not in table]
+    if unknown:
+      raise SystemExit(f"error: unknown {unknown}; choose from {', '.join(table)}")
+  results = json.loads(args.cache.read_text()) if args.cache.is_file() else {}
+  for model in models:
+    for method in methods:
+      for column in columns:
+        key = f"{model}|{method}|{column}"
+        if key in results and results[key]["status"] != "not compiled":
+          continue
+        results[key] = cell(model, method, column)
+        print(key, json.dumps(results[key]), flush=True)
+        args.cache.parent.mkdir(parents=True, exist_ok=True)
+        args.cache.write_text(json.dumps(results, indent=1))
+  table = render(results, models, methods, columns)
+  print(table)
+  if args.out:
+    args.out.write_text(table + "\n")
+
+
+if __name__ == "__main__":
+  main()

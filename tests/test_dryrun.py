@@ -1,0 +1,139 @@
+"""Compiled for accelerators without one: TPU through libtpu's compile-only devices (every codec family, both
+executors, the CLI), GPU through the CUDA plugin's. A test is skipped, with its reason, only where its compiler
+plugin is not installed (libtpu comes with the test extra).
+"""
+import importlib.util
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxcomp
+from experiments import common, gpt2_wikitext, resnet_cifar10
+from jaxcomp import dryrun, hlo_bytes, qadam, schedule, targets
+from jaxcomp.models.mlp import mlp_stages
+from jaxcomp.spec import parse_codec, parse_scheme
+
+tpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                         reason="libtpu is not installed (pip install -e .[test] brings it on Linux x86-64)")
+
+CODECS = ("none", "bf16", "fp16", "fp8", "quant:4", "quant:3:stoch", "maxabs:4", "maxabs:2:tensor:stoch",
+          "maxabs:4:group=16:clip=mse", "maxabs:8:scale=bf16", "topk:0.1", "topk:0.3:q8", "topk:0.05:bf16:threshold",
+          "topk:0.2:row:sort", "randk:0.2", "hadamard+maxabs:4:group=32", "adaptive:2:4:0.25")
+
+
+@tpu
+def test_every_codec_family_compiles_for_tpu_and_sends_exactly_its_payload():
+  """Each codec's encode -> ppermute (the executors' transport) -> decode between two TPU v5e chips, in one
+  program: the target's compiled collective-permutes send exactly the codecs' wire_bytes."""
+  devices = targets.compile_only_devices(targets.target("v5e-8"))[:2]
+  mesh = jax.sharding.Mesh(np.array(devices), (schedule.STAGE,))
+  codecs = [parse_codec(c) for c in CODECS]
+  x_shape = (4, 8, 64)  # one device's activation: 4 examples of 8 tokens x 64 features
+
+  def exchange(x, key_data):  # the key is a runtime value, replicated as the executors' step key is
+    total = jnp.zeros_like(x)
+    for i, codec in enumerate(codecs):
+      # each codec its own message (x scaled): identical messages would be sent once (XLA merges equal collectives)
+      payload = codec.encode(x * (i + 1), jax.random.fold_in(jax.random.wrap_key_data(key_data), i))
+      total = total + codec.decode(schedule.PPermute(0).forward(payload))
+    return total
+
+  program = jax.jit(jax.shard_map(exchange, mesh=mesh, in_specs=(jax.P(schedule.STAGE), jax.P()),
+                                  out_specs=jax.P(schedule.STAGE), check_vma=False))
+  x = jax.ShapeDtypeStruct((2 * x_shape[0], *x_shape[1:]), jnp.float32,
+                           sharding=jax.sharding.NamedSharding(mesh, jax.P(schedule.STAGE)))
+  key_data = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=jax.sharding.NamedSharding(mesh, jax.P()))
+  text = program.lower(x, key_data).compile().as_text()
+  assert hlo_bytes.collective_bytes(text) == {
+      "fwd": sum(c.wire_bytes(x_shape, jnp.float32) for c in codecs), "bwd": 0, "data": 0}
+
+
+@tpu
+def test_auto_topk_selection_is_decided_for_the_platform_compiled_for():
+  """select="auto" picks the threshold selection (a data-dependent while loop) when compiled for the CPU and
+  lax.top_k (no loop) when compiled for a TPU, whatever the host's default backend."""
+  codec = parse_codec("topk:0.1")
+  def compiled_text(device):
+    x = jax.ShapeDtypeStruct((4, 512), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(device))
+    return jax.jit(lambda x: codec.encode(x).arrays).lower(x).compile().as_text()
+  assert " while(" in compiled_text(jax.devices("cpu")[0])
+  assert " while(" not in compiled_text(targets.compile_only_devices(targets.target("v5e-1"))[0])
+
+
+def _mlp(fwd, bwd, microbatches=2):
+  return jaxcomp.Pipeline(mlp_stages(32, 4, 4), jaxcomp.parse_boundary(fwd, bwd, num_examples=64),
+                          jaxcomp.losses.classification, "x", microbatches=microbatches)
+
+
+MLP_BATCH = {"x": jax.ShapeDtypeStruct((16, 8), jnp.float32), "label": jax.ShapeDtypeStruct((16,), jnp.int32),
+             "id": jax.ShapeDtypeStruct((16,), jnp.int32)}
+
+
+@tpu
+@pytest.mark.parametrize("fwd, bwd, plan, optimizer", [
+    ("topk:0.5", "reuse", dryrun.Plan("gpipe", data=2, schedule="1f1b", grad_scheme=parse_scheme("ef+quant:4")),
+     qadam.QuantizedAdam(1e-3)),
+    ("aqsgd+maxabs:2:stoch", "maxabs:4:stoch", dryrun.Plan("gpipe", data=2, schedule="1f1b-fused"), optax.adam(1e-3)),
+])
+def test_sharded_executor_compiles_for_a_tpu_slice_and_its_collectives_send_the_counted_bytes(fwd, bwd, plan,
+                                                                                              optimizer):
+  report = dryrun.compile_for(targets.target("v5e-8"), _mlp(fwd, bwd), optimizer, MLP_BATCH, plan, steps=("train",))
+  assert report.fits and report.steps[0].flops.matmul > 0 and report.steps[0].traffic_bytes > 0
+  sent, counted = report.steps[0].collectives, report.counted
+  ways = ("fwd", "bwd", "data") if plan.grad_scheme is not None else ("fwd", "bwd")
+  assert {k: sent[k] for k in ways} == {k: counted[k] for k in ways} and "(equal)" in report.text()
+
+
+@tpu
+def test_cli_compiles_tiny_gpt2_for_one_tpu_chip(capsys):
+  """The experiment CLI's --compile-for: abstract state and batch (no text read), the simulate executor on
+  v5e-1, the memory/FLOPs/time table, exit status 0 when it fits."""
+  common.main(gpt2_wikitext.EXPERIMENT, ["--preset", "aqsgd-fw2-bw4", "--block-size", "32", "--batch-size", "4",
+                                         "--train-examples", "64", "--compile-for", "v5e-1"])
+  out = capsys.readouterr().out
+  assert "--compile-for v5e-1: run aqsgd-fw2-bw4" in out and "tokens (4, 32) int32" in out
+  assert re.search(r"\| train \| [\d.]+ \|", out) and re.search(r"\| eval \| [\d.]+ \|", out)
+  assert re.search(r"fits: peak [\d.]+ GiB of 16 GiB HBM per device", out)
+  assert "estimated train step:" in out and "not a measurement" in out and "simulate: one device" in out
+
+
+@tpu
+def test_a_run_that_does_not_fit_is_reported_with_what_would_help(monkeypatch, capsys):
+  """ResNet18 width 8 on one v5e chip with AQ-SGD tables for 1,000,000 examples (57 GB): does not fit, and
+  the report names host buffers; an MLP's tables in host memory fit. The CLI exits 1 for such a report."""
+  config = common.resolve(resnet_cifar10.EXPERIMENT, common.parser_for(resnet_cifar10.EXPERIMENT).parse_args(
+      ["--recipe", "tiny", "--width", "8", "--batch-size", "8", "--fwd", "aqsgd+quant:2", "--bwd", "quant:4",
+       "--train-examples", "1000000"]))
+  pipe, optimizer, batch, _ = resnet_cifar10.EXPERIMENT.abstract(config)
+  report = dryrun.compile_for(targets.target("v5e-1"), pipe, optimizer, batch, steps=("train",))
+  assert not report.fits and report.peak_bytes > 50 * 2**30 and report.aqsgd_table_bytes > 50 * 2**30
+  assert re.search(r"does not fit: needs [\d.]+ GiB of 16 GiB HBM per device, [\d.]+ GiB missing; try: "
+                   r"--aqsgd-buffers host", report.text())
+  host = dryrun.compile_for(targets.target("v5e-1"), _mlp("aqsgd+quant:2", "quant:4"), optax.adam(1e-3),
+                            MLP_BATCH, dryrun.Plan(aqsgd_buffers="host"), steps=("train",))
+  assert host.fits and host.aqsgd_table_bytes == 2 * 3 * 16 * 32 * 2  # one batch's rows, 2 ends x 3 boundaries
+  monkeypatch.setattr(common, "compile_run", lambda exp, config: report)
+  with pytest.raises(SystemExit) as status:
+    common.main(resnet_cifar10.EXPERIMENT, ["--compile-for", "v5e-1"])
+  assert status.value.code == 1
+
+
+def test_bad_target_is_one_error_line_listing_the_valid_ones():
+  with pytest.raises(SystemExit, match=r"^error: unknown target 'v5e-3'; choose one of v5e-1, v5e-4, v5e-8, "):
+    common.main(gpt2_wikitext.EXPERIMENT, ["--compile-for", "v5e-3"])
+
+
+def test_gpu_targets_compile_where_the_cuda_plugin_is_installed():
+  """Compile-only H100s through the CUDA plugin (not in the test extra: ~0.5 GB): GPipe 2 stages x 1 on
+  h100-8 sends the counted bytes; skipped, with the reason, without the plugin."""
+  pytest.importorskip("jax_plugins.xla_cuda12", reason="the CUDA PJRT plugin is not installed "
+                      "(pip install jax-cuda12-pjrt==<jax version> and a ptxas)")
+  pipe = jaxcomp.Pipeline(mlp_stages(32, 4, 2), jaxcomp.parse_boundary("maxabs:4", "topk:0.25:q8"),
+                          jaxcomp.losses.classification, "x", microbatches=2)
+  report = dryrun.compile_for(targets.target("h100-8"), pipe, optax.adam(1e-3), MLP_BATCH, dryrun.Plan("gpipe"),
+                              steps=("train",))
+  assert report.fits and "(equal)" in report.text()
