@@ -73,7 +73,7 @@ def tokenizer_for(config):
 
 
 def build(config):
-  data = text.load(corpus_for(config), tokenizer_for(config), config["block_size"])
+  data = text.load(corpus_for(config), tokenizer_for(config), config["block_size"], min_blocks=config["batch_size"])
   train_blocks = data.train[: config.get("train_examples")]
   eval_blocks = data.validation[: config.get("eval_examples")]
   common.check_batch_size(config["batch_size"], len(train_blocks), len(eval_blocks))
