@@ -10,6 +10,8 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
+import os
 import pathlib
 import re
 import sys
@@ -17,7 +19,9 @@ from typing import Callable
 
 import jax
 
-from jaxcomp import distributed, dryrun, gpipe, hostbuffer, lock, results, simulate, targets, train
+from jaxcomp import checkpoint, distributed, dryrun, gpipe, hostbuffer, lock, pipeline as pl, results, simulate
+from jaxcomp import targets, train
+from jaxcomp.boundary import Reuse
 from jaxcomp.feedback import AQSGD
 from jaxcomp.spec import parse_boundary, parse_scheme
 
@@ -40,8 +44,9 @@ COMMON_FLAGS = {  # flag -> (type, help); defaults come from the recipe
 }
 
 
-AT_LEAST_ONE = ("epochs", "steps", "batch_size", "microbatches", "stages", "train_examples", "eval_examples",
-                "data_parallel", "block_size", "width", "init_epoch")
+AT_LEAST = {**{k: 1 for k in ("epochs", "steps", "batch_size", "microbatches", "stages", "train_examples",
+                                "eval_examples", "data_parallel", "width", "init_epoch")},
+            "block_size": 2, "warmup_epochs": 0}
 RESUMABLE = ("epochs", "steps", "resume", "no_progress", "out", "coordinator", "num_processes", "process_id",
              "compile_for")
 # (may change when a run is resumed: where it runs is not what it computes)
@@ -103,11 +108,13 @@ def resolve(exp: Experiment, args: argparse.Namespace) -> dict:
   config.update({k: v for k, v in vars(args).items() if v is not None and v is not False})
   config.pop("list_presets", None)
   config["recipe"] = args.recipe or exp.default_recipe
-  for key in AT_LEAST_ONE:
-    if config.get(key) is not None and config[key] < 1:
-      raise ValueError(f"--{key.replace('_', '-')} must be at least 1, got {config[key]}")
-  if config["lr"] <= 0:
-    raise ValueError(f"--lr must be positive, got {config['lr']}")
+  for key, least in AT_LEAST.items():
+    if config.get(key) is not None and config[key] < least:
+      raise ValueError(f"--{key.replace('_', '-')} must be at least {least}, got {config[key]}")
+  if not (math.isfinite(config["lr"]) and config["lr"] > 0):
+    raise ValueError(f"--lr must be a finite positive number, got {config['lr']}")
+  if not 0 <= config["seed"] < 2**63:
+    raise ValueError(f"--seed must be an integer in 0..2^63-1, got {config['seed']}")
   name = config.get("run_name")
   if name is not None and not RUN_NAME.fullmatch(name):
     suggestion = re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("._+-") or "run1"
@@ -129,18 +136,57 @@ def resolve(exp: Experiment, args: argparse.Namespace) -> dict:
   return config
 
 
-def executor_for(config: dict, pipe, example_batch):
-  """simulate, a GPipe, or HostBuffered (its tables checked for space and created now)."""
+def check_executor_flags(config: dict):
+  """The executor's flags go together, and a batch splits into data shards x microbatches."""
+  shards, m = config.get("data_parallel") or 1, config["microbatches"]
   if config.get("executor", "simulate") == "simulate":
-    if config.get("grad_compression") or (config.get("data_parallel") or 1) > 1 or config.get("schedule"):
-      raise ValueError("data parallelism, --grad-compression and --schedule need --executor gpipe")
-    buffers = config.get("aqsgd_buffers", "device")
-    if buffers == "device":
-      return simulate
-    return hostbuffer.HostBuffered.for_pipeline(pipe, example_batch, None if buffers == "host" else buffers)
+    given = [f"--{k.replace('_', '-')} {config[k]}" for k in ("schedule", "grad_compression", "data_parallel")
+             if config.get(k) and not (k == "data_parallel" and shards == 1)]
+    if given:
+      raise ValueError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} --executor gpipe (the simulate "
+                       "executor runs every stage in one program on one device): add --executor gpipe")
+  if config["batch_size"] % (shards * m):
+    raise ValueError(f"--batch-size {config['batch_size']} does not split into {shards} data shard(s) x "
+                     f"--microbatches {m} equal microbatches; use a multiple of {shards * m} (e.g. --batch-size "
+                     f"{max(1, config['batch_size'] // (shards * m)) * shards * m}) or other --microbatches")
+
+
+def executor_for(config: dict, num_stages: int):
+  """simulate or a GPipe (its flags checked now). AQ-SGD tables off the device get their executor from
+  `hostbuffer.HostBuffered.for_pipeline` in `run`, once their folder is locked (it creates them)."""
+  if config.get("executor", "simulate") == "simulate":
+    return simulate
   grad = config.get("grad_compression")
-  return gpipe.GPipe(gpipe.make_mesh(pipe.num_stages, config.get("data_parallel") or 1),
+  return gpipe.GPipe(gpipe.make_mesh(num_stages, config.get("data_parallel") or 1),
                      parse_scheme(grad) if grad else None, schedule=config.get("schedule") or "gpipe")
+
+
+def check_folder(path, flag: str):
+  """`path` is a folder, or can be made one: its nearest existing ancestor is a folder we may write.
+
+  Checked before anything is created; a folder the OS still refuses is named by `run_lock`."""
+  path = pathlib.Path(path)
+  existing = next(p for p in [path, *path.parents] if p.exists() or p == pathlib.Path(p.anchor or "."))
+  if not existing.is_dir():
+    where = "" if existing == path else f" ({existing} is a file)"
+    raise ValueError(f"{flag} {path} is not a folder{where}; pass a folder (it is created if missing)")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise ValueError(f"{flag} {path}: cannot write in {existing} (permission denied); pass a folder you can write")
+
+
+def check_specs_fit(config: dict, pipe, batch):
+  """Initialises the model and runs each boundary's compression abstractly (`jax.eval_shape`: nothing
+  is allocated, run or compiled), so a spec that does not fit the model's activations fails now,
+  naming the flag. (Whether AQ-SGD tables fit is checked once their size is printed.)"""
+  for x in pl.activation_shapes(pipe, batch):
+    for flag in ("fwd", "bwd"):
+      scheme = getattr(pipe.boundary, flag)
+      try:
+        if not isinstance(scheme, Reuse):
+          jax.eval_shape(lambda x: scheme.codec(x, jax.random.key(0)), x)
+      except ValueError as err:
+        raise ValueError(f"--{flag} {config[flag]} does not fit this model's boundary activations "
+                         f"{x.dtype.name}{list(x.shape)}: {err}") from None
 
 
 def check_devices(config: dict, command: str):
@@ -186,10 +232,12 @@ def check_run_folder(config: dict, run_dir: pathlib.Path):
 
 def check_resumed_config(config: dict, results_file: pathlib.Path):
   """A resumed run must keep its configuration (except RESUMABLE fields): names what changed."""
-  if not results_file.is_file():
-    print(f"note: {results_file} is missing, so the resumed configuration cannot be compared with the original")
+  try:
+    before = results.read(results_file)["config"]
+  except ValueError as err:  # missing or damaged: the run rewrites it after its next epoch
+    print(f"note: {results_file} is {'missing' if not results_file.exists() else err}, so the resumed configuration "
+          "cannot be compared with the original")
     return
-  before = json.loads(results_file.read_text())["config"]
   changed = [f"{k} {before.get(k)!r} -> {config.get(k)!r}" for k in sorted(set(before) | set(config))
              if k not in RESUMABLE and before.get(k) != config.get(k)]
   if changed:
@@ -198,16 +246,19 @@ def check_resumed_config(config: dict, results_file: pathlib.Path):
 
 
 @contextlib.contextmanager
-def run_lock(folder, change: str):
+def run_lock(folder, change: str, flag: str):
   """`lock.FolderLock` of `folder` for a run of one or more processes: process 0 holds it for all
   (on a shared file system the others would find it taken); every process raises
-  FolderInUseError when another run holds it."""
+  FolderInUseError when another run holds it, ValueError naming `flag` when the OS refuses it."""
   held, error = lock.FolderLock(folder, change), None
   if distributed.is_main_process():
     try:
       held.acquire()
     except lock.FolderInUseError as err:
       error = err
+    except OSError as err:
+      error = ValueError(f"{flag}: cannot create {err.filename or held.path} ({err.strerror}); pass {flag} a folder "
+                         "you can write")
   if not distributed.main_process_value(error is None):
     raise error or lock.FolderInUseError(f"{folder} is in use by another run (see process 0's error)")
   try:
@@ -217,12 +268,20 @@ def run_lock(folder, change: str):
 
 
 def run(exp: Experiment, config: dict):
-  """Builds, trains and writes results after every epoch. Returns (state, history)."""
+  """Builds, checks everything it can before creating anything, trains and writes results after every
+  epoch. Returns (state, history)."""
   out = pathlib.Path(config["out"])
   run_dir = out / config["run_name"]
   check_devices(config, f"python -m experiments.{exp.name}")
+  check_executor_flags(config)
+  check_folder(out, "--out")
+  buffers = config.get("aqsgd_buffers", "device")
+  if buffers not in ("device", "host"):
+    check_folder(buffers, "--aqsgd-buffers")
   check_run_folder(config, run_dir)
   pipe, optimizer, data, initial_params = exp.build(config)
+  executor = executor_for(config, pipe.num_stages)
+  check_specs_fit(config, pipe, data.example_batch)
   serializable = {k: v for k, v in config.items() if isinstance(v, (int, float, str, bool, type(None)))}
   serializable["data"] = data.name
   if config.get("resume"):
@@ -234,24 +293,27 @@ def run(exp: Experiment, config: dict):
                         warmup_epochs=config.get("warmup_epochs", 0),
                         checkpoint_dir=str((run_dir / "ckpt").resolve()), resume=config.get("resume", False),
                         init_from=init_from, progress=not config.get("no_progress", False))
-  print(f"[{exp.name}] run {config['run_name']}: data = {data.name}; fwd {config['fwd']}, bwd {config['bwd']}; "
-        f"{pipe.num_stages} stages x {pipe.microbatches} microbatches on {jax.devices()[0].platform}")
-  print(f"[{exp.name}] configuration (recipe {config['recipe']} < preset {config.get('preset')} < flags): "
-        + ", ".join(f"{k}={v}" for k, v in sorted(serializable.items()) if k not in ("data", "recipe", "preset")))
   with contextlib.ExitStack() as locks:  # one run per run folder and per AQ-SGD table folder
-    held = locks.enter_context(run_lock(run_dir, "--run-name or --out"))
+    held = locks.enter_context(run_lock(run_dir, "--run-name or --out", "--out"))
+    if buffers not in ("device", "host"):
+      locks.enter_context(run_lock(pathlib.Path(buffers).resolve(), "--aqsgd-buffers DIR", "--aqsgd-buffers"))
+    print(f"[{exp.name}] run {config['run_name']}: data = {data.name}; fwd {config['fwd']}, bwd {config['bwd']}; "
+          f"{pipe.num_stages} stages x {pipe.microbatches} microbatches on {jax.devices()[0].platform}")
+    print(f"[{exp.name}] configuration (recipe {config['recipe']} < preset {config.get('preset')} < flags): "
+          + ", ".join(f"{k}={v}" for k, v in sorted(serializable.items()) if k not in ("data", "recipe", "preset")))
     if held.stale_pid is not None:
       print(f"note: took over the stale lock of run {config['run_name']!r} left by process {held.stale_pid}, "
             "which is not running")
-    if config.get("aqsgd_buffers", "device") not in ("device", "host"):
-      locks.enter_context(run_lock(pathlib.Path(config["aqsgd_buffers"]).resolve(), "--aqsgd-buffers DIR"))
-    executor = executor_for(config, pipe, data.example_batch)
-    if isinstance(executor, hostbuffer.HostBuffered):
+    if buffers != "device":
+      executor = hostbuffer.HostBuffered.for_pipeline(pipe, data.example_batch, None if buffers == "host" else buffers)
       print(executor.tables.summary)
     elif isinstance(pipe.boundary.fwd, AQSGD):
       print(hostbuffer.device_summary(pipe, data.example_batch))  # train.fit's init_state checks that they fit
-    state, history = train.fit(pipe, optimizer, executor, data, cfg,
-                               jax.random.key(config["seed"]), on_epoch=write, initial_params=initial_params)
+    try:
+      state, history = train.fit(pipe, optimizer, executor, data, cfg,
+                                 jax.random.key(config["seed"]), on_epoch=write, initial_params=initial_params)
+    except checkpoint.CorruptCheckpointError as err:
+      raise ValueError(corrupt_checkpoint_advice(config, run_dir, err)) from None
   if history:
     last = history[-1]
     print(json.dumps({k: last[k] for k in ("epoch", "train_loss", "eval_off", "eval_on", "wire_bytes_fwd",
@@ -263,7 +325,9 @@ def run(exp: Experiment, config: dict):
 def compile_run(exp: Experiment, config: dict) -> dryrun.DryRun:
   """--compile-for: the run's train and eval steps compiled for the target, reported; nothing trained or written."""
   target = targets.target(config["compile_for"])
+  check_executor_flags(config)
   pipe, optimizer, batch, assumed = exp.abstract(config)
+  check_specs_fit(config, pipe, batch)
   grad = config.get("grad_compression")
   plan = dryrun.Plan(config.get("executor") or "simulate", config.get("data_parallel") or 1,
                      config.get("schedule") or "gpipe", parse_scheme(grad) if grad else None,
@@ -274,6 +338,16 @@ def compile_run(exp: Experiment, config: dict) -> dryrun.DryRun:
   report = dryrun.compile_for(target, pipe, optimizer, batch, plan)
   print(report.text())
   return report
+
+
+def corrupt_checkpoint_advice(config: dict, run_dir: pathlib.Path, err: checkpoint.CorruptCheckpointError) -> str:
+  """What to do when every checkpoint a run would start from is corrupt (an older intact one is taken, with a
+  warning)."""
+  if config.get("resume"):
+    return (f"--resume: {err}; nothing intact to resume from: move {run_dir} away (or delete it) and start the run "
+            "again without --resume, or start it under another --run-name")
+  return (f"--init-from {config['init_from']}: {err}; train the baseline again, or warm-start from another "
+          "--init-epoch it saved")
 
 
 def main(exp: Experiment, argv=None):

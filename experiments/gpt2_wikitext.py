@@ -99,7 +99,7 @@ def assemble(config, cfg: gpt2.GPT2Config, num_train: int):
 
 
 def build(config):
-  data = text.load(corpus_for(config), tokenizer_for(config), config["block_size"])
+  data = text.load(corpus_for(config), tokenizer_for(config), config["block_size"], min_blocks=config["batch_size"])
   train_blocks = data.train[: config.get("train_examples")]
   eval_blocks = data.validation[: config.get("eval_examples")]
   common.check_batch_size(config["batch_size"], len(train_blocks), len(eval_blocks))

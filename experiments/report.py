@@ -10,6 +10,7 @@ the evaluation metric per epoch, compression off (solid) and on (dashed), one li
 """
 import argparse
 import pathlib
+import sys
 
 import matplotlib
 import matplotlib.ticker
@@ -24,6 +25,22 @@ PAPERS = {  # reported numbers, metric, its label, scale, names of the two repor
     "resnet": (paper.RESNET, "accuracy", "test acc %", 100.0, ("paper off", "paper on")),
     "gpt2": (paper.GPT2, "loss", "eval loss", 1.0, ("paper loss", "paper ppl")),
 }
+SIGNATURE = {"resnet": "accuracy", "gpt2": "perplexity"}  # an evaluation metric that only that paper's runs record
+NUMBERS = ("epoch", "wire_bytes_fwd", "wire_bytes_bwd")  # per epoch record, besides the evaluations
+
+
+def check_reportable(run: dict, which: str):
+  """ValueError saying why `run` (a results file's content, `results.read`) cannot go in `which` paper's report."""
+  metrics = {PAPERS[which][1], SIGNATURE[which]}
+  for record in run["history"]:
+    evaluations = [record.get(k) if isinstance(record.get(k), dict) else {} for k in ("eval_off", "eval_on")]
+    if not all(isinstance(e.get(m), (int, float)) for e in evaluations for m in metrics):
+      other = [p for p, m in SIGNATURE.items() if p != which and all(m in e for e in evaluations)]
+      raise ValueError(f"a {other[0]} run: use --paper {other[0]}" if other else
+                       f"epoch {record.get('epoch')} lacks eval_off/eval_on {' and '.join(sorted(metrics))}")
+    missing = [k for k in NUMBERS if not isinstance(record.get(k), (int, float))]
+    if missing:
+      raise ValueError(f"epoch {record.get('epoch')} lacks {', '.join(missing)}")
 
 
 def table(runs: list[dict], which: str) -> str:
@@ -71,13 +88,35 @@ def main(argv=None):
   parser.add_argument("results_dir")
   parser.add_argument("--paper", choices=sorted(PAPERS), required=True)
   args = parser.parse_args(argv)
-  runs = [r for r in results.load(args.results_dir) if r["history"]]
-  if not runs:
-    raise SystemExit(f"no finished runs under {args.results_dir}")
-  text = table(runs, args.paper)
   out = pathlib.Path(args.results_dir)
-  (out / "report.md").write_text(text + "\n")
-  png = plot(runs, args.paper, out / "curves.png")
+  if not out.is_dir():
+    raise SystemExit(f"error: {out} is not a folder{'' if out.exists() else ' (it does not exist)'}; pass the "
+                     "results folder of finished runs, e.g. runs/resnet_cifar10/results")
+  skipped, runs = {}, []
+  for run in results.load(out, skipped):
+    try:
+      check_reportable(run, args.paper)
+    except ValueError as err:
+      skipped[f"{run['run']}.json"] = str(err)
+      continue
+    if run["history"]:
+      runs.append(run)
+    else:
+      skipped[f"{run['run']}.json"] = "no finished epoch yet"
+  why = "; ".join(f"{name} ({reason})" for name, reason in sorted(skipped.items()))
+  if not runs:
+    raise SystemExit(f"error: no finished runs to report under {out} with --paper {args.paper}"
+                     + (f"; skipped {why}" if why else ": it holds no <run>.json results files; pass the results "
+                        "folder of finished runs, e.g. runs/resnet_cifar10/results"))
+  if why:
+    print(f"note: skipped {why}", file=sys.stderr)
+  text = table(runs, args.paper)
+  try:
+    (out / "report.md").write_text(text + "\n")
+    png = plot(runs, args.paper, out / "curves.png")
+  except OSError as err:
+    raise SystemExit(f"error: cannot write the report into {out} ({err.strerror}); copy the results folder "
+                     "somewhere writable and report from there") from None
   print(text)
   print(f"\nwrote {out / 'report.md'} and {png}")
 

@@ -6,7 +6,8 @@ proxy; large p means a few outliers stretch the max-abs scale). The ceil(`fracti
 of largest p are quantized with `high` bits, the rest with `low` bits, both by max-abs with
 one scale per `group` features of a row (default: one per row). A fixed count of high rows,
 not a threshold on p, keeps the payload a static size (exact `wire_bytes`); the choice
-travels as an R-bit bitmap, the rows' codes in row order within each width.
+travels as an R-bit bitmap, the rows' codes in row order within each width (a width with no
+rows, e.g. the low one of a single row, sends nothing).
 """
 import dataclasses
 import math
@@ -50,7 +51,16 @@ class TokenAdaptive(Codec):
   def split(self, shape) -> tuple[int, int, int]:
     """(rows R, high rows, features F)."""
     r, f = int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
+    if self.group is not None and f % self.group:
+      raise ValueError(f"adaptive group={self.group} does not divide the {f} features of the last axis; "
+                       f"pick a divisor of {f}")
     return r, min(r, math.ceil(round(self.fraction * r, 6))), f
+
+  def _parts(self, r, n_high, is_high):
+    """(name, bits, rows) of each width that has rows."""
+    parts = (("high", self.high, self._rows_of(is_high, n_high)),
+             ("low", self.low, self._rows_of(~is_high, r - n_high)))
+    return [(name, bits, rows) for name, bits, rows in parts if rows.shape[0]]
 
   def _rows_of(self, mask, count):
     return jnp.nonzero(mask, size=count, fill_value=0)[0]
@@ -61,11 +71,10 @@ class TokenAdaptive(Codec):
     rows = x.reshape(r, f)
     chosen = jax.lax.top_k(peakiness(rows), n_high)[1]
     is_high = jnp.zeros((r,), bool).at[chosen].set(True)
-    high_rows, low_rows = self._rows_of(is_high, n_high), self._rows_of(~is_high, r - n_high)
-    k_high, k_low = jax.random.split(key) if key is not None else (None, None)
+    keys = dict(zip(("high", "low"), jax.random.split(key) if key is not None else (None, None)))
     return Payload({"bitmap": packing.pack_mask(is_high[None])[0],
-                    "high": self.quantizer(self.high, f).encode(rows[high_rows], k_high),
-                    "low": self.quantizer(self.low, f).encode(rows[low_rows], k_low)}, x.shape, x.dtype)
+                    **{name: self.quantizer(bits, f).encode(rows[part], keys[name])
+                       for name, bits, part in self._parts(r, n_high, is_high)}}, x.shape, x.dtype)
 
   @compiled
   def decode(self, payload: Payload) -> jax.Array:
@@ -73,8 +82,8 @@ class TokenAdaptive(Codec):
     a = payload.arrays
     is_high = packing.unpack_mask(a["bitmap"][None], r)[0]
     rows = jnp.zeros((r, f), payload.dtype)
-    rows = rows.at[self._rows_of(is_high, n_high)].set(self.quantizer(self.high, f).decode(a["high"]))
-    rows = rows.at[self._rows_of(~is_high, r - n_high)].set(self.quantizer(self.low, f).decode(a["low"]))
+    for name, bits, part in self._parts(r, n_high, is_high):
+      rows = rows.at[part].set(self.quantizer(bits, f).decode(a[name]))
     return rows.reshape(payload.shape)
 
   def wire_bytes(self, shape, dtype) -> int:

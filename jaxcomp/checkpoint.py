@@ -185,14 +185,20 @@ class Checkpointer:
 
   def restore_latest(self, like: pl.TrainState, host_state=None):
     """(epoch, state, meta) of the newest intact checkpoint, warning about each corrupt newer one;
-    None when there is no checkpoint; CorruptCheckpointError when none is intact."""
+    None when there is no checkpoint; CorruptCheckpointError saying why each is corrupt when none is intact."""
+    corrupt = []
     for epoch in sorted(self.epochs(), reverse=True):
       try:
-        return (epoch, *self.restore(epoch, like, host_state=host_state))
+        found = (epoch, *self.restore(epoch, like, host_state=host_state))
       except CorruptCheckpointError as err:
-        warnings.warn(f"{err}; trying the previous checkpoint", stacklevel=2)
-    if self.epochs():
-      raise CorruptCheckpointError(f"no intact checkpoint in {self.directory} (epochs {self.epochs()} are all corrupt)")
+        corrupt.append(str(err))
+        continue
+      for why in corrupt:
+        warnings.warn(f"{why}; trying the previous checkpoint", stacklevel=2)
+      return found
+    if corrupt:
+      raise CorruptCheckpointError(f"no intact checkpoint in {self.directory} (epochs {self.epochs()}): "
+                                   + "; ".join(corrupt))
     return None
 
   def close(self):

@@ -5,9 +5,13 @@ Every codec is a frozen dataclass (hashable, so it is static under `jax.jit`: se
   decode(payload) -> x_hat       what the receiver reconstructs from those arrays alone
   wire_bytes(shape, dtype) -> int exact size of the payload, computed without running it
 `codec(x, key)` is the round trip decode(encode(x)), i.e. the C(x) of the papers' math.
-Tensors are [B, ...] with a leading example axis.
+Tensors are [B, ...] with a leading example axis: non-empty and real floating-point, else
+`encode` raises a ValueError naming the shape and dtype (`check_encodable`; integers would be
+rounded, complex numbers would lose their imaginary part). NaN and +-inf reach the decoded
+message on every codec, compiled or not: a NaN makes its scale, range or sent row NaN.
 """
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -47,8 +51,40 @@ def compiled(method):
   return jax.jit(method, static_argnums=0)
 
 
+def check_encodable(codec, x):
+  """ValueError unless `x` is a non-empty real floating-point array with a leading example axis."""
+  shape, dtype = tuple(np.shape(x)), jnp.result_type(x)
+  if not jnp.issubdtype(dtype, jnp.floating) or not shape or 0 in shape:
+    raise ValueError(f"{type(codec).__name__} cannot encode an array of shape {shape} and dtype {dtype}: codecs "
+                     "encode non-empty real floating-point arrays [B, ...] (cast integers to a float dtype; send "
+                     "complex numbers as their real and imaginary parts)")
+
+
+def _checked(encode):
+  @functools.wraps(encode)
+  def checked_encode(self, x, key=None):
+    check_encodable(self, x)
+    return encode(self, x, key)
+  return checked_encode
+
+
+def _nan_where_nan(v, x, axis=None):
+  """v, NaN where the entries of x that v summarises (over `axis`) hold a NaN.
+
+  XLA's min/max reductions may skip NaN (XLA:CPU does on larger arrays), so a range or scale
+  taken by them alone would hide it from the receiver; `any(isnan)` is an OR, which cannot.
+  """
+  return jnp.where(jnp.any(jnp.isnan(x), axis=axis), jnp.nan, v)
+
+
 class Codec:
-  """Base class: `__call__` is C(x) = decode(encode(x))."""
+  """Base class: `__call__` is C(x) = decode(encode(x)); every subclass's `encode` first runs
+  `check_encodable` on its input."""
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    if "encode" in vars(cls):
+      cls.encode = _checked(vars(cls)["encode"])
 
   def encode(self, x, key=None) -> Payload:
     raise NotImplementedError
@@ -145,7 +181,7 @@ class MinMaxQuant(Codec):
   x_hat = lo + c * (hi - lo) / levels, so |x - x_hat| <= (hi - lo) / (2 levels).
   Sends the packed codes plus (lo, hi) in fp32. Arithmetic on halves avoids overflow for
   |x| up to the fp32 maximum, and tiny tensors are rescaled by 2^64 so ranges below 1e-37
-  keep the bound; a constant tensor decodes exactly; NaN propagates to x_hat.
+  keep the bound; a constant tensor decodes exactly; a NaN makes lo and hi NaN (x_hat all NaN).
   """
   bits: int = 8
   stochastic: bool = False
@@ -160,7 +196,7 @@ class MinMaxQuant(Codec):
   @compiled
   def encode(self, x, key=None):
     x32 = x.astype(jnp.float32)
-    lo, hi = jnp.min(x32), jnp.max(x32)
+    lo, hi = _nan_where_nan(jnp.min(x32), x32), _nan_where_nan(jnp.max(x32), x32)
     up = _tiny_range_factor(lo, hi)
     half_range = 0.5 * (hi * up) - 0.5 * (lo * up)
     y = _ratio(0.5 * (x32 * up) - 0.5 * (lo * up), half_range) * self.levels
@@ -199,7 +235,8 @@ class MaxAbsQuant(Codec):
   rounding decides). The receiver only sees the scale. Scales are fp32 by default (any finite
   magnitude round-trips); bf16/fp16 scales are rounded up so nothing clips unasked (fp16
   overflows above 65504: the inf shows in the output). Stochastic rounding: E[x_hat] = x for
-  |x| <= s. +-inf decodes to +-inf (other entries of its scale group become NaN).
+  |x| <= s. +-inf decodes to +-inf (other entries of its scale group become NaN); a NaN makes its
+  scale NaN, so its whole scale group decodes as NaN.
   """
   bits: int = 4
   granularity: str = "channel"
@@ -264,7 +301,7 @@ class MaxAbsQuant(Codec):
   def _scale(self, x32):
     """The scale the sender picks: max|x|, clipped by a fixed ratio or the least-error one."""
     axes = self._reduce_axes(x32)
-    s = jnp.max(jnp.abs(x32), axis=axes)
+    s = _nan_where_nan(jnp.max(jnp.abs(x32), axis=axes), x32, axes)
     if self.clip == "mse":
       def error(r):
         rs = self._expand(r * s)
@@ -322,6 +359,14 @@ def _index_dtype(f: int):
 TOPK_VALUE_FORMATS = ("native", "bf16", "q8")
 
 
+def _flag_nonfinite_rows(values_RxK, x_RxF):
+  """The values selected from each row of x, their finite ones NaN where the row holds a NaN or
+  +-inf: a selection (random, approximate, or of the gradient at reused positions) that skips
+  the non-finite entry still shows the receiver that the row had one."""
+  bad_Rx1 = ~jnp.all(jnp.isfinite(x_RxF), axis=1, keepdims=True)
+  return jnp.where(bad_Rx1 & jnp.isfinite(values_RxK), jnp.nan, values_RxK)
+
+
 def _scatter_rows(values_RxK, idx_RxK, f):
   rows = jnp.arange(values_RxK.shape[0])[:, None]
   return jnp.zeros((values_RxK.shape[0], f), values_RxK.dtype).at[rows, idx_RxK].set(values_RxK)
@@ -356,7 +401,8 @@ class TopK(Codec):
   row, whichever is smaller; values travel in the order of the positions.
   `values`: "native" (the input dtype), "bf16", or "q8": int8 codes c = round(127 v / s) on
   the symmetric grid {-127..127} (0 included) with one fp32 scale s = max|v| per row,
-  v_hat = s c / 127, |v - v_hat| <= s / 254.
+  v_hat = s c / 127, |v - v_hat| <= s / 254. A row holding a NaN or +-inf sends NaN in place
+  of its finite selected values (q8: a NaN scale).
   `select`: "threshold" (counting passes + prefix-sum compaction, `jaxcomp.selection`),
   "sort" (`lax.top_k`), "approx" (`lax.approx_max_k`), or "auto": the fastest measured on
   the platform the program is compiled for (`jax.lax.platform_dependent`; CPU: threshold from
@@ -412,7 +458,7 @@ class TopK(Codec):
       return {"values": v_RxK.astype(jnp.bfloat16)}
     if self.values == "q8":
       v32 = v_RxK.astype(jnp.float32)
-      scale = jnp.max(jnp.abs(v32), axis=1)
+      scale = _nan_where_nan(jnp.max(jnp.abs(v32), axis=1), v32, axis=1)
       codes = jnp.clip(jnp.round(_ratio(v32, scale[:, None]) * 127.0), -127, 127)
       return {"values": codes.astype(jnp.int8), "scale": scale}
     return {"values": v_RxK}
@@ -432,7 +478,8 @@ class TopK(Codec):
   def values_at(self, x, idx_RxK) -> Payload:
     """The values of x at given per-row indices (index reuse: the receiver knows them)."""
     r, f = _rows(x.shape, self.per)
-    values = jnp.take_along_axis(x.reshape(r, f), idx_RxK, axis=1)
+    x_RxF = x.reshape(r, f)
+    values = _flag_nonfinite_rows(jnp.take_along_axis(x_RxF, idx_RxK, axis=1), x_RxF)
     return Payload(self._pack_values(values), x.shape, x.dtype)
 
   def scatter(self, payload: Payload, idx_RxK) -> jax.Array:
@@ -447,10 +494,10 @@ class TopK(Codec):
     x_RxF = x.reshape(r, f)
     if self.uses_mask(x.shape):
       mask = self._mask(x_RxF, self.k(x.shape))
-      values = self._pack_values(packing.compact(mask, f, self.k(x.shape), x_RxF))
+      values = self._pack_values(_flag_nonfinite_rows(packing.compact(mask, f, self.k(x.shape), x_RxF), x_RxF))
       return Payload({**values, "mask": mask}, x.shape, x.dtype)
     idx = self.positions(x)
-    values = self._pack_values(jnp.take_along_axis(x_RxF, idx, axis=1))
+    values = self._pack_values(_flag_nonfinite_rows(jnp.take_along_axis(x_RxF, idx, axis=1), x_RxF))
     return Payload({**values, "indices": idx.astype(_index_dtype(f))}, x.shape, x.dtype)
 
   def indices(self, payload: Payload) -> jax.Array:
@@ -483,7 +530,8 @@ class RandK(Codec):
   regenerates them and no indices are sent. The seed is the message's key folded with the bits
   of its first entry: known to the sender alone, so no compiler can drop it from the message as
   a value the receiver could compute itself (XLA:TPU does that to a seed drawn from a key both
-  ends derive, and the bytes sent would no longer be the bytes counted).
+  ends derive, and the bytes sent would no longer be the bytes counted). A row holding a NaN or
+  +-inf sends NaN in place of its finite kept values.
   """
   fraction: float = 0.1
   per: str = "example"
@@ -505,7 +553,8 @@ class RandK(Codec):
     first = jax.lax.bitcast_convert_type(x.reshape(-1)[0].astype(jnp.float32), jnp.uint32)
     seed = jax.random.key_data(jax.random.fold_in(key, first))
     r, f = _rows(x.shape, self.per)
-    values = jnp.take_along_axis(x.reshape(r, f), self._positions(seed, x.shape), axis=1)
+    x_RxF = x.reshape(r, f)
+    values = _flag_nonfinite_rows(jnp.take_along_axis(x_RxF, self._positions(seed, x.shape), axis=1), x_RxF)
     return Payload({"values": values, "seed": seed}, x.shape, x.dtype)
 
   @compiled

@@ -182,7 +182,7 @@ def compile_for(target: targets.Target, pipe: pl.Pipeline, optimizer: optax.Grad
   if plan.aqsgd_buffers == "host":
     if plan.executor != "simulate" or not isinstance(pipe.boundary.fwd, feedback.AQSGD):
       raise ValueError("host AQ-SGD buffers need the simulate executor and an aqsgd+ forward spec")
-    pipe = hostbuffer.on_device(pipe, jax.tree.leaves(batch)[0].shape[0])
+    pipe = hostbuffer.device_pipeline(pipe, jax.tree.leaves(batch)[0].shape[0])
   if plan.executor == "simulate":
     place = SingleDeviceSharding(devices[0])
     state = _abstract(jax.eval_shape(lambda b: pl.init_state(pipe, optimizer, jax.random.key(0), b), batch), place)

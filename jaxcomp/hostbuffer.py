@@ -51,6 +51,12 @@ def _aqsgd(pipe: pl.Pipeline) -> AQSGD:
   return pipe.boundary.fwd
 
 
+def device_pipeline(pipe: pl.Pipeline, batch_size: int) -> pl.Pipeline:
+  """`pipe` with AQ-SGD tables of one batch's rows (what runs on the device)."""
+  small = dataclasses.replace(_aqsgd(pipe), num_examples=batch_size)
+  return dataclasses.replace(pipe, boundary=dataclasses.replace(pipe.boundary, fwd=small))
+
+
 def table_rows(pipe: pl.Pipeline, batch) -> list[tuple]:
   """Row shape of each boundary's table (one example's activation), traced abstractly: nothing is allocated."""
   return [s.shape[1:] for s in pl.activation_shapes(pipe, batch)]
@@ -159,12 +165,6 @@ class HostBufferedStep:
       self.pool.shutdown()
 
 
-def on_device(pipe: pl.Pipeline, batch_size: int) -> pl.Pipeline:
-  """The pipeline the device runs with host tables: `pipe` with AQ-SGD tables of one batch's rows."""
-  small = dataclasses.replace(_aqsgd(pipe), num_examples=batch_size)
-  return dataclasses.replace(pipe, boundary=dataclasses.replace(pipe.boundary, fwd=small))
-
-
 class HostBuffered:
   """The executor protocol of `simulate` with the AQ-SGD tables in `tables` instead of the train state.
 
@@ -188,12 +188,9 @@ class HostBuffered:
   def host_state(self) -> list[np.ndarray]:
     return self.tables.tables
 
-  def _on_device(self, pipe: pl.Pipeline) -> pl.Pipeline:
-    return on_device(pipe, self.batch_size)
-
   def init_state(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None):
     """`simulate.init_state` of the device pipeline; ValueError if `pipe` or `batch` do not match the tables."""
-    state = simulate.init_state(self._on_device(pipe), optimizer, rng, batch, params)
+    state = simulate.init_state(device_pipeline(pipe, self.batch_size), optimizer, rng, batch, params)
     expected = [(len(t), *t.shape[1:]) for t in self.tables.tables]
     got = [(pipe.boundary.fwd.num_examples, *link.fwd_send.buffer.shape[1:]) for link in state.links]
     if got != expected or len(batch["id"]) != self.batch_size:
@@ -202,11 +199,11 @@ class HostBuffered:
     return state
 
   def make_train_step(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation, mode: Mode = Mode.TRAIN):
-    return HostBufferedStep(simulate.make_train_step(self._on_device(pipe), optimizer, mode), self.tables,
-                            self.prefetch)
+    return HostBufferedStep(simulate.make_train_step(device_pipeline(pipe, self.batch_size), optimizer, mode),
+                            self.tables, self.prefetch)
 
   def make_eval_step(self, pipe: pl.Pipeline, compressed: bool):
-    return simulate.make_eval_step(self._on_device(pipe), compressed)
+    return simulate.make_eval_step(device_pipeline(pipe, self.batch_size), compressed)
 
   def wire_bytes_per_step(self, pipe: pl.Pipeline, batch, mode: Mode = Mode.TRAIN) -> dict[str, int]:
-    return simulate.wire_bytes_per_step(self._on_device(pipe), batch, mode)
+    return simulate.wire_bytes_per_step(device_pipeline(pipe, self.batch_size), batch, mode)

@@ -53,6 +53,26 @@ def write(out_dir, run: str, config: dict, history: list[dict]) -> dict[str, pat
   return paths
 
 
-def load(out_dir) -> list[dict]:
-  """Every run's JSON under out_dir, by run name."""
-  return [json.loads(p.read_text()) for p in sorted(pathlib.Path(out_dir).glob("*.json"))]
+def read(path) -> dict:
+  """One run's results (<run>.json); ValueError saying why if the file is not one."""
+  try:
+    run = json.loads(pathlib.Path(path).read_text())
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    raise ValueError(f"not readable as JSON: {type(err).__name__}") from None
+  if not (isinstance(run, dict) and isinstance(run.get("run"), str) and isinstance(run.get("config"), dict)
+          and isinstance(run.get("history"), list) and all(isinstance(r, dict) for r in run["history"])):
+    raise ValueError("not a run's results: a JSON object with run, config and history")
+  return run
+
+
+def load(out_dir, skipped: dict | None = None) -> list[dict]:
+  """Every run's results (<run>.json) under out_dir, by run name; the *.json files that are not one
+  are left out, and put in `skipped` ({file name: why}) if it is given."""
+  runs = []
+  for path in sorted(pathlib.Path(out_dir).glob("*.json")):
+    try:
+      runs.append(read(path))
+    except ValueError as err:
+      if skipped is not None:
+        skipped[path.name] = str(err)
+  return runs

@@ -3,12 +3,13 @@
 Per epoch: train with a progress bar (AQ-SGD warm-up epochs in Mode.WARMUP), evaluate with
 compression on and off, record loss/metrics, bytes on the wire (per compressed step, the
 epoch's total and the run's average per step) and steps/s, save
-an Orbax checkpoint, hand the history to `on_epoch` (results writing). A NaN/Inf loss stops
-the run at once with `NonFiniteLossError`; the last good checkpoint is never overwritten, and
-an epoch whose evaluation loss is NaN/Inf is not checkpointed (its record is written, then
-the run stops the same way). Checkpoints hold the simulate layout (`checkpoint.simulate_layout`),
-so a run resumes or warm-starts from one of any executor, mesh shape or process count; resume
-takes the newest intact checkpoint, warning about corrupt newer ones.
+an Orbax checkpoint, hand the history to `on_epoch` (results writing). A NaN/Inf loss, or a step
+that returns NaN/Inf parameters, stops the run at once with `NonFiniteLossError`; the last good
+checkpoint is never overwritten, and an epoch whose evaluation loss is NaN/Inf is not
+checkpointed (its record is written, then the run stops the same way). Checkpoints hold the
+simulate layout (`checkpoint.simulate_layout`), so a run resumes or warm-starts from one of any
+executor, mesh shape or process count; resume takes the newest intact checkpoint, warning about
+corrupt newer ones.
 Resume restores the latest checkpoint; data order, keys and every state continue exactly,
 also from an epoch that `RunConfig.steps` cut short (its checkpoint records how many of the
 epoch's batches were done and their losses; the resumed run finishes that epoch).
@@ -39,6 +40,7 @@ import time
 from typing import Any, Callable, Iterator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -52,7 +54,14 @@ logfilter.silence_orbax_noise()  # the checkpoints below would repeat two harmle
 
 
 class NonFiniteLossError(RuntimeError):
-  """The training loss became NaN or Inf."""
+  """The training loss, or the parameters a step returns, became NaN or Inf."""
+
+
+@jax.jit
+def all_finite(tree) -> jax.Array:
+  """Whether every entry of every array in `tree` is finite (a model can drop a NaN input from its loss,
+  e.g. in a max-pool, while its gradient still carries it into the parameters)."""
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,11 +293,12 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
       state, metrics = _train_step(steps[step_mode], state, batch, following, place)
       count(step_mode)
       loss = float(metrics["loss"])
-      if not math.isfinite(loss):
+      if not (math.isfinite(loss) and bool(all_finite(state.params))):
         bar.close()
-        raise NonFiniteLossError(
-            f"training loss is {loss} at epoch {epoch + 1}, step {i + 1} of the epoch (global step "
-            f"{global_step + 1}); stopped. {_last_good(ckpt)}")
+        what = f"training loss is {loss}" if not math.isfinite(loss) else (
+            f"training loss is {loss:.6g} but the step's new parameters hold NaN/Inf (from the batch or the gradients)")
+        raise NonFiniteLossError(f"{what} at epoch {epoch + 1}, step {i + 1} of the epoch (global step "
+                                 f"{global_step + 1}); stopped. {_last_good(ckpt)}")
       losses.append(loss)
       global_step += 1
       if start is None:

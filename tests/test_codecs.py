@@ -1,3 +1,5 @@
+import re
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -337,3 +339,48 @@ def test_topk_value_formats_with_index_reuse(values):
   tolerance = {"native": 0.0, "bf16": 2**-8, "q8": 1 / 254}[values] * np.abs(np.asarray(g)).max()
   assert (np.abs(g_hat - np.where(kept, np.asarray(g), 0.0)) <= tolerance * (1 + 1e-5)).all()
   assert (g_hat[~kept] == 0).all()
+
+
+BAD_INPUTS = [((0, 16), jnp.float32), ((4, 0), jnp.float32), ((), jnp.float32), ((2, 16), jnp.complex64),
+              ((2, 16), jnp.int32), ((2, 16), jnp.bool_)]
+
+
+@pytest.mark.parametrize("codec", ALL_CODECS + BLOCK_CODECS, ids=repr)
+def test_every_codec_refuses_what_it_cannot_encode_honestly(codec):
+  """Zero-size, scalar, complex, integer and boolean arrays: a ValueError naming shape and dtype."""
+  for shape, dtype in BAD_INPUTS:
+    x = jnp.zeros(shape, dtype)
+    with pytest.raises(ValueError, match=re.escape(f"cannot encode an array of shape {shape} and dtype "
+                                                   f"{jnp.dtype(dtype)}: codecs encode non-empty real floating")):
+      codec.encode(x, jax.random.key(0))
+    with pytest.raises(ValueError, match="cannot encode an array of shape"):  # traced too
+      jax.eval_shape(lambda x: codec.encode(x, jax.random.key(0)), x)
+
+
+def _slow_to_compile(codec) -> bool:
+  """Threshold-selection TopK and adaptive codecs take seconds to compile at [8, 512]: one of each runs by default."""
+  inner = getattr(codec, "inner", codec)
+  return ((isinstance(inner, codecs.TopK) and inner.select == "auto") or isinstance(inner, TokenAdaptive)) and \
+      codec not in (codecs.TopK(0.1, select="sort"), TokenAdaptive(3, 4, 0.25))
+
+
+@pytest.mark.parametrize("codec", [pytest.param(c, marks=pytest.mark.slow) if _slow_to_compile(c) else c
+                                   for c in ALL_CODECS + BLOCK_CODECS + [codecs.TopK(0.001, select="approx")]],
+                         ids=repr)
+def test_nan_and_inf_reach_the_decoded_message_under_jit(codec):
+  """XLA:CPU's min/max reductions skip NaN from 4096 entries up, approx_max_k (k = 1) too; ranges, scales and
+  sent rows still carry it."""
+  x = _x((8, 512))
+  both = jax.jit(lambda a, b: (codec(a, jax.random.key(0)), codec(b, jax.random.key(1))))
+  for value, x_hat in zip((np.nan, np.inf), both(x.at[5, 37].set(np.nan), x.at[5, 37].set(np.inf))):
+    assert not bool(jnp.all(jnp.isfinite(x_hat))), value
+
+
+def test_index_reuse_flags_a_non_finite_gradient_it_does_not_send():
+  x, g = _x((4, 64), seed=1), _x((4, 64), seed=2)
+  topk = codecs.TopK(0.25)
+  idx = topk.indices(topk.encode(x))
+  unsent = int(np.setdiff1d(np.arange(64), np.asarray(idx[2]))[0])
+  g_hat = topk.scatter(topk.values_at(g.at[2, unsent].set(np.nan), idx), idx)
+  g_hat, idx = np.asarray(g_hat), np.asarray(idx)
+  assert np.isnan(g_hat[2, idx[2]]).all() and np.isfinite(np.delete(g_hat, 2, axis=0)).all()

@@ -111,7 +111,7 @@ def test_a_run_that_does_not_fit_is_reported_with_what_would_help(monkeypatch, c
   pipe, optimizer, batch, _ = resnet_cifar10.EXPERIMENT.abstract(config)
   report = dryrun.compile_for(targets.target("v5e-1"), pipe, optimizer, batch, steps=("train",))
   assert not report.fits and report.peak_bytes > 50 * 2**30 and report.aqsgd_table_bytes > 50 * 2**30
-  assert re.search(r"does not fit: needs [\d.]+ GiB of 16 GiB HBM per device, [\d.]+ GiB missing; try: "
+  assert re.search(r"does not fit: needs [\d.]+ GiB of 16 GiB HBM per device, [\d.]+ GiB missing.*; try: "
                    r"--aqsgd-buffers host", report.text())
   host = dryrun.compile_for(targets.target("v5e-1"), _mlp("aqsgd+quant:2", "quant:4"), optax.adam(1e-3),
                             MLP_BATCH, dryrun.Plan(aqsgd_buffers="host"), steps=("train",))

@@ -2,7 +2,9 @@
 import json
 import logging
 import math
+import pathlib
 import re
+import shutil
 
 import pytest
 
@@ -140,9 +142,71 @@ def test_cli_errors_after_parsing_are_one_line_and_create_nothing(tmp_path, flag
   assert not out.exists()
 
 
+GPT2_ISSUE = ["--train-examples", "64", "--eval-examples", "16", "--batch-size", "8", "--epochs", "1", "--no-progress"]
+WIDTH_64 = "does not fit this model's boundary activations float32[8, 128, 64]: "
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--fwd", "maxabs:4:group=7"], f"--fwd maxabs:4:group=7 {WIDTH_64}maxabs group=7 does not divide the 64 features"),
+    (["--fwd", "hadamard:128+maxabs:4"], f"--fwd hadamard:128+maxabs:4 {WIDTH_64}Hadamard block 128 does not divide"),
+    (["--bwd", "maxabs:4:group=48"], f"--bwd maxabs:4:group=48 {WIDTH_64}maxabs group=48 does not divide"),
+    (["--fwd", "adaptive:2:4:0.25:group=5"], f"--fwd adaptive:2:4:0.25:group=5 {WIDTH_64}adaptive group=5 does not"),
+    (["--schedule", "1f1b", "--executor", "simulate"], "--schedule 1f1b needs --executor gpipe (the simulate executor"),
+    (["--microbatches", "3"], "--batch-size 8 does not split into 1 data shard(s) x --microbatches 3 equal "
+                              "microbatches; use a multiple of 3 (e.g. --batch-size 6) or other --microbatches"),
+    (["--grad-compression", "ef+quant:4"], "--grad-compression ef+quant:4 needs --executor gpipe"),
+    (["--fwd", "aqsgd+quant:4", "--aqsgd-buffers", "FILE"], "--aqsgd-buffers FILE is not a folder; pass a folder"),
+    (["--lr", "nan"], "--lr must be a finite positive number, got nan"),
+    (["--lr", "inf"], "--lr must be a finite positive number, got inf"),
+    (["--out", "FILE"], "--out FILE is not a folder; pass a folder (it is created if missing)"),
+    (["--out", "FILE/runs"], "--out FILE/runs is not a folder (FILE is a file); pass a folder"),
+    (["--block-size", "100000"], "the eval text of WikiText-2 validation split"),
+    (["--block-size", "1"], "--block-size must be at least 2, got 1"),
+    (["--warmup-epochs", "-1"], "--warmup-epochs must be at least 0, got -1"),
+    (["--seed", "-1"], "--seed must be an integer in 0..2^63-1, got -1"),
+])
+def test_bad_input_is_one_error_line_before_anything_is_created(tmp_path, capsys, flags, message):
+  """Each is refused before the run line is printed or a folder is made (the specs by an abstract trace)."""
+  file = tmp_path / "FILE"
+  file.write_text("")
+  flags = [f.replace("FILE", str(file)) for f in flags]
+  error = _refused(gpt2_wikitext.EXPERIMENT, [*GPT2_ISSUE, "--out", str(tmp_path / "out"), *flags])
+  assert error.startswith("error: " + message.replace("FILE", str(file))), error
+  assert capsys.readouterr().out == "" and sorted(p.name for p in tmp_path.iterdir()) == ["FILE"]
+  if "100000" in flags:
+    assert error.endswith("block_size 100000 makes 1 examples, fewer than the 8 of one batch; use --block-size "
+                          "15372 or less (or a smaller --batch-size)")
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_out_folder_the_os_refuses_is_one_error_line(tmp_path, capsys):
+  error = _refused(gpt2_wikitext.EXPERIMENT, [*GPT2_ISSUE, "--out", "/proc/jaxcomp-test-out"])
+  assert error.startswith("error: --out") and error.endswith("a folder you can write"), error
+  assert capsys.readouterr().out == "" and not pathlib.Path("/proc/jaxcomp-test-out").exists()
+
+
 def test_resume_and_warm_start_take_what_matches_and_refuse_the_rest(tmp_path, caplog, capsys):
   out = ["--out", str(tmp_path), *RESNET_TINY, "--epochs", "3"]
   main(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out])
+  damaged = tmp_path / "damaged"
+  for folder in ("baseline", "results"):
+    shutil.copytree(tmp_path / folder, damaged / folder)
+  for f in (damaged / "baseline" / "ckpt").rglob("*"):
+    if f.is_file():
+      f.write_bytes(b"")  # every checkpoint file truncated
+  kept = _tree(damaged / "baseline")
+  assert _refused(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out, "--out", str(damaged), "--resume"]) == (
+      f"error: --resume: no intact checkpoint in {damaged / 'baseline' / 'ckpt'} (epochs [1]): the checkpoint of epoch "
+      f"1 in {damaged / 'baseline' / 'ckpt'} is corrupt: its meta does not read back (JSONDecodeError); nothing intact "
+      f"to resume from: move {damaged / 'baseline'} away (or delete it) and start the run again without --resume, or "
+      "start it under another --run-name")
+  assert _refused(resnet_cifar10.EXPERIMENT, ["--preset", "ef21-top10-base20", "--init-epoch", "1", *out, "--out",
+                                              str(damaged), "--init-from", str(damaged / "baseline")]).startswith(
+      f"error: --init-from {damaged / 'baseline'}: the checkpoint of epoch 1 in {damaged / 'baseline' / 'ckpt'} is "
+      "corrupt: its meta does not read back (JSONDecodeError); train the baseline again, or warm-start from another")
+  errors = capsys.readouterr().err
+  assert "Failed to json parse" not in caplog.text + errors  # Orbax's ERROR for what we handle
+  assert _tree(damaged / "baseline") == kept and sorted(p.name for p in damaged.iterdir()) == ["baseline", "results"]
   before = _tree(tmp_path)
   message = _refused(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out, "--resume", "--lr", "0.1",
                                                  "--seed", "3", "--fwd", "quant:4"])
@@ -160,11 +224,17 @@ def test_resume_and_warm_start_take_what_matches_and_refuse_the_rest(tmp_path, c
       f"error: --init-from {tmp_path / 'baseline'} has checkpoints of epochs [1], not of --init-epoch 2; pass one of "
       "those or train the baseline further")
   assert _tree(tmp_path) == before  # nothing created or overwritten
+  (tmp_path / "results" / "baseline.json").write_text("{")  # damaged results: noted, rewritten after the epoch
   main(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out, "--resume", "--steps", "4"])  # epochs may change
+  printed = capsys.readouterr()
+  errors += printed.err
+  assert (f"note: {tmp_path / 'results' / 'baseline.json'} is not readable as JSON: JSONDecodeError, so the resumed "
+          "configuration cannot be compared with the original") in printed.out
+  assert _result(tmp_path, "baseline")["config"]["steps"] == 4
   main(resnet_cifar10.EXPERIMENT, ["--preset", "ef21-top10-base20", "--init-epoch", "1", *out, "--steps", "6",
                                    "--init-from", str(tmp_path / "baseline")])  # 4 steps per epoch: epoch 2 only
   assert [r["epoch"] for r in _result(tmp_path, "ef21-top10-base20")["history"]] == [2]
-  logs = caplog.text + capsys.readouterr().err  # saves, a resume, warm-start reads: none of Orbax's routine noise
+  logs = caplog.text + errors + capsys.readouterr().err  # saves, resumes, warm-start reads: none of Orbax's noise
   assert "Skipping merge of OCDBT" not in logs and "could not be restored" not in logs, logs
   logging.getLogger("absl").warning("a real warning")
   assert "a real warning" in caplog.text

@@ -1,5 +1,8 @@
-"""GPT-2 presets that isolate AQ-SGD's warm-up, and the report's bytes columns."""
+"""GPT-2 presets that isolate AQ-SGD's warm-up, the report's bytes columns, and results it cannot report."""
+import pytest
+
 from experiments import gpt2_wikitext, report
+from jaxcomp import results
 
 
 def test_every_aqsgd_preset_has_a_direct_twin_with_the_same_warmup():
@@ -21,3 +24,53 @@ def test_report_shows_the_runs_average_bytes_per_step():
   assert "run avg fwd bytes/step" in lines[0]
   assert "| 100 | 200 | 550 | 1,100 |" in lines[2]
   assert "| 100 | 200 |  |  |" in lines[3]  # results written before the column existed
+
+
+GPT2_RECORD = {"epoch": 1, "eval_off": {"loss": 2.5, "perplexity": 12.18},
+               "eval_on": {"loss": 2.6, "perplexity": 13.46}, "wire_bytes_fwd": 100, "wire_bytes_bwd": 200,
+               "steps_per_s": None}
+
+
+def _report_error(argv) -> str:
+  with pytest.raises(SystemExit) as exit_:
+    report.main(argv)
+  message = exit_.value.code
+  assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message, message
+  return message
+
+
+@pytest.mark.parametrize("content, why", [("not json", "not readable as JSON: JSONDecodeError"),
+                                          ('{"foo": 1}', "not a run's results: a JSON object with run, config and "
+                                                         "history"),
+                                          ("[1, 2, 3]", "not a run's results")])
+def test_report_skips_and_names_files_that_are_not_results(tmp_path, capsys, content, why):
+  (tmp_path / "x.json").write_text(content)
+  assert _report_error([str(tmp_path), "--paper", "gpt2"]).startswith(
+      f"error: no finished runs to report under {tmp_path} with --paper gpt2; skipped x.json ({why}")
+  assert not (tmp_path / "report.md").exists()
+  results.write(tmp_path, "top10-reuse", {}, [GPT2_RECORD])
+  report.main([str(tmp_path), "--paper", "gpt2"])
+  out, err = capsys.readouterr()
+  assert err.startswith(f"note: skipped x.json ({why}") and "| top10-reuse |" in out
+
+
+def test_report_names_the_paper_its_runs_belong_to(tmp_path):
+  results.write(tmp_path, "top10-reuse", {}, [GPT2_RECORD])
+  assert _report_error([str(tmp_path), "--paper", "resnet"]) == (
+      f"error: no finished runs to report under {tmp_path} with --paper resnet; skipped top10-reuse.json (a gpt2 run: "
+      "use --paper gpt2)")
+
+
+def test_report_of_an_empty_or_missing_folder_says_so(tmp_path):
+  assert _report_error([str(tmp_path), "--paper", "gpt2"]) == (
+      f"error: no finished runs to report under {tmp_path} with --paper gpt2: it holds no <run>.json results files; "
+      "pass the results folder of finished runs, e.g. runs/resnet_cifar10/results")
+  assert _report_error([str(tmp_path / "nowhere"), "--paper", "gpt2"]).startswith(
+      f"error: {tmp_path / 'nowhere'} is not a folder (it does not exist); pass the results folder")
+
+
+def test_report_that_cannot_be_written_is_one_error_line(tmp_path):
+  results.write(tmp_path, "top10-reuse", {}, [GPT2_RECORD])
+  (tmp_path / "report.md").mkdir()
+  assert _report_error([str(tmp_path), "--paper", "gpt2"]).startswith(
+      f"error: cannot write the report into {tmp_path} (Is a directory); copy the results folder")

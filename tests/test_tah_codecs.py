@@ -175,3 +175,14 @@ def test_boundary_gradient_is_the_compressed_true_gradient(fwd, bwd):
     np.testing.assert_allclose(np.asarray(dx), np.asarray(bwd_codec(dy, None)), rtol=1e-5, atol=1e-6)
   rel = float(jnp.linalg.norm(dx - dy) / jnp.linalg.norm(dy))
   assert rel < 0.3
+
+
+def test_adaptive_sends_nothing_for_a_width_without_rows():
+  """One row (or a fraction that takes every row) leaves the low width empty: no zero-size encode, no bytes."""
+  for codec, shape in ((TokenAdaptive(3, 5, 0.25), (1, 16)), (TokenAdaptive(3, 5, 0.9), (2, 3, 16))):
+    x = _x(shape)
+    payload = codec.encode(x)
+    assert set(payload.arrays) == {"bitmap", "high"}
+    assert codecs.nbytes(payload) == codec.wire_bytes(shape, x.dtype)
+    err = np.abs(np.asarray(codec.decode(payload) - x)).reshape(-1, 16).max(1)
+    assert np.all(err <= np.abs(np.asarray(x)).reshape(-1, 16).max(1) / 30 * 1.002 + 1e-6)  # 5 bits: s / (2L)

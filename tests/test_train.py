@@ -1,13 +1,15 @@
 """The training driver: bit-identical resume (device or host AQ-SGD tables), NaN stop, warm start, result files."""
 import json
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
 import jaxcomp
-from jaxcomp import checkpoint, gpipe, hostbuffer, results, simulate, train
+from jaxcomp import checkpoint, gpipe, hostbuffer, pipeline, results, simulate, train
 from jaxcomp.checkpoint import Checkpointer
 from jaxcomp.data import batching
 from jaxcomp.models.mlp import mlp_stages
@@ -124,6 +126,47 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
               on_epoch=lambda h: written.append(results.write(tmp_path / "res", "run", {}, h)))
   assert Checkpointer(tmp_path).epochs() == [1]
   assert len(json.loads((tmp_path / "res" / "run.json").read_text())["history"]) == 1
+
+
+@pytest.mark.parametrize("spec", ["quant:4", "maxabs:4"])
+def test_a_nan_in_the_batch_reaches_the_compiled_steps_loss(spec):
+  """The README's MLP in 4 stages: XLA's compiled min/max reductions skip the NaN, so the codec's range or
+  scale must carry it, else the loss stays finite while the parameters turn NaN."""
+  x = jax.random.normal(jax.random.key(0), (256, 16))
+  batch = {"x": x.at[5, 3].set(np.nan), "label": (x[:, 0] > 0) + 2 * (x[:, 1] > 0)}
+  pipe = jaxcomp.Pipeline(mlp_stages(64, 4, num_stages=4), jaxcomp.parse_boundary(spec, spec),
+                          jaxcomp.losses.classification, "x")
+  state = simulate.init_state(pipe, OPT, jax.random.key(1), batch)
+  _, metrics = simulate.make_train_step(pipe, OPT)(state, batch)
+  assert np.isnan(float(metrics["loss"]))
+
+
+class _ZeroesNaN(nn.Module):
+  """Dense, then NaN activations set to 0: the loss stays finite while the weight gradient x^T dh carries NaN."""
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    h = nn.Dense(8)(x)
+    return jnp.where(jnp.isnan(h), 0.0, h)
+
+
+def test_a_step_that_returns_nan_parameters_stops_the_run_there(tmp_path):
+  pipe = jaxcomp.Pipeline((pipeline.FlaxStage(_ZeroesNaN()), *mlp_stages(8, 2, 2)),
+                          jaxcomp.parse_boundary("none", "none"), jaxcomp.losses.classification, "x")
+  good = _data()
+
+  def batches(epoch):
+    for i, batch in enumerate(good.train_batches(epoch)):
+      if (epoch, i) == (1, 2):  # one NaN entry in the third batch of epoch 2
+        batch = {**batch, "x": batch["x"].copy()}
+        batch["x"][0, 0] = np.nan
+      yield batch
+
+  data = train.Data(batches, good.steps_per_epoch, good.eval_batches, good.example_batch, "toy")
+  with pytest.raises(train.NonFiniteLossError, match=r"training loss is [\d.]+ but the step's new parameters hold "
+                                                     r"NaN/Inf .* at epoch 2, step 3 of the epoch \(global step 9\)"):
+    _fit(tmp_path, 3, data=data, pipe=pipe)
+  assert Checkpointer(tmp_path).epochs() == [1]
 
 
 def test_warm_start_takes_the_baselines_model(tmp_path):

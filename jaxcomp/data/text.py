@@ -169,13 +169,18 @@ class TextData:
   vocab_size: int
 
 
-def load(corpus: Corpus, tok, block_size: int) -> TextData:
-  """`corpus` tokenised by `tok` (a ByteTokenizer or BPETokenizer) into blocks."""
+def load(corpus: Corpus, tok, block_size: int, min_blocks: int = 1) -> TextData:
+  """`corpus` tokenised by `tok` (a ByteTokenizer or BPETokenizer) into blocks; a ValueError naming the
+  block size that fits if a split makes fewer than `min_blocks` (e.g. one batch)."""
   def split_blocks(split, content):
-    try:
-      return blocks(tok.encode(content), block_size)
-    except ValueError as err:
-      raise ValueError(f"the {split} text of {corpus.name}: {err}; use a smaller block size") from None
+    ids = tok.encode(content)
+    n = len(ids) // max(block_size, 1)
+    if block_size >= 2 and n < min_blocks:  # (blocks() refuses block sizes below 2)
+      few = "is larger than the corpus" if n == 0 else f"makes {n} examples, fewer than the {min_blocks} of one batch"
+      raise ValueError(f"the {split} text of {corpus.name} ({len(ids):,} tokens): block_size {block_size} {few}; "
+                       f"use --block-size {len(ids) // min_blocks} or less"
+                       + (" (or a smaller --batch-size)" if min_blocks > 1 else ""))
+    return blocks(ids, block_size)
   return TextData(f"{corpus.name}; {tok.name}", split_blocks("train", corpus.train),
                   split_blocks("eval", corpus.validation), tok.vocab_size)
 
