@@ -12,6 +12,9 @@ from jaxcomp.boundary import Reuse
     ("maxabs:4:scale=fp16", feedback.Plain(codecs.MaxAbsQuant(4, scale_dtype="float16"))),
     ("maxabs:2:clip=mse:scale=bf16", feedback.Plain(codecs.MaxAbsQuant(2, scale_dtype="bfloat16", clip="mse"))),
     ("maxabs:2:clip=0.8", feedback.Plain(codecs.MaxAbsQuant(2, clip=0.8))),
+    ("maxabs:2:grid=midrise:clip=mse", feedback.Plain(codecs.MaxAbsQuant(2, clip="mse", grid="midrise"))),
+    ("maxabs:1:grid=midrise:stoch", feedback.Plain(codecs.MaxAbsQuant(1, stochastic=True, grid="midrise"))),
+    ("maxabs:3:grid=zero", feedback.Plain(codecs.MaxAbsQuant(3, grid="zero"))),
     ("ef21+topk:0.1", feedback.EF21(codecs.TopK(0.1))),
     ("EF+TopK:0.05:row", feedback.EF(codecs.TopK(0.05, per="row"))),
     ("efmixed+topk:0.1", feedback.EFMixed(codecs.TopK(0.1))),
@@ -42,6 +45,7 @@ def test_parse_scheme(text, expected):
     ("maxabs:4:clip=1.5", r"clip must be a ratio in \(0, 1\] or 'mse', got 1.5"),
     ("maxabs:4:clip=lots", "bad number 'lots'"),
     ("maxabs:1", "maxabs needs bits >= 2"),
+    ("maxabs:2:grid=lopsided", "bad maxabs option grid='lopsided'"),
     ("topk:0.1:sort:approx", "gives sort and approx; choose one of"),
     ("aqsgd+quant:2", "needs the number of training examples"),
 ])
