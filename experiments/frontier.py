@@ -38,6 +38,8 @@ METHODS = {  # name -> (forward spec, backward spec, warm-up epochs); the refere
     "had-fw2-bw3": ("hadamard+maxabs:2:group=64:stoch", "hadamard+maxabs:3:group=64:stoch", 0),
     "bf16": ("bf16", "bf16", 0),
     "fp8": ("fp8", "fp8", 0),
+    "sfp8": ("fp8:scaled", "fp8:scaled", 0),  # e4m3 with one fp32 amax scale per message
+    "sfp8-channel": ("fp8:scaled:channel", "fp8:scaled:channel", 0),  # one per feature
     "quant-fw4-bw8": ("quant:4", "quant:8", 0),
     "direct-fw4-bw8": ("maxabs:4:stoch", "maxabs:8:stoch", 0),
     "top10-reuse": ("topk:0.1", "reuse", 0),

@@ -110,6 +110,58 @@ class Cast(Codec):
     return _size(shape) * np.dtype(jnp.dtype(self.dtype)).itemsize
 
 
+_FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledCast(Codec):
+  """fp8 with an amax scale, as fp8 training recipes send tensors: C(x) = s * fp8(x / s).
+
+  s = amax / FMAX per tensor (granularity="tensor") or per channel (last axis), amax = max|x|
+  and FMAX the format's largest finite value (448 for e4m3fn, 57344 for e5m2), so the
+  largest entry maps to FMAX and small ones (activation gradients) stay out of fp8's
+  subnormals. The fp8 values travel as their uint8 bit patterns (as `Cast`), s in fp32:
+  size + 4 bytes per scale. An all-zero scale group decodes to 0; a NaN makes its group NaN;
+  +-inf decodes to +-inf and the other entries of its group to NaN (s is inf, as in
+  MaxAbsQuant). fp32 scales hold amax / FMAX for any finite amax down to ~FMAX 2^-126 (about
+  5e-36 for e4m3fn); below that s is subnormal, which XLA flushes to zero, and the group
+  decodes to 0.
+  """
+  dtype: str = "float8_e4m3fn"
+  granularity: str = "tensor"
+
+  def __post_init__(self):
+    if self.dtype not in _FP8_DTYPES:
+      raise ValueError(f"ScaledCast dtype must be one of {_FP8_DTYPES}, got {self.dtype!r}")
+    if self.granularity not in ("tensor", "channel"):
+      raise ValueError(f"ScaledCast granularity must be 'tensor' or 'channel', got {self.granularity!r}")
+
+  @property
+  def fmax(self) -> float:
+    return float(jnp.finfo(jnp.dtype(self.dtype)).max)
+
+  def _axes(self, ndim):
+    return tuple(range(ndim - 1)) if self.granularity == "channel" else None
+
+  @compiled
+  def encode(self, x, key=None):
+    x32 = x.astype(jnp.float32)
+    s = jnp.max(jnp.abs(x32), axis=self._axes(x.ndim)) / self.fmax
+    y = jnp.where(jnp.isinf(x32), jnp.sign(x32) * self.fmax, _ratio(x32, s))
+    narrow = y.astype(self.dtype)  # |y| <= FMAX up to fp32 rounding, which the cast rounds to FMAX
+    return Payload({"bits": _as_bits(narrow), "scale": s}, x.shape, x.dtype)
+
+  @compiled
+  def decode(self, payload):
+    a = payload.arrays
+    y = jax.lax.bitcast_convert_type(a["bits"], jnp.dtype(self.dtype)).astype(jnp.float32)
+    return (y * a["scale"]).astype(payload.dtype)  # beside an inf, y = 0 and 0 * inf = NaN
+
+  def wire_bytes(self, shape, dtype):
+    scales = shape[-1] if self.granularity == "channel" else 1
+    return _size(shape) * np.dtype(jnp.dtype(self.dtype)).itemsize + 4 * scales
+
+
 def _round(y, stochastic: bool, key):
   """Nearest rounding, or floor(y + u), u ~ U[0,1) (unbiased: E = y)."""
   if not stochastic:

@@ -1,6 +1,6 @@
 """One-line string specs for CLIs: `[scheme+]codec[:arg[:option...]]`.
 
-Codecs:  none | bf16 | fp16 | fp8 | quant:BITS[:stoch]
+Codecs:  none | bf16 | fp16 | fp8 | fp8e5m2 | fp8[e5m2]:scaled[:tensor|channel] | quant:BITS[:stoch]
          | maxabs:BITS[:tensor|channel|group=G][:stoch][:scale=fp32|bf16|fp16][:clip=RATIO|mse][:grid=zero|midrise]
          | topk:FRACTION[:row][:bf16|q8][:threshold|sort|approx] | randk:FRACTION[:row]
          | adaptive:LOW:HIGH:FRACTION[:group=G][:stoch][:grid=zero|midrise]   (FRACTION of tokens in HIGH bits)
@@ -18,7 +18,7 @@ from jaxcomp.boundary import Boundary, Reuse
 _SCHEMES = {"plain": feedback.Plain, "ef": feedback.EF, "ef21": feedback.EF21,
             "efmixed": feedback.EFMixed, "aqsgd": feedback.AQSGD}
 _CASTS = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
-_CODECS = ("none", *_CASTS, "quant", "maxabs", "topk", "randk", "adaptive", "hadamard+CODEC")
+_CODECS = ("none", *_CASTS, "fp8:scaled", "quant", "maxabs", "topk", "randk", "adaptive", "hadamard+CODEC")
 _SCALES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -99,6 +99,9 @@ def parse_codec(spec: str) -> codecs.Codec:
     return codecs.Identity()
   if name in _CASTS and not args:
     return codecs.Cast(_CASTS[name])
+  if name in ("fp8", "fp8e5m2") and args[:1] == ["scaled"]:
+    flags, _ = _settings(f"{name}:scaled", options, {"tensor", "channel"}, set(), spec)
+    return codecs.ScaledCast(_CASTS[name], _one_of(("tensor", "channel"), flags, "tensor", spec))
   if name == "adaptive" and len(args) >= 3:
     flags, settings = _settings("adaptive", set(args[3:]), {"stoch"}, {"group", "scale", "grid"}, spec)
     group = settings.get("group")

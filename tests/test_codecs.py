@@ -11,7 +11,8 @@ from jaxcomp.adaptive import TokenAdaptive
 from jaxcomp.rotation import Hadamard
 
 ALL_CODECS = [
-    codecs.Identity(), codecs.Cast("bfloat16"), codecs.Cast("float16"),
+    codecs.Identity(), codecs.Cast("bfloat16"), codecs.Cast("float16"), codecs.ScaledCast(),
+    codecs.ScaledCast("float8_e5m2", "channel"),
     codecs.MinMaxQuant(1), codecs.MinMaxQuant(2), codecs.MinMaxQuant(3), codecs.MinMaxQuant(8),
     codecs.MinMaxQuant(16), codecs.MaxAbsQuant(2), codecs.MaxAbsQuant(4, "tensor"),
     codecs.MaxAbsQuant(5, stochastic=True), codecs.MaxAbsQuant(3, scale_dtype="bfloat16", clip="mse"),
@@ -72,6 +73,8 @@ def test_wire_bytes_128x1024_fp32():
   assert codecs.MaxAbsQuant(4, scale_dtype="float16").wire_bytes(shape, jnp.float32) == dense // 8 + 1024 * 2
   assert codecs.MaxAbsQuant(2, grid="midrise").wire_bytes(shape, jnp.float32) == dense // 16 + 1024 * 4  # 4 levels
   assert codecs.MaxAbsQuant(1, grid="midrise").wire_bytes(shape, jnp.float32) == dense // 32 + 1024 * 4
+  assert codecs.ScaledCast().wire_bytes(shape, jnp.float32) == dense // 4 + 4  # fp8 values + one fp32 scale
+  assert codecs.ScaledCast(granularity="channel").wire_bytes(shape, jnp.float32) == dense // 4 + 1024 * 4
   # Top10%: 103 of 1024 per row; 103 uint16 indices (206 B) > 128 B mask -> mask wins
   assert codecs.TopK(0.1).wire_bytes(shape, jnp.float32) == 128 * (103 * 4 + 128)
   assert codecs.TopK(0.01).wire_bytes(shape, jnp.float32) == 128 * (11 * 4 + 11 * 2)
@@ -209,7 +212,8 @@ def test_stochastic_without_key_is_an_error():
 
 @pytest.mark.parametrize("codec", [codecs.MinMaxQuant(4), codecs.MaxAbsQuant(4), codecs.MaxAbsQuant(3, "tensor"),
                                    codecs.MaxAbsQuant(2, grid="midrise"),
-                                   codecs.MaxAbsQuant(3, "tensor", clip="mse", grid="midrise")], ids=repr)
+                                   codecs.MaxAbsQuant(3, "tensor", clip="mse", grid="midrise"), codecs.ScaledCast(),
+                                   codecs.ScaledCast("float8_e5m2", "channel")], ids=repr)
 @pytest.mark.parametrize("value", [0.0, 2.5, -7.0])
 def test_constant_and_zero_inputs_decode_exactly(codec, value):
   x = jnp.full((3, 8), value)
@@ -306,6 +310,8 @@ def test_randk_keeps_k_random_entries_decoded_from_seed():
     (lambda: codecs.MaxAbsQuant(4, granularity="row"), "granularity"),
     (lambda: codecs.MaxAbsQuant(1), "needs bits >= 2 on the zero grid"),
     (lambda: codecs.MaxAbsQuant(4, grid="lopsided"), "grid must be one of"),
+    (lambda: codecs.ScaledCast("float16"), "ScaledCast dtype must be one of"),
+    (lambda: codecs.ScaledCast(granularity="group"), "ScaledCast granularity"),
 ])
 def test_bad_configs(make, match):
   with pytest.raises(ValueError, match=match):
@@ -340,16 +346,43 @@ def test_minmax_half_step_bound_for_tiny_ranges(exponent, sign, seed, bits):
 @pytest.mark.parametrize("codec", [codecs.MinMaxQuant(4), codecs.MaxAbsQuant(4), codecs.MaxAbsQuant(4, "tensor"),
                                    codecs.MaxAbsQuant(4, scale_dtype="bfloat16"),
                                    codecs.MaxAbsQuant(4, scale_dtype="float16"), codecs.MaxAbsQuant(2, grid="midrise"),
-                                   codecs.MaxAbsQuant(3, "tensor", grid="midrise", clip="mse")], ids=repr)
+                                   codecs.MaxAbsQuant(3, "tensor", grid="midrise", clip="mse"), codecs.ScaledCast(),
+                                   codecs.ScaledCast("float8_e5m2", "channel")], ids=repr)
 def test_plus_inf_never_decodes_as_minus_inf(codec):
   x = jnp.array([[jnp.inf, 1.0, -2.0], [0.5, jnp.inf, 3.0]])
   x_hat = np.asarray(codec(x))
   assert not np.any(np.isneginf(x_hat[np.isposinf(np.asarray(x))]))
-  if isinstance(codec, codecs.MaxAbsQuant):
+  if isinstance(codec, (codecs.MaxAbsQuant, codecs.ScaledCast)):
     assert np.all(np.isposinf(x_hat[np.isposinf(np.asarray(x))]))
     x = np.asarray(x)  # the finite entries of a scale group with an inf decode to NaN
     with_inf = np.isinf(x).any(axis=0 if codec.granularity == "channel" else None, keepdims=True) & np.isfinite(x)
     assert np.all(np.isnan(x_hat[with_inf]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(exponent=st.floats(-30, 30), seed=st.integers(0, 2**16), dtype=st.sampled_from(["float8_e4m3fn", "float8_e5m2"]),
+       granularity=st.sampled_from(["tensor", "channel"]))
+def test_scaled_fp8_round_trips_any_magnitude(exponent, seed, dtype, granularity):
+  """amax maps to the format's largest value, so max|x| anywhere in 1e-30..1e30 keeps fp8's
+  relative precision: |x - x_hat| <= eps/2 |x| + (smallest subnormal)/2 s, s = amax / FMAX."""
+  x = jax.random.normal(jax.random.key(seed), (4, 16)) * np.float32(10.0 ** exponent)
+  codec = codecs.ScaledCast(dtype, granularity)
+  payload = codec.encode(x)
+  assert payload.arrays["bits"].dtype == jnp.uint8 and payload.arrays["scale"].dtype == jnp.float32
+  info = jnp.finfo(jnp.dtype(dtype))
+  s = np.abs(np.asarray(x)).max(axis=0 if granularity == "channel" else None) / float(info.max)
+  np.testing.assert_allclose(np.asarray(payload.arrays["scale"]), s, rtol=1e-6)
+  x_hat, x = np.asarray(codec.decode(payload)), np.asarray(x)
+  bound = float(info.eps) / 2 * np.abs(x) + float(info.smallest_subnormal) / 2 * s
+  assert np.all(np.abs(x_hat - x) <= bound * (1 + 1e-5))
+  np.testing.assert_allclose(np.abs(x_hat).max(axis=0 if granularity == "channel" else None), s * float(info.max),
+                             rtol=1e-6)
+
+
+def test_scaled_fp8_keeps_activation_gradients_that_plain_fp8_flushes():
+  g = jax.random.normal(jax.random.key(0), (8, 64)) * 1e-5  # typical of a loss averaged over many tokens
+  assert _relative_mse(g, codecs.Cast("float8_e4m3fn")(g)) > 0.9  # below e4m3's smallest subnormal, 2^-9
+  assert _relative_mse(g, codecs.ScaledCast()(g)) < 2e-3
 
 
 @pytest.mark.parametrize("fraction", [0.5, 0.02])  # mask and index encodings

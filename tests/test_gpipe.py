@@ -254,7 +254,8 @@ def test_tied_parameters_and_global_norm_clipping_match_simulate():
 
 
 WIRE_CASES = [("quant:4", "quant:8", None, 2), ("quant:2", "ef+topk:0.1", None, 8), ("topk:0.3", "reuse", None, 8),
-              ("maxabs:4", "quant:2", _hetero_stages(), 4), ("fp8", "fp8", None, 2), ("bf16", "fp8e5m2", None, 2)]
+              ("maxabs:4", "quant:2", _hetero_stages(), 4), ("fp8", "fp8", None, 2), ("bf16", "fp8e5m2", None, 2),
+              ("fp8:scaled:channel", "fp8e5m2:scaled", None, 2)]
 
 
 @pytest.mark.parametrize("fwd, bwd, stages, m, schedule", [

@@ -15,6 +15,8 @@ from jaxcomp.boundary import Reuse
     ("maxabs:2:grid=midrise:clip=mse", feedback.Plain(codecs.MaxAbsQuant(2, clip="mse", grid="midrise"))),
     ("maxabs:1:grid=midrise:stoch", feedback.Plain(codecs.MaxAbsQuant(1, stochastic=True, grid="midrise"))),
     ("maxabs:3:grid=zero", feedback.Plain(codecs.MaxAbsQuant(3, grid="zero"))),
+    ("fp8:scaled", feedback.Plain(codecs.ScaledCast())),
+    ("fp8e5m2:scaled:channel", feedback.Plain(codecs.ScaledCast("float8_e5m2", "channel"))),
     ("ef21+topk:0.1", feedback.EF21(codecs.TopK(0.1))),
     ("EF+TopK:0.05:row", feedback.EF(codecs.TopK(0.05, per="row"))),
     ("efmixed+topk:0.1", feedback.EFMixed(codecs.TopK(0.1))),
@@ -46,6 +48,8 @@ def test_parse_scheme(text, expected):
     ("maxabs:4:clip=lots", "bad number 'lots'"),
     ("maxabs:1", "maxabs needs bits >= 2"),
     ("maxabs:2:grid=lopsided", "bad maxabs option grid='lopsided'"),
+    ("fp8:scaled:row", r"bad fp8:scaled option\(s\) \['row'\]"),
+    ("fp8:scaled:tensor:channel", "gives tensor and channel"),
     ("topk:0.1:sort:approx", "gives sort and approx; choose one of"),
     ("aqsgd+quant:2", "needs the number of training examples"),
 ])
