@@ -12,6 +12,7 @@ trains a tiny GPT-2 from scratch on byte tokens, blocks of 128, lr 1e-3, 2 epoch
 and wiki.valid .raw or .tokens), else the WikiText-2 validation text shipped with jaxcomp,
 split by article 90/10 and labelled as such in every output.
 """
+import dataclasses
 import pathlib
 
 import optax
@@ -85,6 +86,10 @@ def build(config):
     base = getattr(gpt2.GPT2Config, config["model"])()
     cfg, params = gpt2.GPT2Config(**{**base.__dict__, "vocab_size": data.vocab_size,
                                      "n_positions": max(base.n_positions, config["block_size"])}), None
+  if config.get("dropout") is not None:
+    if not 0.0 <= config["dropout"] < 1.0:
+      raise ValueError(f"--dropout must be in [0, 1), got {config['dropout']}")
+    cfg = dataclasses.replace(cfg, dropout=config["dropout"])
   bs, shards = config["batch_size"], config.get("data_parallel") or 1
   steps = batching.num_batches(len(train_blocks), bs, shards) * config["epochs"]
   schedule = optax.linear_schedule(config["lr"], 0.0, steps)
@@ -109,6 +114,7 @@ def _flags(parser):
   parser.add_argument("--valid-file", help="evaluation text (default: the last 10%% of --train-file's articles)")
   parser.add_argument("--data-dir", help="folder with wiki.{train,valid}.raw or wiki.{train,valid}.tokens")
   parser.add_argument("--block-size", type=int, help="tokens per example")
+  parser.add_argument("--dropout", type=float, help="dropout rate (default: the model's, 0.1)")
 
 
 EXPERIMENT = common.Experiment("gpt2_wikitext", RECIPES, "tiny", PRESETS, build, _flags)

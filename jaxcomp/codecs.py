@@ -240,8 +240,9 @@ class MinMaxQuant(Codec):
 _SCALE_DTYPES = ("float32", "bfloat16", "float16")
 _CLIP_CANDIDATES = tuple(1.0 - 0.75 * (j / 24) ** 2 for j in range(25))  # clip="mse": r in [0.25, 1], dense near 1
 MAXABS_GRIDS = ("zero", "midrise")
-# bits -> (grid, clip) that a MaxAbsQuant takes where it names none (else the zero grid, unclipped)
-MAXABS_DEFAULTS = {}
+# bits -> (grid, clip) that a MaxAbsQuant takes where it names none (else the zero grid, unclipped):
+# chosen by eval loss on the tiny GPT-2 frontier budget, 3 seeds (docs/grids.md)
+MAXABS_DEFAULTS = {2: ("midrise", "mse"), 3: ("midrise", "mse")}
 
 
 def maxabs_defaults(bits: int) -> tuple[str, float | str]:

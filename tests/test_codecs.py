@@ -179,6 +179,15 @@ def test_maxabs_matches_an_ideal_symmetric_grid(bits, relu, grid):
   assert ours == pytest.approx(_relative_mse(x, ideal), rel=0.02)
 
 
+def test_default_two_bits_reach_the_authors_quantizer_error():
+  """`maxabs:2` (defaults: midrise, clip=mse) on N(0,1), one scale per feature: relative MSE at
+  most the AQ-SGD authors' quantizer's 0.253 (SPEC.md); the zero grid unclipped has 0.75."""
+  x = jax.random.normal(jax.random.key(1), (4, 128, 256))
+  assert codecs.MaxAbsQuant(2) == codecs.MaxAbsQuant(2, grid="midrise", clip="mse")
+  assert _relative_mse(x, spec.parse_codec("maxabs:2")(x)) <= 0.253
+  assert _relative_mse(x, codecs.MaxAbsQuant(2, clip=1.0, grid="zero")(x)) > 0.7
+
+
 @pytest.mark.parametrize("grid", codecs.MAXABS_GRIDS)
 def test_maxabs_mse_clip_never_worse_than_no_clip(grid):
   x = jnp.maximum(jax.random.normal(jax.random.key(0), (16, 8, 8, 64)), 0)

@@ -74,7 +74,8 @@ def test_rotation_keeps_the_inner_error_in_2_norm(rows, features_block, seed, gr
 
 def test_rotation_spreads_an_outlier_and_lowers_the_error():
   x = _x((64, 64), seed=3).at[:, 5].mul(40.0)  # one outlier channel, as in LLM activations
-  plain, rotated = codecs.MaxAbsQuant(3, "group", group=64), Hadamard(codecs.MaxAbsQuant(3, "group", group=64))
+  plain = codecs.MaxAbsQuant(3, "group", clip=1.0, group=64, grid="zero")
+  rotated = Hadamard(plain)
   assert float(jnp.max(jnp.abs(rotated.rotate(x)))) < 0.5 * float(jnp.max(jnp.abs(x)))
   assert float(jnp.linalg.norm(rotated(x) - x)) < 0.9 * float(jnp.linalg.norm(plain(x) - x))  # 148 vs 184
 
@@ -89,7 +90,7 @@ def test_rotation_signs_depend_on_the_seed_and_nothing_extra_travels():
 def test_adaptive_gives_high_bits_to_the_peakiest_tokens():
   x = _x((2, 8, 32), seed=4)
   x = x.at[0, 2, 7].set(60.0).at[1, 5, 1].set(-80.0)  # two tokens with one outlier each
-  codec = TokenAdaptive(2, 8, 0.125)  # 2 of 16 tokens get 8 bits
+  codec = TokenAdaptive(2, 8, 0.125, clip=1.0)  # 2 of 16 tokens get 8 bits; unclipped: the half-step bound
   payload = codec.encode(x)
   is_high = np.unpackbits(np.asarray(payload.arrays["bitmap"]), bitorder="little")[:16].astype(bool)
   assert sorted(np.flatnonzero(is_high)) == [2, 13]
@@ -105,7 +106,7 @@ def test_adaptive_gives_high_bits_to_the_peakiest_tokens():
 @given(st.integers(2, 40), st.floats(0.01, 0.99), st.integers(0, 10**6), st.sampled_from(codecs.MAXABS_GRIDS))
 def test_adaptive_round_trip_bound_any_rows_and_fraction(rows, fraction, seed, grid):
   x = _x((rows, 16), seed=seed)
-  codec = TokenAdaptive(3, 5, fraction, grid=grid)
+  codec = TokenAdaptive(3, 5, fraction, grid=grid, clip=1.0)
   _, n_high, _ = codec.split(x.shape)
   assert 1 <= n_high <= rows
   payload = jax.jit(codec.encode)(x)
@@ -125,6 +126,7 @@ def test_adaptive_round_trip_bound_any_rows_and_fraction(rows, fraction, seed, g
     ("hadamard+adaptive:3:4:0.25", Hadamard(TokenAdaptive(3, 4, 0.25))),
     ("hadamard+maxabs:2:group=16:grid=midrise", Hadamard(codecs.MaxAbsQuant(2, "group", group=16, grid="midrise"))),
     ("adaptive:2:3:0.25:grid=midrise:stoch", TokenAdaptive(2, 3, 0.25, stochastic=True, grid="midrise")),
+    ("adaptive:2:4:0.25:clip=0.9", TokenAdaptive(2, 4, 0.25, clip=0.9)),
 ])
 def test_specs(text, expected):
   assert spec.parse_codec(text) == expected
