@@ -14,8 +14,9 @@ import jax.numpy as jnp
 from benchmarks.common import median_seconds
 from jaxcomp import codecs, spec
 
-SPECS = ["bf16", "quant:2", "quant:4", "quant:8", "maxabs:2", "maxabs:3", "maxabs:4", "maxabs:4:stoch",
-         "topk:0.1", "topk:0.1:sort", "topk:0.1:bf16", "topk:0.1:q8", "topk:0.01"]
+SPECS = ["bf16", "fp8:scaled", "fp8:scaled:channel", "quant:2", "quant:4", "quant:8", "maxabs:2",
+         "maxabs:2:grid=zero:clip=1", "maxabs:3", "maxabs:4", "maxabs:4:stoch", "topk:0.1", "topk:0.1:sort",
+         "topk:0.1:bf16", "topk:0.1:q8", "topk:0.01"]  # maxabs:2 and :3 default to clip=mse: a 25-ratio search
 
 
 def measure(shape, repeats):

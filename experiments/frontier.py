@@ -1,15 +1,19 @@
 """The compression frontier: every method on one step budget, eval loss against bytes per token.
 
     python -m experiments.frontier                       # default budget: 192 steps each (2 CPU cores: ~30 min)
+    python -m experiments.frontier --seeds 3             # seeds 0, 1, 2 of every method: mean +- std
     python -m experiments.frontier --steps 64 --methods fp32,aqsgd-fw2-bw4 --out /tmp/f
 
 Each method is a GPT-2 run (`experiments.gpt2_wikitext`, its default real-text data and tiny
 recipe, 4 stages) with the same seed, data, step budget and learning-rate schedule. Bytes per
 token are what all boundaries send in both directions over the whole run, warm-up epochs
 included (AQ-SGD's dense epoch counts), divided by the tokens trained on; the steady-state
-column leaves the warm-up out. A method is done when its results file records the full
-budget; a rerun skips done methods and resumes an interrupted one from its checkpoint.
-Writes <out>/frontier.md (table) and <out>/frontier.png (Pareto plot).
+column leaves the warm-up out. `--seeds N` trains each method with seeds first..first+N-1
+(`--seed` is the first): seed k > 0 runs as METHOD-seedK (seed 0 keeps the method's name), and
+the table gives each method's mean +- sample std over its seeds; the Pareto set and the
+dominance verdict compare means, the plot shows the std as error bars. A run is done when
+its results file records the full budget; a rerun skips done runs and resumes an interrupted
+one from its checkpoint. Writes <out>/frontier.md (table) and <out>/frontier.png (Pareto plot).
 """
 import argparse
 import json
@@ -17,6 +21,7 @@ import math
 import pathlib
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -38,6 +43,8 @@ METHODS = {  # name -> (forward spec, backward spec, warm-up epochs); the refere
     "had-fw2-bw3": ("hadamard+maxabs:2:group=64:stoch", "hadamard+maxabs:3:group=64:stoch", 0),
     "bf16": ("bf16", "bf16", 0),
     "fp8": ("fp8", "fp8", 0),
+    "sfp8": ("fp8:scaled", "fp8:scaled", 0),  # e4m3 with one fp32 amax scale per message
+    "sfp8-channel": ("fp8:scaled:channel", "fp8:scaled:channel", 0),  # one per feature
     "quant-fw4-bw8": ("quant:4", "quant:8", 0),
     "direct-fw4-bw8": ("maxabs:4:stoch", "maxabs:8:stoch", 0),
     "top10-reuse": ("topk:0.1", "reuse", 0),
@@ -51,14 +58,19 @@ METHODS = {  # name -> (forward spec, backward spec, warm-up epochs); the refere
 REFERENCE = "aqsgd-fw2-bw4"
 
 
-def run_argv(name: str, args) -> list[str]:
-  """The gpt2_wikitext command line of one method (its own run name, budget and folder)."""
+def run_name(method: str, seed: int) -> str:
+  """The run of one method and seed: the method's name for seed 0, METHOD-seedK otherwise."""
+  return method if seed == 0 else f"{method}-seed{seed}"
+
+
+def run_argv(name: str, args, seed: int = 0) -> list[str]:
+  """The gpt2_wikitext command line of one method and seed (its own run name, budget and folder)."""
   fwd, bwd, warmup = METHODS[name]
   spe = batching.num_batches(args.train_examples, args.batch_size)
   return ["--fwd", fwd, "--bwd", bwd, "--warmup-epochs", str(warmup), "--steps", str(args.steps),
           "--epochs", str(math.ceil(args.steps / spe)), "--train-examples", str(args.train_examples),
           "--eval-examples", str(args.eval_examples), "--batch-size", str(args.batch_size),
-          "--seed", str(args.seed), "--out", str(args.out), "--run-name", name, "--no-progress"]
+          "--seed", str(seed), "--out", str(args.out), "--run-name", run_name(name, seed), "--no-progress"]
 
 
 def finished(out: pathlib.Path, name: str, steps: int) -> dict | None:
@@ -70,7 +82,7 @@ def finished(out: pathlib.Path, name: str, steps: int) -> dict | None:
   return run if run["history"] and run["history"][-1]["step"] >= steps else None
 
 
-def summarize(run: dict) -> dict:
+def summarize(run: dict, method: str | None = None) -> dict:
   """Bytes per token over the run (warm-up included) and after warm-up; final eval losses."""
   config, history = run["config"], run["history"]
   tokens_per_step = config["batch_size"] * config["block_size"]
@@ -85,13 +97,32 @@ def summarize(run: dict) -> dict:
         steady[way] = record[f"wire_bytes_{way}"]
   total_tokens = history[-1]["step"] * tokens_per_step
   last = history[-1]
-  return {"method": run["run"], "fwd": config["fwd"], "bwd": config["bwd"],
+  return {"method": method or run["run"], "seed": config["seed"], "fwd": config["fwd"], "bwd": config["bwd"],
           "warmup_epochs": config.get("warmup_epochs", 0), "steps": last["step"],
           "bytes_fwd": sent["fwd"] / total_tokens, "bytes_bwd": sent["bwd"] / total_tokens,
           "bytes": (sent["fwd"] + sent["bwd"]) / total_tokens,
           "bytes_steady": (steady["fwd"] + steady["bwd"]) / tokens_per_step,
           "loss_off": last["eval_off"]["loss"], "loss_on": last["eval_on"]["loss"],
           "per_example_buffers": config["fwd"].startswith("aqsgd+"), "data": config.get("data", "")}
+
+
+AVERAGED = ("bytes_fwd", "bytes_bwd", "bytes", "bytes_steady", "loss_off", "loss_on")
+
+
+def over_seeds(rows: list[dict]) -> list[dict]:
+  """One row per method: the mean of AVERAGED over its seeds' rows, `<key>_std` the sample std
+  (0 for one seed), `seeds` the seeds; other fields from its first row. Method order kept."""
+  methods = {}
+  for r in rows:
+    methods.setdefault(r["method"], []).append(r)
+  means = []
+  for runs in methods.values():
+    mean = {**runs[0], "seeds": [r["seed"] for r in runs]}
+    for key in AVERAGED:
+      values = np.array([r[key] for r in runs], np.float64)
+      mean[key], mean[f"{key}_std"] = float(values.mean()), float(values.std(ddof=1)) if len(runs) > 1 else 0.0
+    means.append(mean)
+  return means
 
 
 def pareto(rows: list[dict]) -> set[str]:
@@ -110,16 +141,22 @@ def dominating(rows: list[dict], reference: str = REFERENCE) -> list[dict]:
           and r["loss_off"] <= ref["loss_off"]]
 
 
+def mean_std(row: dict, key: str) -> str:
+  """`mean +- std` over seeds (the mean alone for one seed)."""
+  return f"{row[key]:.4f}" + (f" ± {row[key + '_std']:.4f}" if len(row.get("seeds", ())) > 1 else "")
+
+
 def table(rows: list[dict]) -> str:
+  """Markdown, one row per method (rows from `over_seeds`), by bytes per token."""
   front = pareto(rows)
   lines = ["| method | fwd | bwd | warm-up ep | B/token fwd | B/token bwd | B/token total | B/token after warm-up "
-           "| eval loss (off) | eval loss (on) | per-example buffers | Pareto |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+           "| eval loss (off) | eval loss (on) | seeds | per-example buffers | Pareto |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
   for r in sorted(rows, key=lambda r: r["bytes"]):
     lines.append(f"| {r['method']} | `{r['fwd']}` | `{r['bwd']}` | {r['warmup_epochs']} | {r['bytes_fwd']:.1f} "
-                 f"| {r['bytes_bwd']:.1f} | {r['bytes']:.1f} | {r['bytes_steady']:.1f} | {r['loss_off']:.4f} "
-                 f"| {r['loss_on']:.4f} | {'yes' if r['per_example_buffers'] else 'no'} "
-                 f"| {'*' if r['method'] in front else ''} |")
+                 f"| {r['bytes_bwd']:.1f} | {r['bytes']:.1f} | {r['bytes_steady']:.1f} | {mean_std(r, 'loss_off')} "
+                 f"| {mean_std(r, 'loss_on')} | {len(r.get('seeds', [r.get('seed')]))} "
+                 f"| {'yes' if r['per_example_buffers'] else 'no'} | {'*' if r['method'] in front else ''} |")
   return "\n".join(lines)
 
 
@@ -128,7 +165,8 @@ def plot(rows: list[dict], path: pathlib.Path, title: str) -> pathlib.Path:
   fig, ax = plt.subplots(figsize=(8, 5))
   for r in rows:
     colour = "tab:red" if r["per_example_buffers"] else "tab:blue"
-    ax.scatter(r["bytes"], r["loss_off"], color=colour, s=22, zorder=3)
+    ax.errorbar(r["bytes"], r["loss_off"], yerr=r.get("loss_off_std", 0.0), color=colour, fmt="o", ms=4.5,
+                capsize=2.5, elinewidth=1, zorder=3)
     ax.annotate(r["method"], (r["bytes"], r["loss_off"]), fontsize=6.5, xytext=(3, 2), textcoords="offset points")
   ax.step([r["bytes"] for r in front], [r["loss_off"] for r in front], where="post", color="grey", lw=1,
           label="Pareto frontier")
@@ -136,7 +174,7 @@ def plot(rows: list[dict], path: pathlib.Path, title: str) -> pathlib.Path:
   ax.scatter([], [], color="tab:blue", s=22, label="no per-example state")
   ax.set_xscale("log")
   ax.set_xlabel("bytes per token, all boundaries, both directions, warm-up included (log)")
-  ax.set_ylabel("eval loss (compression off)")
+  ax.set_ylabel("eval loss (compression off); bars: std over seeds")
   ax.set_title(title, fontsize=9)
   ax.grid(alpha=0.3, which="both")
   ax.legend(fontsize=7)
@@ -152,7 +190,8 @@ def main(argv=None):
   parser.add_argument("--train-examples", type=int, default=256, help="training blocks (an epoch is this / batch)")
   parser.add_argument("--eval-examples", type=int, default=128, help="evaluation blocks")
   parser.add_argument("--batch-size", type=int, default=8)
-  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--seed", type=int, default=0, help="the first seed")
+  parser.add_argument("--seeds", type=int, default=1, help="seeds per method: --seed ... --seed + N - 1")
   parser.add_argument("--methods", help=f"comma-separated subset of: {', '.join(METHODS)}")
   parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs/frontier"))
   args = parser.parse_args(argv)
@@ -160,28 +199,33 @@ def main(argv=None):
   unknown = [n for n in names if n not in METHODS]
   if unknown:
     parser.error(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
-  if args.steps < 1 or args.train_examples < args.batch_size:
-    parser.error(f"need --steps >= 1 and --train-examples >= --batch-size, got {args.steps}, {args.train_examples}")
+  if args.steps < 1 or args.train_examples < args.batch_size or args.seeds < 1:
+    parser.error(f"need --steps >= 1, --train-examples >= --batch-size and --seeds >= 1, got {args.steps}, "
+                 f"{args.train_examples}, {args.seeds}")
   exp = gpt2_wikitext.EXPERIMENT
-  runs = []
+  runs, per_run = [], []
   for name in names:
-    done = finished(args.out, name, args.steps)
-    if done is None:
-      argv_run = run_argv(name, args)
-      if (args.out / name / "ckpt").is_dir():
-        argv_run.append("--resume")  # interrupted: continue from its last checkpoint
-      common.run(exp, common.resolve(exp, common.parser_for(exp).parse_args(argv_run)))
-      done = finished(args.out, name, args.steps)
-    else:
-      print(f"[frontier] {name}: done, skipped")
-    runs.append(done)
-  rows = [summarize(r) for r in runs]
+    for seed in range(args.seed, args.seed + args.seeds):
+      run = run_name(name, seed)
+      done = finished(args.out, run, args.steps)
+      if done is None:
+        argv_run = run_argv(name, args, seed)
+        if (args.out / run / "ckpt").is_dir():
+          argv_run.append("--resume")  # interrupted: continue from its last checkpoint
+        common.run(exp, common.resolve(exp, common.parser_for(exp).parse_args(argv_run)))
+        done = finished(args.out, run, args.steps)
+      else:
+        print(f"[frontier] {run}: done, skipped")
+      runs.append(done)
+      per_run.append(summarize(done, name))
+  rows = over_seeds(per_run)
   text = table(rows)
   winners = dominating(rows)
-  verdict = (f"Dominate {REFERENCE} (fewer bytes/token, eval loss <=, no per-example buffers): "
+  verdict = (f"Dominate {REFERENCE} (fewer bytes/token, mean eval loss <=, no per-example buffers): "
              + (", ".join(r["method"] for r in winners) if winners else "none")) if REFERENCE in names else ""
+  seeds = f"seed {args.seed}" if args.seeds == 1 else f"seeds {args.seed}..{args.seed + args.seeds - 1}"
   title = (f"tiny GPT-2, 4 stages, {args.steps} steps x {args.batch_size} x {runs[0]['config']['block_size']} "
-           f"tokens, {args.train_examples} training blocks; {rows[0]['data'].split(',')[0]}")
+           f"tokens, {args.train_examples} training blocks, {seeds}; {rows[0]['data'].split(',')[0]}")
   (args.out / "frontier.md").write_text(f"{title}\n\n{text}\n\n{verdict}\n")
   png = plot(rows, args.out / "frontier.png", title)
   print(text)

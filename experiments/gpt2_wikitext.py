@@ -12,6 +12,7 @@ trains a tiny GPT-2 from scratch on byte tokens, blocks of 128, lr 1e-3, 2 epoch
 and wiki.valid .raw or .tokens), else the WikiText-2 validation text shipped with jaxcomp,
 split by article 90/10 and labelled as such in every output.
 """
+import dataclasses
 import json
 import pathlib
 
@@ -89,6 +90,10 @@ def model_config(config, vocab_size: int) -> gpt2.GPT2Config:
 
 def assemble(config, cfg: gpt2.GPT2Config, num_train: int):
   """(Pipeline, optimizer) of the run for `num_train` training blocks (AQ-SGD tables, lr schedule)."""
+  if config.get("dropout") is not None:
+    if not 0.0 <= config["dropout"] < 1.0:
+      raise ValueError(f"--dropout must be in [0, 1), got {config['dropout']}")
+    cfg = dataclasses.replace(cfg, dropout=config["dropout"])
   s, bs, shards = config["stages"], config["batch_size"], config.get("data_parallel") or 1
   steps = batching.num_batches(num_train, bs, shards) * config["epochs"]
   optimizer = optax.adamw(optax.linear_schedule(config["lr"], 0.0, steps), weight_decay=config["weight_decay"])
@@ -153,6 +158,7 @@ def _flags(parser):
   parser.add_argument("--valid-file", help="evaluation text (default: the last 10%% of --train-file's articles)")
   parser.add_argument("--data-dir", help="folder with wiki.{train,valid}.raw or wiki.{train,valid}.tokens")
   parser.add_argument("--block-size", type=int, help="tokens per example")
+  parser.add_argument("--dropout", type=float, help="dropout rate (default: the model's, 0.1)")
 
 
 EXPERIMENT = common.Experiment("gpt2_wikitext", RECIPES, "tiny", PRESETS, build, abstract, _flags)

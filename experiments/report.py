@@ -5,20 +5,25 @@
 
 For each run (one JSON per run): the last epoch's evaluation with compression off and on,
 bytes on the wire per compressed step and the run's average per step (dense warm-up and
-AQ-SGD first-visit steps included), steps/s, and the paper's (off, on) for the same preset. Plots:
-the evaluation metric per epoch, compression off (solid) and on (dashed), one line per run.
+AQ-SGD first-visit steps included), steps/s, and the paper's (off, on) for the same preset.
+Runs whose configurations differ only by `--seed` (and run name, output folder, resume flags)
+are one row: the evaluation columns give mean ± sample std over their seeds. Plots: the
+evaluation metric per epoch, compression off (solid) and on (dashed), one line per row (the
+mean over its seeds, a band of ± std).
 """
 import argparse
+import json
 import pathlib
 import sys
 
 import matplotlib
 import matplotlib.ticker
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from experiments import paper  # noqa: E402
+from experiments import common, paper  # noqa: E402
 from jaxcomp import results  # noqa: E402
 
 PAPERS = {  # reported numbers, metric, its label, scale, names of the two reported columns
@@ -43,34 +48,72 @@ def check_reportable(run: dict, which: str):
       raise ValueError(f"epoch {record.get('epoch')} lacks {', '.join(missing)}")
 
 
+SEED_FREE = ("seed", "run_name", *common.RESUMABLE)  # may differ between the runs of one row
+
+
+def by_seed(runs: list[dict]) -> list[list[dict]]:
+  """Runs grouped by their configuration apart from SEED_FREE fields, one run per seed in a
+  group (a repeated seed starts another group), in first-seen order."""
+  groups = []  # (key, runs)
+  for run in runs:
+    key = json.dumps({k: v for k, v in run["config"].items() if k not in SEED_FREE}, sort_keys=True, default=str)
+    seed = run["config"].get("seed")
+    group = next((g for k, g in groups if k == key and seed not in [r["config"].get("seed") for r in g]), None)
+    if group is None:
+      groups.append((key, [run]))
+    else:
+      group.append(run)
+  return [g for _, g in groups]
+
+
+def mean_std(values, digits: int) -> str:
+  """`mean ± sample std` (the value alone for one run)."""
+  text = f"{np.mean(values):.{digits}f}"
+  return text + (f" ± {np.std(values, ddof=1):.{digits}f}" if len(values) > 1 else "")
+
+
+def row_name(group: list[dict]) -> str:
+  """A row's name: the run's, or the first run's and its seeds."""
+  if len(group) == 1:
+    return group[0]["run"]
+  return f"{group[0]['run']} (seeds {', '.join(str(r['config'].get('seed')) for r in group)})"
+
+
 def table(runs: list[dict], which: str) -> str:
   reported, metric, label, scale, (ref_a, ref_b) = PAPERS[which]
   lines = [f"| run | data | epochs | {label} off | {label} on | {ref_a} | {ref_b} | fwd bytes/step "
            "| bwd bytes/step | run avg fwd bytes/step | run avg bwd bytes/step | steps/s |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   average = lambda last, k: f"{last[k]:,.0f}" if k in last else ""  # results written before it existed: blank
-  for run in runs:
-    last = run["history"][-1]
-    ref = reported.get(run["run"], ("", ""))
-    speed = f"{last['steps_per_s']:.2f}" if last.get("steps_per_s") else ""
-    lines.append(f"| {run['run']} | {run['config'].get('data', '')} | {last['epoch']} "
-                 f"| {last['eval_off'][metric] * scale:.2f} | {last['eval_on'][metric] * scale:.2f} "
+  for group in by_seed(runs):
+    run, lasts = group[0], [r["history"][-1] for r in group]
+    last = lasts[0]
+    ref = reported.get(run["config"].get("preset") or run["run"], ("", ""))
+    speeds = [x["steps_per_s"] for x in lasts if x.get("steps_per_s")]
+    evals = {way: [x[way][metric] * scale for x in lasts] for way in ("eval_off", "eval_on")}
+    lines.append(f"| {row_name(group)} | {run['config'].get('data', '')} | {last['epoch']} "
+                 f"| {mean_std(evals['eval_off'], 2)} | {mean_std(evals['eval_on'], 2)} "
                  f"| {ref[0]} | {ref[1]} | {last['wire_bytes_fwd']:,} | {last['wire_bytes_bwd']:,} "
                  f"| {average(last, 'avg_wire_bytes_per_step_fwd')} | {average(last, 'avg_wire_bytes_per_step_bwd')} "
-                 f"| {speed} |")
+                 f"| {f'{np.mean(speeds):.2f}' if speeds else ''} |")
   return "\n".join(lines)
 
 
 def plot(runs: list[dict], which: str, path: pathlib.Path) -> pathlib.Path:
   _, metric, label, scale, _ = PAPERS[which]
   fig, ax = plt.subplots(figsize=(7, 4.5))
-  colours = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")  # one distinct colour per run
-  for i, run in enumerate(runs):
-    epochs = [r["epoch"] for r in run["history"]]
-    ax.plot(epochs, [r["eval_off"][metric] * scale for r in run["history"]], color=colours(i % colours.N),
-            label=f"{run['run']} off")
-    ax.plot(epochs, [r["eval_on"][metric] * scale for r in run["history"]], "--", color=colours(i % colours.N),
-            label=f"{run['run']} on")
+  groups = by_seed(runs)
+  colours = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")  # one distinct colour per row
+  for i, group in enumerate(groups):
+    n = min(len(r["history"]) for r in group)  # the epochs every seed has finished
+    epochs = [r["epoch"] for r in group[0]["history"][:n]]
+    for way, style in (("eval_off", "-"), ("eval_on", "--")):
+      curves = np.array([[h[way][metric] * scale for h in r["history"][:n]] for r in group])
+      mean = curves.mean(0)
+      ax.plot(epochs, mean, style, color=colours(i % colours.N), label=f"{row_name(group)} {way[5:]}")
+      if len(group) > 1:
+        spread = curves.std(0, ddof=1)
+        ax.fill_between(epochs, mean - spread, mean + spread, color=colours(i % colours.N), alpha=0.15, lw=0)
   ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
   ax.set_xlabel("epoch")
   ax.set_ylabel(label)

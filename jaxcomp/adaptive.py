@@ -37,16 +37,19 @@ class TokenAdaptive(Codec):
   group: int | None = None  # features per scale; None: one scale per row
   stochastic: bool = False
   scale_dtype: str = "float32"
+  grid: str | None = None  # MaxAbsQuant's grid and clip of both widths; None: each width's default
+  clip: float | str | None = None
 
   def __post_init__(self):
     if not 2 <= self.low < self.high <= 16:
       raise ValueError(f"adaptive bit widths need 2 <= low < high <= 16, got low={self.low}, high={self.high}")
     if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) or not 0 < self.fraction < 1:
       raise ValueError(f"adaptive fraction of high-bit tokens must be in (0, 1), got {self.fraction!r}")
-    self.quantizer(self.low, 2)  # validates group and scale_dtype
+    self.quantizer(self.low, 2)  # validates group, scale_dtype, grid and clip
 
   def quantizer(self, bits: int, features: int) -> MaxAbsQuant:
-    return MaxAbsQuant(bits, "group", self.stochastic, self.scale_dtype, group=self.group or features)
+    return MaxAbsQuant(bits, "group", self.stochastic, self.scale_dtype, clip=self.clip, group=self.group or features,
+                       grid=self.grid)
 
   def split(self, shape) -> tuple[int, int, int]:
     """(rows R, high rows, features F)."""

@@ -163,9 +163,23 @@ def forward_half(link: Boundary, mode: Mode, x, fs, fr, key, send_ok, recv_ok):
   payload, fs = _send(send_ok, send, x, fs)
   arrived = link.transport.forward(payload)
   y, fr = _receive(recv_ok, fwd.warmup_receive if warm else fwd.receive, arrived, fr)
-  reuse = link.reuse and not warm
-  idx = (fwd.codec.indices(payload), fwd.codec.indices(arrived)) if reuse else None
+  idx = _reuse_positions(fwd.codec, payload, arrived) if link.reuse and not warm else None
   return y, fs, fr, idx
+
+
+def _reuse_positions(topk, payload, arrived):
+  """(sender's, receiver's) TopK positions of one forward message, for index reuse."""
+  return topk.indices(payload), topk.indices(arrived)
+
+
+def reuse_index_shapes(link: Boundary, x):
+  """Shapes of the `idx` that `forward_half` returns for an activation like `x` (None without
+  index reuse). They follow from the forward codec alone, whatever the scheme's state (AQ-SGD's
+  is a per-example table, not rows of x)."""
+  if not link.reuse:
+    return None
+  codec = link.fwd.codec
+  return jax.eval_shape(lambda x: (lambda p: _reuse_positions(codec, p, p))(codec.encode(x)), x)
 
 
 def backward_half(link: Boundary, mode: Mode, dy, bs, br, key, send_ok, recv_ok, idx):

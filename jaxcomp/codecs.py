@@ -141,6 +141,58 @@ class Cast(Codec):
     return _size(shape) * np.dtype(jnp.dtype(self.dtype)).itemsize
 
 
+_FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledCast(Codec):
+  """fp8 with an amax scale, as fp8 training recipes send tensors: C(x) = s * fp8(x / s).
+
+  s = amax / FMAX per tensor (granularity="tensor") or per channel (last axis), amax = max|x|
+  and FMAX the format's largest finite value (448 for e4m3fn, 57344 for e5m2), so the
+  largest entry maps to FMAX and small ones (activation gradients) stay out of fp8's
+  subnormals. The fp8 values travel as their uint8 bit patterns (as `Cast`), s in fp32:
+  size + 4 bytes per scale. An all-zero scale group decodes to 0; a NaN makes its group NaN;
+  +-inf decodes to +-inf and the other entries of its group to NaN (s is inf, as in
+  MaxAbsQuant). fp32 scales hold amax / FMAX for any finite amax down to ~FMAX 2^-126 (about
+  5e-36 for e4m3fn); below that s is subnormal, which XLA flushes to zero, and the group
+  decodes to 0.
+  """
+  dtype: str = "float8_e4m3fn"
+  granularity: str = "tensor"
+
+  def __post_init__(self):
+    if self.dtype not in _FP8_DTYPES:
+      raise ValueError(f"ScaledCast dtype must be one of {_FP8_DTYPES}, got {self.dtype!r}")
+    if self.granularity not in ("tensor", "channel"):
+      raise ValueError(f"ScaledCast granularity must be 'tensor' or 'channel', got {self.granularity!r}")
+
+  @property
+  def fmax(self) -> float:
+    return float(jnp.finfo(jnp.dtype(self.dtype)).max)
+
+  def _axes(self, ndim):
+    return tuple(range(ndim - 1)) if self.granularity == "channel" else None
+
+  @compiled
+  def encode(self, x, key=None):
+    x32 = x.astype(jnp.float32)
+    s = jnp.max(jnp.abs(x32), axis=self._axes(x.ndim)) / self.fmax
+    y = jnp.where(jnp.isinf(x32), jnp.sign(x32) * self.fmax, _ratio(x32, s))
+    narrow = y.astype(self.dtype)  # |y| <= FMAX up to fp32 rounding, which the cast rounds to FMAX
+    return Payload({"bits": packing.as_bits(narrow), "scale": packing.as_bits(s)}, x.shape, x.dtype)
+
+  @compiled
+  def decode(self, payload):
+    a = payload.arrays
+    y = packing.from_bits(a["bits"], jnp.dtype(self.dtype)).astype(jnp.float32)
+    return (y * packing.from_bits(a["scale"], jnp.float32)).astype(payload.dtype)  # beside an inf, y = 0 and 0 * inf = NaN
+
+  def wire_bytes(self, shape, dtype):
+    scales = shape[-1] if self.granularity == "channel" else 1
+    return _size(shape) * np.dtype(jnp.dtype(self.dtype)).itemsize + 4 * scales
+
+
 def _round(y, stochastic: bool, key):
   """Nearest rounding, or floor(y + u), u ~ U[0,1) (unbiased: E = y)."""
   if not stochastic:
@@ -218,38 +270,64 @@ class MinMaxQuant(Codec):
 
 _SCALE_DTYPES = ("float32", "bfloat16", "float16")
 _CLIP_CANDIDATES = tuple(1.0 - 0.75 * (j / 24) ** 2 for j in range(25))  # clip="mse": r in [0.25, 1], dense near 1
+MAXABS_GRIDS = ("zero", "midrise")
+# bits -> (grid, clip) that a MaxAbsQuant takes where it names none (else the zero grid, unclipped):
+# chosen by eval loss on the tiny GPT-2 frontier budget, 3 seeds (docs/grids.md)
+MAXABS_DEFAULTS = {2: ("midrise", "mse"), 3: ("midrise", "mse")}
+
+
+def maxabs_defaults(bits: int) -> tuple[str, float | str]:
+  """(grid, clip) of `maxabs:BITS` when the spec names neither."""
+  return MAXABS_DEFAULTS.get(bits, ("zero", 1.0))
 
 
 @dataclasses.dataclass(frozen=True)
 class MaxAbsQuant(Codec):
-  """Max-abs B-bit quantization on a symmetric grid that contains 0 (AQ-SGD's quantizer family).
+  """Max-abs B-bit quantization on a symmetric grid (AQ-SGD's quantizer family).
 
   s = max|x| per tensor, per channel (last axis; shared over batch and sequence), or per
   group (granularity="group": one scale per `group` consecutive features of each row, the
-  "tile" scales of TAH-Quant). With
-  L = 2^(B-1) - 1 levels each side: c = clip(round(x/s * L), -L, L), x_hat = (c/L) s, so 0
-  decodes to exactly 0, the grid is symmetric (no bias) and |x - x_hat| <= s/(2L) for |x| <= s.
-  Codes c + L in [0, 2L] are bit-packed (B >= 2: one bit has no symmetric grid with 0).
-  `clip` < 1 sends s = clip * max|x| instead (entries beyond saturate at +-s); clip="mse"
-  picks, per scale, the ratio in [0.25, 1] with the least squared error (deterministic
-  rounding decides). The receiver only sees the scale. Scales are fp32 by default (any finite
-  magnitude round-trips); bf16/fp16 scales are rounded up so nothing clips unasked (fp16
-  overflows above 65504: the inf shows in the output). Stochastic rounding: E[x_hat] = x for
-  |x| <= s. +-inf decodes to +-inf (other entries of its scale group become NaN); a NaN makes its
-  scale NaN, so its whole scale group decodes as NaN.
+  "tile" scales of TAH-Quant). The grid is {-D, -D+1, ..., D} * s/D (`levels` = D):
+  * grid="zero": D = 2^(B-1) - 1, 2^B - 1 points, one code unused (B >= 2). 0 decodes to exactly
+    0 (ReLU zeros, TopK-style sparsity and AQ-SGD's unchanged entries cost no error).
+  * grid="midrise": D = (2^B - 1)/2, all 2^B codes: the points +-(2j-1) s/(2^B-1), j = 1..2^(B-1)
+    (B >= 1; 1 bit is sign(x) s). At 2 bits that is 4 points instead of 3: relative MSE on
+    N(0,1) 0.46 instead of 0.75 unclipped, 0.12 instead of 0.19 with clip="mse". It is the
+    grid of the earlier `maxabs` (commit 3b95a27). We take it over the AQ-SGD authors' grid
+    {-2^(B-1)..2^(B-1)-1} s/2^(B-1), which keeps 0 but is lopsided: its largest positive
+    point is below s, so E[x_hat] != x for x near s even under stochastic rounding, a bias
+    that AQ-SGD's buffer and error-free schemes would accumulate. The price: no point at 0,
+    so nearest rounding sends 0 to +s/(2^B-1), and stochastic rounding gives an entry near 0
+    the variance (s/(2^B-1))^2 (the zero grid: about |x| s/D).
+  Code c = clip(round(x/s D - f) + f + D, 0, 2D), f = D - floor(D), x_hat = (c - D)/D s: nearest
+  point, |x - x_hat| <= s/(2D) for |x| <= s, x_hat(-x) = -x_hat(x) but at exact midrise ties
+  (0 included). Codes are bit-packed in B bits. `clip` < 1 sends s = clip * max|x| instead
+  (entries beyond saturate at +-s); clip="mse" picks, per scale, the ratio in [0.25, 1] with
+  the least squared error (deterministic rounding decides). The receiver only sees the scale.
+  `grid` and `clip` left out (None) take the bit width's default, `maxabs_defaults(B)`. Scales are fp32 by default (any
+  finite magnitude round-trips); bf16/fp16 scales are rounded up so nothing clips unasked
+  (fp16 overflows above 65504: the inf shows in the output). Stochastic rounding: E[x_hat] = x
+  for |x| <= s. +-inf decodes to +-inf (other entries of its scale group become NaN); NaN
+  makes its whole scale group NaN.
   """
   bits: int = 4
   granularity: str = "channel"
   stochastic: bool = False
   scale_dtype: str = "float32"
-  clip: float | str = 1.0
+  clip: float | str | None = None  # None: the bit width's default
   group: int | None = None  # features per scale, with granularity="group"
+  grid: str | None = None  # "zero" | "midrise"; None: the bit width's default
 
   def __post_init__(self):
     packing.check_bits(self.bits)
-    if self.bits < 2:
-      raise ValueError(f"maxabs needs bits >= 2 (a symmetric grid with 0 has 3 levels), got {self.bits}; "
-                       "use quant:1 for 1-bit min-max")
+    for name, default in zip(("grid", "clip"), maxabs_defaults(self.bits)):
+      if getattr(self, name) is None:
+        object.__setattr__(self, name, default)  # frozen: resolved once, so equal codecs compare equal
+    if self.grid not in MAXABS_GRIDS:
+      raise ValueError(f"maxabs grid must be one of {MAXABS_GRIDS}, got {self.grid!r}")
+    if self.bits < 2 and self.grid == "zero":
+      raise ValueError(f"maxabs needs bits >= 2 on the zero grid (a symmetric grid with 0 has 3 levels), got "
+                       f"{self.bits}; use grid=midrise (1 bit: sign(x) s) or quant:1 for 1-bit min-max")
     if self.granularity not in ("tensor", "channel", "group"):
       raise ValueError(f"granularity must be 'tensor', 'channel' or 'group', got {self.granularity!r}")
     if (self.granularity == "group") != (self.group is not None):
@@ -263,9 +341,14 @@ class MaxAbsQuant(Codec):
       raise ValueError(f"clip must be a ratio in (0, 1] or 'mse', got {self.clip!r}")
 
   @property
-  def levels(self) -> int:
-    """L: the grid is {-L, ..., L} * s / L."""
-    return (1 << (self.bits - 1)) - 1
+  def levels(self) -> float:
+    """D: the grid is {-D, -D+1, ..., D} * s / D (an integer on the zero grid, a half-integer on midrise)."""
+    return (1 << (self.bits - 1)) - (1 if self.grid == "zero" else 0.5)
+
+  @property
+  def _offset(self) -> float:
+    """f = D - floor(D): 0 on the zero grid, 1/2 on midrise."""
+    return 0.0 if self.grid == "zero" else 0.5
 
   def _scale_shape(self, shape):
     if self.granularity == "group":
@@ -290,13 +373,17 @@ class MaxAbsQuant(Codec):
     """A scale array broadcast against the (viewed) tensor."""
     return s[..., None] if self.granularity == "group" else s
 
-  def _codes(self, x32, s32, key):
-    """Signed codes in [-L, L] of x on the grid of scale s."""
-    y = jnp.where(jnp.isinf(x32), jnp.sign(x32), _ratio(x32, s32)) * self.levels
-    return jnp.clip(_round(y, self.stochastic, key), -self.levels, self.levels)
+  def _codes(self, x32, s32, stochastic, key):
+    """Codes c in [0, 2D] of x on the grid of scale s: point (c - D)/D s."""
+    d, f = self.levels, self._offset
+    y = jnp.where(jnp.isinf(x32), jnp.sign(x32), _ratio(x32, s32)) * d
+    return jnp.clip(_round(y - f, stochastic, key) + (f + d), 0, 2 * d)
 
   def _grid(self, codes, s32):
-    return (codes / self.levels) * s32
+    """(c - D)/D s; an interior point of an infinite scale is NaN (it is no number), its ends +-inf."""
+    d = self.levels
+    k = codes - d
+    return jnp.where(jnp.isinf(s32) & (jnp.abs(k) < d), jnp.nan, (k / d) * s32)
 
   def _scale(self, x32):
     """The scale the sender picks: max|x|, clipped by a fixed ratio or the least-error one."""
@@ -305,8 +392,7 @@ class MaxAbsQuant(Codec):
     if self.clip == "mse":
       def error(r):
         rs = self._expand(r * s)
-        codes = jnp.clip(jnp.round(_ratio(x32, rs) * self.levels), -self.levels, self.levels)
-        return jnp.sum(jnp.square(self._grid(codes, rs) - x32), axis=axes)
+        return jnp.sum(jnp.square(self._grid(self._codes(x32, rs, False, None), rs) - x32), axis=axes)
       ratios = jnp.asarray(_CLIP_CANDIDATES)
       s = s * ratios[jnp.argmin(jax.lax.map(error, ratios), axis=0)]
     elif self.clip != 1.0:
@@ -318,7 +404,7 @@ class MaxAbsQuant(Codec):
   def encode(self, x, key=None):
     x32 = x.astype(jnp.float32).reshape(self._view_shape(x.shape))
     scale = self._scale(x32)
-    codes = self._codes(x32, self._expand(scale.astype(jnp.float32)), key) + self.levels
+    codes = self._codes(x32, self._expand(scale.astype(jnp.float32)), self.stochastic, key)
     packed = packing.pack(codes.reshape(-1).astype(jnp.uint32), self.bits)
     return Payload({"codes": packed, "scale": packing.as_bits(scale)}, x.shape, x.dtype)
 
@@ -327,8 +413,7 @@ class MaxAbsQuant(Codec):
     a = payload.arrays
     codes = packing.unpack(a["codes"], self.bits, _size(payload.shape)).reshape(self._view_shape(payload.shape))
     s32 = jax.lax.bitcast_convert_type(a["scale"], jnp.dtype(self.scale_dtype)).astype(jnp.float32)
-    return self._grid(codes.astype(jnp.float32) - self.levels, self._expand(s32)).reshape(payload.shape).astype(
-        payload.dtype)
+    return self._grid(codes.astype(jnp.float32), self._expand(s32)).reshape(payload.shape).astype(payload.dtype)
 
   def wire_bytes(self, shape, dtype):
     scales = _size(self._scale_shape(shape)) * np.dtype(jnp.dtype(self.scale_dtype)).itemsize

@@ -434,15 +434,9 @@ def explicit_tick(prog: Program, tick, plan, carry: ExplicitCarry, params_row, b
   return carry._replace(x_buf=next_x, g_buf=next_g)
 
 
-def _index_shapes(prog: Program, b: int, mb_size: int):
+def _index_shapes(prog: Program, b: int):
   """Shapes of boundary b's (sent, arrived) TopK positions (index reuse), else None."""
-  if not prog.pipe.boundary.reuse or prog.mode.dense_forward:
-    return None
-  shape = prog.shapes[b]
-  local = dataclasses.replace(prog.pipe.boundary, transport=boundary_mod.Transport())
-  state = local.init(mb_size, shape.shape[1:], shape.dtype)
-  return jax.eval_shape(lambda x: boundary_mod.forward_half(local, Mode.TRAIN, x, state.fwd_send, state.fwd_recv,
-                                                          jax.random.key(0), True, True)[3], shape)
+  return None if prog.mode.dense_forward else boundary_mod.reuse_index_shapes(prog.pipe.boundary, prog.shapes[b])
 
 
 def run_explicit(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, step_key, scale) -> ExplicitCarry:
@@ -452,7 +446,7 @@ def run_explicit(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs,
   mb_size = jax.tree.leaves(mbs)[0].shape[1]
   k = stash_slots(prog)
   buf = jnp.zeros((mb_size, prog.width), prog.act_dtype)
-  indices = tuple(jax.tree.map(lambda a: jnp.zeros((k, *a.shape), a.dtype), _index_shapes(prog, b, mb_size))
+  indices = tuple(jax.tree.map(lambda a: jnp.zeros((k, *a.shape), a.dtype), _index_shapes(prog, b))
                   for b in range(prog.pipe.num_stages - 1))
   stash = Stash(jnp.zeros((k, *buf.shape), buf.dtype), jnp.zeros((k, *ms_row.shape), ms_row.dtype), indices)
   carry = ExplicitCarry(buf, buf, stash, ms_row, tuple(fwd_tables), jax.tree.map(jnp.zeros_like, tuple(bwd_tables)),

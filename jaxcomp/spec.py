@@ -1,9 +1,12 @@
 """One-line string specs for CLIs: `[scheme+]codec[:arg[:option...]]`.
 
-Codecs:  none | bf16 | fp16 | fp8 | quant:BITS[:stoch]
-         | maxabs:BITS[:tensor|channel|group=G][:stoch][:scale=fp32|bf16|fp16][:clip=RATIO|mse]
+Codecs:  none | bf16 | fp16 | fp8 | fp8e5m2 | fp8[e5m2]:scaled[:tensor|channel] | quant:BITS[:stoch]
+         | maxabs:BITS[:tensor|channel|group=G][:stoch][:scale=fp32|bf16|fp16][:clip=RATIO|mse][:grid=zero|midrise]
          | topk:FRACTION[:row][:bf16|q8][:threshold|sort|approx] | randk:FRACTION[:row]
-         | adaptive:LOW:HIGH:FRACTION[:group=G][:stoch]   (FRACTION of tokens in HIGH bits)
+         | adaptive:LOW:HIGH:FRACTION[:group=G][:stoch][:grid=...][:clip=...]   (FRACTION of tokens in HIGH bits)
+maxabs grids: `zero` {-L..L} s/L, L = 2^(B-1)-1 (0 exact); `midrise` +-(2j-1) s/(2^B-1), j = 1..2^(B-1)
+(all 2^B codes, no 0). Without grid= / clip= a bit width takes its default (`codecs.maxabs_defaults`):
+2 and 3 bits midrise with clip=mse, 4 bits and more the zero grid unclipped.
 Wrapper: hadamard[:BLOCK][:seed=S]+CODEC   (randomized Hadamard rotation around CODEC)
 Schemes: plain (default) | ef | ef21 | efmixed | aqsgd;  backward only: reuse (TopK index reuse)
 Examples: `topk:0.1`, `topk:0.1:q8` (8-bit values), `quant:4`, `ef21+topk:0.1`, `aqsgd+maxabs:2:stoch`,
@@ -16,7 +19,7 @@ from jaxcomp.boundary import Boundary, Reuse
 _SCHEMES = {"plain": feedback.Plain, "ef": feedback.EF, "ef21": feedback.EF21,
             "efmixed": feedback.EFMixed, "aqsgd": feedback.AQSGD}
 _CASTS = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
-_CODECS = ("none", *_CASTS, "quant", "maxabs", "topk", "randk", "adaptive", "hadamard+CODEC")
+_CODECS = ("none", *_CASTS, "fp8:scaled", "quant", "maxabs", "topk", "randk", "adaptive", "hadamard+CODEC")
 _SCALES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -52,17 +55,26 @@ def _scale_dtype(name: str, settings: dict, spec: str) -> str:
   return _SCALES[settings.get("scale", "fp32")]
 
 
+def _grid_and_clip(name: str, settings: dict, spec: str) -> dict:
+  """grid=zero|midrise and clip=RATIO|mse as MaxAbsQuant keywords (None: the bit width's default)."""
+  if settings.get("grid", "zero") not in codecs.MAXABS_GRIDS:
+    raise ValueError(f"bad {name} option grid={settings['grid']!r} in {spec!r}; allowed: "
+                     f"grid={'|'.join(codecs.MAXABS_GRIDS)}")
+  clip = settings.get("clip")
+  return {"grid": settings.get("grid"), "clip": clip if clip in (None, "mse") else _number(clip, float, spec)}
+
+
 def _maxabs(bits: int, options: set, spec: str) -> codecs.MaxAbsQuant:
-  """maxabs options: tensor|channel|group=G, stoch, scale=fp32|bf16|fp16, clip=RATIO|mse."""
-  flags, settings = _settings("maxabs", options, {"tensor", "channel", "stoch"}, {"group", "scale", "clip"}, spec)
+  """maxabs options: tensor|channel|group=G, stoch, scale=fp32|bf16|fp16, clip=RATIO|mse, grid=zero|midrise."""
+  flags, settings = _settings("maxabs", options, {"tensor", "channel", "stoch"}, {"group", "scale", "clip", "grid"},
+                              spec)
   group = settings.get("group")
   if group is not None and flags & {"tensor", "channel"}:
     raise ValueError(f"{spec!r}: group=G replaces tensor/channel scales; give one of them")
-  clip = settings.get("clip", "1")
   return codecs.MaxAbsQuant(bits, "group" if group is not None else "tensor" if "tensor" in flags else "channel",
                             stochastic="stoch" in flags, scale_dtype=_scale_dtype("maxabs", settings, spec),
-                            clip=clip if clip == "mse" else _number(clip, float, spec),
-                            group=None if group is None else _number(group, int, spec))
+                            group=None if group is None else _number(group, int, spec),
+                            **_grid_and_clip("maxabs", settings, spec))
 
 
 def _hadamard(head: str, inner: str, spec: str) -> rotation.Hadamard:
@@ -88,12 +100,16 @@ def parse_codec(spec: str) -> codecs.Codec:
     return codecs.Identity()
   if name in _CASTS and not args:
     return codecs.Cast(_CASTS[name])
+  if name in ("fp8", "fp8e5m2") and args[:1] == ["scaled"]:
+    flags, _ = _settings(f"{name}:scaled", options, {"tensor", "channel"}, set(), spec)
+    return codecs.ScaledCast(_CASTS[name], _one_of(("tensor", "channel"), flags, "tensor", spec))
   if name == "adaptive" and len(args) >= 3:
-    flags, settings = _settings("adaptive", set(args[3:]), {"stoch"}, {"group", "scale"}, spec)
+    flags, settings = _settings("adaptive", set(args[3:]), {"stoch"}, {"group", "scale", "grid", "clip"}, spec)
     group = settings.get("group")
     return adaptive.TokenAdaptive(_number(args[0], int, spec), _number(args[1], int, spec),
                                   _number(args[2], float, spec), None if group is None else _number(group, int, spec),
-                                  stochastic="stoch" in flags, scale_dtype=_scale_dtype("adaptive", settings, spec))
+                                  stochastic="stoch" in flags, scale_dtype=_scale_dtype("adaptive", settings, spec),
+                                  **_grid_and_clip("adaptive", settings, spec))
   if name == "maxabs" and args:
     return _maxabs(_number(args[0], int, spec), options, spec)
   if name in ("quant", "topk", "randk") and args:

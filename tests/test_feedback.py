@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcomp import codecs, feedback
+from jaxcomp import codecs, feedback, spec
 
 ROWS, FEAT = 4, (6, 5)
 
@@ -87,6 +87,22 @@ def test_aqsgd_mirrors_and_compresses_changes():
     aq_err.append(float(jnp.abs(y - a).max()))
     direct_err.append(float(jnp.abs(scheme.codec(a) - a).max()))
   assert max(aq_err) < 0.25 * min(direct_err)  # the change is small, so 2 bits suffice
+
+
+def test_aqsgd_buffer_stays_near_a_noisy_activation():
+  """Each visit sends Q(a_t - m) for a_t = a + noise (dropout-like, 0.3 ||a||), so the buffer
+  error after a visit is noise plus Q's error on the delta. The default `maxabs:2:stoch` (midrise,
+  clip=mse) errs by ~0.45 of what it encodes, and m stays within ~0.3 ||a|| of a; the 3-level
+  zero grid unclipped errs by ~1.3 of it under stochastic rounding, more than the delta it
+  corrects, and its buffer random-walks away (~3 ||a|| after 30 visits): AQ-SGD fw2's stall."""
+  a = jax.random.normal(jax.random.key(0), (8, 32, 64))
+  scheme = feedback.AQSGD(spec.parse_codec("maxabs:2:stoch"), num_examples=8)
+  _, state = scheme.warmup_send(a, scheme.init_sender(8, a.shape[1:], jnp.float32))
+  errors = []
+  for t in range(30):
+    _, state = scheme.send(a + 0.3 * jax.random.normal(jax.random.key(100 + t), a.shape), state, jax.random.key(t))
+    errors.append(float(jnp.linalg.norm(state.buffer.astype(jnp.float32) - a) / jnp.linalg.norm(a)))
+  assert max(errors[10:]) < 0.4
 
 
 @pytest.mark.parametrize("make, match", [

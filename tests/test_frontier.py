@@ -1,4 +1,5 @@
 """Smoke test of the frontier sweep: two methods, a few steps, resumable, exact byte accounting."""
+import argparse
 import json
 
 import pytest
@@ -41,3 +42,29 @@ def test_pareto_and_domination():
           row("d", 90, 2.1)]
   assert frontier.pareto(rows) == {"a", "b", "c"}
   assert [r["method"] for r in frontier.dominating(rows)] == ["a"]
+
+
+def test_seeds_run_separately_and_the_table_compares_means(tmp_path):
+  args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path)
+  assert frontier.run_name("fp32", 0) == "fp32" and frontier.run_name("fp32", 2) == "fp32-seed2"
+  argv = frontier.run_argv("fp32", args, 2)
+  assert argv[argv.index("--seed") + 1] == "2" and argv[argv.index("--run-name") + 1] == "fp32-seed2"
+
+  def row(method, seed, nbytes, loss):
+    return {"method": method, "seed": seed, "fwd": "none", "bwd": "none", "warmup_epochs": 0, "bytes_fwd": nbytes / 2,
+            "bytes_bwd": nbytes / 2, "bytes": nbytes, "bytes_steady": nbytes, "loss_off": loss, "loss_on": loss + 0.1,
+            "per_example_buffers": False}
+  # d's best seed (1.0) beats everything, its mean (2.333) does not: a dominates it on means
+  rows = frontier.over_seeds([row("a", s, 2.0, loss) for s, loss in enumerate((2.0, 2.2, 2.4))]
+                             + [row("b", s, 1.0, loss) for s, loss in enumerate((2.3, 2.5, 2.1))]
+                             + [row("d", s, 2.5, loss) for s, loss in enumerate((1.0, 3.0, 3.0))])
+  a = rows[0]
+  assert [r["method"] for r in rows] == ["a", "b", "d"] and a["seeds"] == [0, 1, 2]
+  assert a["loss_off"] == pytest.approx(2.2) and a["loss_off_std"] == pytest.approx(0.2)
+  assert a["loss_on"] == pytest.approx(2.3) and a["bytes_std"] == 0.0
+  assert frontier.pareto(rows) == {"a", "b"}
+  text = frontier.table(rows)
+  assert "| 2.2000 ± 0.2000 | 2.3000 ± 0.2000 | 3 |" in text
+  assert frontier.plot(rows, tmp_path / "f.png", "t").stat().st_size > 0
+  one = frontier.over_seeds([row("a", 0, 2.0, 2.0)])
+  assert one[0]["loss_off_std"] == 0.0 and "| 2.0000 | 2.1000 | 1 |" in frontier.table(one)

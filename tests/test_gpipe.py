@@ -92,6 +92,20 @@ def test_1f1b_matches_simulate(fwd, bwd, schedule):
   _compare(_pipe(fwd, bwd, m=8), optax.sgd(0.1, momentum=0.9), steps=2, schedule=schedule)
 
 
+REUSE_FORWARDS = ("topk:0.3", "ef+topk:0.3", "ef21+topk:0.3", "aqsgd+topk:0.3")  # every scheme reuse allows
+
+
+@pytest.mark.parametrize("fwd, schedule, m", [
+    (fwd, name, 2) if (fwd, name) == ("aqsgd+topk:0.3", "gpipe") else slow(fwd, name, 8)
+    for fwd in REUSE_FORWARDS for name in sched.SCHEDULES])
+def test_index_reuse_matches_simulate_for_every_forward_scheme(fwd, schedule, m):
+  """TopK index reuse backward behind each forward scheme, on each schedule (the slow M=8
+  cases also run scanned steady ticks). AQ-SGD runs warm-up steps (which fill its per-example
+  tables) then compressed ones; its first-visit step under reuse is dense both ways, as warm-up."""
+  modes = (Mode.WARMUP, Mode.TRAIN) if fwd.startswith("aqsgd") else (Mode.TRAIN,)
+  _compare(_pipe(fwd, "reuse", m=m), optax.sgd(0.1, momentum=0.9), steps=2, modes=modes, schedule=schedule)
+
+
 @pytest.mark.parametrize("name, most", [("1f1b", lambda s, S, M: min(M, S - s)),
                                         ("1f1b-fused", lambda s, S, M: min(M, 2 * (S - s) - 1)),
                                         ("gpipe", lambda s, S, M: M)])
@@ -240,7 +254,8 @@ def test_tied_parameters_and_global_norm_clipping_match_simulate():
 
 
 WIRE_CASES = [("quant:4", "quant:8", None, 2), ("quant:2", "ef+topk:0.1", None, 8), ("topk:0.3", "reuse", None, 8),
-              ("maxabs:4", "quant:2", _hetero_stages(), 4), ("fp8", "fp8", None, 2), ("bf16", "fp8e5m2", None, 2)]
+              ("maxabs:4", "quant:2", _hetero_stages(), 4), ("fp8", "fp8", None, 2), ("bf16", "fp8e5m2", None, 2),
+              ("fp8:scaled:channel", "fp8e5m2:scaled", None, 2)]
 
 
 @pytest.mark.parametrize("fwd, bwd, stages, m, schedule", [

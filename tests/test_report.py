@@ -74,3 +74,18 @@ def test_report_that_cannot_be_written_is_one_error_line(tmp_path):
   (tmp_path / "report.md").mkdir()
   assert _report_error([str(tmp_path), "--paper", "gpt2"]).startswith(
       f"error: cannot write the report into {tmp_path} (Is a directory); copy the results folder")
+
+
+def test_report_groups_runs_that_differ_only_by_seed(tmp_path):
+  def run(name, seed, loss, **config):
+    record = {"epoch": 2, "eval_off": {"loss": loss}, "eval_on": {"loss": loss + 1.0}, "wire_bytes_fwd": 100,
+              "wire_bytes_bwd": 200, "steps_per_s": 2.0}
+    return {"run": name, "config": {"fwd": "quant:4", "seed": seed, "run_name": name, "out": str(tmp_path), **config},
+            "history": [{**record, "epoch": 1}, record]}
+  runs = [run("a", 0, 2.0), run("a-seed1", 1, 2.2), run("a-seed2", 2, 2.4), run("a-again", 0, 3.0),
+          run("b", 1, 5.0, lr=0.1)]
+  assert [[r["run"] for r in g] for g in report.by_seed(runs)] == [["a", "a-seed1", "a-seed2"], ["a-again"], ["b"]]
+  lines = report.table(runs, "gpt2").splitlines()
+  assert lines[2].startswith("| a (seeds 0, 1, 2) |") and "| 2.20 ± 0.20 | 3.20 ± 0.20 |" in lines[2]
+  assert "| a-again |" in lines[3] and "| 3.00 | 4.00 |" in lines[3]
+  assert report.plot(runs, "gpt2", tmp_path / "curves.png").stat().st_size > 0

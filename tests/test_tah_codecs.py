@@ -25,10 +25,11 @@ def test_wire_bytes_by_hand():
 
 
 @settings(max_examples=8, deadline=None)
-@given(st.integers(1, 4), st.integers(1, 6), st.sampled_from([2, 4, 8, 16]), st.integers(0, 10**6))
-def test_group_scales_bound_the_error_of_each_group(rows, groups, g, seed):
+@given(st.integers(1, 4), st.integers(1, 6), st.sampled_from([2, 4, 8, 16]), st.integers(0, 10**6),
+       st.sampled_from(codecs.MAXABS_GRIDS))
+def test_group_scales_bound_the_error_of_each_group(rows, groups, g, seed, grid):
   x = _x((rows, groups * g), seed=seed)
-  codec = codecs.MaxAbsQuant(3, "group", group=g)
+  codec = codecs.MaxAbsQuant(3, "group", group=g, clip=1.0, grid=grid)
   payload = jax.jit(codec.encode)(x)
   scale = jax.lax.bitcast_convert_type(payload.arrays["scale"], jnp.float32)  # fp32 scales travel as bits
   assert scale.shape == (rows, groups)
@@ -56,11 +57,12 @@ def test_fwht_is_the_orthonormal_hadamard_matrix():
 
 
 @settings(max_examples=8, deadline=None)
-@given(st.integers(1, 4), st.sampled_from([(8, 8), (64, 16), (48, 16), (24, None)]), st.integers(0, 10**6))
-def test_rotation_keeps_the_inner_error_in_2_norm(rows, features_block, seed):
+@given(st.integers(1, 4), st.sampled_from([(8, 8), (64, 16), (48, 16), (24, None)]), st.integers(0, 10**6),
+       st.sampled_from(codecs.MAXABS_GRIDS))
+def test_rotation_keeps_the_inner_error_in_2_norm(rows, features_block, seed, grid):
   f, block = features_block
   x = _x((rows, f), seed=seed)
-  inner = codecs.MaxAbsQuant(3, "group", group=f // 2 if f % 2 == 0 else f)
+  inner = codecs.MaxAbsQuant(3, "group", group=f // 2 if f % 2 == 0 else f, grid=grid)
   rot = Hadamard(inner, block=block, seed=seed % 7)
   np.testing.assert_allclose(np.asarray(jax.jit(Hadamard(codecs.Identity(), block, seed % 7))(x)), np.asarray(x),
                              rtol=1e-5, atol=1e-4)
@@ -72,7 +74,8 @@ def test_rotation_keeps_the_inner_error_in_2_norm(rows, features_block, seed):
 
 def test_rotation_spreads_an_outlier_and_lowers_the_error():
   x = _x((64, 64), seed=3).at[:, 5].mul(40.0)  # one outlier channel, as in LLM activations
-  plain, rotated = codecs.MaxAbsQuant(3, "group", group=64), Hadamard(codecs.MaxAbsQuant(3, "group", group=64))
+  plain = codecs.MaxAbsQuant(3, "group", clip=1.0, group=64, grid="zero")
+  rotated = Hadamard(plain)
   assert float(jnp.max(jnp.abs(rotated.rotate(x)))) < 0.5 * float(jnp.max(jnp.abs(x)))
   assert float(jnp.linalg.norm(rotated(x) - x)) < 0.9 * float(jnp.linalg.norm(plain(x) - x))  # 148 vs 184
 
@@ -87,7 +90,7 @@ def test_rotation_signs_depend_on_the_seed_and_nothing_extra_travels():
 def test_adaptive_gives_high_bits_to_the_peakiest_tokens():
   x = _x((2, 8, 32), seed=4)
   x = x.at[0, 2, 7].set(60.0).at[1, 5, 1].set(-80.0)  # two tokens with one outlier each
-  codec = TokenAdaptive(2, 8, 0.125)  # 2 of 16 tokens get 8 bits
+  codec = TokenAdaptive(2, 8, 0.125, clip=1.0)  # 2 of 16 tokens get 8 bits; unclipped: the half-step bound
   payload = codec.encode(x)
   is_high = np.unpackbits(np.asarray(payload.arrays["bitmap"]), bitorder="little")[:16].astype(bool)
   assert sorted(np.flatnonzero(is_high)) == [2, 13]
@@ -100,16 +103,16 @@ def test_adaptive_gives_high_bits_to_the_peakiest_tokens():
 
 
 @settings(max_examples=8, deadline=None)
-@given(st.integers(2, 40), st.floats(0.01, 0.99), st.integers(0, 10**6))
-def test_adaptive_round_trip_bound_any_rows_and_fraction(rows, fraction, seed):
+@given(st.integers(2, 40), st.floats(0.01, 0.99), st.integers(0, 10**6), st.sampled_from(codecs.MAXABS_GRIDS))
+def test_adaptive_round_trip_bound_any_rows_and_fraction(rows, fraction, seed, grid):
   x = _x((rows, 16), seed=seed)
-  codec = TokenAdaptive(3, 5, fraction)
+  codec = TokenAdaptive(3, 5, fraction, grid=grid, clip=1.0)
   _, n_high, _ = codec.split(x.shape)
   assert 1 <= n_high <= rows
   payload = jax.jit(codec.encode)(x)
   assert codecs.nbytes(payload) == codec.wire_bytes(x.shape, x.dtype)
   err = np.abs(np.asarray(jax.jit(codec.decode)(payload) - x)).max(1)
-  assert np.all(err <= np.abs(np.asarray(x)).max(1) / 6 * 1.002 + 1e-6)  # 3-bit bound s / (2L) holds for every row
+  assert np.all(err <= np.abs(np.asarray(x)).max(1) / 6 * 1.002 + 1e-6)  # 3-bit bound s / (2D) <= s / 6, every row
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -121,6 +124,9 @@ def test_adaptive_round_trip_bound_any_rows_and_fraction(rows, fraction, seed):
     ("adaptive:3:4:0.25", TokenAdaptive(3, 4, 0.25)),
     ("adaptive:3:4:0.5:group=16:stoch:scale=bf16", TokenAdaptive(3, 4, 0.5, 16, True, "bfloat16")),
     ("hadamard+adaptive:3:4:0.25", Hadamard(TokenAdaptive(3, 4, 0.25))),
+    ("hadamard+maxabs:2:group=16:grid=midrise", Hadamard(codecs.MaxAbsQuant(2, "group", group=16, grid="midrise"))),
+    ("adaptive:2:3:0.25:grid=midrise:stoch", TokenAdaptive(2, 3, 0.25, stochastic=True, grid="midrise")),
+    ("adaptive:2:4:0.25:clip=0.9", TokenAdaptive(2, 4, 0.25, clip=0.9)),
 ])
 def test_specs(text, expected):
   assert spec.parse_codec(text) == expected
@@ -138,6 +144,7 @@ def test_specs(text, expected):
     ("adaptive:4:3:0.25", "low < high"),
     ("adaptive:3:4:1.5", r"fraction of high-bit tokens must be in \(0, 1\), got 1.5"),
     ("adaptive:3:4", "unknown compressor"),
+    ("adaptive:2:3:0.25:grid=mid", "bad adaptive option grid='mid'"),
 ])
 def test_bad_specs(text, match):
   with pytest.raises(ValueError, match=match):
@@ -153,7 +160,9 @@ def test_indivisible_shapes_are_clear_errors():
 
 @pytest.mark.parametrize("fwd, bwd", [("hadamard+maxabs:3:group=16", "hadamard+maxabs:4:group=16"),
                                       pytest.param("adaptive:3:4:0.25", "hadamard+adaptive:3:4:0.25:stoch",
-                                                   marks=pytest.mark.slow)])
+                                                   marks=pytest.mark.slow),
+                                      pytest.param("adaptive:2:3:0.25:grid=midrise",
+                                                   "hadamard+maxabs:4:group=16:grid=midrise", marks=pytest.mark.slow)])
 def test_boundary_gradient_is_the_compressed_true_gradient(fwd, bwd):
   link = spec.parse_boundary(fwd, bwd)
   x = _x((4, 6, 32), seed=2)
