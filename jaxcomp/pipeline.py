@@ -187,9 +187,10 @@ def available_memory_bytes() -> int:
 
 def check_aqsgd_memory(boundary: Boundary, shapes, available: int | None = None):
   """Clear error before allocating AQ-SGD tables (two ends x every boundary) that cannot fit
-  (`shapes`: the activation at each boundary)."""
+  (`shapes`: the activation at each boundary, or a function returning them, called only for AQ-SGD)."""
   if not isinstance(boundary.fwd, feedback.AQSGD):
     return
+  shapes = shapes() if callable(shapes) else shapes
   total = sum(2 * boundary.fwd.buffer_bytes(s.shape[1:]) for s in shapes)
   available = available_memory_bytes() if available is None else available
   if total > available:
@@ -198,6 +199,18 @@ def check_aqsgd_memory(boundary: Boundary, shapes, available: int | None = None)
         f"{len(shapes)} boundaries x 2 ends, {boundary.fwd.buffer_dtype}) but only "
         f"{available / 2**30:.2f} GiB is free; use fewer examples, a smaller buffer dtype or host buffers "
         "(CLI: --aqsgd-buffers host|DIR; code: hostbuffer.HostBuffered)")
+
+
+def _init_stages(stages, rng, x) -> tuple[list, list, list]:
+  """(params, model_state, output) per stage, stage s initialised on the previous stage's output."""
+  params, model_state, outputs = [], [], []
+  for s, stage in enumerate(stages):
+    p, ms = stage.init(jax.random.fold_in(rng, s), x)
+    x = stage.apply(p, ms, x, train=False, rng=rng)[0]
+    params.append(p)
+    model_state.append(ms)
+    outputs.append(x)
+  return params, model_state, outputs
 
 
 def init_state(pipe: Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None) -> TrainState:
@@ -209,20 +222,14 @@ def init_state(pipe: Pipeline, optimizer: optax.GradientTransformation, rng, bat
   """
   given = params
   mb = jax.tree.map(lambda x: x[0], split_microbatches(batch, pipe.microbatches))
-  x = mb[pipe.input_key]
-  params, model_state = [], []
   init_rng, state_rng = jax.random.split(rng)
-  for s, stage in enumerate(pipe.stages):
-    p, ms = stage.init(jax.random.fold_in(init_rng, s), x)
-    params.append(p)
-    model_state.append(ms)
-    x = stage.apply(p, ms, x, train=False, rng=init_rng)[0]
+  params, model_state, outputs = jax.jit(lambda r, x: _init_stages(pipe.stages, r, x))(init_rng, mb[pipe.input_key])
   if given is not None:
     jax.tree.map(lambda a, b: _check_shape(a, b), given, tuple(params))
     params = [jax.tree.map(jnp.asarray, p) for p in given]
   params = tie_params(tuple(params), pipe.tied)
   model_state = tuple(model_state)
-  shapes = boundary_shapes(pipe, params, model_state, mb[pipe.input_key])
+  shapes = outputs[:-1]  # the activation at each boundary
   batch_size = jax.tree.leaves(batch)[0].shape[0]
   links = tuple(pipe.boundary.init(batch_size, s.shape[1:], s.dtype) for s in shapes)
   return TrainState(jnp.zeros((), jnp.int32), state_rng, params, model_state,

@@ -43,7 +43,7 @@ def _run(pipe: pl.Pipeline, params, model_state, fwd_tables, bwd_tables, batch, 
 def init_state(pipe: pl.Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None) -> pl.TrainState:
   """Executor protocol: the train state on the default device (see `pipeline.init_state`); AQ-SGD
   tables that cannot fit are a ValueError before anything is allocated."""
-  pl.check_aqsgd_memory(pipe.boundary, pl.activation_shapes(pipe, batch))
+  pl.check_aqsgd_memory(pipe.boundary, lambda: pl.activation_shapes(pipe, batch))
   return pl.init_state(pipe, optimizer, rng, batch, params)
 
 

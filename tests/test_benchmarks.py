@@ -10,9 +10,10 @@ from jaxcomp import netsim, spec
     (codec_throughput, ["--shape", "2,16,32", "--repeats", "2"], "| `maxabs:3` |"),
     (topk_selection, ["--shape", "2,2048", "--repeats", "2"], "| 1% | sampled threshold |"),
     (wire_bytes, ["--skip-pipeline", "--shape", "4,64"], "| `efmixed+topk:0.1` |"),
-    (step_overhead, ["--seq", "8", "--batch", "4", "--microbatches", "1", "--repeats", "1", "--presets", "EF21 Top10%"],
-     "| EF21 Top10% |"),
-    (aqsgd_buffers, ["--examples", "8", "--batch", "4", "--seq", "8"], "| host + prefetch |"),
+    pytest.param(step_overhead, ["--seq", "8", "--batch", "4", "--microbatches", "1", "--repeats", "1", "--presets", "EF21 Top10%"],
+     "| EF21 Top10% |", marks=pytest.mark.slow),
+    pytest.param(aqsgd_buffers, ["--examples", "8", "--batch", "4", "--seq", "8"], "| host + prefetch |",
+                 marks=pytest.mark.slow),
     (quantizer_error, ["--relu-shape", "4,2,2,8", "--gauss-shape", "2,4,8", "--bits", "2"], "| authors (SPEC) |"),
 ])
 def test_benchmark_prints_its_table(module, argv, expect, capsys):

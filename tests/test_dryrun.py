@@ -88,6 +88,7 @@ def test_sharded_executor_compiles_for_a_tpu_slice_and_its_collectives_send_the_
   assert {k: sent[k] for k in ways} == {k: counted[k] for k in ways} and "(equal)" in report.text()
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 @tpu
 def test_cli_compiles_tiny_gpt2_for_one_tpu_chip(capsys):
   """The experiment CLI's --compile-for: abstract state and batch (no text read), the simulate executor on

@@ -61,6 +61,7 @@ def test_gpt2_presets_smoke(tmp_path, preset):
   _check_gpt2_run(_result(tmp_path, preset), preset)
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_text_files_with_byte_tokens_and_an_explicit_recipe(tmp_path, capsys):
   (tmp_path / "train.txt").write_text("".join(f" = Article {i} = \n \n words of article {i} . \n" * 3
                                               for i in range(10)))
@@ -76,6 +77,7 @@ def test_text_files_with_byte_tokens_and_an_explicit_recipe(tmp_path, capsys):
   assert (config["recipe"], config["model"], config["lr"], config["epochs"]) == ("paper", "tiny", 5e-5, 4)
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_gpipe_executor_from_the_cli(tmp_path):
   main(gpt2_wikitext.EXPERIMENT, ["--preset", "top10-reuse", "--executor", "gpipe", "--microbatches", "2",
                                   "--stages", "2", "--data-parallel", "2", "--grad-compression", "ef+quant:4",
@@ -185,6 +187,7 @@ def test_an_out_folder_the_os_refuses_is_one_error_line(tmp_path, capsys):
   assert capsys.readouterr().out == "" and not pathlib.Path("/proc/jaxcomp-test-out").exists()
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_resume_and_warm_start_take_what_matches_and_refuse_the_rest(tmp_path, caplog, capsys):
   out = ["--out", str(tmp_path), *RESNET_TINY, "--epochs", "3"]
   main(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out])
@@ -240,6 +243,7 @@ def test_resume_and_warm_start_take_what_matches_and_refuse_the_rest(tmp_path, c
   assert "a real warning" in caplog.text
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_the_progress_bar_counts_steps_after_the_compiling_step(tmp_path, capsys):
   main(gpt2_wikitext.EXPERIMENT, ["--out", str(tmp_path), *[f for f in GPT2_TINY if f != "--no-progress"]])
   err = capsys.readouterr().err
@@ -257,6 +261,7 @@ def test_errors_reach_stderr_with_exit_status_1(tmp_path):
   assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_report_table_and_plot(tmp_path):
   for preset in ("baseline", "top10"):
     main(resnet_cifar10.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *RESNET_TINY])

@@ -7,6 +7,7 @@ import pytest
 from experiments import frontier
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_two_methods_table_plot_and_rerun_skips(tmp_path, capsys):
   argv = ["--steps", "4", "--train-examples", "16", "--eval-examples", "8", "--batch-size", "8",
           "--methods", "fp32,aqsgd-fw2-bw4", "--out", str(tmp_path)]
@@ -25,6 +26,7 @@ def test_two_methods_table_plot_and_rerun_skips(tmp_path, capsys):
   assert capsys.readouterr().out.count("done, skipped") == 2
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_interrupted_method_resumes(tmp_path):
   argv = ["--steps", "4", "--train-examples", "16", "--eval-examples", "8", "--methods", "bf16", "--out", str(tmp_path)]
   frontier.main([*argv[:1], "3", *argv[2:]])  # a shorter budget stands in for an interrupted run

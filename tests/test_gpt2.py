@@ -149,6 +149,7 @@ def test_stage_splits_and_errors(tmp_path):
   assert sum(int(np.prod(s)) for s in shapes) == 124_439_808  # GPT-2 small
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_dropout_only_in_training():
   cfg = gpt2.GPT2Config.tiny()
   stages = gpt2.gpt2_stages(cfg, 2)
@@ -171,6 +172,7 @@ TOKENS = jax.random.randint(jax.random.key(0), (4, 16), 0, 257)
 LM_BATCH = {"tokens": TOKENS, "id": jnp.arange(4)}
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_adamw_steps_reduce_loss_with_tied_head():
   pipe = _lm_pipe("topk:0.3", "reuse")
   opt = optax.adamw(3e-3)
@@ -185,6 +187,7 @@ def test_adamw_steps_reduce_loss_with_tied_head():
   np.testing.assert_array_equal(np.asarray(state.params[0]["wte"]), np.asarray(state.params[3]["wte"]))
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_transformer_gpipe_matches_simulate():
   pipe = dataclasses.replace(_lm_pipe("ef21+topk:0.2", "quant:8"), grad_clip_norm=1.0)
   opt = optax.sgd(0.1)

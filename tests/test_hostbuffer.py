@@ -82,6 +82,7 @@ GPT2_AQSGD = ["--preset", "aqsgd-fw2-bw4", "--steps", "2", "--batch-size", "4", 
 ROWS = "3 boundaries x 16 examples x (32, 64) float16"
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_cli_trains_with_host_buffers_and_prints_the_estimate(tmp_path, capsys):
   main(gpt2_wikitext.EXPERIMENT, [*GPT2_AQSGD, "--aqsgd-buffers", "host", "--out", str(tmp_path)])
   out = capsys.readouterr().out

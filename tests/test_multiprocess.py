@@ -115,6 +115,7 @@ def _run_processes(out_dir, argv):
   assert all(p.returncode == 0 for p in procs), report
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_two_processes_train_as_one(tmp_path):
   (tmp_path / "two").mkdir()
   _run_processes(tmp_path / "two", lambda coordinator, i: [sys.executable, __file__, coordinator, str(i),

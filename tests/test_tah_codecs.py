@@ -24,7 +24,7 @@ def test_wire_bytes_by_hand():
   assert TokenAdaptive(3, 4, 0.25).wire_bytes(shape, jnp.float32) == 256 * 32 + 768 * 24 + 1024 * 4 + 128
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(st.integers(1, 4), st.integers(1, 6), st.sampled_from([2, 4, 8, 16]), st.integers(0, 10**6),
        st.sampled_from(codecs.MAXABS_GRIDS))
 def test_group_scales_bound_the_error_of_each_group(rows, groups, g, seed, grid):
@@ -56,7 +56,7 @@ def test_fwht_is_the_orthonormal_hadamard_matrix():
   np.testing.assert_allclose(np.asarray(fwht(fwht(x))), np.asarray(x), rtol=1e-5, atol=1e-5)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(st.integers(1, 4), st.sampled_from([(8, 8), (64, 16), (48, 16), (24, None)]), st.integers(0, 10**6),
        st.sampled_from(codecs.MAXABS_GRIDS))
 def test_rotation_keeps_the_inner_error_in_2_norm(rows, features_block, seed, grid):
@@ -102,7 +102,7 @@ def test_adaptive_gives_high_bits_to_the_peakiest_tokens():
   assert np.all(err.max(1) <= bound * (1.001) + 1e-6)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(st.integers(2, 40), st.floats(0.01, 0.99), st.integers(0, 10**6), st.sampled_from(codecs.MAXABS_GRIDS))
 def test_adaptive_round_trip_bound_any_rows_and_fraction(rows, fraction, seed, grid):
   x = _x((rows, 16), seed=seed)

@@ -216,6 +216,7 @@ def test_results_files(tmp_path):
   assert [r["run"] for r in results.load(tmp_path)] == ["r1", "r2"]
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_run_cut_short_inside_epochs_resumes_exactly(tmp_path):
   """--steps may stop inside an epoch (6 batches each); resuming finishes that epoch exactly."""
   full, full_history = _fit(tmp_path / "a", 2)
@@ -370,6 +371,7 @@ def _layout_parts(state):
   return (state.step, state.rng, state.params, state.model_state, state.opt_state, state.links)
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 @pytest.mark.parametrize("stages_data", [(3, 1), (3, 2)])
 def test_checkpoint_layout_round_trips_through_gpipe(tmp_path, stages_data):
   """A simulate checkpoint placed on a (data, stage) mesh and converted back is unchanged,
@@ -390,6 +392,7 @@ def test_checkpoint_layout_round_trips_through_gpipe(tmp_path, stages_data):
   _assert_equal(_layout_parts(back), _layout_parts(saved))
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_warm_starts_and_resumes_across_executors(tmp_path):
   """simulate baseline -> GPipe warm start; GPipe (3 x 2) baseline -> simulate warm start and
   a GPipe (3 x 1) resume of it."""
@@ -408,6 +411,7 @@ def test_warm_starts_and_resumes_across_executors(tmp_path):
     _assert_equal((got.step, got.rng, got.params, got.opt_state), (saved.step, saved.rng, saved.params, saved.opt_state))
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_gpipe_resumed_run_is_bit_identical(tmp_path):
   """Through the simulate-layout checkpoint and back: params, optimizer rows, tables, keys (3 stages x 2 data,
   each example on its data shard in every epoch)."""
