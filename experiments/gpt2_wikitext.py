@@ -94,6 +94,9 @@ def assemble(config, cfg: gpt2.GPT2Config, num_train: int):
     if not 0.0 <= config["dropout"] < 1.0:
       raise ValueError(f"--dropout must be in [0, 1), got {config['dropout']}")
     cfg = dataclasses.replace(cfg, dropout=config["dropout"])
+  if not 1 <= config["stages"] <= cfg.n_layer:
+    raise ValueError(f"--stages {config['stages']}: this GPT-2 has {cfg.n_layer} blocks, so it splits into "
+                     f"1..{cfg.n_layer} stages; pass one of those (or a larger --model)")
   s, bs, shards = config["stages"], config["batch_size"], config.get("data_parallel") or 1
   steps = batching.num_batches(num_train, bs, shards) * config["epochs"]
   optimizer = optax.adamw(optax.linear_schedule(config["lr"], 0.0, steps), weight_decay=config["weight_decay"])

@@ -60,6 +60,9 @@ def assemble(config, num_train: int):
   schedule = optax.cosine_decay_schedule(config["lr"], config["cosine_epochs"] * batching.num_batches(num_train, bs, shards))
   optimizer = optax.chain(optax.add_decayed_weights(config["weight_decay"]),
                           optax.sgd(schedule, momentum=config["momentum"]))
+  if config["stages"] not in resnet.STAGE_COUNTS:
+    raise ValueError(f"--stages {config['stages']}: ResNet18 splits into {list(resnet.STAGE_COUNTS)} stages; "
+                     f"pass one of those")
   boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=num_train)
   stages = resnet.resnet18_stages(resnet.ResNet18Config(width=config["width"]), config["stages"])
   return Pipeline(stages, boundary, losses.classification, "image", config["microbatches"]), optimizer

@@ -131,6 +131,7 @@ def _tree(folder):
     (["--preset", "ef21-top10-base20", "--init-from", "OUT/nowhere"],
      "error: --init-from OUT/nowhere: no checkpoints in OUT/nowhere/ckpt; pass the folder of a baseline run"),
     (["--data-dir", "OUT/typo"], "error: CIFAR-10 --data-dir OUT/typo is not a folder"),
+    (["--stages", "3"], "error: --stages 3: ResNet18 splits into [1, 2, 4] stages; pass one of those"),
     (["--executor", "gpipe", "--data-parallel", "4"],
      "error: --executor gpipe needs 16 devices (4 stages x 4 data-parallel), found 8 cpu; on CPU, make fake devices: "
      "XLA_FLAGS=--xla_force_host_platform_device_count=16 python -m experiments.resnet_cifar10 ... (or use "
@@ -166,6 +167,7 @@ WIDTH_64 = "does not fit this model's boundary activations float32[8, 128, 64]: 
     (["--block-size", "1"], "--block-size must be at least 2, got 1"),
     (["--warmup-epochs", "-1"], "--warmup-epochs must be at least 0, got -1"),
     (["--seed", "-1"], "--seed must be an integer in 0..2^63-1, got -1"),
+    (["--stages", "100"], "--stages 100: this GPT-2 has 4 blocks, so it splits into 1..4 stages; pass one of those"),
 ])
 def test_bad_input_is_one_error_line_before_anything_is_created(tmp_path, capsys, flags, message):
   """Each is refused before the run line is printed or a folder is made (the specs by an abstract trace)."""

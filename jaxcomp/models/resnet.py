@@ -15,6 +15,7 @@ from jaxcomp.pipeline import FlaxStage
 # which of stem, layer1..4, head each stage holds, for each supported stage count
 _CUTS = {1: [("stem", 1, 2, 3, 4, "head")], 2: [("stem", 1, 2), (3, 4, "head")],
          4: [("stem", 1), (2,), (3,), (4, "head")]}
+STAGE_COUNTS = tuple(sorted(_CUTS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,6 @@ class ResNetStage(nn.Module):
 
 
 def resnet18_stages(cfg: ResNet18Config, num_stages: int = 4) -> tuple[FlaxStage, ...]:
-  if num_stages not in _CUTS:
-    raise ValueError(f"ResNet18 splits into {sorted(_CUTS)} stages, got num_stages={num_stages!r}")
+  if num_stages not in STAGE_COUNTS:
+    raise ValueError(f"ResNet18 splits into {list(STAGE_COUNTS)} stages, got num_stages={num_stages!r}")
   return tuple(FlaxStage(ResNetStage(cfg, parts)) for parts in _CUTS[num_stages])
