@@ -219,6 +219,11 @@ def check_run_folder(config: dict, run_dir: pathlib.Path):
   if saved and not config.get("resume"):
     raise ValueError(f"run {config['run_name']!r} already has checkpoints in {run_dir / 'ckpt'} (epochs {saved}); "
                      "add --resume to continue it, or give this run another --run-name (nothing was overwritten)")
+  if config.get("resume"):
+    unreadable = train.unreadable_epochs(run_dir / "ckpt")
+    if len(unreadable) == len(saved):
+      raise ValueError(corrupt_checkpoint_advice(config, run_dir, checkpoint.CorruptCheckpointError(
+          f"no intact checkpoint in {run_dir / 'ckpt'} (epochs {saved}): " + "; ".join(unreadable.values()))))
   if config.get("init_epoch") and not config.get("resume"):
     baseline = pathlib.Path(config["init_from"]) / "ckpt"
     epochs = train.saved_epochs(baseline)
@@ -228,6 +233,10 @@ def check_run_folder(config: dict, run_dir: pathlib.Path):
     if config["init_epoch"] not in epochs:
       raise ValueError(f"--init-from {config['init_from']} has checkpoints of epochs {epochs}, not of --init-epoch "
                        f"{config['init_epoch']}; pass one of those or train the baseline further")
+    unreadable = train.unreadable_epochs(baseline)
+    if config["init_epoch"] in unreadable:
+      raise ValueError(corrupt_checkpoint_advice(config, run_dir, checkpoint.CorruptCheckpointError(
+          unreadable[config["init_epoch"]])))
 
 
 def check_resumed_config(config: dict, results_file: pathlib.Path):

@@ -127,7 +127,7 @@ class Checkpointer:
     if epoch not in self.manager.all_steps():
       raise FileNotFoundError(f"no checkpoint for epoch {epoch} in {self.directory}; saved epochs: {self.epochs()}")
     like = to_host(like)
-    meta = self._meta(epoch)
+    meta = self.meta(epoch)
     targets = {"model": _model(like)}
     if not model_only:
       saved_host = "host" in meta["arrays"]
@@ -157,8 +157,9 @@ class Checkpointer:
       return like
     return self._arrays(epoch, {"executor": like}, meta)["executor"]
 
-  def _meta(self, epoch):
-    """The JSON meta of `epoch`; CorruptCheckpointError if it is unreadable or lacks the array list."""
+  def meta(self, epoch):
+    """The JSON meta of `epoch` (cheap: no arrays are read); CorruptCheckpointError if it is unreadable
+    or lacks the array list."""
     try:
       meta = self.manager.restore(epoch, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
     except Exception as err:  # noqa: BLE001 - any failure to read the file is corruption

@@ -188,6 +188,23 @@ def saved_epochs(checkpoint_dir) -> list[int]:
     ckpt.close()
 
 
+def unreadable_epochs(checkpoint_dir) -> dict[int, str]:
+  """{epoch: why} for each checkpoint in `checkpoint_dir` whose meta does not read back, newest first: the
+  check a run makes before it starts (arrays are checked against their checksums when restored)."""
+  if not distributed.main_process_value(pathlib.Path(checkpoint_dir).is_dir()):
+    return {}
+  ckpt, bad = Checkpointer(checkpoint_dir), {}
+  try:
+    for epoch in sorted(ckpt.epochs(), reverse=True):
+      try:
+        ckpt.meta(epoch)
+      except checkpoint.CorruptCheckpointError as err:
+        bad[epoch] = str(err)
+    return bad
+  finally:
+    ckpt.close()
+
+
 def first_sentence(err: Exception) -> str:
   """The error's first sentence (Orbax appends advice that does not apply to a wrong warm start)."""
   return re.split(r"(?<=\.)\s", str(err).strip(), maxsplit=1)[0]

@@ -193,6 +193,7 @@ def test_an_out_folder_the_os_refuses_is_one_error_line(tmp_path, capsys):
 def test_resume_and_warm_start_take_what_matches_and_refuse_the_rest(tmp_path, caplog, capsys):
   out = ["--out", str(tmp_path), *RESNET_TINY, "--epochs", "3"]
   main(resnet_cifar10.EXPERIMENT, ["--preset", "baseline", *out])
+  capsys.readouterr()
   damaged = tmp_path / "damaged"
   for folder in ("baseline", "results"):
     shutil.copytree(tmp_path / folder, damaged / folder)
@@ -209,7 +210,9 @@ def test_resume_and_warm_start_take_what_matches_and_refuse_the_rest(tmp_path, c
                                               str(damaged), "--init-from", str(damaged / "baseline")]).startswith(
       f"error: --init-from {damaged / 'baseline'}: the checkpoint of epoch 1 in {damaged / 'baseline' / 'ckpt'} is "
       "corrupt: its meta does not read back (JSONDecodeError); train the baseline again, or warm-start from another")
-  errors = capsys.readouterr().err
+  printed = capsys.readouterr()
+  assert printed.out == ""  # refused before the run line
+  errors = printed.err
   assert "Failed to json parse" not in caplog.text + errors  # Orbax's ERROR for what we handle
   assert _tree(damaged / "baseline") == kept and sorted(p.name for p in damaged.iterdir()) == ["baseline", "results"]
   before = _tree(tmp_path)
