@@ -15,6 +15,7 @@ import os
 import pathlib
 import re
 import sys
+import warnings
 from typing import Callable
 
 import jax
@@ -359,19 +360,29 @@ def corrupt_checkpoint_advice(config: dict, run_dir: pathlib.Path, err: checkpoi
           "--init-epoch it saved")
 
 
+def one_line_warning(message, category, filename, lineno, file=None, line=None):
+  """`warnings.showwarning` for the CLIs: jaxcomp's own warnings as one `warning:` line, others as usual."""
+  if pathlib.Path(filename).resolve().is_relative_to(pathlib.Path(train.__file__).resolve().parent):
+    print("warning: " + " ".join(str(message).split()), file=file or sys.stderr)
+  else:
+    (file or sys.stderr).write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def main(exp: Experiment, argv=None):
   args = parser_for(exp).parse_args(argv)
   if args.list_presets:
     for name, overrides in exp.presets.items():
       print(f"{name:24s} {overrides}")
     return None
-  try:
-    if args.compile_for:
-      targets.prepare_host(targets.target(args.compile_for))  # before any backend starts
-      if not compile_run(exp, resolve(exp, args)).fits:
-        sys.exit(1)
-      return None
-    distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-    return run(exp, resolve(exp, args))
-  except (ValueError, OSError, RuntimeError, train.NonFiniteLossError, lock.FolderInUseError) as err:  # fixable
-    sys.exit("error: " + " ".join(str(err).split()))
+  with warnings.catch_warnings():
+    warnings.showwarning = one_line_warning
+    try:
+      if args.compile_for:
+        targets.prepare_host(targets.target(args.compile_for))  # before any backend starts
+        if not compile_run(exp, resolve(exp, args)).fits:
+          sys.exit(1)
+        return None
+      distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+      return run(exp, resolve(exp, args))
+    except (ValueError, OSError, RuntimeError, train.NonFiniteLossError, lock.FolderInUseError) as err:  # fixable
+      sys.exit("error: " + " ".join(str(err).split()))

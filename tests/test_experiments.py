@@ -275,3 +275,15 @@ def test_report_table_and_plot(tmp_path):
   table = (tmp_path / "results" / "report.md").read_text()
   assert "| top10 |" in table and "| 75.89 | 91.87 |" in table
   assert (tmp_path / "results" / "curves.png").stat().st_size > 10_000
+
+
+def test_jaxcomp_warnings_are_one_line_in_the_clis(capsys):
+  import io
+  from experiments.common import one_line_warning
+  from jaxcomp import train
+  ours, theirs = io.StringIO(), io.StringIO()
+  one_line_warning(UserWarning("the checkpoint of epoch 2 is corrupt;\n  trying the previous"), UserWarning,
+                   train.__file__, 1, ours)
+  one_line_warning(UserWarning("from elsewhere"), UserWarning, json.__file__, 7, theirs)
+  assert ours.getvalue() == "warning: the checkpoint of epoch 2 is corrupt; trying the previous\n"
+  assert theirs.getvalue().startswith(f"{json.__file__}:7: UserWarning: from elsewhere")
