@@ -24,10 +24,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxcomp import boundary as boundary_mod, layout, packing, pipeline as pl
-from jaxcomp.boundary import LinkState, Mode, Transport
+from jaxcomp import pipeline as pl
+from jaxcomp.compress import boundary as boundary_mod
+from jaxcomp.compress import packing
+from jaxcomp.compress.boundary import LinkState, Mode, Transport
+from jaxcomp.parallel import layout
+from jaxcomp.parallel.mesh import DATA, STAGE
 
-STAGE, DATA = "stage", "data"
 REMAT = ("stage", "none")
 SCHEDULES = ("gpipe", "1f1b", "1f1b-fused")
 
