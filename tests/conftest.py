@@ -1,5 +1,16 @@
-"""Test setup: 8 fake CPU devices so 2-8 stage pipelines run without an accelerator."""
+"""Test setup: 8 fake CPU devices so 2-8 stage pipelines run without an accelerator, and XLA:CPU
+compiling without LLVM's expensive passes: the suite's time is mostly compiling small programs
+(docs/tests.md). Subprocesses that compare their numbers with this process take the same flags
+(`subprocess_xla_flags`)."""
 import os
+import re
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {FAST_COMPILE}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def subprocess_xla_flags(devices: int) -> str:
+  """This process's XLA_FLAGS with `devices` fake CPU devices."""
+  others = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", "")).split()
+  return " ".join([f"--xla_force_host_platform_device_count={devices}", *others])

@@ -45,7 +45,9 @@ def _on_device():
   return state
 
 
-@pytest.mark.parametrize("prefetch, memmap", [(True, False), (False, False), (True, True)])
+# prefetch + memmap by default; the other two ways with -m slow
+@pytest.mark.parametrize("prefetch, memmap", [pytest.param(True, False, marks=pytest.mark.slow),
+                                              pytest.param(False, False, marks=pytest.mark.slow), (True, True)])
 def test_host_buffers_are_bit_identical_to_device_tables(tmp_path, prefetch, memmap):
   expected = _on_device()
   pipe = _pipe(B)

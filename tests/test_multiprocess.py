@@ -17,6 +17,8 @@ import time
 import numpy as np
 import pytest
 
+from conftest import subprocess_xla_flags  # noqa: I001 - tests/ is on the path (pytest, and as a script)
+
 PROCESSES, LOCAL_DEVICES, STAGES, DATA = 2, 4, 4, 2
 N = B = 16  # one step per epoch: each epoch's train loss is one step's loss
 TIMEOUT_S = 240
@@ -94,7 +96,7 @@ def _run_processes(out_dir, argv):
   """Runs `argv(coordinator, i)` as process i of PROCESSES on loopback, each with LOCAL_DEVICES
   CPU devices and its output in out_dir/worker{i}.log; kills them at TIMEOUT_S; asserts all exit 0."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(pathlib.Path(__file__).parents[1]),
-         "XLA_FLAGS": f"--xla_force_host_platform_device_count={LOCAL_DEVICES}"}
+         "XLA_FLAGS": subprocess_xla_flags(LOCAL_DEVICES)}
   coordinator = f"127.0.0.1:{_free_port()}"
   logs = [open(out_dir / f"worker{i}.log", "w") for i in range(PROCESSES)]
   procs = [subprocess.Popen(argv(coordinator, i), env=env, stdout=logs[i], stderr=subprocess.STDOUT)
@@ -153,7 +155,7 @@ def test_cli_runs_on_two_processes(tmp_path):
   _run_processes(two, lambda coordinator, i: [sys.executable, *CLI, "--out", str(two), "--coordinator", coordinator,
                                              "--num-processes", str(PROCESSES), "--process-id", str(i)])
   assert sorted(p.name for p in (two / "results").iterdir()) == ["r.csv", "r.json", "r.md"]
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": subprocess_xla_flags(8)}
   subprocess.run([sys.executable, *CLI, "--out", str(one)], env=env, check=True, timeout=TIMEOUT_S,
                  capture_output=True)
   runs = [json.loads((run / "results" / "r.json").read_text())["history"] for run in (two, one)]

@@ -26,7 +26,7 @@ def _pipe(fwd="none", bwd="none", m=2, stages=3):
 def test_uncompressed_microbatched_equals_whole_model_gradient():
   pipe = _pipe(m=4)
   state = jaxcomp.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
-  loss, _, _, grads, _ = simulate.loss_and_grads(pipe, state, BATCH)
+  loss, _, _, grads, _ = jax.jit(lambda st, b: simulate.loss_and_grads(pipe, st, b))(state, BATCH)  # one compile
 
   def whole(params):
     x = BATCH["x"]
@@ -34,7 +34,7 @@ def test_uncompressed_microbatched_equals_whole_model_gradient():
       x = stage.apply(p, {}, x, train=True, rng=jax.random.key(0))[0]
     return jaxcomp.losses.classification(x, BATCH)[0]
 
-  ref_loss, ref_grads = jax.value_and_grad(whole)(state.params)
+  ref_loss, ref_grads = jax.jit(jax.value_and_grad(whole))(state.params)
   np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-6)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7),
                grads, ref_grads)
@@ -44,7 +44,7 @@ def test_every_microbatch_slot_gets_its_own_ef_rows():
   pipe = _pipe("ef+topk:0.2", "ef21+quant:2", m=4)
   state = jaxcomp.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
   assert state.links[0].fwd_send.error.shape == (16, 16)  # one row per batch slot
-  _, _, _, _, links = simulate.loss_and_grads(pipe, state, BATCH)
+  _, _, _, _, links = jax.jit(lambda st, b: simulate.loss_and_grads(pipe, st, b))(state, BATCH)
   per_microbatch = lambda a: np.abs(np.asarray(a)).reshape(4, -1).max(axis=1)  # 4 slots x 4 rows
   for link in links:
     assert np.all(per_microbatch(link.fwd_send.error) > 0)
@@ -137,7 +137,7 @@ def test_microbatches_and_stages_draw_different_dropout_masks():
   pipe = jaxcomp.Pipeline(stages, jaxcomp.parse_boundary("none", "none"),
                           lambda y, mb: (jnp.mean(y), {}), "x", microbatches=2)
   state = simulate.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
-  _, _, model_state, _, _ = simulate.loss_and_grads(pipe, state, BATCH)
+  _, _, model_state, _, _ = jax.jit(lambda st, b: simulate.loss_and_grads(pipe, st, b))(state, BATCH)
   masks = [np.asarray(ms["record"]["masks"]) for ms in model_state]  # [microbatch 0, 1] per stage
   for m in masks:
     assert not np.array_equal(m[0], m[1])  # each microbatch its own mask

@@ -85,6 +85,7 @@ def test_resumed_run_is_bit_identical(tmp_path):
   assert float(np.abs(np.asarray(resumed.links[0].fwd_send.buffer)).max()) > 0  # AQ-SGD state came back
 
 
+@pytest.mark.slow  # test_hostbuffer.py checks the same bit identity by default
 def test_host_tables_train_bit_identical_to_device_tables(tmp_path, device_run, monkeypatch):
   calls = []  # (ids, next_ids) of every host-buffered step
   call = hostbuffer.HostBufferedStep.__call__
@@ -104,7 +105,7 @@ def test_host_tables_train_bit_identical_to_device_tables(tmp_path, device_run, 
       assert next_ids is None
 
 
-@pytest.mark.parametrize("memmap", [False, True])
+@pytest.mark.parametrize("memmap", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_resumed_host_buffered_run_is_bit_identical(tmp_path, device_run, memmap):
   """Killed after the warm-up epoch and resumed in a new process: ends as the uninterrupted run (which the
   test above shows equal to the device-table run)."""
