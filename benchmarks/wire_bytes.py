@@ -20,7 +20,7 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
 import jaxcomp  # noqa: E402
-from jaxcomp import spec  # noqa: E402
+from jaxcomp.compress import spec  # noqa: E402
 from jaxcomp.compress import codecs
 from jaxcomp.parallel import sharded
 from jaxcomp.parallel.qadam import QuantizedAdam  # noqa: E402
