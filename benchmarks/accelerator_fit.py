@@ -19,7 +19,7 @@ import pathlib
 import time
 
 from experiments import common, gpt2_wikitext, resnet_cifar10
-from jaxcomp import dryrun, targets
+from jaxcomp.runtime import dryrun, targets
 
 MODELS = {  # name -> (experiment, argv of the run)
     "resnet18": (resnet_cifar10.EXPERIMENT, ["--recipe", "paper"]),

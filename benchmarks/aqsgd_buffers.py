@@ -13,9 +13,9 @@ import optax
 
 import jaxcomp
 from benchmarks.common import gpt2_config, gpt2_parser, ratio_table
-from jaxcomp import hostbuffer, simulate
 from jaxcomp.data import batching
 from jaxcomp.models import gpt2
+from jaxcomp.parallel import hostbuffer, simulate
 
 
 def main(argv=None):

@@ -21,7 +21,6 @@ current weights, a fresh dropout draw) and m = m(xi) the buffer row:
 The buffer pays where aq error < direct err. Values are means over the boundaries (the
 per-boundary ones go to --json). Prints one markdown row per epoch.
 """
-import argparse
 import dataclasses
 import json
 import sys
@@ -31,9 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import common, gpt2_wikitext
-from jaxcomp import simulate, train
-from jaxcomp.boundary import Mode
-from jaxcomp.feedback import AQSGD
+from jaxcomp.compress.boundary import Mode
+from jaxcomp.compress.schemes import AQSGD
+from jaxcomp.parallel import simulate
+from jaxcomp.runtime import train
 
 DEFAULTS = ["--fwd", "aqsgd+maxabs:2:stoch", "--bwd", "maxabs:4:stoch", "--warmup-epochs", "1", "--epochs", "6",
             "--train-examples", "256", "--eval-examples", "128", "--batch-size", "8"]

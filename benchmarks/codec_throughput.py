@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.common import median_seconds
-from jaxcomp import codecs, spec
+from jaxcomp.compress import codecs, spec
 
 SPECS = ["bf16", "fp8:scaled", "fp8:scaled:channel", "quant:2", "quant:4", "quant:8", "maxabs:2",
          "maxabs:2:grid=zero:clip=1", "maxabs:3", "maxabs:4", "maxabs:4:stoch", "topk:0.1", "topk:0.1:sort",

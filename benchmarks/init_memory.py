@@ -25,8 +25,8 @@ import numpy as np
 import optax
 
 import jaxcomp
-from jaxcomp import gpipe, layout
 from jaxcomp.models import gpt2
+from jaxcomp.parallel import layout, sharded
 
 MiB = 2**20
 
@@ -66,7 +66,7 @@ def projection(pipe, optimizer, batch) -> dict:
 
 def measure_toy(pipe, optimizer, batch) -> dict:
   """Per-device bytes of GPipe's sharded state, runtime peaks if reported, whole-model init's peak."""
-  ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages))
+  ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages))
   state = jax.block_until_ready(ex.init_state(pipe, optimizer, jax.random.key(1), batch))
   per_device = bytes_per_device(state)
   peaks = [d.memory_stats() for d in ex.mesh.devices.flat]

@@ -17,9 +17,9 @@ import optax
 
 import jaxcomp
 from benchmarks.common import median_seconds
-from jaxcomp import gpipe, simulate
 from jaxcomp.models import gpt2
 from jaxcomp.models.mlp import mlp_stages
+from jaxcomp.parallel import sharded, simulate
 
 MiB = 2**20
 
@@ -47,7 +47,7 @@ def measure(executor: str, pipe, batch, repeats: int, remat: str) -> dict:
     start = time.perf_counter()
     compiled = simulate.make_train_step(pipe, opt).lower(state, batch).compile()
   else:
-    ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages), remat=remat, schedule=executor)
+    ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages), remat=remat, schedule=executor)
     state = ex.init_state(pipe, opt, jax.random.key(1), batch)
     start = time.perf_counter()
     compiled = ex.lowered(pipe, opt, state, batch).compile()
@@ -68,8 +68,8 @@ def main(argv=None):
   parser.add_argument("--model", choices=["gpt2", "mlp"], default="gpt2")
   parser.add_argument("--stages", default="2,4,8", help="comma-separated stage counts")
   parser.add_argument("--microbatches", default="2,4,8,16,32,64", help="comma-separated microbatch counts")
-  parser.add_argument("--executors", default=",".join(("simulate", *gpipe.SCHEDULES)),
-                      help=f"comma-separated: simulate and any of gpipe.SCHEDULES ({', '.join(gpipe.SCHEDULES)})")
+  parser.add_argument("--executors", default=",".join(("simulate", *sharded.SCHEDULES)),
+                      help=f"comma-separated: simulate and any of sharded.SCHEDULES ({', '.join(sharded.SCHEDULES)})")
   parser.add_argument("--mb-size", type=int, default=2, help="examples per microbatch")
   parser.add_argument("--seq", type=int, default=32, help="GPT-2 sequence length")
   parser.add_argument("--fwd", default="quant:4")

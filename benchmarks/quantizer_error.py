@@ -18,7 +18,8 @@ import argparse
 import jax
 import numpy as np
 
-from jaxcomp import codecs, spec
+from jaxcomp.compress import codecs, spec
+
 
 def authors_quantizer(x: np.ndarray, bits: int) -> np.ndarray:
   """The AQ-SGD authors' max-abs quantizer (SPEC.md formula): fp16 scales, codes -2^(B-1)..2^(B-1)-1."""

@@ -10,7 +10,7 @@ For every method (its name in the frontier / GPT-2 presets), and again with Quan
 2. bytes per message come from the boundary's `wire_bytes`, the data-parallel exchange of each stage from
    `dataparallel.exchange_bytes` (fp32 gradients: dense ring all-reduce; QuantizedAdam: all-gather of the
    compressed first moment, `--dp-scheme`);
-3. `jaxcomp.netsim` simulates one step on `--schedule` at each bandwidth.
+3. `jaxcomp.parallel.netsim` simulates one step on `--schedule` at each bandwidth.
 `x fp32` is over fp32 with the dense exchange at the same bandwidth; the critical path's shares (compute / link
 / exchange) say which term dominates the step. AQ-SGD rows are its steady state (after the
 dense warm-up epoch), QuantizedAdam's after its dense warm-up. The paper's column holds its reported figures
@@ -25,8 +25,10 @@ import optax
 import jaxcomp
 from benchmarks.common import gpt2_config, gpt2_parser, median_seconds, select
 from experiments import frontier, gpt2_wikitext, paper
-from jaxcomp import dataparallel, netsim, pipeline as pl, schedule, spec
+from jaxcomp import pipeline as pl
+from jaxcomp.compress import spec
 from jaxcomp.models import gpt2
+from jaxcomp.parallel import dataparallel, netsim, schedule
 
 # The stateless quantizer of the README's frontier table with the fewest bytes among those that learn
 # (192 B/token, eval loss 2.617 vs fp32's 2.576).

@@ -2,7 +2,7 @@
 
 `python -m benchmarks.topk_selection [--shape 8,98304] [--repeats 7]`
 Per row of F features, k = K*F entries of largest |x|. Table 1: selection alone (positions
-of the k entries): threshold (`jaxcomp.selection`), `lax.top_k`, `lax.approx_max_k`, NumPy
+of the k entries): threshold (`jaxcomp.compress.selection`), `lax.top_k`, `lax.approx_max_k`, NumPy
 `argpartition` on the host, and an inexact sampled threshold (|x| >= a sample quantile; its
 count varies); recall = fraction of the exact set returned, kept/k = entries kept per k. Table 2:
 the topk codec's encode+decode with each `select=`, and the path before this change
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import median_seconds
-from jaxcomp import codecs, packing, selection
+from jaxcomp.compress import codecs, packing, selection
 
 
 def numpy_argpartition(a, k):

@@ -20,8 +20,10 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
 import jaxcomp  # noqa: E402
-from jaxcomp import codecs, gpipe, spec  # noqa: E402
-from jaxcomp.qadam import QuantizedAdam  # noqa: E402
+from jaxcomp.compress import spec  # noqa: E402
+from jaxcomp.compress import codecs
+from jaxcomp.parallel import sharded
+from jaxcomp.parallel.qadam import QuantizedAdam  # noqa: E402
 
 SCHEME_SPECS = ["none", "bf16", "fp16", "quant:2", "quant:4", "quant:8", "maxabs:2", "maxabs:4",
                 "maxabs:4:tensor", "topk:0.5", "topk:0.1", "topk:0.02", "randk:0.1", "ef+topk:0.1",
@@ -67,7 +69,7 @@ def _toy_gpt2(batch, seq, microbatches, fwd="none", bwd="none"):
 def pipeline_table(batch=8, seq=64, microbatches=2) -> str:
   """Markdown table of bytes per step read from the compiled GPipe program's HLO."""
   opt = optax.sgd(0.1)
-  ex = gpipe.GPipe(gpipe.make_mesh(4))
+  ex = sharded.ShardedExecutor(sharded.make_mesh(4))
   lines = ["| config | fwd bytes/step | bwd bytes/step | predicted (fwd, bwd) | total / fp32 |",
            "|---|---:|---:|---:|---:|"]
   dense_total = None
@@ -91,7 +93,7 @@ def data_parallel_table(batch=8, seq=64, microbatches=2) -> str:
   lines = ["| exchange | all-gather bytes/step | predicted | / fp32 momentum |", "|---|---:|---:|---:|"]
   dense = None
   for name, (opt, scheme) in DATA_PARALLEL_CONFIGS.items():
-    ex = gpipe.GPipe(gpipe.make_mesh(4, data=2), spec.parse_scheme(scheme))
+    ex = sharded.ShardedExecutor(sharded.make_mesh(4, data=2), spec.parse_scheme(scheme))
     state = ex.init_state(pipe, opt, jax.random.key(1), data)
     sent = ex.collective_bytes(ex.compiled_text(pipe, opt, state, data))["data"]
     dense = dense or sent  # the first row

@@ -20,11 +20,20 @@ from typing import Callable
 
 import jax
 
-from jaxcomp import checkpoint, distributed, dryrun, gpipe, hostbuffer, lock, pipeline as pl, results, simulate
-from jaxcomp import targets, train
-from jaxcomp.boundary import Reuse
-from jaxcomp.feedback import AQSGD
-from jaxcomp.spec import parse_boundary, parse_scheme
+from jaxcomp import pipeline as pl
+from jaxcomp.compress.boundary import Reuse
+from jaxcomp.compress.schemes import AQSGD
+from jaxcomp.compress.spec import parse_boundary, parse_scheme
+from jaxcomp.parallel import hostbuffer, sharded, simulate
+from jaxcomp.runtime import (
+  checkpoint,
+  distributed,
+  dryrun,
+  lock,
+  results,
+  targets,
+  train,
+)
 
 COMMON_FLAGS = {  # flag -> (type, help); defaults come from the recipe
     "fwd": (str, "forward (activation) compression spec, e.g. quant:4, topk:0.1, aqsgd+topk:0.5"),
@@ -75,7 +84,7 @@ def parser_for(exp: Experiment) -> argparse.ArgumentParser:
   for flag, (kind, text) in COMMON_FLAGS.items():
     p.add_argument("--" + flag.replace("_", "-"), type=kind, help=text)
   p.add_argument("--executor", choices=["simulate", "gpipe"], help="one device, or stages across devices")
-  p.add_argument("--schedule", choices=list(gpipe.SCHEDULES),
+  p.add_argument("--schedule", choices=list(sharded.SCHEDULES),
                  help="gpipe executor's tick schedule: gpipe (default), 1f1b (at most S microbatch inputs per "
                       "stage) or 1f1b-fused (at most 2S-1, fewer ticks)")
   p.add_argument("--aqsgd-buffers", metavar="device|host|DIR",
@@ -156,9 +165,9 @@ def executor_for(config: dict, num_stages: int):
   """simulate or a GPipe (its flags checked now). AQ-SGD tables off the device get their executor from
   `hostbuffer.HostBuffered.for_pipeline` in `run`, once their folder is locked (it creates them)."""
   if config.get("executor", "simulate") == "simulate":
-    return simulate
+    return simulate.Simulate()
   grad = config.get("grad_compression")
-  return gpipe.GPipe(gpipe.make_mesh(num_stages, config.get("data_parallel") or 1),
+  return sharded.ShardedExecutor(sharded.make_mesh(num_stages, config.get("data_parallel") or 1),
                      parse_scheme(grad) if grad else None, schedule=config.get("schedule") or "gpipe")
 
 

@@ -20,11 +20,12 @@ import numpy as np
 import optax
 
 from experiments import common
-from jaxcomp import losses, train
+from jaxcomp import losses
+from jaxcomp.compress.spec import parse_boundary
 from jaxcomp.data import batching, text
 from jaxcomp.models import gpt2, gpt2_weights
 from jaxcomp.pipeline import Pipeline
-from jaxcomp.spec import parse_boundary
+from jaxcomp.runtime import train
 
 PAPER = dict(fwd="none", bwd="none", epochs=4, batch_size=8, microbatches=1, stages=4, lr=5e-5, seed=0,
              weight_decay=0.0, grad_clip=1.0, model="small", pretrained=None, block_size=1024, tokenizer="gpt2")

@@ -24,7 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments import common, paper  # noqa: E402
-from jaxcomp import results  # noqa: E402
+from jaxcomp.runtime import results  # noqa: E402
 
 PAPERS = {  # reported numbers, metric, its label, scale, names of the two reported columns
     "resnet": (paper.RESNET, "accuracy", "test acc %", 100.0, ("paper off", "paper on")),

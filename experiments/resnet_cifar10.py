@@ -14,11 +14,12 @@ import numpy as np
 import optax
 
 from experiments import common
-from jaxcomp import losses, train
+from jaxcomp import losses
+from jaxcomp.compress.spec import parse_boundary
 from jaxcomp.data import batching, cifar10
 from jaxcomp.models import resnet
 from jaxcomp.pipeline import Pipeline
-from jaxcomp.spec import parse_boundary
+from jaxcomp.runtime import train
 
 PAPER = dict(fwd="none", bwd="none", epochs=100, batch_size=100, microbatches=1, stages=4, lr=0.01, seed=0,
              momentum=0.9, weight_decay=5e-4, cosine_epochs=200, width=64, data_source="auto", data_dir=None)

@@ -1,15 +1,29 @@
 """jaxcomp: compressed activations and activation-gradients for pipeline training.
 
-Layers: codecs (stateless C) -> feedback (EF, EF21, EF-mixed, AQ-SGD state) -> boundary
-(custom_vjp op per stage boundary) -> executors (simulate; gpipe across devices).
+Layers, data flowing down:
+  compress/  the papers' math: packing, codecs C (quantizers, TopK), rotation, adaptive bits,
+             schemes (EF, EF21, EF-mixed, AQ-SGD state), the custom_vjp boundary, spec strings
+  pipeline, losses  the core: stages, boundaries between them, the train state
+  parallel/  executing a pipeline: simulate (one device), the sharded executor (stages across
+             devices, GPipe / 1F1B schedules), data parallelism, QuantizedAdam, host buffers,
+             bytes and FLOPs read from compiled programs, the network simulator
+  runtime/   running experiments: train loop, checkpoints, results, locks, multi-host, dry runs
+             compiled for accelerator targets
 """
-from jaxcomp import codecs, feedback, losses, simulate
-from jaxcomp.boundary import Boundary, Mode, Reuse
-from jaxcomp.pipeline import FlaxStage, Pipeline, TrainState, init_state, wire_bytes_per_step
-from jaxcomp.spec import parse_boundary, parse_codec, parse_scheme
+from jaxcomp import losses
+from jaxcomp.compress import codecs, schemes
+from jaxcomp.compress.boundary import Boundary, Mode, Reuse
+from jaxcomp.compress.spec import parse_boundary, parse_codec, parse_scheme
+from jaxcomp.parallel import sharded, simulate
+from jaxcomp.pipeline import (
+    FlaxStage,
+    Pipeline,
+    TrainState,
+    init_state,
+    wire_bytes_per_step,
+)
 
 __all__ = [
-    "Boundary", "FlaxStage", "Mode", "Pipeline", "Reuse", "TrainState", "codecs", "feedback",
-    "init_state", "losses", "parse_boundary", "parse_codec", "parse_scheme", "simulate",
-    "wire_bytes_per_step",
+    "Boundary", "FlaxStage", "Mode", "Pipeline", "Reuse", "TrainState", "codecs", "init_state", "losses",
+    "parse_boundary", "parse_codec", "parse_scheme", "schemes", "sharded", "simulate", "wire_bytes_per_step",
 ]

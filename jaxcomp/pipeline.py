@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxcomp import feedback
-from jaxcomp.boundary import Boundary, LinkState, Mode
+from jaxcomp.compress import codecs, schemes
+from jaxcomp.compress.boundary import Boundary, LinkState, Mode
 
 
 class Stage(Protocol):
@@ -29,7 +29,11 @@ class Stage(Protocol):
 
 
 class Executor(Protocol):
-  """Runs a Pipeline's train and eval steps (`simulate`, `gpipe.GPipe`, `hostbuffer.HostBuffered`)."""
+  """Runs a Pipeline's train and eval steps (`simulate.Simulate`, `sharded.ShardedExecutor`,
+  `hostbuffer.HostBuffered`); executors subclass it and take the defaults of the optional hooks."""
+
+  mesh: Any = None  # the device mesh batches are split over (its `data` axis); None: one device
+  host_state: Any = None  # numpy arrays kept outside the train state, saved with it (AQ-SGD tables)
 
   def init_state(self, pipe: "Pipeline", optimizer, rng, batch, params=None) -> "TrainState":
     """The executor's train state for batches shaped like `batch`."""
@@ -42,6 +46,15 @@ class Executor(Protocol):
 
   def wire_bytes_per_step(self, pipe: "Pipeline", batch, mode) -> dict[str, int]:
     """Bytes one training step sends, each way (and over `data`)."""
+
+  def unstack(self, pipe: "Pipeline", optimizer, state: "TrainState", batch) -> "TrainState":
+    """The state in the simulate layout of the global `batch` (what checkpoints hold); by default the
+    executor's state is that layout."""
+    return state
+
+  def stack(self, pipe: "Pipeline", optimizer, state: "TrainState", batch) -> "TrainState":
+    """Inverse of `unstack`, placed on the executor's devices (by default the default device)."""
+    return jax.device_put(state)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +201,7 @@ def available_memory_bytes() -> int:
 def check_aqsgd_memory(boundary: Boundary, shapes, available: int | None = None):
   """Clear error before allocating AQ-SGD tables (two ends x every boundary) that cannot fit
   (`shapes`: the activation at each boundary, or a function returning them, called only for AQ-SGD)."""
-  if not isinstance(boundary.fwd, feedback.AQSGD):
+  if not isinstance(boundary.fwd, schemes.AQSGD):
     return
   shapes = shapes() if callable(shapes) else shapes
   total = sum(2 * boundary.fwd.buffer_bytes(s.shape[1:]) for s in shapes)
@@ -238,7 +251,7 @@ def init_state(pipe: Pipeline, optimizer: optax.GradientTransformation, rng, bat
 
 def uncompressed(pipe: Pipeline) -> Pipeline:
   """The same pipeline with dense tensors both ways (what warm-up epochs send)."""
-  dense = feedback.Plain(feedback._IDENTITY)
+  dense = schemes.Plain(codecs.Identity())
   return dataclasses.replace(pipe, boundary=Boundary(dense, dense, pipe.boundary.transport))
 
 

@@ -1,9 +1,17 @@
 """Every benchmark runs end to end at toy sizes and prints its table (numbers are not asserted)."""
 import pytest
 
-from benchmarks import (aqsgd_buffers, codec_throughput, quantizer_error, step_overhead, throughput_vs_bandwidth,
-                        topk_selection, wire_bytes)
-from jaxcomp import netsim, spec
+from benchmarks import (
+  aqsgd_buffers,
+  codec_throughput,
+  quantizer_error,
+  step_overhead,
+  throughput_vs_bandwidth,
+  topk_selection,
+  wire_bytes,
+)
+from jaxcomp.compress import spec
+from jaxcomp.parallel import netsim
 
 
 @pytest.mark.parametrize("module, argv, expect", [

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from jaxcomp import codecs, feedback
-from jaxcomp.boundary import Boundary, Mode, Reuse
+from jaxcomp.compress import codecs, schemes
+from jaxcomp.compress.boundary import Boundary, Mode, Reuse
 
 B, D = 4, 12
 W1 = jax.random.normal(jax.random.key(1), (D, D)) / 3
@@ -43,7 +43,7 @@ class GradientTest(parameterized.TestCase):
       (codecs.MinMaxQuant(2), codecs.MinMaxQuant(8)), (codecs.TopK(0.25), codecs.TopK(0.5)),
       (codecs.MaxAbsQuant(4), codecs.Cast("bfloat16")), (codecs.Identity(), codecs.MinMaxQuant(3)))
   def test_plain_gradient_is_compressed_true_gradient(self, fwd_c, bwd_c):
-    link = Boundary(feedback.Plain(fwd_c), feedback.Plain(bwd_c))
+    link = Boundary(schemes.Plain(fwd_c), schemes.Plain(bwd_c))
     state = link.init(B, (D,), jnp.float32)
     grads = self.variant(jax.grad(lambda w1, w2: _loss(w1, w2, link, state)[0], argnums=(0, 1)))(W1, W2)
     dw1, dw2, _ = _reference(fwd_c, bwd_c)
@@ -54,10 +54,10 @@ class GradientTest(parameterized.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_backward_ef_state_is_the_cotangent(self):
-    bwd = feedback.EF(codecs.TopK(0.25))
-    link = Boundary(feedback.Plain(codecs.Identity()), bwd)
+    bwd = schemes.EF(codecs.TopK(0.25))
+    link = Boundary(schemes.Plain(codecs.Identity()), bwd)
     state = link.init(B, (D,), jnp.float32)
-    state = state._replace(bwd_send=feedback.EFState(0.1 * jax.random.normal(jax.random.key(9), (B, D))))
+    state = state._replace(bwd_send=schemes.EFState(0.1 * jax.random.normal(jax.random.key(9), (B, D))))
     grad_fn = self.variant(jax.grad(lambda w1, s: _loss(w1, W2, link, s)[0], argnums=(0, 1)))
     dw1, new_state = grad_fn(W1, state)
     _, _, dy = _reference(lambda h: h, lambda g: g)
@@ -70,7 +70,7 @@ class GradientTest(parameterized.TestCase):
 
 def test_index_reuse_sends_gradient_on_forward_mask():
   topk = codecs.TopK(0.25)
-  link = Boundary(feedback.Plain(topk), Reuse())
+  link = Boundary(schemes.Plain(topk), Reuse())
   state = link.init(B, (D,), jnp.float32)
   h = jnp.tanh(X @ W1)
   mask = np.asarray(topk(h)) != 0
@@ -82,7 +82,7 @@ def test_index_reuse_sends_gradient_on_forward_mask():
 
 
 def test_warmup_is_dense_and_fills_aqsgd_buffer():
-  link = Boundary(feedback.AQSGD(codecs.MinMaxQuant(2), num_examples=B), feedback.Plain(codecs.MinMaxQuant(2)))
+  link = Boundary(schemes.AQSGD(codecs.MinMaxQuant(2), num_examples=B), schemes.Plain(codecs.MinMaxQuant(2)))
   state = link.init(B, (D,), jnp.float32)
   dw1, (fs, fr) = jax.grad(lambda w1: _loss(w1, W2, link, state, Mode.WARMUP), has_aux=True)(W1)
   np.testing.assert_allclose(np.asarray(dw1), np.asarray(_reference(lambda h: h, lambda g: g)[0]), rtol=1e-5, atol=1e-6)
@@ -94,7 +94,7 @@ def test_warmup_is_dense_and_fills_aqsgd_buffer():
 def test_first_visit_sends_activations_dense_and_gradients_compressed():
   """AQ-SGD's first visit: m(xi) = a at both ends, dL/dh = C_b(dL/dy) as in training."""
   bwd = codecs.MinMaxQuant(2)
-  link = Boundary(feedback.AQSGD(codecs.MinMaxQuant(2), num_examples=B), feedback.Plain(bwd))
+  link = Boundary(schemes.AQSGD(codecs.MinMaxQuant(2), num_examples=B), schemes.Plain(bwd))
   state = link.init(B, (D,), jnp.float32)
   dw1, (fs, fr) = jax.grad(lambda w1: _loss(w1, W2, link, state, Mode.FIRST_VISIT), has_aux=True)(W1)
   np.testing.assert_allclose(np.asarray(dw1), np.asarray(_reference(lambda h: h, bwd)[0]), rtol=1e-5, atol=1e-6)
@@ -104,7 +104,7 @@ def test_first_visit_sends_activations_dense_and_gradients_compressed():
 
 
 def test_eval_modes_are_stateless():
-  link = Boundary(feedback.EF21(codecs.TopK(0.25)), feedback.Plain(codecs.MinMaxQuant(8)))
+  link = Boundary(schemes.EF21(codecs.TopK(0.25)), schemes.Plain(codecs.MinMaxQuant(8)))
   state = link.init(B, (D,), jnp.float32)
   h = jnp.tanh(X @ W1)
   y, fwd_states = link(h, state, jax.random.key(0), Mode.EVAL_COMPRESSED)
@@ -116,9 +116,9 @@ def test_eval_modes_are_stateless():
 
 def test_invalid_ticks_leave_backward_state_alone():
   """A bubble call contributes zero to the backward-state cotangent, whatever the state holds."""
-  link = Boundary(feedback.Plain(codecs.Identity()), feedback.EF21(codecs.TopK(0.25)))
+  link = Boundary(schemes.Plain(codecs.Identity()), schemes.EF21(codecs.TopK(0.25)))
   state = link.init(B, (D,), jnp.float32)
-  ones = feedback.EF21State(jnp.ones((B, D)))
+  ones = schemes.EF21State(jnp.ones((B, D)))
   state = state._replace(bwd_send=ones, bwd_recv=ones)  # non-zero: an unmasked bubble would hand it back
   f = lambda s, ok: link(jnp.tanh(X @ W1), s, jax.random.key(0), Mode.TRAIN, ok, ok)[0].sum()
   valid = jax.grad(f)(state, True)
@@ -129,10 +129,10 @@ def test_invalid_ticks_leave_backward_state_alone():
 
 
 @pytest.mark.parametrize("fwd, bwd, match", [
-    (feedback.Plain(codecs.MinMaxQuant(4)), Reuse(), "index reuse needs a single TopK"),
-    (feedback.EFMixed(codecs.TopK(0.2)), Reuse(), "index reuse needs a single TopK"),
-    (feedback.Plain(codecs.TopK(0.2)), feedback.AQSGD(codecs.MinMaxQuant(4), num_examples=3), "activations only"),
-    ("topk", feedback.Plain(codecs.Identity()), "forward scheme must be a Scheme"),
+    (schemes.Plain(codecs.MinMaxQuant(4)), Reuse(), "index reuse needs a single TopK"),
+    (schemes.EFMixed(codecs.TopK(0.2)), Reuse(), "index reuse needs a single TopK"),
+    (schemes.Plain(codecs.TopK(0.2)), schemes.AQSGD(codecs.MinMaxQuant(4), num_examples=3), "activations only"),
+    ("topk", schemes.Plain(codecs.Identity()), "forward scheme must be a Scheme"),
 ])
 def test_bad_boundaries(fwd, bwd, match):
   with pytest.raises(ValueError, match=match):

@@ -7,11 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from absl.testing import parameterized
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from jaxcomp import codecs, packing, spec
-from jaxcomp.adaptive import TokenAdaptive
-from jaxcomp.rotation import Hadamard
+from jaxcomp.compress import codecs, packing, spec
+from jaxcomp.compress.adaptive import TokenAdaptive
+from jaxcomp.compress.rotation import Hadamard
 
 ALL_CODECS = [
     codecs.Identity(), codecs.Cast("bfloat16"), codecs.Cast("float16"), codecs.ScaledCast(),
@@ -415,13 +416,13 @@ def test_topk_q8_values_on_a_symmetric_grid_with_zero(fraction):
 
 @pytest.mark.parametrize("values", ["native", "bf16", "q8"])
 def test_topk_value_formats_with_index_reuse(values):
-  from jaxcomp.boundary import Boundary, Reuse
-  from jaxcomp import feedback
+  from jaxcomp.compress import schemes
+  from jaxcomp.compress.boundary import Boundary, Reuse
   x, g = _x((4, 64), seed=1), _x((4, 64), seed=2)
   topk = codecs.TopK(0.25, values=values)
   idx = topk.indices(topk.encode(x))
   sent = topk.values_at(g, idx)
-  link = Boundary(feedback.Plain(topk), Reuse())
+  link = Boundary(schemes.Plain(topk), Reuse())
   assert link.wire_bytes(x.shape, x.dtype) == (codecs.nbytes(topk.encode(x)), codecs.nbytes(sent))
   g_hat = np.asarray(topk.scatter(sent, idx))
   kept = np.asarray(codecs.TopK(0.25)(x)) != 0

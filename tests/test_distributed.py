@@ -1,7 +1,7 @@
 """Starting jax.distributed: flags checked before anything starts; clusters detected from their environment."""
 import pytest
 
-from jaxcomp import distributed
+from jaxcomp.runtime import distributed
 
 
 @pytest.mark.parametrize("env, name", [

@@ -13,9 +13,10 @@ import pytest
 
 import jaxcomp
 from experiments import common, gpt2_wikitext, resnet_cifar10
-from jaxcomp import dryrun, hlo_bytes, qadam, schedule, targets
+from jaxcomp.compress.spec import parse_codec, parse_scheme
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.spec import parse_codec, parse_scheme
+from jaxcomp.parallel import hlo_bytes, qadam, schedule
+from jaxcomp.runtime import dryrun, targets
 
 tpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                          reason="libtpu is not installed (pip install -e .[test] brings it on Linux x86-64)")

@@ -279,8 +279,9 @@ def test_report_table_and_plot(tmp_path):
 
 def test_jaxcomp_warnings_are_one_line_in_the_clis(capsys):
   import io
+
   from experiments.common import one_line_warning
-  from jaxcomp import train
+  from jaxcomp.runtime import train
   ours, theirs = io.StringIO(), io.StringIO()
   one_line_warning(UserWarning("the checkpoint of epoch 2 is corrupt;\n  trying the previous"), UserWarning,
                    train.__file__, 1, ours)

@@ -3,8 +3,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcomp import flops
 from jaxcomp.models import resnet
+from jaxcomp.parallel import flops
 
 F32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
 

@@ -12,8 +12,8 @@ from flax import serialization
 from safetensors.numpy import save_file
 
 import jaxcomp
-from jaxcomp import gpipe, simulate
 from jaxcomp.models import gpt2, gpt2_weights
+from jaxcomp.parallel import sharded, simulate
 
 HF_CONFIG = {"vocab_size": 50, "n_positions": 16, "n_embd": 16, "n_layer": 4, "n_head": 2, "resid_pdrop": 0.1}
 
@@ -192,7 +192,7 @@ def test_transformer_gpipe_matches_simulate():
   pipe = dataclasses.replace(_lm_pipe("ef21+topk:0.2", "quant:8"), grad_clip_norm=1.0)
   opt = optax.sgd(0.1)
   state = simulate.init_state(pipe, opt, jax.random.key(1), LM_BATCH)
-  ex = gpipe.GPipe(gpipe.make_mesh(4))
+  ex = sharded.ShardedExecutor(sharded.make_mesh(4))
   flat = ex.stack(pipe, opt, state, LM_BATCH)
   state, sim_metrics = simulate.make_train_step(pipe, opt)(state, LM_BATCH)
   flat, g_metrics = ex.make_train_step(pipe, opt)(flat, LM_BATCH)

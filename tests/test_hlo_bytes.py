@@ -5,8 +5,8 @@ import optax
 import pytest
 
 import jaxcomp
-from jaxcomp import hlo_bytes, simulate
 from jaxcomp.models.mlp import mlp_stages
+from jaxcomp.parallel import hlo_bytes, simulate
 
 # A TPU-style program (no known_trip_count annotation; async collective-permute; the loop counter's
 # start copied into the loop tuple), written by hand: a 4-iteration loop whose body sends f32[8,128].

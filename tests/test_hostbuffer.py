@@ -10,9 +10,10 @@ import pytest
 import jaxcomp
 from experiments import gpt2_wikitext
 from experiments.common import main
-from jaxcomp import hostbuffer, pipeline, simulate
-from jaxcomp.boundary import Mode
+from jaxcomp import pipeline
+from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
+from jaxcomp.parallel import hostbuffer, simulate
 
 N, B = 24, 8
 X = np.random.default_rng(0).normal(size=(N, 6)).astype(np.float32)

@@ -8,9 +8,9 @@ import pytest
 
 from experiments import gpt2_wikitext
 from experiments.common import main
-from jaxcomp.lock import FolderInUseError, FolderLock
+from jaxcomp.runtime.lock import FolderInUseError, FolderLock
 
-HOLD = ("import sys, time; from jaxcomp.lock import FolderLock; FolderLock(sys.argv[1], 'x').acquire(); "
+HOLD = ("import sys, time; from jaxcomp.runtime.lock import FolderLock; FolderLock(sys.argv[1], 'x').acquire(); "
         "print('held', flush=True); time.sleep(60)")
 
 

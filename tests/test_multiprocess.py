@@ -28,9 +28,9 @@ STAGGER_S = 3
 def problem():
   """(pipeline, data): a 4-stage MLP with AQ-SGD forward and EF backward, 16 examples."""
   import jaxcomp
-  from jaxcomp import train
   from jaxcomp.data import batching
   from jaxcomp.models.mlp import mlp_stages
+  from jaxcomp.runtime import train
 
   x = np.random.default_rng(0).normal(size=(N, 6)).astype(np.float32)
   arrays = {"x": x, "label": (x[:, 0] > 0).astype(np.int32)}
@@ -49,12 +49,13 @@ def run_training(checkpoint_dir) -> list[dict]:
   import jax
   import optax
 
-  from jaxcomp import gpipe, train
+  from jaxcomp.parallel import sharded
+  from jaxcomp.runtime import train
 
   pipe, data = problem()
   history = []
   for epochs, resume in ((2, False), (3, True)):
-    executor = gpipe.GPipe(gpipe.make_mesh(STAGES, DATA))
+    executor = sharded.ShardedExecutor(sharded.make_mesh(STAGES, DATA))
     cfg = train.RunConfig(epochs=epochs, warmup_epochs=1, checkpoint_dir=str(checkpoint_dir), resume=resume,
                           progress=False)
     _, part = train.fit(pipe, optax.adam(1e-2), executor, data, cfg, jax.random.key(0))
@@ -66,7 +67,7 @@ def stagger_checkpoint_check(seconds=STAGGER_S):
   """Process 1 looks for the checkpoint folder `seconds` after process 0, which creates it
   meanwhile: processes that each read the file system would disagree and issue different
   collectives (the gloo abort "Received data size doesn't match expected size")."""
-  from jaxcomp import train
+  from jaxcomp.runtime import train
   check = train.saved_epochs
   def late(checkpoint_dir):
     time.sleep(seconds)
@@ -75,7 +76,7 @@ def stagger_checkpoint_check(seconds=STAGGER_S):
 
 
 def worker(coordinator, process_id, out_dir):
-  from jaxcomp import distributed
+  from jaxcomp.runtime import distributed
   assert distributed.initialize(coordinator, PROCESSES, int(process_id)) == PROCESSES
   if process_id == "1":
     stagger_checkpoint_check()
@@ -129,7 +130,8 @@ def test_two_processes_train_as_one(tmp_path):
   import jax
   import optax
 
-  from jaxcomp import checkpoint, simulate
+  from jaxcomp.parallel import simulate
+  from jaxcomp.runtime import checkpoint
   pipe, data = problem()
   like = checkpoint.to_host(simulate.init_state(pipe, optax.adam(1e-2), jax.random.key(0), data.example_batch))
   saved = [checkpoint.Checkpointer(tmp_path / run / "ckpt").restore(3, like)[0] for run in ("one", "two")]

@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from jaxcomp import packing
+from jaxcomp.compress import packing
 
 
 @settings(max_examples=15, deadline=None)

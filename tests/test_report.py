@@ -2,7 +2,7 @@
 import pytest
 
 from experiments import gpt2_wikitext, report
-from jaxcomp import results
+from jaxcomp.runtime import results
 
 
 def test_every_aqsgd_preset_has_a_direct_twin_with_the_same_warmup():

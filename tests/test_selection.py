@@ -3,9 +3,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from jaxcomp import codecs, packing, selection
+from jaxcomp.compress import codecs, packing, selection
 
 # few distinct magnitudes so that ties are common; NaN, +-inf, -0.0 included
 VALUES = [0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 1e-3, 3e4, -3e4, np.inf, -np.inf, np.nan]

@@ -9,9 +9,10 @@ import optax
 import pytest
 
 import jaxcomp
-from jaxcomp import pipeline as pl, simulate
-from jaxcomp.boundary import Mode
+from jaxcomp import pipeline as pl
+from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
+from jaxcomp.parallel import simulate
 
 X = jax.random.normal(jax.random.key(0), (16, 8))
 BATCH = {"x": X, "label": (X[:, 0] > 0).astype(jnp.int32), "id": jnp.arange(16) + 3}

@@ -1,31 +1,31 @@
 import pytest
 
-from jaxcomp import codecs, feedback, spec
-from jaxcomp.boundary import Reuse
+from jaxcomp.compress import codecs, schemes, spec
+from jaxcomp.compress.boundary import Reuse
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("topk:0.1", feedback.Plain(codecs.TopK(0.1))),
-    ("quant:4", feedback.Plain(codecs.MinMaxQuant(4))),
-    ("quant:2:stoch", feedback.Plain(codecs.MinMaxQuant(2, stochastic=True))),
-    ("maxabs:3:tensor:stoch", feedback.Plain(codecs.MaxAbsQuant(3, "tensor", stochastic=True))),
-    ("maxabs:4:scale=fp16", feedback.Plain(codecs.MaxAbsQuant(4, scale_dtype="float16"))),
-    ("maxabs:2:clip=mse:scale=bf16", feedback.Plain(codecs.MaxAbsQuant(2, scale_dtype="bfloat16", clip="mse"))),
-    ("maxabs:2:clip=0.8", feedback.Plain(codecs.MaxAbsQuant(2, clip=0.8))),
-    ("maxabs:2:grid=midrise:clip=mse", feedback.Plain(codecs.MaxAbsQuant(2, clip="mse", grid="midrise"))),
-    ("maxabs:1:grid=midrise:stoch", feedback.Plain(codecs.MaxAbsQuant(1, stochastic=True, grid="midrise"))),
-    ("maxabs:3:grid=zero", feedback.Plain(codecs.MaxAbsQuant(3, grid="zero"))),
-    ("fp8:scaled", feedback.Plain(codecs.ScaledCast())),
-    ("fp8e5m2:scaled:channel", feedback.Plain(codecs.ScaledCast("float8_e5m2", "channel"))),
-    ("ef21+topk:0.1", feedback.EF21(codecs.TopK(0.1))),
-    ("EF+TopK:0.05:row", feedback.EF(codecs.TopK(0.05, per="row"))),
-    ("efmixed+topk:0.1", feedback.EFMixed(codecs.TopK(0.1))),
-    ("topk:0.1:sort", feedback.Plain(codecs.TopK(0.1, select="sort"))),
-    ("topk:0.2:row:threshold", feedback.Plain(codecs.TopK(0.2, per="row", select="threshold"))),
-    ("aqsgd+quant:2", feedback.AQSGD(codecs.MinMaxQuant(2), num_examples=50)),
-    ("randk:0.3", feedback.Plain(codecs.RandK(0.3))),
-    ("bf16", feedback.Plain(codecs.Cast("bfloat16"))),
-    ("none", feedback.Plain(codecs.Identity())),
+    ("topk:0.1", schemes.Plain(codecs.TopK(0.1))),
+    ("quant:4", schemes.Plain(codecs.MinMaxQuant(4))),
+    ("quant:2:stoch", schemes.Plain(codecs.MinMaxQuant(2, stochastic=True))),
+    ("maxabs:3:tensor:stoch", schemes.Plain(codecs.MaxAbsQuant(3, "tensor", stochastic=True))),
+    ("maxabs:4:scale=fp16", schemes.Plain(codecs.MaxAbsQuant(4, scale_dtype="float16"))),
+    ("maxabs:2:clip=mse:scale=bf16", schemes.Plain(codecs.MaxAbsQuant(2, scale_dtype="bfloat16", clip="mse"))),
+    ("maxabs:2:clip=0.8", schemes.Plain(codecs.MaxAbsQuant(2, clip=0.8))),
+    ("maxabs:2:grid=midrise:clip=mse", schemes.Plain(codecs.MaxAbsQuant(2, clip="mse", grid="midrise"))),
+    ("maxabs:1:grid=midrise:stoch", schemes.Plain(codecs.MaxAbsQuant(1, stochastic=True, grid="midrise"))),
+    ("maxabs:3:grid=zero", schemes.Plain(codecs.MaxAbsQuant(3, grid="zero"))),
+    ("fp8:scaled", schemes.Plain(codecs.ScaledCast())),
+    ("fp8e5m2:scaled:channel", schemes.Plain(codecs.ScaledCast("float8_e5m2", "channel"))),
+    ("ef21+topk:0.1", schemes.EF21(codecs.TopK(0.1))),
+    ("EF+TopK:0.05:row", schemes.EF(codecs.TopK(0.05, per="row"))),
+    ("efmixed+topk:0.1", schemes.EFMixed(codecs.TopK(0.1))),
+    ("topk:0.1:sort", schemes.Plain(codecs.TopK(0.1, select="sort"))),
+    ("topk:0.2:row:threshold", schemes.Plain(codecs.TopK(0.2, per="row", select="threshold"))),
+    ("aqsgd+quant:2", schemes.AQSGD(codecs.MinMaxQuant(2), num_examples=50)),
+    ("randk:0.3", schemes.Plain(codecs.RandK(0.3))),
+    ("bf16", schemes.Plain(codecs.Cast("bfloat16"))),
+    ("none", schemes.Plain(codecs.Identity())),
     ("reuse", Reuse()),
 ])
 def test_parse_scheme(text, expected):

@@ -6,10 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxcomp import codecs, feedback, spec
-from jaxcomp.adaptive import TokenAdaptive, peakiness
-from jaxcomp.boundary import Boundary, Mode
-from jaxcomp.rotation import Hadamard, fwht
+from jaxcomp.compress import codecs, schemes, spec
+from jaxcomp.compress.adaptive import TokenAdaptive, peakiness
+from jaxcomp.compress.boundary import Mode
+from jaxcomp.compress.rotation import Hadamard, fwht
+
 
 def _x(shape, dtype=jnp.float32, seed=0):
   return (jax.random.normal(jax.random.key(seed), shape) * 3 + 1).astype(dtype)
@@ -131,7 +132,7 @@ def test_adaptive_round_trip_bound_any_rows_and_fraction(rows, fraction, seed, g
 def test_specs(text, expected):
   assert spec.parse_codec(text) == expected
   assert spec.parse_scheme(text).codec == expected
-  assert spec.parse_scheme("ef21+" + text) == feedback.EF21(expected)
+  assert spec.parse_scheme("ef21+" + text) == schemes.EF21(expected)
   assert spec.parse_scheme("aqsgd+" + text, num_examples=4).codec == expected
 
 

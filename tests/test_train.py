@@ -9,10 +9,12 @@ import optax
 import pytest
 
 import jaxcomp
-from jaxcomp import checkpoint, gpipe, hostbuffer, pipeline, results, simulate, train
-from jaxcomp.checkpoint import Checkpointer
+from jaxcomp import pipeline
 from jaxcomp.data import batching
 from jaxcomp.models.mlp import mlp_stages
+from jaxcomp.parallel import hostbuffer, sharded, simulate
+from jaxcomp.runtime import checkpoint, results, train
+from jaxcomp.runtime.checkpoint import Checkpointer
 
 N, B = 48, 8
 RNG = np.random.default_rng(0)
@@ -38,7 +40,7 @@ def _pipe(fwd="aqsgd+quant:2", bwd="ef+quant:4"):
 OPT = optax.adam(1e-2)
 
 
-def _fit(tmp, epochs, resume=False, data=None, pipe=None, executor=simulate, **kw):
+def _fit(tmp, epochs, resume=False, data=None, pipe=None, executor=simulate.Simulate(), **kw):
   cfg = train.RunConfig(epochs=epochs, warmup_epochs=1, checkpoint_dir=str(tmp), resume=resume, progress=False, **kw)
   return train.fit(pipe or _pipe(), OPT, executor, data or _data(), cfg, jax.random.key(0))
 
@@ -123,7 +125,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
   written = []
   with pytest.raises(train.NonFiniteLossError, match=r"training loss is nan at epoch 2, step 1 .* epoch 1 in"):
     cfg = train.RunConfig(epochs=3, checkpoint_dir=str(tmp_path), progress=False)
-    train.fit(_pipe(), OPT, simulate, _data(poison_epoch=1), cfg, jax.random.key(0),
+    train.fit(_pipe(), OPT, simulate.Simulate(), _data(poison_epoch=1), cfg, jax.random.key(0),
               on_epoch=lambda h: written.append(results.write(tmp_path / "res", "run", {}, h)))
   assert Checkpointer(tmp_path).epochs() == [1]
   assert len(json.loads((tmp_path / "res" / "run.json").read_text())["history"]) == 1
@@ -178,15 +180,9 @@ def test_warm_start_takes_the_baselines_model(tmp_path):
                         progress=False)
   pipe = _pipe("ef21+topk:0.5", "quant:8")
   captured = {}
-  orig = simulate.init_state
 
-  class Spy:  # records the state the driver starts training from
-    init_state = staticmethod(orig)
-    wire_bytes_per_step = staticmethod(simulate.wire_bytes_per_step)
-    make_eval_step = staticmethod(simulate.make_eval_step)
-
-    @staticmethod
-    def make_train_step(pipe, opt, mode):
+  class Spy(simulate.Simulate):  # records the state the driver starts training from
+    def make_train_step(self, pipe, opt, mode):
       step = simulate.make_train_step(pipe, opt, mode)
       def first(state, batch):
         captured.setdefault("params", jax.tree.map(np.asarray, state.params))
@@ -194,7 +190,7 @@ def test_warm_start_takes_the_baselines_model(tmp_path):
         return step(state, batch)
       return first
 
-  _, history = train.fit(pipe, OPT, Spy, _data(), cfg, jax.random.key(5))
+  _, history = train.fit(pipe, OPT, Spy(), _data(), cfg, jax.random.key(5))
   assert [r["epoch"] for r in history] == [2]
   jax.tree.map(np.testing.assert_array_equal, captured["params"], jax.tree.map(np.asarray, base_state.params))
   assert not captured["estimate"].any()  # compression state starts fresh
@@ -238,7 +234,7 @@ def test_warm_start_refuses_an_unfinished_epoch(tmp_path):
   _fit(tmp_path / "base", 2, pipe=_pipe("none", "none"), steps=3)
   cfg = train.RunConfig(epochs=2, init_from=(str(tmp_path / "base"), 1), progress=False)
   with pytest.raises(ValueError, match="epoch 1 .* holds an unfinished epoch \\(3 of its batches\\)"):
-    train.fit(_pipe("none", "none"), OPT, simulate, _data(), cfg, jax.random.key(0))
+    train.fit(_pipe("none", "none"), OPT, simulate.Simulate(), _data(), cfg, jax.random.key(0))
 
 
 def test_checkpoints_of_every_keep_period_th_epoch_stay(tmp_path):
@@ -257,7 +253,7 @@ def test_aqsgd_first_visit_without_warmup_sends_the_activation(tmp_path):
   state0 = simulate.init_state(pipe, OPT, jax.random.key(0), data.example_batch)
   batch = next(data.train_batches(0))
   cfg = train.RunConfig(epochs=1, steps=1, progress=False)
-  state, history = train.fit(pipe, OPT, simulate, data, cfg, jax.random.key(0))
+  state, history = train.fit(pipe, OPT, simulate.Simulate(), data, cfg, jax.random.key(0))
   activation = pipe.stages[0].apply(state0.params[0], state0.model_state[0], batch["x"], train=True,
                                     rng=jax.random.key(0))[0]
   link = state.links[0]
@@ -382,7 +378,7 @@ def test_checkpoint_layout_round_trips_through_gpipe(tmp_path, stages_data):
   saved, _ = Checkpointer(tmp_path).restore(2, checkpoint.to_host(simulate.init_state(pipe, OPT, jax.random.key(0), batch)))
   assert np.abs(saved.links[0].fwd_send.buffer).max() > 0  # AQ-SGD rows
   assert any(np.abs(leaf).max() > 0 for leaf in jax.tree.leaves(saved.links[0][2:]))  # EF slot rows
-  ex = gpipe.GPipe(gpipe.make_mesh(*stages_data))
+  ex = sharded.ShardedExecutor(sharded.make_mesh(*stages_data))
   placed = checkpoint.executor_layout(ex, pipe, OPT, saved, batch, ex.init_state(pipe, OPT, jax.random.key(1), batch))
   if ex.data > 1:  # each data shard holds only its own examples' AQ-SGD rows
     table = np.asarray(placed.links.fwd_send.buffer)[0]
@@ -398,7 +394,7 @@ def test_warm_starts_and_resumes_across_executors(tmp_path):
   """simulate baseline -> GPipe warm start; GPipe (3 x 2) baseline -> simulate warm start and
   a GPipe (3 x 1) resume of it."""
   baseline, batch = _pipe("none", "none"), _data().example_batch
-  runs = {"sim": simulate, "gp32": gpipe.GPipe(gpipe.make_mesh(3, 2)), "gp31": gpipe.GPipe(gpipe.make_mesh(3, 1))}
+  runs = {"sim": simulate.Simulate(), "gp32": sharded.ShardedExecutor(sharded.make_mesh(3, 2)), "gp31": sharded.ShardedExecutor(sharded.make_mesh(3, 1))}
   for name in ("sim", "gp32"):
     _fit(tmp_path / name, 1, pipe=baseline, executor=runs[name])
   template = checkpoint.to_host(simulate.init_state(baseline, OPT, jax.random.key(0), batch))
@@ -416,7 +412,7 @@ def test_warm_starts_and_resumes_across_executors(tmp_path):
 def test_gpipe_resumed_run_is_bit_identical(tmp_path):
   """Through the simulate-layout checkpoint and back: params, optimizer rows, tables, keys (3 stages x 2 data,
   each example on its data shard in every epoch)."""
-  ex, data = lambda: gpipe.GPipe(gpipe.make_mesh(3, 2)), _data(shards=2)
+  ex, data = lambda: sharded.ShardedExecutor(sharded.make_mesh(3, 2)), _data(shards=2)
   full, full_history = _fit(tmp_path / "a", 2, executor=ex(), data=data)
   _fit(tmp_path / "b", 1, executor=ex(), data=data)
   resumed, history = _fit(tmp_path / "b", 2, resume=True, executor=ex(), data=data)

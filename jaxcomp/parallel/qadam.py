@@ -34,7 +34,7 @@ def _check_decay(name, value):
 
 @dataclasses.dataclass(frozen=True)
 class QuantizedAdam:
-  """Pass as the optimizer of a `gpipe.GPipe` whose `grad_scheme` compresses the momentum.
+  """Pass as the optimizer of a `sharded.ShardedExecutor` whose `grad_scheme` compresses the momentum.
 
   `learning_rate` is a float or an optax schedule of the step count; `weight_decay` is
   decoupled (optax.adamw). Only the GPipe executor can run it (it needs the data axis).
@@ -64,7 +64,7 @@ class QuantizedAdam:
   def update(self, updates, state, params=None):
     """Refuses: called by an executor that treats this as an optax optimizer."""
     raise ValueError("QuantizedAdam exchanges Adam's first moment between data-parallel replicas and only "
-                     "runs inside gpipe.GPipe(mesh, grad_scheme=...); use optax.adam with other executors")
+                     "runs inside sharded.ShardedExecutor(mesh, grad_scheme=...); use optax.adam with other executors")
 
   def local_momentum(self, grads, state):
     """m_i = b1 m + (1 - b1) g_i."""

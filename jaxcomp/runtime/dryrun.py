@@ -23,10 +23,14 @@ from typing import Any
 
 import jax
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
+from jax.sharding import NamedSharding, SingleDeviceSharding
+from jax.sharding import PartitionSpec as P
 
-from jaxcomp import feedback, flops, gpipe, hlo_bytes, hostbuffer, pipeline as pl, simulate, targets
-from jaxcomp.boundary import LinkState, Mode
+from jaxcomp import pipeline as pl
+from jaxcomp.compress import schemes
+from jaxcomp.compress.boundary import LinkState, Mode
+from jaxcomp.parallel import flops, hlo_bytes, hostbuffer, sharded, simulate
+from jaxcomp.runtime import targets
 
 EXECUTORS = ("simulate", "gpipe")
 
@@ -34,7 +38,7 @@ EXECUTORS = ("simulate", "gpipe")
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """How the run is laid out on the target's devices (the experiment CLIs' flags of the same names)."""
-  executor: str = "simulate"  # one device, or stages across devices (`gpipe.GPipe`)
+  executor: str = "simulate"  # one device, or stages across devices (`sharded.ShardedExecutor`)
   data: int = 1  # data-parallel replicas (gpipe)
   schedule: str = "gpipe"  # gpipe | 1f1b | 1f1b-fused (gpipe executor)
   grad_scheme: Any = None  # data-parallel gradient compression (gpipe)
@@ -167,7 +171,7 @@ def _compile(name, jitted, state, batch, platform: str, num_stages: int | None) 
 def _table_bytes(pipe: pl.Pipeline, links) -> int:
   """Bytes of the per-example AQ-SGD tables in a train state's links (a LinkState per boundary, or
   the sharded executor's one LinkState of stacked tables)."""
-  if not isinstance(pipe.boundary.fwd, feedback.AQSGD):
+  if not isinstance(pipe.boundary.fwd, schemes.AQSGD):
     return 0
   links = [links] if isinstance(links, LinkState) else links
   return sum(a.size * a.dtype.itemsize for link in links for a in jax.tree.leaves((link.fwd_send, link.fwd_recv)))
@@ -180,7 +184,7 @@ def compile_for(target: targets.Target, pipe: pl.Pipeline, optimizer: optax.Grad
   gives a DryRun with `error` set and `fits` False; other failures raise."""
   devices = targets.compile_only_devices(target)
   if plan.aqsgd_buffers == "host":
-    if plan.executor != "simulate" or not isinstance(pipe.boundary.fwd, feedback.AQSGD):
+    if plan.executor != "simulate" or not isinstance(pipe.boundary.fwd, schemes.AQSGD):
       raise ValueError("host AQ-SGD buffers need the simulate executor and an aqsgd+ forward spec")
     pipe = hostbuffer.device_pipeline(pipe, jax.tree.leaves(batch)[0].shape[0])
   if plan.executor == "simulate":
@@ -193,9 +197,9 @@ def compile_for(target: targets.Target, pipe: pl.Pipeline, optimizer: optax.Grad
     counted = simulate.wire_bytes_per_step(pipe, batch)
     tables = _table_bytes(pipe, state.links)
   else:
-    ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages, plan.data, devices), plan.grad_scheme, schedule=plan.schedule)
+    ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages, plan.data, devices), plan.grad_scheme, schedule=plan.schedule)
     state = ex.state_shapes(pipe, optimizer, batch)
-    batch = _abstract(batch, NamedSharding(ex.mesh, P(gpipe.DATA)))
+    batch = _abstract(batch, NamedSharding(ex.mesh, P(sharded.DATA)))
     build = {"train": lambda: ex.build_step(pipe, optimizer, Mode.TRAIN, True, state, batch),
              "eval": lambda: ex.build_step(pipe, None, Mode.EVAL_COMPRESSED, False, state, batch)}
     layout = (f"gpipe: {pipe.num_stages} stages x {plan.data} data on {pipe.num_stages * plan.data} of "

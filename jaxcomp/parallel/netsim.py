@@ -1,6 +1,6 @@
 """Timeline of one pipelined training step over slow links, on the executor's schedule.
 
-No JAX computation (the schedule's tick rule comes from `jaxcomp.schedule`). It turns
+No JAX computation (the schedule's tick rule comes from `jaxcomp.parallel.schedule`). It turns
 per-stage compute times and exact per-boundary wire bytes into a step time at a given
 link bandwidth and latency: AQ-SGD's Table 2 (throughput vs bandwidth) from single-machine
 figures.
@@ -60,7 +60,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from jaxcomp import schedule as schedule_mod
+from jaxcomp.parallel import schedule as schedule_mod
 
 Kind = Literal["fwd", "bwd", "send_fwd", "send_bwd", "exchange"]
 

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcomp import packing
-from jaxcomp.codecs import Codec, MaxAbsQuant, Payload, compiled
+from jaxcomp.compress import packing
+from jaxcomp.compress.codecs import Codec, MaxAbsQuant, Payload, compiled
 
 
 def peakiness(rows: jax.Array) -> jax.Array:

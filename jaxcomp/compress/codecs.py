@@ -10,6 +10,7 @@ Tensors are [B, ...] with a leading example axis: non-empty and real floating-po
 rounded, complex numbers would lose their imaginary part). NaN and +-inf reach the decoded
 message on every codec, compiled or not: a NaN makes its scale, range or sent row NaN.
 """
+import abc
 import dataclasses
 import functools
 import math
@@ -19,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcomp import packing, selection
+from jaxcomp.compress import packing, selection
 
 _CAST_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 
@@ -77,23 +78,26 @@ def _nan_where_nan(v, x, axis=None):
   return jnp.where(jnp.any(jnp.isnan(x), axis=axis), jnp.nan, v)
 
 
-class Codec:
-  """Base class: `__call__` is C(x) = decode(encode(x)); every subclass's `encode` first runs
-  `check_encodable` on its input."""
+class Codec(abc.ABC):
+  """The codec contract: `encode`, `decode`, `wire_bytes` (abstract); `__call__` is
+  C(x) = decode(encode(x)); every subclass's `encode` first runs `check_encodable` on its input."""
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
     if "encode" in vars(cls):
       cls.encode = _checked(vars(cls)["encode"])
 
+  @abc.abstractmethod
   def encode(self, x, key=None) -> Payload:
-    raise NotImplementedError
+    """The arrays that cross the link for `x` [B, ...] (`key`: randomness of stochastic codecs)."""
 
+  @abc.abstractmethod
   def decode(self, payload: Payload) -> jax.Array:
-    raise NotImplementedError
+    """What the receiver reconstructs from the payload alone."""
 
+  @abc.abstractmethod
   def wire_bytes(self, shape, dtype) -> int:
-    raise NotImplementedError
+    """Exact bytes of the payload of an array of `shape` and `dtype`, computed without running it."""
 
   def __call__(self, x, key=None):
     return self.decode(self.encode(x, key))
@@ -488,7 +492,7 @@ class TopK(Codec):
   the symmetric grid {-127..127} (0 included) with one fp32 scale s = max|v| per row,
   v_hat = s c / 127, |v - v_hat| <= s / 254. A row holding a NaN or +-inf sends NaN in place
   of its finite selected values (q8: a NaN scale).
-  `select`: "threshold" (counting passes + prefix-sum compaction, `jaxcomp.selection`),
+  `select`: "threshold" (counting passes + prefix-sum compaction, `jaxcomp.compress.selection`),
   "sort" (`lax.top_k`), "approx" (`lax.approx_max_k`), or "auto": the fastest measured on
   the platform the program is compiled for (`jax.lax.platform_dependent`; CPU: threshold from
   K = THRESHOLD_FROM_FRACTION_CPU up, sort below; sort elsewhere until measured).

@@ -10,7 +10,8 @@ import os
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 # Environments where jax.distributed.initialize() finds coordinator, process count and id itself.
 CLUSTER_ENVIRONMENTS = {

@@ -9,11 +9,12 @@ import optax
 import pytest
 
 import jaxcomp
-from jaxcomp import gpipe, layout, schedule as sched, simulate
-from jaxcomp.boundary import Mode
+from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
+from jaxcomp.parallel import layout, sharded, simulate
+from jaxcomp.parallel import schedule as sched
+from jaxcomp.parallel.qadam import QuantizedAdam
 from jaxcomp.pipeline import FlaxStage
-from jaxcomp.qadam import QuantizedAdam
 
 X = jax.random.normal(jax.random.key(0), (16, 8))
 BATCH = {"x": X, "label": (X[:, 0] > 0).astype(jnp.int32), "id": jnp.arange(16) + 2}
@@ -47,7 +48,7 @@ def _assert_trees_close(a, b, atol):
 
 def _compare(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.TRAIN,), atol=2e-6, schedule="gpipe"):
   sim_pipe = sim_pipe or pipe
-  ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages, data), schedule=schedule)
+  ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages, data), schedule=schedule)
   state = simulate.init_state(sim_pipe, opt, jax.random.key(1), BATCH)
   flat = ex.stack(pipe, opt, state, BATCH)
   for mode in modes:
@@ -139,7 +140,7 @@ def test_aqsgd_warmup_first_visit_and_compressed_match_simulate(schedule):
 
 def test_first_visit_step_sends_dense_activations_and_compressed_gradients():
   pipe, opt = _pipe("aqsgd+quant:2", "quant:4"), optax.sgd(0.1)
-  ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages))
+  ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages))
   flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
   sent = ex.collective_bytes(ex.compiled_text(pipe, opt, flat, BATCH, Mode.FIRST_VISIT))
   dense, train = (simulate.wire_bytes_per_step(pipe, BATCH, m) for m in (Mode.WARMUP, Mode.TRAIN))
@@ -182,7 +183,7 @@ def test_init_state_is_created_sharded_and_equals_simulate():
   tied = (((1, ("Dense_0", "kernel")), (2, ("Dense_0", "kernel"))),)
   pipe = dataclasses.replace(_pipe("ef+quant:4", "ef21+quant:4", m=2), tied=tied)
   opt = optax.adam(1e-2)
-  ex = gpipe.GPipe(gpipe.make_mesh(4, data=2))
+  ex = sharded.ShardedExecutor(sharded.make_mesh(4, data=2))
   flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
   expected = ex.stack(pipe, opt, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   _assert_trees_close(jax.random.key_data(flat.rng), jax.random.key_data(expected.rng), 0)
@@ -195,7 +196,7 @@ def test_unstack_returns_the_real_optimizer_state():
   pipe, opt = _pipe("quant:4", "quant:8"), optax.adam(1e-2)
   state = simulate.init_state(pipe, opt, jax.random.key(1), BATCH)
   state, _ = simulate.make_train_step(pipe, opt)(state, BATCH)
-  ex = gpipe.GPipe(gpipe.make_mesh(4))
+  ex = sharded.ShardedExecutor(sharded.make_mesh(4))
   back = ex.unstack(pipe, opt, ex.stack(pipe, opt, state, BATCH), BATCH)
   _assert_trees_close(back.opt_state, state.opt_state, 0)
   assert jax.tree.structure(back.opt_state) == jax.tree.structure(state.opt_state)
@@ -213,12 +214,12 @@ def test_quantized_adam_state_round_trips_through_the_simulate_layout():
   _assert_trees_close(again._replace(rng=()), state._replace(rng=()), 0)
 
 
-@pytest.mark.parametrize("name", [name if name == "1f1b-fused" else slow(name) for name in gpipe.SCHEDULES])
+@pytest.mark.parametrize("name", [name if name == "1f1b-fused" else slow(name) for name in sharded.SCHEDULES])
 def test_program_size_does_not_grow_with_microbatches(name):
   """The steady ticks are one scanned loop: M=4 and M=8 compile to as many collectives."""
   def permutes(m):
     pipe = _pipe("quant:4", "quant:8", stages=mlp_stages(16, 2, 2), m=m)
-    ex = gpipe.GPipe(gpipe.make_mesh(2), schedule=name)
+    ex = sharded.ShardedExecutor(sharded.make_mesh(2), schedule=name)
     state = ex.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
     return ex.compiled_text(pipe, optax.sgd(0.1), state, BATCH).count("collective-permute")
   assert permutes(8) == permutes(4)
@@ -229,7 +230,7 @@ def test_stage_remat_saves_less_than_no_remat():
   pipe = _pipe("quant:4", "quant:8", stages=mlp_stages(64, 2, 4, layers_per_stage=3), m=4)
   temp = {}
   for remat in ("stage", "none"):
-    ex = gpipe.GPipe(gpipe.make_mesh(4), remat=remat)
+    ex = sharded.ShardedExecutor(sharded.make_mesh(4), remat=remat)
     state = ex.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
     temp[remat] = ex.lowered(pipe, optax.sgd(0.1), state, BATCH).compile().memory_analysis().temp_size_in_bytes
   assert temp["stage"] < temp["none"]
@@ -248,7 +249,7 @@ def test_tied_parameters_and_global_norm_clipping_match_simulate():
   norm = np.sqrt(sum(float(jnp.sum(g**2)) for g in jax.tree.leaves(grads)))
   assert norm == pytest.approx(0.05, rel=1e-4)  # clipped
   np.testing.assert_array_equal(np.asarray(grads[1]["Dense_0"]["kernel"]), np.asarray(grads[2]["Dense_0"]["kernel"]))
-  ex = gpipe.GPipe(gpipe.make_mesh(4))
+  ex = sharded.ShardedExecutor(sharded.make_mesh(4))
   flat = ex.stack(pipe, opt, state, BATCH)
   sim_step, g_step = simulate.make_train_step(pipe, opt), ex.make_train_step(pipe, opt)
   for _ in range(2):
@@ -273,7 +274,7 @@ def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages, m, sche
   """Every schedule, also with M large enough that the steady ticks run in a scanned loop."""
   pipe = _pipe(fwd, bwd, stages=stages, m=m)
   opt = optax.sgd(0.1)
-  ex = gpipe.GPipe(gpipe.make_mesh(pipe.num_stages), schedule=schedule)
+  ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages), schedule=schedule)
   flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
   sent = ex.collective_bytes(ex.compiled_text(pipe, opt, flat, BATCH))
   expected = jaxcomp.wire_bytes_per_step(pipe, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
@@ -283,7 +284,7 @@ def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages, m, sche
 @pytest.mark.slow  # by hand; test_collective_permutes_carry_exactly_the_payload checks the HLO against wire_bytes
 def test_quantized_bytes_are_a_fraction_of_fp32():
   opt = optax.sgd(0.1)
-  ex = gpipe.GPipe(gpipe.make_mesh(4))
+  ex = sharded.ShardedExecutor(sharded.make_mesh(4))
   sent = {}
   for name in ("none", "quant:4", "quant:2"):
     pipe = _pipe(name, name, m=2)
@@ -301,8 +302,8 @@ def test_quantized_bytes_are_a_fraction_of_fp32():
 def test_compressed_data_parallel_gradients():
   pipe = _pipe("quant:4", "quant:8", m=2)
   opt = optax.sgd(0.1)
-  mesh = gpipe.make_mesh(4, data=2)
-  executors = {name: gpipe.GPipe(mesh, None if name == "dense" else jaxcomp.parse_scheme(name))
+  mesh = sharded.make_mesh(4, data=2)
+  executors = {name: sharded.ShardedExecutor(mesh, None if name == "dense" else jaxcomp.parse_scheme(name))
                for name in ("dense", "none", "ef+quant:4")}
   states, sent = {}, {}
   for name, ex in executors.items():
@@ -326,19 +327,19 @@ def test_compressed_data_parallel_gradients():
 
 def test_clear_errors():
   with pytest.raises(ValueError, match="grad_scheme must be a Plain or EF scheme"):
-    gpipe.GPipe(gpipe.make_mesh(2), grad_scheme=jaxcomp.parse_scheme("ef21+quant:4"))
+    sharded.ShardedExecutor(sharded.make_mesh(2), grad_scheme=jaxcomp.parse_scheme("ef21+quant:4"))
   with pytest.raises(ValueError, match="schedule must be one of"):
-    gpipe.GPipe(gpipe.make_mesh(2), schedule="interleaved")
+    sharded.ShardedExecutor(sharded.make_mesh(2), schedule="interleaved")
   with pytest.raises(ValueError, match="remat must be one of"):
-    gpipe.GPipe(gpipe.make_mesh(2), remat="full")
+    sharded.ShardedExecutor(sharded.make_mesh(2), remat="full")
   with pytest.raises(ValueError, match="needs 16 devices, but only 8 are available"):
-    gpipe.make_mesh(8, data=2)
-  ex = gpipe.GPipe(gpipe.make_mesh(4))
+    sharded.make_mesh(8, data=2)
+  ex = sharded.ShardedExecutor(sharded.make_mesh(4))
   with pytest.raises(ValueError, match="the model has 3 stages but the mesh's stage axis has 4 devices"):
     ex.init_state(_pipe("none", "none", stages=_hetero_stages()), optax.sgd(0.1), jax.random.key(0), BATCH)
   with pytest.raises(ValueError, match="batch size 16 does not divide into 3 microbatches"):
     ex.init_state(_pipe("none", "none", m=3), optax.sgd(0.1), jax.random.key(0), BATCH)
-  ex2 = gpipe.GPipe(gpipe.make_mesh(2, data=3))
+  ex2 = sharded.ShardedExecutor(sharded.make_mesh(2, data=3))
   with pytest.raises(ValueError, match="batch size 16 does not split over 3 data shards"):
     ex2.init_state(_pipe("none", "none", stages=mlp_stages(8, 2, 2)), optax.sgd(0.1), jax.random.key(0), BATCH)
 
@@ -348,7 +349,7 @@ def test_clear_errors():
 def test_step_work_does_not_grow_with_the_aqsgd_table(executor):
   """Only a batch's rows of the per-example tables are touched: the compiled step's flops are
   the same for 16 and 4096 examples (writing rows back under autodiff used to cost O(table))."""
-  ex = simulate if executor == "simulate" else gpipe.GPipe(gpipe.make_mesh(3))
+  ex = simulate if executor == "simulate" else sharded.ShardedExecutor(sharded.make_mesh(3))
 
   def flops(num_examples):
     pipe = jaxcomp.Pipeline(mlp_stages(64, 2, 3), jaxcomp.parse_boundary("aqsgd+quant:2", "quant:4",
@@ -366,7 +367,7 @@ def test_step_work_does_not_grow_with_the_aqsgd_table(executor):
 
 def _qadam_setup(scheme, opt, pipe=None, warmup=0):
   pipe = pipe or _pipe("none", "none", m=2)
-  ex = gpipe.GPipe(gpipe.make_mesh(4, data=2), jaxcomp.parse_scheme(scheme))
+  ex = sharded.ShardedExecutor(sharded.make_mesh(4, data=2), jaxcomp.parse_scheme(scheme))
   state = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
   step = ex.make_train_step(pipe, opt, Mode.WARMUP)
   for _ in range(warmup):
@@ -380,7 +381,7 @@ def test_quantized_adam_warmup_is_adam_on_the_mean_gradient(lr, weight_decay):
   """Warm-up = optax.adam(w) after the dense pmean, ties and clipping (data=2, 3 steps)."""
   tied = (((1, ("Dense_0", "kernel")), (2, ("Dense_0", "kernel"))),)
   pipe = dataclasses.replace(_pipe("quant:4", "quant:8"), tied=tied, grad_clip_norm=0.05)
-  reference = gpipe.GPipe(gpipe.make_mesh(4, data=2))
+  reference = sharded.ShardedExecutor(sharded.make_mesh(4, data=2))
   opt = optax.adamw(lr, weight_decay=weight_decay) if weight_decay else optax.adam(lr)
   expected = reference.init_state(pipe, opt, jax.random.key(1), BATCH)
   step = reference.make_train_step(pipe, opt, Mode.WARMUP)
@@ -443,8 +444,8 @@ def test_quantized_adam_clear_errors():
   opt = QuantizedAdam(1e-2)
   pipe = _pipe("none", "none")
   with pytest.raises(ValueError, match="QuantizedAdam exchanges Adam's first moment compressed by grad_scheme"):
-    gpipe.GPipe(gpipe.make_mesh(4, data=2)).make_train_step(pipe, opt, Mode.WARMUP)
-  with pytest.raises(ValueError, match="only runs inside gpipe.GPipe"):
+    sharded.ShardedExecutor(sharded.make_mesh(4, data=2)).make_train_step(pipe, opt, Mode.WARMUP)
+  with pytest.raises(ValueError, match="only runs inside sharded.ShardedExecutor"):
     simulate.make_train_step(pipe, opt)(simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   _, ex, state = _qadam_setup("ef+quant:4", opt, pipe)
   with pytest.raises(ValueError, match="no warm-up step"):

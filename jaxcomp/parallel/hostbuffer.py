@@ -25,9 +25,9 @@ import numpy as np
 import optax
 
 from jaxcomp import pipeline as pl
-from jaxcomp import simulate
-from jaxcomp.boundary import Mode
-from jaxcomp.feedback import AQSGD, AQSGDState
+from jaxcomp.compress.boundary import Mode
+from jaxcomp.compress.schemes import AQSGD, AQSGDState
+from jaxcomp.parallel import simulate
 
 
 def memory_estimate(num_examples: int, row_shapes, dtype=np.float16) -> int:
@@ -165,7 +165,7 @@ class HostBufferedStep:
       self.pool.shutdown()
 
 
-class HostBuffered:
+class HostBuffered(simulate.Simulate):
   """The executor protocol of `simulate` with the AQ-SGD tables in `tables` instead of the train state.
 
   The caller's pipeline (AQSGD over N examples) runs on the device as AQSGD over the B rows

@@ -13,7 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxcomp.codecs import Codec, Payload, compiled
+from jaxcomp.compress.codecs import Codec, Payload, compiled
 
 
 def fwht(x: jax.Array) -> jax.Array:

@@ -20,7 +20,7 @@ Mode.FIRST_VISIT step: its activations go dense and m(xi) = a, its gradients sta
 compressed. `FirstVisits` tracks which examples were sent (replayed from the data order on
 resume), and their bytes are counted.
 
-The executor is `simulate`, a `gpipe.GPipe` or `hostbuffer.HostBuffered`; two optional hooks
+The executor is `simulate`, a `sharded.ShardedExecutor` or `hostbuffer.HostBuffered`; two optional hooks
 serve the last (AQ-SGD tables in host memory): a train step with `takes_next_ids` is called
 step(state, batch, next_ids) with the next batch's ids in the epoch (None after its last), so
 it can prefetch; an executor's `host_state` (numpy arrays outside the TrainState) is saved
@@ -37,18 +37,18 @@ import math
 import pathlib
 import re
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxcomp import checkpoint, distributed, logfilter, pipeline as pl
-from jaxcomp.boundary import Mode
-from jaxcomp.checkpoint import Checkpointer
-from jaxcomp.feedback import AQSGD
-
+from jaxcomp import pipeline as pl
+from jaxcomp.compress.boundary import Mode
+from jaxcomp.compress.schemes import AQSGD
+from jaxcomp.runtime import checkpoint, distributed, logfilter
+from jaxcomp.runtime.checkpoint import Checkpointer
 
 logfilter.silence_orbax_noise()  # the checkpoints below would repeat two harmless warnings per epoch/resume
 
@@ -155,10 +155,9 @@ def _train_step(step, state, batch, following, place):
 def batch_placement(executor) -> Callable[[dict], dict]:
   """How batches reach an executor: split over its mesh's data axis when its mesh spans
   processes (each process transfers its own shards), else as they are."""
-  mesh = getattr(executor, "mesh", None)
-  if mesh is None or jax.process_count() == 1:
+  if executor.mesh is None or jax.process_count() == 1:
     return lambda batch: batch
-  return lambda batch: distributed.global_batch(batch, mesh)
+  return lambda batch: distributed.global_batch(batch, executor.mesh)
 
 
 def _last_good(ckpt) -> str:
@@ -234,21 +233,50 @@ def warm_start(state, directory, epoch: int):
   return state, epoch
 
 
-def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
-        on_epoch: Callable[[list[dict]], Any] | None = None, initial_params=None):
-  """Trains `pipe` (from `initial_params`, e.g. pretrained, if given); returns (state, history).
+@dataclasses.dataclass
+class Run:
+  """What a run carries from epoch to epoch (`start` makes it; `run_epoch` and `record` advance it)."""
+  pipe: pl.Pipeline
+  optimizer: Any
+  executor: pl.Executor
+  data: Data
+  cfg: RunConfig
+  state: pl.TrainState
+  history: list
+  start_epoch: int
+  done_losses: list  # of the first epoch to run, when a resumed run is inside it
+  ckpt: Checkpointer | None
+  visits: FirstVisits
+  global_step: int
+  wire: dict  # bytes per step, per Mode
+  eval_steps: dict  # with compression on (True) and off (False)
+  steps: dict = dataclasses.field(default_factory=dict)  # compiled train steps, per Mode
 
-  `on_epoch(history)` runs on process 0 only."""
+  def to_layout(self, state):
+    return checkpoint.simulate_layout(self.executor, self.pipe, self.optimizer, state, self.data.example_batch)
+
+  def epoch_mode(self, epoch: int) -> Mode:
+    return Mode.WARMUP if epoch < self.cfg.warmup_epochs else Mode.TRAIN
+
+
+class EpochResult(NamedTuple):
+  losses: list  # every step's loss of the epoch (resumed ones included)
+  sent: dict  # bytes sent in the epoch, each way
+  dense_steps: int  # warm-up and AQ-SGD first-visit steps (activations sent dense)
+  steps_per_s: float | None  # steady-state steps (the compiling step excluded)
+
+
+def start(pipe: pl.Pipeline, optimizer, executor: pl.Executor, data: Data, cfg: RunConfig, rng,
+          initial_params=None) -> Run:
+  """The run's state at its first epoch: fresh, warm-started from `cfg.init_from`, or resumed."""
   state = executor.init_state(pipe, optimizer, rng, data.example_batch, initial_params)
-  host_state = getattr(executor, "host_state", None)
   saved = saved_epochs(cfg.checkpoint_dir) if cfg.checkpoint_dir else []
   if cfg.resume and not saved:
     raise ValueError(f"nothing to resume: no checkpoint in {cfg.checkpoint_dir}; start the run without resume")
   if saved and not cfg.resume:
     raise ValueError(f"{cfg.checkpoint_dir} already holds checkpoints (epochs {saved}); resume the run "
                      "or give the new run another name/folder (nothing was overwritten)")
-  history, start_epoch = [], 0
-  done_losses = []  # of the first epoch to run, when a resumed run is inside it
+  history, start_epoch, done_losses = [], 0, []
   to_layout = lambda s: checkpoint.simulate_layout(executor, pipe, optimizer, s, data.example_batch)
   from_layout = lambda saved: checkpoint.executor_layout(executor, pipe, optimizer, saved, data.example_batch, state)
   if cfg.init_from and not cfg.resume:  # before this run's checkpoint folder exists: a failure leaves none
@@ -256,105 +284,126 @@ def fit(pipe: pl.Pipeline, optimizer, executor, data: Data, cfg: RunConfig, rng,
     state = from_layout(restored)
   ckpt = Checkpointer(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
   if cfg.resume:
-    _, restored, meta = ckpt.restore_latest(to_layout(state), host_state)
+    _, restored, meta = ckpt.restore_latest(to_layout(state), executor.host_state)
     state = from_layout(restored)
     history, start_epoch = meta["history"], meta["epoch"]
     done_losses = meta.get("epoch_losses", [])
     if done_losses:
       history = history[:-1]  # that epoch's record is redone when the epoch is finished
-  place, main = batch_placement(executor), distributed.is_main_process()
-  wire = {m: executor.wire_bytes_per_step(pipe, data.example_batch, m)
-          for m in (Mode.TRAIN, Mode.WARMUP, Mode.FIRST_VISIT)}
-  steps = {}
-  eval_steps = {c: executor.make_eval_step(pipe, c) for c in (True, False)}
-  global_step = int(state.step)
-  epoch_mode = lambda epoch: Mode.WARMUP if epoch < cfg.warmup_epochs else Mode.TRAIN
   visits = FirstVisits(pipe)
   if cfg.resume and visits.seen is not None:  # examples sent in finished epochs, from the data order
     for epoch in range(start_epoch):
       for batch in data.train_batches(epoch):
         visits.sent(batch["id"])
-  for epoch in range(start_epoch, cfg.epochs):
-    if cfg.steps is not None and global_step >= cfg.steps:
-      break
-    mode = epoch_mode(epoch)
-    losses, done_losses = done_losses, []
-    skip = len(losses)
-    sent, dense_steps = {k: 0 for k in wire[mode]}, 0
+  wire = {m: executor.wire_bytes_per_step(pipe, data.example_batch, m) for m in (Mode.TRAIN, Mode.WARMUP,
+                                                                                 Mode.FIRST_VISIT)}
+  eval_steps = {c: executor.make_eval_step(pipe, c) for c in (True, False)}
+  return Run(pipe, optimizer, executor, data, cfg, state, history, start_epoch, done_losses, ckpt, visits,
+             int(state.step), wire, eval_steps)
 
-    def count(step_mode):
-      nonlocal dense_steps
-      dense_steps += step_mode.dense_forward
-      for k, v in wire[step_mode].items():
-        sent[k] += v
 
-    for batch in itertools.islice(data.train_batches(epoch), skip):  # this epoch's steps before a resume
-      count(_step_mode(visits, mode, batch))
-    todo = data.steps_per_epoch - skip
-    if cfg.steps is not None:
-      todo = min(todo, cfg.steps - global_step)
-    desc = f"epoch {epoch + 1}/{cfg.epochs}"
-    # the first step (compiling when the step is new) runs under its own status line, outside the
-    # bar, so the bar's rate and ETA count only steady-state steps
-    bar, timed_steps, start = None, 0, None
-    batches = _with_next(itertools.islice(data.train_batches(epoch), skip, skip + todo))
-    for i, (batch, following) in enumerate(batches, start=skip):
-      step_start = time.perf_counter()
-      step_mode = _step_mode(visits, mode, batch)
-      if bar is None:
-        compiling = step_mode not in steps
-        bar = tqdm(desc=f"{desc}: compiling the train step" if compiling else desc, bar_format="{desc} ({elapsed})",
-                   disable=not (cfg.progress and main), leave=False)
-      if step_mode not in steps:
-        steps[step_mode] = executor.make_train_step(pipe, optimizer, step_mode)
-      state, metrics = _train_step(steps[step_mode], state, batch, following, place)
-      count(step_mode)
-      loss = float(metrics["loss"])
-      if not (math.isfinite(loss) and bool(all_finite(state.params))):
-        bar.close()
-        what = f"training loss is {loss}" if not math.isfinite(loss) else (
-            f"training loss is {loss:.6g} but the step's new parameters hold NaN/Inf (from the batch or the gradients)")
-        raise NonFiniteLossError(f"{what} at epoch {epoch + 1}, step {i + 1} of the epoch (global step "
-                                 f"{global_step + 1}); stopped. {_last_good(ckpt)}")
-      losses.append(loss)
-      global_step += 1
-      if start is None:
-        start = time.perf_counter()
-        bar.close()
-        bar = tqdm(total=data.steps_per_epoch, initial=i + 1, disable=not (cfg.progress and main), leave=False,
-                   desc=f"{desc} (compiled in {start - step_start:.1f} s)" if compiling else desc)
-      else:
-        timed_steps += 1
-        bar.update(1)
-      bar.set_postfix(loss=f"{loss:.4f}")
-    elapsed = time.perf_counter() - start if start is not None else 0.0
-    if bar is not None:
+def run_epoch(run: Run, epoch: int) -> EpochResult:
+  """Trains one epoch (the rest of it after a resume inside it), advancing `run.state`; stops with
+  NonFiniteLossError at a step whose loss or new parameters are not finite."""
+  cfg, data, mode, main = run.cfg, run.data, run.epoch_mode(epoch), distributed.is_main_process()
+  place = batch_placement(run.executor)
+  losses, run.done_losses = run.done_losses, []
+  skip = len(losses)
+  sent, dense_steps = {k: 0 for k in run.wire[mode]}, 0
+
+  def count(step_mode):
+    nonlocal dense_steps
+    dense_steps += step_mode.dense_forward
+    for k, v in run.wire[step_mode].items():
+      sent[k] += v
+
+  for batch in itertools.islice(data.train_batches(epoch), skip):  # this epoch's steps before a resume
+    count(_step_mode(run.visits, mode, batch))
+  todo = data.steps_per_epoch - skip
+  if cfg.steps is not None:
+    todo = min(todo, cfg.steps - run.global_step)
+  desc = f"epoch {epoch + 1}/{cfg.epochs}"
+  # the first step (compiling when the step is new) runs under its own status line, outside the
+  # bar, so the bar's rate and ETA count only steady-state steps
+  bar, timed_steps, begin = None, 0, None
+  batches = _with_next(itertools.islice(data.train_batches(epoch), skip, skip + todo))
+  for i, (batch, following) in enumerate(batches, start=skip):
+    step_start = time.perf_counter()
+    step_mode = _step_mode(run.visits, mode, batch)
+    if bar is None:
+      compiling = step_mode not in run.steps
+      bar = tqdm(desc=f"{desc}: compiling the train step" if compiling else desc, bar_format="{desc} ({elapsed})",
+                 disable=not (cfg.progress and main), leave=False)
+    if step_mode not in run.steps:
+      run.steps[step_mode] = run.executor.make_train_step(run.pipe, run.optimizer, step_mode)
+    run.state, metrics = _train_step(run.steps[step_mode], run.state, batch, following, place)
+    count(step_mode)
+    loss = float(metrics["loss"])
+    if not (math.isfinite(loss) and bool(all_finite(run.state.params))):
       bar.close()
+      what = f"training loss is {loss}" if not math.isfinite(loss) else (
+          f"training loss is {loss:.6g} but the step's new parameters hold NaN/Inf (from the batch or the gradients)")
+      raise NonFiniteLossError(f"{what} at epoch {epoch + 1}, step {i + 1} of the epoch (global step "
+                               f"{run.global_step + 1}); stopped. {_last_good(run.ckpt)}")
+    losses.append(loss)
+    run.global_step += 1
+    if begin is None:
+      begin = time.perf_counter()
+      bar.close()
+      bar = tqdm(total=data.steps_per_epoch, initial=i + 1, disable=not (cfg.progress and main), leave=False,
+                 desc=f"{desc} (compiled in {begin - step_start:.1f} s)" if compiling else desc)
+    else:
+      timed_steps += 1
+      bar.update(1)
+    bar.set_postfix(loss=f"{loss:.4f}")
+  elapsed = time.perf_counter() - begin if begin is not None else 0.0
+  if bar is not None:
+    bar.close()
+  return EpochResult(losses, sent, dense_steps, timed_steps / elapsed if timed_steps and elapsed > 0 else None)
+
+
+def record(run: Run, epoch: int, result: EpochResult, on_epoch=None):
+  """Evaluates with compression on and off, appends the epoch's record to the history, checkpoints
+  (unless an evaluation diverged: then NonFiniteLossError after `on_epoch`), calls `on_epoch`."""
+  place, mode, data = batch_placement(run.executor), run.epoch_mode(epoch), run.data
+  eval_steps, losses = run.eval_steps, result.losses
+  entry = {
+      "epoch": epoch + 1, "step": run.global_step, "mode": mode.value, "epoch_batches": len(losses),
+      "train_loss": float(np.mean(losses)) if losses else float("nan"),
+      "eval_on": evaluate(eval_steps[True], run.state, data.eval_batches(), data.eval_summary, place),
+      "eval_off": evaluate(eval_steps[False], run.state, data.eval_batches(), data.eval_summary, place),
+      **{f"wire_bytes_{k}": v for k, v in run.wire[mode].items()},
+      "dense_steps": result.dense_steps,  # warm-up and AQ-SGD first-visit steps (activations sent dense)
+      **{f"epoch_wire_bytes_{k}": v for k, v in result.sent.items()},
+      "steps_per_s": result.steps_per_s,
+  }
+  run.history.append(entry)
+  total_steps = sum(r["epoch_batches"] for r in run.history)
+  for k in result.sent:  # the run so far: warm-up epochs and first visits included
+    entry[f"avg_wire_bytes_per_step_{k}"] = sum(r[f"epoch_wire_bytes_{k}"] for r in run.history) / max(total_steps, 1)
+  eval_losses = [entry[k].get("loss", 0.0) for k in ("eval_on", "eval_off")]
+  diverged = not all(math.isfinite(v) for v in [entry["train_loss"], *eval_losses])
+  if run.ckpt and not diverged:
     finished = len(losses) == data.steps_per_epoch
-    record = {
-        "epoch": epoch + 1, "step": global_step, "mode": mode.value, "epoch_batches": len(losses),
-        "train_loss": float(np.mean(losses)) if losses else float("nan"),
-        "eval_on": evaluate(eval_steps[True], state, data.eval_batches(), data.eval_summary, place),
-        "eval_off": evaluate(eval_steps[False], state, data.eval_batches(), data.eval_summary, place),
-        **{f"wire_bytes_{k}": v for k, v in wire[mode].items()},
-        "dense_steps": dense_steps,  # warm-up and AQ-SGD first-visit steps (activations sent dense)
-        **{f"epoch_wire_bytes_{k}": v for k, v in sent.items()},
-        "steps_per_s": timed_steps / elapsed if timed_steps and elapsed > 0 else None,
-    }
-    history.append(record)
-    total_steps = sum(r["epoch_batches"] for r in history)
-    for k in sent:  # the run so far: warm-up epochs and first visits included
-      record[f"avg_wire_bytes_per_step_{k}"] = sum(r[f"epoch_wire_bytes_{k}"] for r in history) / max(total_steps, 1)
-    eval_losses = [record[k].get("loss", 0.0) for k in ("eval_on", "eval_off")]
-    diverged = not all(math.isfinite(v) for v in [record["train_loss"], *eval_losses])
-    if ckpt and not diverged:
-      position = {"epoch": epoch + 1} if finished else {"epoch": epoch, "epoch_losses": losses}
-      ckpt.save(epoch + 1, to_layout(state), {**position, "history": history}, host_state)
-    if on_epoch and main:
-      on_epoch(history)
-    if diverged:
-      raise NonFiniteLossError(f"epoch {epoch + 1} ends with train loss {record['train_loss']}, evaluation losses "
-                               f"{eval_losses}; stopped without checkpointing it. {_last_good(ckpt)}")
-  if ckpt:
-    ckpt.close()
-  return state, history
+    position = {"epoch": epoch + 1} if finished else {"epoch": epoch, "epoch_losses": losses}
+    run.ckpt.save(epoch + 1, run.to_layout(run.state), {**position, "history": run.history}, run.executor.host_state)
+  if on_epoch and distributed.is_main_process():
+    on_epoch(run.history)
+  if diverged:
+    raise NonFiniteLossError(f"epoch {epoch + 1} ends with train loss {entry['train_loss']}, evaluation losses "
+                             f"{eval_losses}; stopped without checkpointing it. {_last_good(run.ckpt)}")
+
+
+def fit(pipe: pl.Pipeline, optimizer, executor: pl.Executor, data: Data, cfg: RunConfig, rng,
+        on_epoch: Callable[[list[dict]], Any] | None = None, initial_params=None):
+  """Trains `pipe` (from `initial_params`, e.g. pretrained, if given); returns (state, history).
+
+  `on_epoch(history)` runs on process 0 only."""
+  run = start(pipe, optimizer, executor, data, cfg, rng, initial_params)
+  for epoch in range(run.start_epoch, cfg.epochs):
+    if cfg.steps is not None and run.global_step >= cfg.steps:
+      break
+    record(run, epoch, run_epoch(run, epoch), on_epoch)
+  if run.ckpt:
+    run.ckpt.close()
+  return run.state, run.history

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxcomp import codecs, feedback
+from jaxcomp.compress import codecs, schemes
 
 
 class Mode(enum.Enum):
@@ -79,17 +79,17 @@ def _masked(ok, tree):
 
 @dataclasses.dataclass(frozen=True)
 class Boundary:
-  fwd: feedback.Scheme
-  bwd: Any  # feedback.Scheme | Reuse
+  fwd: schemes.Scheme
+  bwd: Any  # schemes.Scheme | Reuse
   transport: Transport = Transport()
 
   def __post_init__(self):
-    if not isinstance(self.fwd, feedback.Scheme):
+    if not isinstance(self.fwd, schemes.Scheme):
       raise ValueError(f"forward scheme must be a Scheme, got {self.fwd!r}")
     if isinstance(self.bwd, Reuse):
-      if not isinstance(self.fwd.codec, codecs.TopK) or isinstance(self.fwd, feedback.EFMixed):
+      if not isinstance(self.fwd.codec, codecs.TopK) or isinstance(self.fwd, schemes.EFMixed):
         raise ValueError(f"backward index reuse needs a single TopK forward message, got {self.fwd!r}")
-    elif not isinstance(self.bwd, feedback.Scheme):
+    elif not isinstance(self.bwd, schemes.Scheme):
       raise ValueError(f"backward scheme must be a Scheme or Reuse(), got {self.bwd!r}")
     elif self.bwd.keyed_by_example:
       raise ValueError("AQ-SGD compresses activations only; use plain quantization backward")
@@ -102,7 +102,7 @@ class Boundary:
     """Zero states: `slot_rows` = batch size for slot-keyed schemes."""
     def make(scheme, which):
       if isinstance(scheme, Reuse):
-        return ()
+        return schemes.EmptyState()
       return getattr(scheme, which)(slot_rows, row_shape, dtype)
     return LinkState(make(self.fwd, "init_sender"), make(self.fwd, "init_receiver"),
                      make(self.bwd, "init_sender"), make(self.bwd, "init_receiver"))
@@ -117,7 +117,7 @@ class Boundary:
 
   def eval(self, x, compressed: bool, key=None):
     """Stateless inference path: C(x) through the transport, or the dense tensor."""
-    codec = self.fwd.codec if compressed else feedback._IDENTITY
+    codec = self.fwd.codec if compressed else codecs.Identity()
     return codec.decode(self.transport.forward(codec.encode(x, key)))
 
   def __call__(self, x, state: LinkState, key, mode: Mode = Mode.TRAIN, send_ok=True, recv_ok=True):
@@ -189,7 +189,7 @@ def backward_half(link: Boundary, mode: Mode, dy, bs, br, key, send_ok, recv_ok,
   (dx, bs', br'), each state zero on the devices that are not its end (see the module doc)."""
   bwd_key = jax.random.fold_in(key, 1)
   if mode.dense_backward(link.reuse):
-    identity = feedback._IDENTITY
+    identity = codecs.Identity()
     payload, _ = _send(recv_ok, lambda g, s: (identity.encode(g), s), dy, ())
     dx, _ = _receive(send_ok, lambda p, s: (identity.decode(p), s), link.transport.backward(payload), ())
   elif link.reuse:

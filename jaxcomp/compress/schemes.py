@@ -17,9 +17,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxcomp import codecs
+from jaxcomp.compress import codecs
 
 _IDENTITY = codecs.Identity()
+
+
+class EmptyState(NamedTuple):
+  """The state of a scheme that keeps none (as optax.EmptyState): no arrays."""
 
 
 class EFState(NamedTuple):
@@ -52,10 +56,12 @@ class Scheme:
       raise ValueError(f"{type(self).__name__} needs a Codec, got {self.codec!r}")
 
   def init_sender(self, num_rows, row_shape, dtype):
-    return ()
+    """The sender's state for `num_rows` rows of `row_shape` (EmptyState: none)."""
+    return EmptyState()
 
   def init_receiver(self, num_rows, row_shape, dtype):
-    return ()
+    """The receiver's state (EmptyState: none)."""
+    return EmptyState()
 
   def send(self, x, state, key=None):
     return self.codec.encode(x, key), state

@@ -8,7 +8,7 @@ import jax
 import optax
 
 from jaxcomp import pipeline as pl
-from jaxcomp.boundary import LinkState, Mode
+from jaxcomp.compress.boundary import LinkState, Mode
 
 
 def _run(pipe: pl.Pipeline, params, model_state, fwd_tables, bwd_tables, batch, step_key, mode, train):
@@ -99,3 +99,19 @@ def make_eval_step(pipe: pl.Pipeline, compressed: bool):
     return {"loss": loss, **metrics}
 
   return jax.jit(step)
+
+
+class Simulate(pl.Executor):
+  """This module's functions as an `Executor` object; its state is the simulate layout itself."""
+
+  def init_state(self, pipe, optimizer, rng, batch, params=None):
+    return init_state(pipe, optimizer, rng, batch, params)
+
+  def make_train_step(self, pipe, optimizer, mode: Mode = Mode.TRAIN):
+    return make_train_step(pipe, optimizer, mode)
+
+  def make_eval_step(self, pipe, compressed: bool):
+    return make_eval_step(pipe, compressed)
+
+  def wire_bytes_per_step(self, pipe, batch, mode: Mode = Mode.TRAIN):
+    return wire_bytes_per_step(pipe, batch, mode)

@@ -24,12 +24,14 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxcomp import boundary as boundary_mod, layout, packing, pipeline as pl
-from jaxcomp.boundary import LinkState, Mode, Transport
+from jaxcomp import pipeline as pl
+from jaxcomp.compress import boundary as boundary_mod
+from jaxcomp.compress import packing
+from jaxcomp.compress.boundary import LinkState, Mode, Transport
+from jaxcomp.parallel import layout
+from jaxcomp.parallel.mesh import DATA, STAGE
 
-STAGE, DATA = "stage", "data"
 REMAT = ("stage", "none")
-SCHEDULES = ("gpipe", "1f1b", "1f1b-fused")
 
 
 class Timing(NamedTuple):
@@ -38,14 +40,20 @@ class Timing(NamedTuple):
   lag: int = 0
 
 
+# The explicit schedules of S stages and M microbatches, the one list of them:
+#   gpipe: every forward, then every backward (M inputs stashed per stage, 2M+2S-2 ticks);
+#   1f1b: PipeDream-flush, one op per stage per tick, forwards every 2nd tick (S-s inputs stashed
+#     on stage s, 2M+2S-2 ticks);
+#   1f1b-fused: a forward and a backward per stage per tick (2(S-s)-1 inputs, M+2S-2 ticks).
+TIMINGS = {"gpipe": lambda s, m: Timing(1, m + 2 * s - 2),
+           "1f1b": lambda s, m: Timing(2, 2 * s - 1),
+           "1f1b-fused": lambda s, m: Timing(1, 2 * s - 2)}
+SCHEDULES = tuple(TIMINGS)
+
+
 def timing(name: str, num_stages: int, microbatches: int) -> Timing:
-  """The explicit schedules (S stages, M microbatches):
-  gpipe: every forward, then every backward (M inputs stashed per stage, 2M+2S-2 ticks);
-  1f1b: PipeDream-flush, one op per stage per tick, forwards every 2nd tick (S-s inputs
-    stashed on stage s, 2M+2S-2 ticks);
-  1f1b-fused: a forward and a backward per stage per tick (2(S-s)-1 inputs, M+2S-2 ticks)."""
-  s, m = num_stages, microbatches
-  return {"gpipe": Timing(1, m + 2 * s - 2), "1f1b": Timing(2, 2 * s - 1), "1f1b-fused": Timing(1, 2 * s - 2)}[name]
+  """The `Timing` of schedule `name` (one of SCHEDULES)."""
+  return TIMINGS[name](num_stages, microbatches)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +109,15 @@ def boundaries_at(prog, tick: int, offset=lambda b: b) -> tuple[int, ...]:
   return tuple(b for b in range(prog.pipe.num_stages - 1) if busy(prog, tick, offset(b)))
 
 
+class StepInputs(NamedTuple):
+  """What every tick of one step reads and none changes."""
+  params_row: jax.Array  # this stage's parameter row
+  bwd_tables: tuple  # (backward sender, backward receiver) tables as the step found them
+  mbs: Any  # this data shard's microbatches, [M, B/M, ...] per batch key
+  step_key: jax.Array
+  scale: Any = None  # each microbatch's loss weight, 1 / (M D) (`run_explicit`)
+
+
 class Program(NamedTuple):
   """What a stage device needs to run the schedule: the pipeline and its padded layout."""
   pipe: pl.Pipeline
@@ -148,39 +165,49 @@ def zero_metrics(prog: Program):
   return jax.tree.map(lambda m: jnp.zeros(m.shape, jnp.float32), prog.metrics)
 
 
-def stage_step(prog: Program, tick, params_row, ms_row, x_buf, mbs, step_key):
+def stage_step(prog: Program, inp: StepInputs, tick, ms_row, x_buf):
   """This device's stage at `tick`: its microbatch, or the bubble branch when idle."""
   s_count = prog.pipe.num_stages
   branches = [stage_branch(prog, j) for j in range(s_count)] + [bubble(prog)]
-
-  def run(tick, params_row, ms_row, x_buf, mbs, step_key):
-    s = jax.lax.axis_index(STAGE)
-    m = clipped_microbatch(prog, tick, s)
-    mb = jax.tree.map(lambda a: a[m], mbs)
-    index = jnp.where(busy(prog, tick, s), s, s_count)
-    rng = pl.stage_key(step_key, global_microbatch(prog, m), s)
-    return jax.lax.switch(index, branches, params_row, ms_row, x_buf, mb, rng)
-
-  return run(jnp.asarray(tick, jnp.int32), params_row, ms_row, x_buf, mbs, step_key)
+  tick, s = jnp.asarray(tick, jnp.int32), jax.lax.axis_index(STAGE)
+  m = clipped_microbatch(prog, tick, s)
+  mb = jax.tree.map(lambda a: a[m], inp.mbs)
+  index = jnp.where(busy(prog, tick, s), s, s_count)
+  rng = pl.stage_key(inp.step_key, global_microbatch(prog, m), s)
+  return jax.lax.switch(index, branches, inp.params_row, ms_row, x_buf, mb, rng)
 
 
-def boundary_step(prog: Program, tick, b: int, y_buf, fwd_tables, bwd_tables, mbs, step_key):
-  """Boundary b carries its microbatch at `tick`: (received activation, forward tables)."""
-  s = jax.lax.axis_index(STAGE)
-  m, shape = microbatch(prog, tick, b), prog.shapes[b]
+def _boundary(prog: Program, b: int):
+  return dataclasses.replace(prog.pipe.boundary, transport=PPermute(b))
+
+
+def _link_rows(prog, m, mbs):
+  """(forward, backward) state rows of microbatch m (its slots, or its examples' ids)."""
   mb_size = jax.tree.leaves(mbs)[0].shape[1]
   ids = mbs["id"][m] if "id" in mbs else None
-  boundary = dataclasses.replace(prog.pipe.boundary, transport=PPermute(b))
-  fwd_rows, bwd_rows = (pl.rows(scheme, m, mb_size, ids) for scheme in (boundary.fwd, boundary.bwd))
-  (fs, fr), (bs, br) = fwd_tables, bwd_tables
-  link = LinkState(layout.gather_rows(fs, fwd_rows, shape), layout.gather_rows(fr, fwd_rows, shape),
-                   layout.gather_rows(bs, bwd_rows, shape), layout.gather_rows(br, bwd_rows, shape))
-  key = pl.link_key(step_key, global_microbatch(prog, m), b)
-  x, (fs_new, fr_new) = boundary(layout.unpad(y_buf, shape), link, key, prog.mode,
-                                 s == b, s == b + 1)
+  boundary = prog.pipe.boundary
+  return tuple(pl.rows(scheme, m, mb_size, ids) for scheme in (boundary.fwd, boundary.bwd))
+
+
+def forward_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, fwd_tables, differentiable: bool):
+  """Boundary b's forward for its microbatch at `tick`: (received activation buffer, forward tables,
+  TopK positions sent or None). `differentiable`: the whole boundary op, whose custom_vjp sends
+  the gradient back under autodiff (`run_gpipe`); else its forward half (`run_explicit`)."""
+  s = jax.lax.axis_index(STAGE)
+  m, shape = microbatch(prog, tick, b), prog.shapes[b]
+  fwd_rows, bwd_rows = _link_rows(prog, m, inp.mbs)
+  (fs, fr), (bs, br) = fwd_tables, inp.bwd_tables
+  y, key = layout.unpad(y_buf, shape), pl.link_key(inp.step_key, global_microbatch(prog, m), b)
+  sent, arrived = layout.gather_rows(fs, fwd_rows, shape), layout.gather_rows(fr, fwd_rows, shape)
+  if differentiable:
+    link = LinkState(sent, arrived, layout.gather_rows(bs, bwd_rows, shape), layout.gather_rows(br, bwd_rows, shape))
+    (x, (fs_new, fr_new)), idx = _boundary(prog, b)(y, link, key, prog.mode, s == b, s == b + 1), None
+  else:
+    x, fs_new, fr_new, idx = boundary_mod.forward_half(_boundary(prog, b), prog.mode, y, sent, arrived, key,
+                                                       s == b, s == b + 1)
   if prog.mode.trains:
     fwd_tables = (layout.put_rows(fs, fwd_rows, fs_new), layout.put_rows(fr, fwd_rows, fr_new))
-  return layout.pad(x, prog.width, prog.act_dtype), fwd_tables
+  return layout.pad(x, prog.width, prog.act_dtype), fwd_tables, idx
 
 
 class Carry(NamedTuple):
@@ -192,14 +219,13 @@ class Carry(NamedTuple):
   metric_sums: Any
 
 
-def tick_step(prog: Program, tick, boundaries, carry: Carry, params_row, bwd_tables, mbs, step_key) -> Carry:
+def tick_step(prog: Program, inp: StepInputs, tick, boundaries, carry: Carry) -> Carry:
   """One tick: this device's stage, then every boundary in `boundaries`."""
-  y_buf, ms_row, loss, metrics = stage_step(prog, tick, params_row, carry.model_state, carry.x_buf, mbs,
-                                            step_key)
+  y_buf, ms_row, loss, metrics = stage_step(prog, inp, tick, carry.model_state, carry.x_buf)
   s = jax.lax.axis_index(STAGE)
   next_x, fwd_tables = jnp.zeros_like(carry.x_buf), carry.fwd_tables
   for b in boundaries:
-    x, fwd_tables = boundary_step(prog, tick, b, y_buf, fwd_tables, bwd_tables, mbs, step_key)
+    x, fwd_tables, _ = forward_exchange(prog, inp, tick, b, y_buf, fwd_tables, differentiable=True)
     next_x = jnp.where(s == b + 1, x, next_x)
   return Carry(next_x, ms_row, fwd_tables, carry.loss_sum + loss,
                jax.tree.map(jnp.add, carry.metric_sums, metrics))
@@ -213,7 +239,8 @@ def run_gpipe(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, st
   mb_size = jax.tree.leaves(mbs)[0].shape[1]
   carry = Carry(jnp.zeros((mb_size, prog.width), prog.act_dtype), ms_row, tuple(fwd_tables),
                 jnp.zeros((), jnp.float32), zero_metrics(prog))
-  tick = lambda t, c, bs: tick_step(prog, t, bs, c, params_row, bwd_tables, mbs, step_key)
+  inp = StepInputs(params_row, tuple(bwd_tables), mbs, step_key)
+  tick = lambda t, c, bs: tick_step(prog, inp, t, bs, c)
   fill, steady, drain = phases(s_count, m_count)
   for t in fill:
     carry = tick(t, carry, boundaries_at(prog, t))
@@ -317,17 +344,17 @@ def no_grads(params_row, ms_row, x_buf, mb, rng, g_buf, scale, grad_sum):
   return grad_sum, jnp.zeros_like(x_buf)
 
 
-def stage_backward(prog: Program, tick, params_row, stash, mbs, step_key, g_buf, scale, grad_sum):
+def stage_backward(prog: Program, inp: StepInputs, tick, stash, g_buf, grad_sum):
   """This device's stage backward at `tick` (or nothing): (grad_sum + d params row, d input buffer)."""
   s_count = prog.pipe.num_stages
   s = jax.lax.axis_index(STAGE)
   m = clipped_microbatch(prog, tick, backward_tick(prog, s))
   slot = m % stash_slots(prog)
-  mb = jax.tree.map(lambda a: a[m], mbs)
+  mb = jax.tree.map(lambda a: a[m], inp.mbs)
   index = jnp.where(busy(prog, tick, backward_tick(prog, s)), s, s_count)
   branches = [stage_grads(prog, j) for j in range(s_count)] + [no_grads]
-  return jax.lax.switch(index, branches, params_row, stash.model_state[slot], stash.x_buf[slot], mb,
-                        pl.stage_key(step_key, global_microbatch(prog, m), s), g_buf, scale, grad_sum)
+  return jax.lax.switch(index, branches, inp.params_row, stash.model_state[slot], stash.x_buf[slot], mb,
+                        pl.stage_key(inp.step_key, global_microbatch(prog, m), s), g_buf, inp.scale, grad_sum)
 
 
 class Stash(NamedTuple):
@@ -350,51 +377,33 @@ class ExplicitCarry(NamedTuple):
   metric_sums: Any
 
 
-def _boundary(prog: Program, b: int):
-  return dataclasses.replace(prog.pipe.boundary, transport=PPermute(b))
-
-
-def _link_rows(prog, m, mbs):
-  mb_size = jax.tree.leaves(mbs)[0].shape[1]
-  ids = mbs["id"][m] if "id" in mbs else None
-  boundary = prog.pipe.boundary
-  return tuple(pl.rows(scheme, m, mb_size, ids) for scheme in (boundary.fwd, boundary.bwd))
-
-
-def forward_exchange(prog: Program, tick, b: int, y_buf, carry: ExplicitCarry, mbs, step_key):
-  """Boundary b's forward half for its microbatch at `tick`: (received activation, carry)."""
-  s = jax.lax.axis_index(STAGE)
-  m, shape = microbatch(prog, tick, b), prog.shapes[b]
-  fwd_rows, _ = _link_rows(prog, m, mbs)
-  fs, fr = carry.fwd_tables
-  x, fs_new, fr_new, idx = boundary_mod.forward_half(
-      _boundary(prog, b), prog.mode, layout.unpad(y_buf, shape),
-      layout.gather_rows(fs, fwd_rows, shape), layout.gather_rows(fr, fwd_rows, shape),
-      pl.link_key(step_key, global_microbatch(prog, m), b), s == b, s == b + 1)
-  tables = (layout.put_rows(fs, fwd_rows, fs_new), layout.put_rows(fr, fwd_rows, fr_new))
+def stash_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, carry: ExplicitCarry):
+  """`forward_exchange` (its forward half) of the explicit schedule, its TopK positions stashed for
+  index reuse: (received activation, carry)."""
+  x, tables, idx = forward_exchange(prog, inp, tick, b, y_buf, carry.fwd_tables, differentiable=False)
   stash = carry.stash
   if idx is not None:
-    slot = m % stash_slots(prog)
+    slot = microbatch(prog, tick, b) % stash_slots(prog)
     stored = jax.tree.map(lambda buf, new: buf.at[slot].set(new), stash.indices[b], idx)
     stash = stash._replace(indices=stash.indices[:b] + (stored,) + stash.indices[b + 1:])
-  return layout.pad(x, prog.width, prog.act_dtype), carry._replace(fwd_tables=tables, stash=stash)
+  return x, carry._replace(fwd_tables=tables, stash=stash)
 
 
-def backward_exchange(prog: Program, tick, b: int, dx_buf, bwd_old, carry: ExplicitCarry, mbs, step_key):
+def backward_exchange(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carry: ExplicitCarry):
   """Boundary b's backward half for the microbatch whose stage b+1 backward ran this tick:
   (gradient received by stage b, carry with the new backward-state rows)."""
   s = jax.lax.axis_index(STAGE)
   m = microbatch(prog, tick, backward_tick(prog, b + 1))
   shape = prog.shapes[b]
-  _, rows = _link_rows(prog, m, mbs)
-  bs_old, br_old = bwd_old
+  _, rows = _link_rows(prog, m, inp.mbs)
+  bs_old, br_old = inp.bwd_tables
   idx = None
   if prog.pipe.boundary.reuse and not prog.mode.dense_forward:
     idx = jax.tree.map(lambda buf: buf[m % stash_slots(prog)], carry.stash.indices[b])
   dx, bs_new, br_new = boundary_mod.backward_half(
       _boundary(prog, b), prog.mode, layout.unpad(dx_buf, shape),
       layout.gather_rows(bs_old, rows, shape), layout.gather_rows(br_old, rows, shape),
-      pl.link_key(step_key, global_microbatch(prog, m), b), s == b, s == b + 1, idx)
+      pl.link_key(inp.step_key, global_microbatch(prog, m), b), s == b, s == b + 1, idx)
   bs, br = carry.bwd_tables
   keep = lambda ok, table, new: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new,
                                              layout.gather_rows(table, rows, shape))
@@ -403,8 +412,7 @@ def backward_exchange(prog: Program, tick, b: int, dx_buf, bwd_old, carry: Expli
   return layout.pad(dx, prog.width, prog.act_dtype), carry._replace(bwd_tables=tables)
 
 
-def explicit_tick(prog: Program, tick, plan, carry: ExplicitCarry, params_row, bwd_old, mbs, step_key,
-                  scale) -> ExplicitCarry:
+def explicit_tick(prog: Program, inp: StepInputs, tick, plan, carry: ExplicitCarry) -> ExplicitCarry:
   """One tick: this stage's forward (stashing its input), its backward, then the boundaries.
   Work that no stage has at this tick (by `plan`) is left out of the program."""
   fwd_bs, bwd_bs, any_forward, any_backward = plan
@@ -416,20 +424,18 @@ def explicit_tick(prog: Program, tick, plan, carry: ExplicitCarry, params_row, b
     keep = lambda buf, new: buf.at[slot].set(jnp.where(forward_busy, new, buf[slot]))
     stash = carry.stash._replace(x_buf=keep(carry.stash.x_buf, carry.x_buf),
                                  model_state=keep(carry.stash.model_state, carry.model_state))
-    y_buf, ms_row, loss, metrics = stage_step(prog, tick, params_row, carry.model_state, carry.x_buf, mbs,
-                                              step_key)
+    y_buf, ms_row, loss, metrics = stage_step(prog, inp, tick, carry.model_state, carry.x_buf)
     carry = carry._replace(stash=stash, model_state=ms_row, loss_sum=carry.loss_sum + loss,
                            metric_sums=jax.tree.map(jnp.add, carry.metric_sums, metrics))
   if any_backward:
-    grads, dx_buf = stage_backward(prog, tick, params_row, carry.stash, mbs, step_key, carry.g_buf, scale,
-                                   carry.grads)
+    grads, dx_buf = stage_backward(prog, inp, tick, carry.stash, carry.g_buf, carry.grads)
     carry = carry._replace(grads=grads)
   next_x, next_g = jnp.zeros_like(carry.x_buf), jnp.zeros_like(carry.g_buf)
   for b in fwd_bs:
-    x, carry = forward_exchange(prog, tick, b, y_buf, carry, mbs, step_key)
+    x, carry = stash_exchange(prog, inp, tick, b, y_buf, carry)
     next_x = jnp.where(s == b + 1, x, next_x)
   for b in bwd_bs:
-    g, carry = backward_exchange(prog, tick, b, dx_buf, bwd_old, carry, mbs, step_key)
+    g, carry = backward_exchange(prog, inp, tick, b, dx_buf, carry)
     next_g = jnp.where(s == b, g, next_g)
   return carry._replace(x_buf=next_x, g_buf=next_g)
 
@@ -451,9 +457,11 @@ def run_explicit(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs,
   stash = Stash(jnp.zeros((k, *buf.shape), buf.dtype), jnp.zeros((k, *ms_row.shape), ms_row.dtype), indices)
   carry = ExplicitCarry(buf, buf, stash, ms_row, tuple(fwd_tables), jax.tree.map(jnp.zeros_like, tuple(bwd_tables)),
                         jnp.zeros_like(params_row), jnp.zeros((), jnp.float32), zero_metrics(prog))
+  inp = StepInputs(params_row, tuple(bwd_tables), mbs, step_key, scale)
+
   def period(carry, start, plans):
     for j, plan in enumerate(plans):
-      carry = explicit_tick(prog, start + j, plan, carry, params_row, bwd_tables, mbs, step_key, scale)
+      carry = explicit_tick(prog, inp, start + j, plan, carry)
     return carry
 
   for starts, plans in segments(prog):

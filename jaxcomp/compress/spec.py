@@ -13,11 +13,11 @@ Examples: `topk:0.1`, `topk:0.1:q8` (8-bit values), `quant:4`, `ef21+topk:0.1`, 
           `maxabs:2:clip=mse`, `reuse`,
           `hadamard+maxabs:3:group=64`, `adaptive:3:4:0.25:group=32`.
 """
-from jaxcomp import adaptive, codecs, feedback, rotation, selection
-from jaxcomp.boundary import Boundary, Reuse
+from jaxcomp.compress import adaptive, codecs, rotation, schemes, selection
+from jaxcomp.compress.boundary import Boundary, Reuse
 
-_SCHEMES = {"plain": feedback.Plain, "ef": feedback.EF, "ef21": feedback.EF21,
-            "efmixed": feedback.EFMixed, "aqsgd": feedback.AQSGD}
+_SCHEMES = {"plain": schemes.Plain, "ef": schemes.EF, "ef21": schemes.EF21,
+            "efmixed": schemes.EFMixed, "aqsgd": schemes.AQSGD}
 _CASTS = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
 _CODECS = ("none", *_CASTS, "fp8:scaled", "quant", "maxabs", "topk", "randk", "adaptive", "hadamard+CODEC")
 _SCALES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -140,7 +140,7 @@ def parse_scheme(spec: str, num_examples: int | None = None):
   if scheme_name == "aqsgd":
     if num_examples is None:
       raise ValueError(f"{spec!r}: AQ-SGD needs the number of training examples (num_examples)")
-    return feedback.AQSGD(codec, num_examples=num_examples)
+    return schemes.AQSGD(codec, num_examples=num_examples)
   return _SCHEMES[scheme_name](codec)
 
 

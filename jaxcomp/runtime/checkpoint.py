@@ -23,7 +23,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from jaxcomp import distributed, pipeline as pl
+from jaxcomp import pipeline as pl
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -57,19 +57,15 @@ def shapes(tree) -> list[list]:
 # ------------------------------------------------------------------ layouts
 def simulate_layout(executor, pipe, optimizer, state, batch) -> pl.TrainState:
   """The executor's train state in the simulate layout of the global `batch`: numpy values,
-  PRNG key as key data. An executor with its own layout (gpipe) converts with `unstack`; its
-  `grad_state` is then its data-parallel exchange state, kept in the `executor` item."""
-  if hasattr(executor, "unstack"):
-    state = executor.unstack(pipe, optimizer, state, batch)
-  return to_host(state)
+  PRNG key as key data (`Executor.unstack`); the sharded executor's `grad_state` is its data-parallel
+  exchange state, kept in the `executor` item."""
+  return to_host(executor.unstack(pipe, optimizer, state, batch))
 
 
 def executor_layout(executor, pipe, optimizer, saved: pl.TrainState, batch, like):
-  """Inverse of `simulate_layout`, placed like `like` (the executor's fresh state)."""
+  """Inverse of `simulate_layout` (`like`: the executor's fresh state, whose PRNG implementation it takes)."""
   saved = saved._replace(rng=jax.random.wrap_key_data(saved.rng, impl=jax.random.key_impl(like.rng)))
-  if hasattr(executor, "stack"):
-    return executor.stack(pipe, optimizer, saved, batch)
-  return distributed.put_global(saved, jax.tree.map(lambda x: x.sharding, like))
+  return executor.stack(pipe, optimizer, saved, batch)
 
 
 # ------------------------------------------------------------------ files

@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcomp import codecs, feedback, spec
+from jaxcomp.compress import codecs, schemes, spec
 
 ROWS, FEAT = 4, (6, 5)
 
@@ -12,8 +12,8 @@ def _xs(n, seed=0):
   return [jax.random.normal(jax.random.key(seed + i), (ROWS, *FEAT)) for i in range(n)]
 
 
-@pytest.mark.parametrize("scheme", [feedback.EF(codecs.TopK(0.1)), feedback.EF(codecs.MinMaxQuant(2)),
-                                    feedback.EFMixed(codecs.TopK(0.2))], ids=repr)
+@pytest.mark.parametrize("scheme", [schemes.EF(codecs.TopK(0.1)), schemes.EF(codecs.MinMaxQuant(2)),
+                                    schemes.EFMixed(codecs.TopK(0.2))], ids=repr)
 def test_ef_telescopes(scheme):
   """sum of delivered messages + final error == sum of inputs."""
   state = scheme.init_sender(ROWS, FEAT, jnp.float32)
@@ -30,7 +30,7 @@ def test_ef_telescopes(scheme):
                                                 (0.1, (ROWS, 10), 1), (0.3, (ROWS, 10), 3)])
 def test_efmixed_sends_exactly_ceil_kf_entries(fraction, shape, k):
   """ceil(K*F) values per row in total (ceil(k/2) of x, floor(k/2) of e), and bytes to match."""
-  scheme = feedback.EFMixed(codecs.TopK(fraction))
+  scheme = schemes.EFMixed(codecs.TopK(fraction))
   state = scheme.init_sender(ROWS, shape[1:], jnp.float32)
   for x in [jax.random.normal(jax.random.key(i), shape) for i in range(3)]:
     payload, state = scheme.send(x, state)
@@ -42,7 +42,7 @@ def test_efmixed_sends_exactly_ceil_kf_entries(fraction, shape, k):
 
 @pytest.mark.parametrize("codec", [codecs.TopK(0.1), codecs.MaxAbsQuant(2, stochastic=True)], ids=repr)
 def test_ef21_mirrors_stay_identical(codec):
-  scheme = feedback.EF21(codec)
+  scheme = schemes.EF21(codec)
   s_state = scheme.init_sender(ROWS, FEAT, jnp.float32)
   r_state = scheme.init_receiver(ROWS, FEAT, jnp.float32)
   x = _xs(1)[0]
@@ -58,14 +58,14 @@ def test_ef21_mirrors_stay_identical(codec):
 
 def test_aqsgd_mirrors_and_compresses_changes():
   n = 10
-  scheme = feedback.AQSGD(codecs.MaxAbsQuant(2, scale_dtype="float16"), num_examples=n)  # 5 channels: small scales
+  scheme = schemes.AQSGD(codecs.MaxAbsQuant(2, scale_dtype="float16"), num_examples=n)  # 5 channels: small scales
   s_table = scheme.init_sender(ROWS, FEAT, jnp.float32)
   r_table = scheme.init_receiver(ROWS, FEAT, jnp.float32)
   assert s_table.buffer.shape == (n, *FEAT) and s_table.buffer.dtype == jnp.float16
   ids = jnp.array([7, 2, 5, 0])
   a0 = _xs(1)[0]
-  gather = lambda t: feedback.AQSGDState(t.buffer[ids])
-  put = lambda t, rows: feedback.AQSGDState(t.buffer.at[ids].set(rows.buffer))
+  gather = lambda t: schemes.AQSGDState(t.buffer[ids])
+  put = lambda t, rows: schemes.AQSGDState(t.buffer.at[ids].set(rows.buffer))
 
   payload, s_rows = scheme.warmup_send(a0, gather(s_table))  # first visit: dense
   assert codecs.nbytes(payload) == a0.size * 4
@@ -96,7 +96,7 @@ def test_aqsgd_buffer_stays_near_a_noisy_activation():
   zero grid unclipped errs by ~1.3 of it under stochastic rounding, more than the delta it
   corrects, and its buffer random-walks away (~3 ||a|| after 30 visits): AQ-SGD fw2's stall."""
   a = jax.random.normal(jax.random.key(0), (8, 32, 64))
-  scheme = feedback.AQSGD(spec.parse_codec("maxabs:2:stoch"), num_examples=8)
+  scheme = schemes.AQSGD(spec.parse_codec("maxabs:2:stoch"), num_examples=8)
   _, state = scheme.warmup_send(a, scheme.init_sender(8, a.shape[1:], jnp.float32))
   errors = []
   for t in range(30):
@@ -106,9 +106,9 @@ def test_aqsgd_buffer_stays_near_a_noisy_activation():
 
 
 @pytest.mark.parametrize("make, match", [
-    (lambda: feedback.EFMixed(codecs.MinMaxQuant(4)), "EF-mixed needs a TopK codec"),
-    (lambda: feedback.AQSGD(codecs.MinMaxQuant(4), num_examples=0), "num_examples >= 1"),
-    (lambda: feedback.EF("topk"), "needs a Codec"),
+    (lambda: schemes.EFMixed(codecs.MinMaxQuant(4)), "EF-mixed needs a TopK codec"),
+    (lambda: schemes.AQSGD(codecs.MinMaxQuant(4), num_examples=0), "num_examples >= 1"),
+    (lambda: schemes.EF("topk"), "needs a Codec"),
 ])
 def test_bad_schemes(make, match):
   with pytest.raises(ValueError, match=match):

@@ -1,0 +1,18 @@
+"""The (data, stage) device mesh of the sharded executor and its axis names."""
+import jax
+
+STAGE, DATA = "stage", "data"
+
+
+def make_mesh(num_stages: int, data: int = 1, devices=None) -> jax.sharding.Mesh:
+  """A (data, stage) mesh, topology-aware where the platform tells (`jax.make_mesh`):
+  stage neighbours are physical neighbours; a clear error when there are too few devices."""
+  devices = jax.devices() if devices is None else list(devices)
+  if num_stages < 1 or data < 1:
+    raise ValueError(f"mesh needs stages >= 1 and data >= 1, got stages={num_stages}, data={data}")
+  if num_stages * data > len(devices):
+    raise ValueError(f"a mesh of {data} data x {num_stages} stages needs {num_stages * data} devices, "
+                     f"but only {len(devices)} are available")
+  auto = (jax.sharding.AxisType.Auto,) * 2
+  return jax.make_mesh((data, num_stages), (DATA, STAGE), axis_types=auto,
+                       devices=devices[: num_stages * data])

@@ -1,0 +1,245 @@
+"""The sharded executor: stages on a `stage` mesh axis, compressed payloads on `ppermute`.
+
+Mesh axes ("data", "stage") (`mesh.make_mesh`). Device (d, s) runs stage s on data shard d and
+holds stage s's rows of the state (`state_layout`: no device holds the whole model). The step
+runs a schedule of `jaxcomp.parallel.schedule` under `jax.shard_map` (GPipe or 1F1B with
+explicit backward ticks; or GPipe's forward differentiated by autodiff with `remat="none"`);
+every schedule sends exactly M x sum_b wire_bytes(b) each way per data shard. Each data shard
+differentiates its mean loss / D, so its boundary gradients equal those of `simulate` at
+the global batch; the weight gradients are then exchanged over `data` (`dataparallel`: dense,
+compressed by `grad_scheme`, or QuantizedAdam's first moment) and the optimizer runs per stage.
+Numerics (keys, state rows, microbatch order) equal `simulate`'s.
+"""
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxcomp import pipeline as pl
+from jaxcomp.compress import schemes
+from jaxcomp.compress.boundary import LinkState, Mode
+from jaxcomp.parallel import dataparallel, hlo_bytes, layout, schedule
+from jaxcomp.parallel.mesh import DATA, STAGE, make_mesh
+from jaxcomp.parallel.state_layout import StateLayout, abstract_state
+
+SCHEDULES = schedule.SCHEDULES
+__all__ = ["DATA", "GPipe", "SCHEDULES", "STAGE", "ShardedExecutor", "make_mesh"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedExecutor(pl.Executor):
+  """`init_state`, `make_train_step`, `make_eval_step` as `simulate`, with the stages across the mesh.
+
+  `grad_scheme` (Plain or EF around a codec, e.g. `parse_scheme("ef+quant:4")`) compresses the
+  data-parallel weight-gradient exchange; warm-up steps (Mode.WARMUP) exchange dense gradients.
+  With the optimizer `qadam.QuantizedAdam` it compresses Adam's first moment instead (Adam's
+  second moment is frozen after warm-up); each replica's EF error is its row of `grad_state`.
+  Padding has zero gradient, moments and (masked) exchanged momentum, so it stays exactly zero.
+  Ties and clipping apply to each replica's local gradient after warm-up (the mean gradient is
+  never formed), to the mean one during warm-up.
+  `schedule` (`schedule.timing`): "gpipe" (all forwards, then all backwards: M microbatch
+  inputs saved per stage), "1f1b" (PipeDream-flush: one forward or backward per stage per
+  tick, at most S inputs saved whatever M) or "1f1b-fused" (a forward and a backward per
+  stage per tick: at most 2S-1 inputs, half of 1f1b's ticks); all send the same bytes and
+  give the same numbers.
+  `remat="stage"` (default) saves a stage's input per microbatch and recomputes the stage in
+  its explicit backward (`schedule.run_explicit`); `remat="none"` (GPipe only) differentiates
+  the forward schedule with autodiff, which saves every stage's internals.
+  """
+  mesh: jax.sharding.Mesh
+  grad_scheme: Any = None
+  remat: str = "stage"
+  schedule: str = "gpipe"
+
+  def __post_init__(self):
+    g = self.grad_scheme
+    if g is not None and (not isinstance(g, schemes.Scheme) or type(g) not in (schemes.Plain, schemes.EF)):
+      raise ValueError(f"grad_scheme must be a Plain or EF scheme (no receiver state), got {g!r}")
+    if self.remat not in schedule.REMAT:
+      raise ValueError(f"remat must be one of {schedule.REMAT}, got {self.remat!r}")
+    if self.schedule not in SCHEDULES:
+      raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+    if self.schedule != "gpipe" and self.remat == "none":
+      raise ValueError(f"the {self.schedule} schedule always recomputes a stage from its stashed input; "
+                       "use remat='stage'")
+
+  @property
+  def num_stages(self) -> int:
+    return self.mesh.shape[STAGE]
+
+  @property
+  def data(self) -> int:
+    return self.mesh.shape[DATA]
+
+  def _check(self, pipe: pl.Pipeline, optimizer=None):
+    if pipe.num_stages != self.num_stages:
+      raise ValueError(f"the model has {pipe.num_stages} stages but the mesh's stage axis has "
+                       f"{self.num_stages} devices")
+    dataparallel.check_optimizer(optimizer, self.grad_scheme)
+
+  def local_batch(self, batch):
+    """Shapes of one data shard's share of a global batch (arrays or ShapeDtypeStructs): B/D examples."""
+    b = jax.tree.leaves(batch)[0].shape[0]
+    if b % self.data:
+      raise ValueError(f"batch size {b} does not split over {self.data} data shards")
+    return pl.microbatch_shapes(batch, self.data)
+
+  def layout(self, pipe: pl.Pipeline, optimizer, batch) -> StateLayout:
+    """The state layout of this mesh for the global `batch`."""
+    self.local_batch(batch)
+    grad = None if self.grad_scheme is None else self.grad_scheme.init_sender(1, (layout.FlatRows(
+        abstract_state(pipe, optimizer, self.local_batch(batch)).params).size,), jnp.float32)
+    return StateLayout(pipe, optimizer, batch, self.num_stages, self.data, grad)
+
+  # ---------------------------------------------------------------- state
+  def stack(self, pipe, optimizer, state: pl.TrainState, batch):
+    """simulate-layout TrainState for the global `batch` -> sharded state, created sharded by one
+    jitted program that reads the state from host memory (so it works when the mesh spans several
+    processes: every process passes the same state)."""
+    self._check(pipe, optimizer)
+    lay = self.layout(pipe, optimizer, batch)
+    host = jax.device_get(state._replace(rng=jax.random.key_data(state.rng)))
+    impl = jax.random.key_impl(state.rng)
+    build = lambda st: lay.stack(st._replace(rng=jax.random.wrap_key_data(st.rng, impl=impl)))
+    return jax.jit(build, out_shardings=lay.shardings(self.mesh, jax.eval_shape(build, host)))(host)
+
+  def unstack(self, pipe, optimizer, flat_state, batch) -> pl.TrainState:
+    """Sharded state -> simulate layout for the global `batch` (replicated arrays)."""
+    return jax.jit(self.layout(pipe, optimizer, batch).unstack, out_shardings=NamedSharding(self.mesh, P()))(flat_state)
+
+  def init_state(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None):
+    """The train state, created sharded: device s initialises only stage s (rows of its
+    parameters, model state and optimizer state). `params` (per-stage trees, e.g. pretrained
+    weights) are read from the host instead."""
+    self._check(pipe, optimizer)
+    lay = self.layout(pipe, optimizer, batch)
+    pl.check_aqsgd_memory(pipe.boundary, lay.shapes)
+    if params is not None:
+      return self.stack(pipe, optimizer, pl.init_state(pipe, optimizer, rng, batch, params), batch)
+    build = lay.initializer(self.mesh, jax.random.key_impl(rng))
+    key_data = jax.device_get(jax.random.key_data(rng))
+    return jax.jit(build, out_shardings=lay.shardings(self.mesh, jax.eval_shape(build, key_data)))(key_data)
+
+  def state_shapes(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation, batch):
+    """ShapeDtypeStructs, with their shardings, of what `init_state` returns, traced abstractly: nothing
+    is allocated and no memory is checked (for compiling ahead of time for a target, `jaxcomp.runtime.dryrun`)."""
+    self._check(pipe, optimizer)
+    lay, key = self.layout(pipe, optimizer, batch), jax.random.key(0)
+    shapes = jax.eval_shape(lay.initializer(self.mesh, jax.random.key_impl(key)), jax.random.key_data(key))
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes,
+                        lay.shardings(self.mesh, shapes))
+
+  # ---------------------------------------------------------------- steps
+  def make_train_step(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation,
+                      mode: Mode = Mode.TRAIN):
+    """jit-compiled (state, batch) -> (state, metrics) over the mesh."""
+    self._check(pipe, optimizer)
+    if not mode.trains:
+      raise ValueError(f"train step mode must be TRAIN, WARMUP or FIRST_VISIT, got {mode}")
+    return self._cached(pipe, optimizer, mode, train=True)
+
+  def make_eval_step(self, pipe: pl.Pipeline, compressed: bool):
+    self._check(pipe)
+    mode = Mode.EVAL_COMPRESSED if compressed else Mode.EVAL_UNCOMPRESSED
+    return self._cached(pipe, None, mode, train=False)
+
+  def wire_bytes_per_step(self, pipe, batch, mode: Mode = Mode.TRAIN) -> dict[str, int]:
+    """Executor protocol: every data shard's pipeline bytes each way, plus the gradient (or
+    QuantizedAdam momentum) exchange; warm-up steps send everything dense (`pipeline.as_sent`)."""
+    local = pl.wire_bytes_per_step(pl.as_sent(pipe, mode), None, self.local_batch(batch))
+    out = {k: v * self.data for k, v in local.items()}
+    if self.data > 1:
+      out["data"] = self.grad_wire_bytes(pipe, optax.identity(), batch, dense=mode is Mode.WARMUP)
+    return out
+
+  def grad_wire_bytes(self, pipe, optimizer, batch, dense: bool = False) -> int:
+    """Bytes all replicas send per step for the data-parallel gradient exchange (all stages);
+    QuantizedAdam's momentum exchange sends the same [1, P] messages."""
+    params = layout.FlatRows(abstract_state(pipe, optimizer, self.local_batch(batch)).params)
+    return dataparallel.exchange_bytes(self.grad_scheme, params.size, self.num_stages, self.data, dense)
+
+  def collective_bytes(self, hlo_text: str) -> dict[str, int]:
+    """Bytes the collectives of a compiled program of this mesh send per call: fwd, bwd, data (`hlo_bytes`)."""
+    return hlo_bytes.collective_bytes(hlo_text, self.num_stages)
+
+  def compiled_text(self, pipe, optimizer, state, batch, mode: Mode = Mode.TRAIN) -> str:
+    """HLO of the compiled train step for this batch shape (for wire accounting)."""
+    return self.lowered(pipe, optimizer, state, batch, mode).compile().as_text()
+
+  def lowered(self, pipe, optimizer, state, batch, mode: Mode = Mode.TRAIN):
+    """The lowered train step (`.compile()`, `.compile().memory_analysis()`, ...)."""
+    self._check(pipe, optimizer)
+    return self.build_step(pipe, optimizer, mode, True, state, batch).lower(state, batch)
+
+  def _cached(self, pipe, optimizer, mode, train):
+    cache = {}
+
+    def step(state, batch):
+      key = tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(batch))
+      if key not in cache:
+        lay = self.layout(pipe, optimizer, batch)
+        if train:
+          lay.optimizer.check(state.opt_state, warmup=mode is Mode.WARMUP)
+        cache[key] = self._step(lay, optimizer, mode, train, state)
+      return cache[key](state, batch)
+
+    return step
+
+  def build_step(self, pipe, optimizer, mode, train, state, batch):
+    """The jitted step for this batch shape (state and batch give the shapes)."""
+    return self._step(self.layout(pipe, optimizer, batch), optimizer, mode, train, state)
+
+  def _step(self, lay: StateLayout, optimizer, mode, train, state):
+    pipe, local = lay.pipe, lay.local_batch
+    m_count, scale = pipe.microbatches, 1 / (pipe.microbatches * self.data)
+    explicit = train and self.remat == "stage"
+    timing = schedule.timing(self.schedule, self.num_stages, m_count) if explicit else schedule.Timing()
+    prog = schedule.make_program(pipe, lay.template, local, mode, train, timing)
+    exchange = dataparallel.exchange_for(optimizer, self.grad_scheme, warmup=mode is Mode.WARMUP)
+    total = lambda v: jax.lax.pmean(jax.lax.psum(v, STAGE), DATA)
+    mine = lambda tree: jax.tree.map(lambda a: a[0], tree)  # this device's block
+    mean = lambda out: (out.loss_sum / m_count, jax.tree.map(lambda v: v / m_count, out.metric_sums))
+
+    def device_step(state, batch):
+      step_key = jax.random.fold_in(state.rng, state.step)
+      mbs = pl.split_microbatches(batch, m_count)
+      fwd = (mine(state.links.fwd_send), mine(state.links.fwd_recv))
+      bwd = (mine(state.links.bwd_send), mine(state.links.bwd_recv))
+
+      def loss_of(params_row, bwd):
+        out = schedule.run_gpipe(prog, params_row, state.model_state[0], fwd, bwd, mbs, step_key)
+        loss, metrics = mean(out)
+        # / D: the boundary gradients of this shard's microbatches are those of the global mean loss
+        return loss / self.data, (loss, metrics, out.model_state, out.fwd_tables)
+
+      if not train:
+        _, (loss, metrics, _, _) = loss_of(state.params[0], bwd)
+        return jax.tree.map(total, {"loss": loss, **metrics})
+      if explicit:
+        out = schedule.run_explicit(prog, state.params[0], state.model_state[0], fwd, bwd, mbs, step_key,
+                                    jnp.asarray(scale, jnp.float32))
+        (loss, metrics), ms, fwd, grads, bwd = mean(out), out.model_state, out.fwd_tables, out.grads, out.bwd_tables
+      else:
+        (_, (loss, metrics, ms, fwd)), (grads, bwd) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(
+            state.params[0], bwd)
+      s = jax.lax.axis_index(STAGE)
+      at = dataparallel.StageStep(s, jax.random.fold_in(step_key, 2), lay.real(s), lay.finish, lay.optimizer)
+      params_row, opt, grad_state = exchange(grads, mine(state.opt_state), state.params[0], state.grad_state, at)
+      ms = jax.lax.pmean(ms, DATA)  # BatchNorm running statistics synchronised over data shards
+      add = lambda tree: jax.tree.map(lambda a: a[None], tree)
+      links = LinkState(add(fwd[0]), add(fwd[1]), add(bwd[0]), add(bwd[1]))
+      new_state = pl.TrainState(state.step + 1, state.rng, params_row[None], ms[None], add(opt), links, grad_state)
+      return new_state, jax.tree.map(total, {"loss": loss, **metrics})
+
+    state_specs = StateLayout.specs(state)
+    batch_specs = jax.tree.map(lambda _: P(DATA), local)
+    mapped = jax.shard_map(device_step, mesh=self.mesh, in_specs=(state_specs, batch_specs),
+                           out_specs=(state_specs, P()) if train else P(), check_vma=False)
+    return jax.jit(mapped, donate_argnums=0 if train else ())
+
+
+GPipe = ShardedExecutor  # the name it had when GPipe was its only schedule

@@ -1,0 +1,292 @@
+"""The sharded executor's state: the simulate layout's TrainState as stage rows and link tables.
+
+Per device (d, s) of the (data, stage) mesh, every per-stage quantity is a zero-padded row
+(`layout.FlatRows`), so that one stage-sharded array holds all of them:
+  params [S, P], model state [S, Q], optimizer state [S, O]    (sharded on stage)
+  link tables [S, D*rows, F]: device s holds the forward-sender / backward-receiver rows of
+  boundary s and the forward-receiver / backward-sender rows of boundary s-1; a batch-slot
+  table's rows are split over the data shards, a per-example (AQ-SGD) table is held whole
+  by every data shard (shard d's copy holds its own examples' rows, zeros elsewhere).
+  grad_state [S, D, P]: each replica's error row of the data-parallel exchange.
+`StateLayout.specs` is the one source of every partition spec.
+"""
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxcomp import pipeline as pl
+from jaxcomp.compress.boundary import LinkState
+from jaxcomp.parallel import layout
+from jaxcomp.parallel.mesh import DATA, STAGE
+from jaxcomp.parallel.qadam import QuantizedAdam
+
+_OWNER = {"fwd_send": 0, "bwd_recv": 0, "fwd_recv": 1, "bwd_send": 1}  # boundary of stage s: s - offset
+
+
+def abstract_state(pipe: pl.Pipeline, optimizer, batch) -> pl.TrainState:
+  """The simulate-layout TrainState's shapes (no real initialisation)."""
+  opt = optimizer or optax.identity()
+  return jax.eval_shape(lambda b: pl.init_state(pipe, opt, jax.random.key(0), b), batch)
+
+
+class OptimizerRows(Protocol):
+  """An optimizer's per-stage states <-> `[S, ...]` rows, and its step on one stage's row."""
+
+  def stack(self, per_stage: tuple):
+    """Per-stage states (simulate layout, split by stage) -> stage rows."""
+
+  def unstack(self, rows) -> tuple:
+    """Inverse of `stack`."""
+
+  def init_row(self, params_row, s):
+    """Stage s's state row, inside the stage's `shard_map` (s traced)."""
+
+  def update(self, grads_row, opt_row, params_row, s):
+    """(params row', state row') after one step on the finished gradient row."""
+
+  def check(self, opt_rows, warmup: bool):
+    """Refuses a state this step cannot run from (concrete rows)."""
+
+
+class OptaxRows:
+  """An optax optimizer: each stage's state flattened into a padded row (`layout.FlatRows`)."""
+
+  def __init__(self, optimizer: optax.GradientTransformation, params_fl: layout.FlatRows, stage_params):
+    self.optimizer, self.params_fl = optimizer, params_fl
+    self.fl = layout.FlatRows([optimizer.init(p) for p in stage_params])
+
+  def stack(self, per_stage):
+    return self.fl.stack(per_stage)
+
+  def unstack(self, rows):
+    return self.fl.unstack(rows)
+
+  def init_row(self, params_row, s):
+    return jax.lax.switch(s, [lambda j=j: self.fl.put(j, self.optimizer.init(self.params_fl.get(j, params_row)))
+                              for j in range(len(self.fl.sizes))])
+
+  def update(self, grads_row, opt_row, params_row, s):
+    def stage(j):
+      def run(params_row, grads_row, opt_row):
+        p, g, o = self.params_fl.get(j, params_row), self.params_fl.get(j, grads_row), self.fl.get(j, opt_row)
+        updates, o = self.optimizer.update(g, o, p)
+        return self.params_fl.put(j, optax.apply_updates(p, updates)), self.fl.put(j, o)
+      return run
+    return jax.lax.switch(s, [stage(j) for j in range(len(self.fl.sizes))], params_row, grads_row, opt_row)
+
+  def check(self, opt_rows, warmup):
+    pass
+
+
+class MomentRows:
+  """QuantizedAdam: its moments are rows like the parameters, its step counts one per stage."""
+
+  def __init__(self, optimizer: QuantizedAdam, params_fl: layout.FlatRows):
+    self.optimizer, self.params_fl = optimizer, params_fl
+
+  def stack(self, per_stage):
+    rows = [st._replace(mu=self.params_fl.put(s, st.mu), nu=self.params_fl.put(s, st.nu))
+            for s, st in enumerate(per_stage)]
+    return jax.tree.map(lambda *r: jnp.stack(r), *rows)
+
+  def unstack(self, rows):
+    return tuple(rows._replace(count=rows.count[s], nu_count=rows.nu_count[s], mu=self.params_fl.get(s, rows.mu[s]),
+                               nu=self.params_fl.get(s, rows.nu[s])) for s in range(len(self.params_fl.sizes)))
+
+  def init_row(self, params_row, s):
+    return self.optimizer.init(jnp.zeros((self.params_fl.size,), self.params_fl.dtype))
+
+  def update(self, grads_row, opt_row, params_row, s):
+    """A dense (warm-up) step: Adam on the mean gradient, both moments updated."""
+    return self.optimizer.dense_update(grads_row, opt_row, params_row)
+
+  def check(self, opt_rows, warmup):
+    if not warmup and not int(opt_rows.nu_count[0]):
+      raise ValueError("QuantizedAdam freezes Adam's second moment after warm-up, but this state has had "
+                       "no warm-up step (v = 0): run Mode.WARMUP steps first")
+
+
+def optimizer_rows(optimizer, params_fl: layout.FlatRows, stage_params) -> OptimizerRows | None:
+  """The rows of `optimizer` (None: no optimizer, an eval step)."""
+  if optimizer is None:
+    return None
+  if isinstance(optimizer, QuantizedAdam):
+    return MomentRows(optimizer, params_fl)
+  return OptaxRows(optimizer, params_fl, stage_params)
+
+
+class StateLayout:
+  """The layout of one (pipeline, optimizer, global batch) on a mesh of `num_stages` x `data`
+  devices; built from shapes alone. `grad_template` is one replica's data-parallel error state
+  for a `[P]` row (a scheme's `init_sender`), or None without a compressed exchange."""
+
+  def __init__(self, pipe: pl.Pipeline, optimizer, batch, num_stages: int, data: int, grad_template=None):
+    self.pipe, self.num_stages, self.data, self.grad_template = pipe, num_stages, data, grad_template
+    self.template = abstract_state(pipe, optimizer, batch)
+    self.params = layout.FlatRows(self.template.params)
+    self.model_state = layout.FlatRows(self.template.model_state)
+    self.optimizer = optimizer_rows(optimizer, self.params, self.template.params)
+    self.batch_size = jax.tree.leaves(batch)[0].shape[0]
+    self.local_batch = pl.microbatch_shapes(batch, data)
+    self.microbatch = pl.microbatch_shapes(self.local_batch, pipe.microbatches)
+    self.shapes = pl.boundary_shapes(pipe, self.template.params, self.template.model_state,
+                                     self.microbatch[pipe.input_key])
+    self.f_max = max([layout.feature_size(s.shape) for s in self.shapes] or [1])
+
+  # ------------------------------------------------------------ partition specs
+  @staticmethod
+  def specs(state: pl.TrainState) -> pl.TrainState:
+    """Every partition spec of a sharded state (arrays or shapes)."""
+    rows = lambda tree: jax.tree.map(lambda _: P(STAGE, DATA), tree)
+    return pl.TrainState(P(), P(), P(STAGE), P(STAGE), jax.tree.map(lambda _: P(STAGE), state.opt_state),
+                         rows(state.links), rows(state.grad_state))
+
+  @classmethod
+  def shardings(cls, mesh, state: pl.TrainState) -> pl.TrainState:
+    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), cls.specs(state),
+                        is_leaf=lambda x: isinstance(x, P))
+
+  # ------------------------------------------------------------ whole states
+  def stack(self, state: pl.TrainState) -> pl.TrainState:
+    """simulate-layout TrainState (PRNG key as key data) -> rows; traceable."""
+    opt_state = ()
+    if self.optimizer is not None:
+      opt_state = self.optimizer.stack(layout.split_by_stage(state.opt_state, state.params))
+    return pl.TrainState(state.step, state.rng, self.params.stack(state.params), self.model_state.stack(
+        state.model_state), opt_state, self.tables(state.links), self.grad_rows(state.grad_state))
+
+  def unstack(self, flat: pl.TrainState) -> pl.TrainState:
+    """Inverse of `stack`: the optimizer state in `optimizer.init(params)`'s structure, `grad_state`
+    per stage a tree of [D, ...] error rows, each example's row from the shard that owns it."""
+    params = self.params.unstack(flat.params)
+    opt_state = ()
+    if self.optimizer is not None:
+      opt_state = layout.merge_stages(tuple(self.optimizer.unstack(flat.opt_state)), params)
+    return pl.TrainState(flat.step, flat.rng, params, self.model_state.unstack(flat.model_state), opt_state,
+                         self.untables(flat.links), self.grad_canonical(flat.grad_state))
+
+  def initializer(self, mesh, impl):
+    """key data -> the sharded train state: device s initialises only stage s's rows."""
+    pipe, inputs = self.pipe, [self.microbatch[self.pipe.input_key], *self.shapes]
+
+    def stage_rows(init_rng):
+      s = jax.lax.axis_index(STAGE)
+
+      def init(j):
+        def run():
+          p, ms = pipe.stages[j].init(jax.random.fold_in(init_rng, j), jnp.zeros(inputs[j].shape, inputs[j].dtype))
+          return self.params.put(j, p), self.model_state.put(j, ms)
+        return run
+
+      p_row, ms_row = jax.lax.switch(s, [init(j) for j in range(self.num_stages)])
+      p_row = self.tie(p_row, s)
+      return jax.tree.map(lambda a: a[None], (p_row, ms_row, self.optimizer.init_row(p_row, s)))
+
+    def build(key_data):
+      init_rng, state_rng = jax.random.split(jax.random.wrap_key_data(key_data, impl=impl))
+      rows = jax.shard_map(stage_rows, mesh=mesh, in_specs=P(), out_specs=P(STAGE), check_vma=False)
+      p_rows, ms_rows, opt_rows = rows(init_rng)
+      links = tuple(pipe.boundary.init(self.batch_size, x.shape[1:], x.dtype) for x in self.shapes)
+      return pl.TrainState(jnp.zeros((), jnp.int32), state_rng, p_rows, ms_rows, opt_rows, self.tables(links),
+                           self.grad_rows(()))
+
+    return build
+
+  # ------------------------------------------------------------ link tables
+  def _keyed(self, field: str) -> bool:
+    """Whether a LinkState field has one row per example (AQ-SGD forward state)."""
+    return field.startswith("fwd") and self.pipe.boundary.fwd.keyed_by_example
+
+  def tables(self, links) -> LinkState:
+    """Per-boundary LinkStates (global batch) -> [S, D*rows, F] tables, one per field."""
+    def table(field):
+      def leaf(*per_boundary):
+        rows, dtype = per_boundary[0].shape[0], per_boundary[0].dtype
+        blocks = []
+        for s in range(self.num_stages):
+          b = s - _OWNER[field]
+          block = jnp.zeros((rows, self.f_max), dtype)
+          if 0 <= b < len(per_boundary):
+            flat = per_boundary[b].reshape(rows, -1)
+            block = block.at[:, : flat.shape[1]].set(flat)
+          blocks.append(self._example_copies(block) if self._keyed(field) else block)
+        return jnp.stack(blocks)
+      parts = [getattr(link, field) for link in links]
+      return jax.tree.map(leaf, *parts) if parts else ()
+    return LinkState(*(table(f) for f in LinkState._fields))
+
+  def untables(self, tables) -> tuple:
+    """Inverse of `tables`."""
+    out = []
+    for b, link in enumerate(self.template.links):
+      def field(name):
+        s = b + _OWNER[name]
+        def leaf(t, like):
+          t = self._example_rows(t[s]) if self._keyed(name) else t[s]
+          return t[: like.shape[0], : layout.feature_size(like.shape)].reshape(like.shape).astype(like.dtype)
+        return jax.tree.map(leaf, getattr(tables, name), getattr(link, name))
+      out.append(LinkState(*(field(f) for f in LinkState._fields)))
+    return tuple(out)
+
+  def _example_copies(self, table):
+    """A per-example [rows, F] table -> [D*rows, F]: data shard d's copy holds the rows of its
+    own examples (`pl.example_shard`) and zeros elsewhere, as training leaves it."""
+    owner = pl.example_shard(jnp.arange(table.shape[0]), self.data)
+    return jnp.concatenate([jnp.where((owner == d)[:, None], table, jnp.zeros_like(table)) for d in range(self.data)])
+
+  def _example_rows(self, copies):
+    """Inverse of `_example_copies`: each example's row from the shard that owns it."""
+    rows = copies.shape[0] // self.data
+    owner = pl.example_shard(jnp.arange(rows), self.data)
+    return copies.reshape(self.data, rows, -1)[owner, jnp.arange(rows)]
+
+  # ------------------------------------------------------------ data-parallel error rows
+  def grad_rows(self, canonical):
+    """grad_state: per stage, trees with a leading [D] axis -> [S, D, P] rows (zeros if ())."""
+    if self.grad_template is None:
+      return ()
+    if canonical == ():
+      return jax.tree.map(lambda r: jnp.tile(r[None], (self.num_stages, self.data, 1)), self.grad_template)
+    structure = jax.tree.structure(self.grad_template)
+    rows = [jnp.stack([jax.vmap(lambda t, s=s: self.params.put(s, t))(per_stage[s]) for s in range(self.num_stages)])
+            for per_stage in structure.flatten_up_to(canonical)]
+    return jax.tree.unflatten(structure, rows)
+
+  def grad_canonical(self, rows):
+    """Inverse of `grad_rows`."""
+    if self.grad_template is None:
+      return ()
+    canonical = [tuple(jax.vmap(lambda r, s=s: self.params.get(s, r))(leaf[s]) for s in range(self.num_stages))
+                 for leaf in jax.tree.leaves(rows)]
+    return jax.tree.unflatten(jax.tree.structure(self.grad_template), canonical)
+
+  # ------------------------------------------------------------ tied parameters, clipping
+  def tie(self, row, s):
+    """Tied parameters start equal: each pair's second member takes the first's value (a psum
+    over stages of the first member's segment)."""
+    for (sa, pa), (sb, pb) in self.pipe.tied:
+      (oa, n), (ob, _) = self.params.leaf_span(sa, pa), self.params.leaf_span(sb, pb)
+      first = jax.lax.psum(jnp.where(s == sa, row[oa: oa + n], 0), STAGE)
+      row = jnp.where(s == sb, row.at[ob: ob + n].set(first), row)
+    return row
+
+  def finish(self, grads_row, s):
+    """Ties (psum of each tied segment over its two stages) and global-norm clipping."""
+    for (sa, pa), (sb, pb) in self.pipe.tied:
+      (oa, n), (ob, _) = self.params.leaf_span(sa, pa), self.params.leaf_span(sb, pb)
+      mine = jnp.where(s == sa, grads_row[oa: oa + n], jnp.where(s == sb, grads_row[ob: ob + n], 0.0))
+      total = jax.lax.psum(mine, STAGE)
+      grads_row = jnp.where(s == sa, grads_row.at[oa: oa + n].set(total),
+                            jnp.where(s == sb, grads_row.at[ob: ob + n].set(total), grads_row))
+    if self.pipe.grad_clip_norm is not None:
+      grads_row = grads_row * pl.clip_factor(jax.lax.psum(jnp.sum(jnp.square(grads_row)), STAGE),
+                                             self.pipe.grad_clip_norm)
+    return grads_row
+
+  def real(self, s):
+    """Mask of stage s's row that is not padding."""
+    return jnp.arange(self.params.size) < jnp.asarray(self.params.sizes)[s]

@@ -1,0 +1,2 @@
+"""Running experiments: the train loop, checkpoints, results, locks, multi-host start-up, and dry
+runs compiled for an accelerator target."""
