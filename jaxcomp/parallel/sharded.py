@@ -91,9 +91,7 @@ class ShardedExecutor(pl.Executor):
   def layout(self, pipe: pl.Pipeline, optimizer, batch) -> StateLayout:
     """The state layout of this mesh for the global `batch`."""
     self.local_batch(batch)
-    grad = None if self.grad_scheme is None else self.grad_scheme.init_sender(1, (layout.FlatRows(
-        abstract_state(pipe, optimizer, self.local_batch(batch)).params).size,), jnp.float32)
-    return StateLayout(pipe, optimizer, batch, self.num_stages, self.data, grad)
+    return StateLayout(pipe, optimizer, batch, self.num_stages, self.data, self.grad_scheme)
 
   # ---------------------------------------------------------------- state
   def stack(self, pipe, optimizer, state: pl.TrainState, batch):

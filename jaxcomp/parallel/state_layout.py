@@ -121,13 +121,14 @@ def optimizer_rows(optimizer, params_fl: layout.FlatRows, stage_params) -> Optim
 
 class StateLayout:
   """The layout of one (pipeline, optimizer, global batch) on a mesh of `num_stages` x `data`
-  devices; built from shapes alone. `grad_template` is one replica's data-parallel error state
-  for a `[P]` row (a scheme's `init_sender`), or None without a compressed exchange."""
+  devices; built from shapes alone. `grad_scheme` compresses the data-parallel exchange (None: a
+  dense one); `grad_template` is then one replica's error state for a `[P]` row."""
 
-  def __init__(self, pipe: pl.Pipeline, optimizer, batch, num_stages: int, data: int, grad_template=None):
-    self.pipe, self.num_stages, self.data, self.grad_template = pipe, num_stages, data, grad_template
+  def __init__(self, pipe: pl.Pipeline, optimizer, batch, num_stages: int, data: int, grad_scheme=None):
+    self.pipe, self.num_stages, self.data = pipe, num_stages, data
     self.template = abstract_state(pipe, optimizer, batch)
     self.params = layout.FlatRows(self.template.params)
+    self.grad_template = None if grad_scheme is None else grad_scheme.init_sender(1, (self.params.size,), jnp.float32)
     self.model_state = layout.FlatRows(self.template.model_state)
     self.optimizer = optimizer_rows(optimizer, self.params, self.template.params)
     self.batch_size = jax.tree.leaves(batch)[0].shape[0]
