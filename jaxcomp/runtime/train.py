@@ -20,11 +20,11 @@ Mode.FIRST_VISIT step: its activations go dense and m(xi) = a, its gradients sta
 compressed. `FirstVisits` tracks which examples were sent (replayed from the data order on
 resume), and their bytes are counted.
 
-The executor is `simulate`, a `sharded.ShardedExecutor` or `hostbuffer.HostBuffered`; two optional hooks
-serve the last (AQ-SGD tables in host memory): a train step with `takes_next_ids` is called
-step(state, batch, next_ids) with the next batch's ids in the epoch (None after its last), so
-it can prefetch; an executor's `host_state` (numpy arrays outside the TrainState) is saved
-with every checkpoint and restored in place on resume.
+The executor is a `pipeline.Executor`: `simulate.Simulate`, a `sharded.ShardedExecutor` or a
+`hostbuffer.HostBuffered` (AQ-SGD tables in host memory). For the last, a train step with
+`takes_next_ids` is called step(state, batch, next_ids) with the next batch's ids in the epoch
+(None after its last), so it can prefetch, and the executor's `host_state` (numpy arrays outside
+the TrainState) is saved with every checkpoint and restored in place on resume.
 
 Multi-process (`distributed.initialize`): every process runs `fit` with the same data; an
 executor with a `mesh` gets each batch as a global array of which each process transfers only
@@ -250,6 +250,7 @@ class Run:
   global_step: int
   wire: dict  # bytes per step, per Mode
   eval_steps: dict  # with compression on (True) and off (False)
+  place: Callable[[dict], dict]  # how a batch reaches the executor (`batch_placement`)
   steps: dict = dataclasses.field(default_factory=dict)  # compiled train steps, per Mode
 
   def to_layout(self, state):
@@ -299,14 +300,13 @@ def start(pipe: pl.Pipeline, optimizer, executor: pl.Executor, data: Data, cfg: 
                                                                                  Mode.FIRST_VISIT)}
   eval_steps = {c: executor.make_eval_step(pipe, c) for c in (True, False)}
   return Run(pipe, optimizer, executor, data, cfg, state, history, start_epoch, done_losses, ckpt, visits,
-             int(state.step), wire, eval_steps)
+             int(state.step), wire, eval_steps, batch_placement(executor))
 
 
 def run_epoch(run: Run, epoch: int) -> EpochResult:
   """Trains one epoch (the rest of it after a resume inside it), advancing `run.state`; stops with
   NonFiniteLossError at a step whose loss or new parameters are not finite."""
   cfg, data, mode, main = run.cfg, run.data, run.epoch_mode(epoch), distributed.is_main_process()
-  place = batch_placement(run.executor)
   losses, run.done_losses = run.done_losses, []
   skip = len(losses)
   sent, dense_steps = {k: 0 for k in run.wire[mode]}, 0
@@ -336,7 +336,7 @@ def run_epoch(run: Run, epoch: int) -> EpochResult:
                  disable=not (cfg.progress and main), leave=False)
     if step_mode not in run.steps:
       run.steps[step_mode] = run.executor.make_train_step(run.pipe, run.optimizer, step_mode)
-    run.state, metrics = _train_step(run.steps[step_mode], run.state, batch, following, place)
+    run.state, metrics = _train_step(run.steps[step_mode], run.state, batch, following, run.place)
     count(step_mode)
     loss = float(metrics["loss"])
     if not (math.isfinite(loss) and bool(all_finite(run.state.params))):
@@ -365,7 +365,7 @@ def run_epoch(run: Run, epoch: int) -> EpochResult:
 def record(run: Run, epoch: int, result: EpochResult, on_epoch=None):
   """Evaluates with compression on and off, appends the epoch's record to the history, checkpoints
   (unless an evaluation diverged: then NonFiniteLossError after `on_epoch`), calls `on_epoch`."""
-  place, mode, data = batch_placement(run.executor), run.epoch_mode(epoch), run.data
+  place, mode, data = run.place, run.epoch_mode(epoch), run.data
   eval_steps, losses = run.eval_steps, result.losses
   entry = {
       "epoch": epoch + 1, "step": run.global_step, "mode": mode.value, "epoch_batches": len(losses),
