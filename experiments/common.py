@@ -20,6 +20,7 @@ from typing import Callable
 
 import jax
 
+from experiments import plots
 from jaxcomp import pipeline as pl
 from jaxcomp.compress.boundary import Reuse
 from jaxcomp.compress.schemes import AQSGD
@@ -35,28 +36,40 @@ from jaxcomp.runtime import (
   train,
 )
 
-COMMON_FLAGS = {  # flag -> (type, help); defaults come from the recipe
-    "fwd": (str, "forward (activation) compression spec, e.g. quant:4, topk:0.1, aqsgd+topk:0.5"),
-    "bwd": (str, "backward (gradient) compression spec, e.g. quant:8, reuse"),
-    "epochs": (int, "training epochs"),
-    "steps": (int, "stop after this many steps in total (short runs)"),
-    "seed": (int, "random seed (init, data order, stochastic rounding)"),
-    "batch_size": (int, "global batch size"),
-    "microbatches": (int, "GPipe microbatches per batch (per data shard)"),
-    "stages": (int, "pipeline stages"),
-    "lr": (float, "peak learning rate"),
-    "warmup_epochs": (int, "epochs sent uncompressed first (AQ-SGD fills its buffers)"),
-    "init_epoch": (int, "warm start from the baseline's checkpoint after this many epochs (baseN)"),
-    "train_examples": (int, "use only the first N training examples (quick runs)"),
-    "eval_examples": (int, "use only the first N evaluation examples"),
-    "data_parallel": (int, "data-parallel replicas (gpipe executor)"),
-    "grad_compression": (str, "compress data-parallel weight gradients, e.g. ef+quant:4 (gpipe; dense in warm-up)"),
+GROUPS = {  # --help's argument groups: key -> title
+    "compression": "compression (what crosses the stage boundaries)",
+    "training": "model and training",
+    "parallel": "parallelism and multi-host (SLURM, Open MPI and Cloud TPU pods are detected without the "
+                "multi-process flags)",
+    "data": "data",
+    "output": "output and resume",
+}
+COMMON_FLAGS = {  # flag -> (group, type, help); defaults come from the recipe
+    "fwd": ("compression", str, "forward (activation) compression spec, e.g. quant:4, topk:0.1, aqsgd+topk:0.5"),
+    "bwd": ("compression", str, "backward (gradient) compression spec, e.g. quant:8, reuse"),
+    "warmup_epochs": ("compression", int, "epochs sent uncompressed first (AQ-SGD fills its buffers)"),
+    "grad_compression": ("compression", str,
+                         "compress data-parallel weight gradients, e.g. ef+quant:4 (gpipe; dense in warm-up)"),
+    "epochs": ("training", int, "training epochs"),
+    "steps": ("training", int, "stop after this many steps in total (short runs)"),
+    "seed": ("training", int, "random seed (init, data order, stochastic rounding)"),
+    "batch_size": ("training", int, "global batch size"),
+    "lr": ("training", float, "peak learning rate"),
+    "init_epoch": ("training", int, "warm start from the baseline's checkpoint after this many epochs (baseN)"),
+    "stages": ("parallel", int, "pipeline stages"),
+    "microbatches": ("parallel", int, "GPipe microbatches per batch (per data shard)"),
+    "data_parallel": ("parallel", int, "data-parallel replicas (gpipe executor)"),
+    "train_examples": ("data", int, "use only the first N training examples (quick runs)"),
+    "eval_examples": ("data", int, "use only the first N evaluation examples"),
 }
 
 
 AT_LEAST = {**{k: 1 for k in ("epochs", "steps", "batch_size", "microbatches", "stages", "train_examples",
                                 "eval_examples", "data_parallel", "width", "init_epoch")},
             "block_size": 2, "warmup_epochs": 0}
+BUILT_IN_DEFAULTS = {"warmup_epochs": 0, "steps": "every epoch's", "data_parallel": 1, "train_examples": "all",
+                     "eval_examples": "all", "grad_compression": "none, the dense mean"}
+COMPRESSION_KEYS = ("fwd", "bwd", "warmup_epochs", "init_epoch", "grad_compression")
 RESUMABLE = ("epochs", "steps", "resume", "no_progress", "out", "coordinator", "num_processes", "process_id",
              "compile_for")
 # (may change when a run is resumed: where it runs is not what it computes)
@@ -71,51 +84,102 @@ class Experiment:
   presets: dict  # preset name -> overrides
   build: Callable  # config dict -> (Pipeline, optimizer, train.Data, initial params or None)
   abstract: Callable  # config dict -> (Pipeline, optimizer, batch, assumption): no data read (--compile-for)
-  add_flags: Callable = lambda parser: None  # experiment-specific flags
+  flags: dict = dataclasses.field(default_factory=dict)  # its own flags: name -> (group, help, argparse kwargs)
+  paper_row: Callable = lambda preset: ""  # preset name -> the paper's row it reproduces (--list-presets)
+
+
+def recipe_default(exp: Experiment, key: str) -> str:
+  """' (default: V)' from the recipes (' (default: V; W with --recipe R)' where they differ), '' if none sets it."""
+  values = {name: recipe.get(key) for name, recipe in exp.recipes.items()}
+  default = values[exp.default_recipe]
+  if all(v is None for v in values.values()):
+    return f" (default: {BUILT_IN_DEFAULTS[key]})" if key in BUILT_IN_DEFAULTS else ""
+  others = "".join(f"; {v} with --recipe {name}" for name, v in values.items() if v != default)
+  return f" (default: {default}{others})"
 
 
 def parser_for(exp: Experiment) -> argparse.ArgumentParser:
+  """The experiment's CLI in argument groups (GROUPS); each flag's help shows its default."""
   p = argparse.ArgumentParser(prog=f"python -m experiments.{exp.name}",
-                              description=f"{exp.name}: presets reproduce the papers' rows")
-  p.add_argument("--preset", help="a paper row (see --list-presets)")
-  p.add_argument("--list-presets", action="store_true", help="print the presets and exit")
-  p.add_argument("--recipe", choices=list(exp.recipes),
-                 help=f"defaults that presets and flags override (default {exp.default_recipe})")
-  for flag, (kind, text) in COMMON_FLAGS.items():
-    p.add_argument("--" + flag.replace("_", "-"), type=kind, help=text)
-  p.add_argument("--executor", choices=["simulate", "gpipe"], help="one device, or stages across devices")
-  p.add_argument("--schedule", choices=list(sharded.SCHEDULES),
-                 help="gpipe executor's tick schedule: gpipe (default), 1f1b (at most S microbatch inputs per "
-                      "stage) or 1f1b-fused (at most 2S-1, fewer ticks)")
-  p.add_argument("--aqsgd-buffers", metavar="device|host|DIR",
-                 help="where AQ-SGD's per-example tables live: on the device (default), in host RAM, or in "
-                      "memory-mapped .npy files under DIR (simulate executor, aqsgd+ forward spec)")
-  p.add_argument("--out", help="output folder (default runs/<experiment>)")
-  p.add_argument("--run-name", help="name of this run's files (default: the preset or the specs)")
-  p.add_argument("--resume", action="store_true", help="continue from this run's latest checkpoint")
-  p.add_argument("--init-from", help="baseline run folder (with ckpt/) for warm starts (baseN presets)")
-  p.add_argument("--no-progress", action="store_true", help="no progress bar")
-  p.add_argument("--compile-for", metavar="TARGET",
-                 help="compile the run's steps for an accelerator and report memory, FLOPs, an estimated step time "
-                      f"and wire bytes; train nothing, read no data (exit 0: fits, 1: does not). TARGET: "
-                      f"{', '.join(targets.TARGETS)}")
-  multi = p.add_argument_group("multi-process runs (one process per host; SLURM, Open MPI and Cloud TPU pods "
-                               "are detected without these flags)")
-  multi.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (jax.distributed)")
-  multi.add_argument("--num-processes", type=int, help="number of processes in the run")
-  multi.add_argument("--process-id", type=int, help="this process's index, 0..N-1")
-  exp.add_flags(p)
+                              description=f"{exp.name}: presets reproduce the papers' rows; precedence: recipe < "
+                                          "preset < flags (the resolved configuration is printed before training)")
+  groups = {key: p.add_argument_group(title) for key, title in GROUPS.items()}
+  groups["compression"].add_argument("--preset", help="a paper row: its specs and settings (see --list-presets)")
+  groups["compression"].add_argument("--list-presets", action="store_true",
+                                     help="print each preset's paper row and what it sends per step, and exit")
+  groups["training"].add_argument("--recipe", choices=list(exp.recipes),
+                                  help=f"defaults that presets and flags override (default: {exp.default_recipe})")
+  for flag, (group, kind, text) in COMMON_FLAGS.items():
+    groups[group].add_argument("--" + flag.replace("_", "-"), type=kind, help=text + recipe_default(exp, flag))
+  parallel = groups["parallel"]
+  parallel.add_argument("--executor", choices=["simulate", "gpipe"],
+                        help="simulate: every stage on one device; gpipe: stage s on device s (default: simulate)")
+  parallel.add_argument("--schedule", choices=list(sharded.SCHEDULES),
+                        help="gpipe executor's tick schedule: gpipe, 1f1b (at most S microbatch inputs per stage) or "
+                             "1f1b-fused (at most 2S-1, fewer ticks) (default: gpipe)")
+  parallel.add_argument("--compile-for", metavar="TARGET",
+                        help="compile the run's steps for an accelerator and report memory, FLOPs, an estimated step "
+                             "time and wire bytes; train nothing, read no data (exit 0: fits, 1: does not). TARGET: "
+                             f"{', '.join(targets.TARGETS)}")
+  parallel.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (jax.distributed)")
+  parallel.add_argument("--num-processes", type=int, help="number of processes in the run")
+  parallel.add_argument("--process-id", type=int, help="this process's index, 0..N-1")
+  groups["compression"].add_argument(
+      "--aqsgd-buffers", metavar="device|host|DIR",
+      help="where AQ-SGD's per-example tables live: on the device, in host RAM, or in memory-mapped .npy files "
+           "under DIR (simulate executor, aqsgd+ forward spec) (default: device)")
+  output = groups["output"]
+  output.add_argument("--out", help=f"output folder (default: runs/{exp.name})")
+  output.add_argument("--run-name", help="name of this run's files (default: the preset, else the specs)")
+  output.add_argument("--resume", action="store_true", help="continue from this run's latest checkpoint")
+  output.add_argument("--init-from", help="baseline run folder (with ckpt/) for warm starts (baseN presets)")
+  output.add_argument("--no-progress", action="store_true", help="no progress bar")
+  for flag, (group, text, kwargs) in exp.flags.items():
+    groups[group].add_argument("--" + flag.replace("_", "-"), help=text + recipe_default(exp, flag), **kwargs)
   return p
+
+
+def merged(exp: Experiment, args: argparse.Namespace, preset: str | None) -> dict:
+  """The recipe's defaults, updated by the preset's, updated by the flags given."""
+  config = dict(exp.recipes[args.recipe or exp.default_recipe])
+  config.update(exp.presets[preset] if preset else {})
+  config.update({k: v for k, v in vars(args).items() if v is not None and v is not False})
+  return config
+
+
+def preset_table(exp: Experiment, args: argparse.Namespace) -> str:
+  """--list-presets: each preset's specs, the bytes one train step sends over all boundaries with the
+  recipe and flags given (traced abstractly: no data read), and the paper's row it reproduces."""
+  dense, shapes = {}, {}  # per run shape (config without its compression fields): fp32 bytes, boundary shapes
+  lines = [f"{'preset':22s} {'fwd':24s} {'bwd':16s} {'fwd B/step':>11s} {'bwd B/step':>11s} {'fewer':>6s}  "
+           "paper row (and what else the preset sets)"]
+  for name in exp.presets:
+    config = merged(exp, args, name)
+    shape_key = json.dumps({k: v for k, v in config.items() if k not in COMPRESSION_KEYS}, sort_keys=True, default=str)
+    if shape_key not in shapes:
+      pipe, _, batch, _ = exp.abstract({**config, "fwd": "none", "bwd": "none"})
+      shapes[shape_key] = (pipe.microbatches, pl.activation_shapes(pipe, batch))
+      dense[shape_key] = simulate.wire_bytes_per_step(pipe, batch)["fwd"]
+    m, activations = shapes[shape_key]
+    boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=1)
+    sent = [boundary.wire_bytes(a.shape, a.dtype) for a in activations]
+    fwd, bwd = m * sum(f for f, _ in sent), m * sum(b for _, b in sent)
+    extra = [f"first {config['warmup_epochs']} epoch(s) dense"] if config.get("warmup_epochs") else []
+    extra += [f"warm start after {config['init_epoch']} baseline epochs"] if config.get("init_epoch") else []
+    lines.append(f"{name:22s} {config['fwd']:24s} {config['bwd']:16s} {fwd:11,d} {bwd:11,d} "
+                 f"{2 * dense[shape_key] / (fwd + bwd):5.1f}x  {exp.paper_row(name)}"
+                 + (f" ({'; '.join(extra)})" if extra else ""))
+  recipe = args.recipe or exp.default_recipe
+  lines.append(f"bytes per train step over all {len(activations)} boundaries with --recipe {recipe} and the flags "
+               "given (dense warm-up epochs send fp32); fewer: fp32 bytes both ways / the preset's")
+  return "\n".join(lines)
 
 
 def resolve(exp: Experiment, args: argparse.Namespace) -> dict:
   """recipe < preset < flags; validates the preset name and the compression specs."""
-  config = dict(exp.recipes[args.recipe or exp.default_recipe])
-  if args.preset is not None:
-    if args.preset not in exp.presets:
-      raise ValueError(f"unknown preset {args.preset!r}; valid presets: {', '.join(exp.presets)}")
-    config.update(exp.presets[args.preset])
-  config.update({k: v for k, v in vars(args).items() if v is not None and v is not False})
+  if args.preset is not None and args.preset not in exp.presets:
+    raise ValueError(f"unknown preset {args.preset!r}; valid presets: {', '.join(exp.presets)}")
+  config = merged(exp, args, args.preset)
   config.pop("list_presets", None)
   config["recipe"] = args.recipe or exp.default_recipe
   for key, least in AT_LEAST.items():
@@ -305,7 +369,11 @@ def run(exp: Experiment, config: dict):
   serializable["data"] = data.name
   if config.get("resume"):
     check_resumed_config(serializable, out / "results" / f"{config['run_name']}.json")
-  write = lambda history: results.write(out / "results", config["run_name"], serializable, history)
+
+  def write(history):  # after every epoch: the results files and the run's plot
+    results.write(out / "results", config["run_name"], serializable, history)
+    plots.run_figure(out / "results" / f"{config['run_name']}.png", config["run_name"], history)
+
   init_from = (str(pathlib.Path(config["init_from"]).resolve() / "ckpt"), config["init_epoch"]) \
       if config.get("init_epoch") else None
   cfg = train.RunConfig(epochs=config["epochs"], steps=config.get("steps"),
@@ -337,7 +405,8 @@ def run(exp: Experiment, config: dict):
     last = history[-1]
     print(json.dumps({k: last[k] for k in ("epoch", "train_loss", "eval_off", "eval_on", "wire_bytes_fwd",
                                            "wire_bytes_bwd", "steps_per_s")}))
-    print(f"results: {out / 'results' / config['run_name']}.json/.csv/.md")
+    print(f"results: {out / 'results' / config['run_name']}.json/.csv/.md, plot: "
+          f"{out / 'results' / config['run_name']}.png")
   return state, history
 
 
@@ -379,13 +448,12 @@ def one_line_warning(message, category, filename, lineno, file=None, line=None):
 
 def main(exp: Experiment, argv=None):
   args = parser_for(exp).parse_args(argv)
-  if args.list_presets:
-    for name, overrides in exp.presets.items():
-      print(f"{name:24s} {overrides}")
-    return None
   with warnings.catch_warnings():
     warnings.showwarning = one_line_warning
     try:
+      if args.list_presets:
+        print(preset_table(exp, args))
+        return None
       if args.compile_for:
         targets.prepare_host(targets.target(args.compile_for))  # before any backend starts
         if not compile_run(exp, resolve(exp, args)).fits:

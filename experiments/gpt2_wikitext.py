@@ -19,7 +19,7 @@ import pathlib
 import numpy as np
 import optax
 
-from experiments import common
+from experiments import common, paper
 from jaxcomp import losses
 from jaxcomp.compress.spec import parse_boundary
 from jaxcomp.data import batching, text
@@ -153,19 +153,21 @@ def abstract(config):
   return pipe, optimizer, batch, assumed
 
 
-def _flags(parser):
-  parser.add_argument("--model", choices=["tiny", "small", "medium", "large", "xl"], help="GPT-2 size")
-  parser.add_argument("--pretrained", help="HF GPT-2 directory or hub name to fine-tune from")
-  parser.add_argument("--tokenizer", choices=text.TOKENIZERS, help="byte tokens or GPT-2 BPE (--tokenizer-dir)")
-  parser.add_argument("--tokenizer-dir", help="folder with GPT-2's vocab.json and merges.txt")
-  parser.add_argument("--train-file", help="training text (raw or tokenized WikiText, any name)")
-  parser.add_argument("--valid-file", help="evaluation text (default: the last 10%% of --train-file's articles)")
-  parser.add_argument("--data-dir", help="folder with wiki.{train,valid}.raw or wiki.{train,valid}.tokens")
-  parser.add_argument("--block-size", type=int, help="tokens per example")
-  parser.add_argument("--dropout", type=float, help="dropout rate (default: the model's, 0.1)")
+FLAGS = {
+    "model": ("training", "GPT-2 size", dict(choices=["tiny", "small", "medium", "large", "xl"])),
+    "pretrained": ("training", "HF GPT-2 directory or hub name to fine-tune from", {}),
+    "dropout": ("training", "dropout rate (default: the model's, 0.1)", dict(type=float)),
+    "tokenizer": ("data", "byte tokens or GPT-2 BPE (--tokenizer-dir)", dict(choices=text.TOKENIZERS)),
+    "tokenizer_dir": ("data", "folder with GPT-2's vocab.json and merges.txt", {}),
+    "train_file": ("data", "training text (raw or tokenized WikiText, any name)", {}),
+    "valid_file": ("data", "evaluation text (default: the last 10%% of --train-file's articles)", {}),
+    "data_dir": ("data", "folder with wiki.{train,valid}.raw or wiki.{train,valid}.tokens (default: the "
+                 "WikiText-2 validation text shipped with jaxcomp)", {}),
+    "block_size": ("data", "tokens per example", dict(type=int)),
+}
 
 
-EXPERIMENT = common.Experiment("gpt2_wikitext", RECIPES, "tiny", PRESETS, build, abstract, _flags)
+EXPERIMENT = common.Experiment("gpt2_wikitext", RECIPES, "tiny", PRESETS, build, abstract, FLAGS, paper.gpt2_row)
 
 if __name__ == "__main__":
   common.main(EXPERIMENT)

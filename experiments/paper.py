@@ -27,3 +27,25 @@ AQSGD_THROUGHPUT = {
     ("aqsgd-fw3-bw6", 100e6): "3.4 (up to 4.3x end-to-end)",
     ("aqsgd-fw3-bw6 + QuantizedAdam", 100e6): "up to 4.9x end-to-end",
 }
+
+RESNET_FAMILIES = (("fw", "quantization"), ("top", "TopK"), ("ef", "error feedback"), ("aqsgd", "AQ-SGD+TopK"))
+
+
+def resnet_row(preset: str) -> str:
+  """The Rudakov et al. ResNet18 / CIFAR-10 row a preset reproduces."""
+  off, on = RESNET[preset]
+  family = next((name for prefix, name in RESNET_FAMILIES if preset.startswith(prefix)), "no compression")
+  return f"Rudakov et al., {family}: test acc {off} off / {on} on"
+
+
+def gpt2_row(preset: str) -> str:
+  """The Rudakov et al. (Table 5) or AQ-SGD (Wang et al.) GPT-2 row a preset reproduces."""
+  if preset in GPT2:
+    loss, ppl = GPT2[preset]
+    return f"Rudakov et al. Table 5 (GPT-2 small fine-tuned): eval loss {loss}, ppl {ppl}"
+  bits = preset.split("-")[1:3]
+  if preset.endswith("-warm1"):
+    return f"not in the papers: direct {'-'.join(bits)} after AQ-SGD's dense first epoch (warm-up without buffer)"
+  if preset.startswith("aqsgd"):
+    return f"Wang et al. (AQ-SGD, GPT2-1.5B, 8 stages): {'-'.join(bits)} converges like fp32"
+  return f"Wang et al. (AQ-SGD's baseline): direct quantization {'-'.join(bits)} diverges or lags fp32"

@@ -7,24 +7,20 @@ For each run (one JSON per run): the last epoch's evaluation with compression of
 bytes on the wire per compressed step and the run's average per step (dense warm-up and
 AQ-SGD first-visit steps included), steps/s, and the paper's (off, on) for the same preset.
 Runs whose configurations differ only by `--seed` (and run name, output folder, resume flags)
-are one row: the evaluation columns give mean ± sample std over their seeds. Plots: the
-evaluation metric per epoch, compression off (solid) and on (dashed), one line per row (the
-mean over its seeds, a band of ± std).
+are one row: the evaluation columns give mean ± sample std over their seeds. Plot (curves.png):
+the evaluation metric per epoch, compression off (solid) and on (dashed), one line per row (the
+mean over its seeds, a band of ± std), beside each row's last evaluation against its bytes per
+train step.
 """
 import argparse
 import json
 import pathlib
 import sys
 
-import matplotlib
-import matplotlib.ticker
 import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from experiments import common, paper  # noqa: E402
-from jaxcomp.runtime import results  # noqa: E402
+from experiments import common, paper, plots
+from jaxcomp.runtime import results
 
 PAPERS = {  # reported numbers, metric, its label, scale, names of the two reported columns
     "resnet": (paper.RESNET, "accuracy", "test acc %", 100.0, ("paper off", "paper on")),
@@ -100,30 +96,10 @@ def table(runs: list[dict], which: str) -> str:
 
 
 def plot(runs: list[dict], which: str, path: pathlib.Path) -> pathlib.Path:
+  """The learning curves beside quality vs bytes per step, one colour per row."""
   _, metric, label, scale, _ = PAPERS[which]
-  fig, ax = plt.subplots(figsize=(7, 4.5))
   groups = by_seed(runs)
-  colours = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")  # one distinct colour per row
-  for i, group in enumerate(groups):
-    n = min(len(r["history"]) for r in group)  # the epochs every seed has finished
-    epochs = [r["epoch"] for r in group[0]["history"][:n]]
-    for way, style in (("eval_off", "-"), ("eval_on", "--")):
-      curves = np.array([[h[way][metric] * scale for h in r["history"][:n]] for r in group])
-      mean = curves.mean(0)
-      ax.plot(epochs, mean, style, color=colours(i % colours.N), label=f"{row_name(group)} {way[5:]}")
-      if len(group) > 1:
-        spread = curves.std(0, ddof=1)
-        ax.fill_between(epochs, mean - spread, mean + spread, color=colours(i % colours.N), alpha=0.15, lw=0)
-  ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-  ax.set_xlabel("epoch")
-  ax.set_ylabel(label)
-  ax.set_title(f"{label}: compression off (solid) / on (dashed) at evaluation")
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7, ncol=2)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return plots.report_figure(path, groups, [row_name(g) for g in groups], metric, scale, label)
 
 
 def main(argv=None):

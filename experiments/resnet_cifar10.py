@@ -13,7 +13,7 @@ that every output labels NOT CIFAR-10.
 import numpy as np
 import optax
 
-from experiments import common
+from experiments import common, paper
 from jaxcomp import losses
 from jaxcomp.compress.spec import parse_boundary
 from jaxcomp.data import batching, cifar10
@@ -96,13 +96,15 @@ def abstract(config):
   return pipe, optimizer, batch, assumed
 
 
-def _flags(parser):
-  parser.add_argument("--width", type=int, help="channels of layer1 (64 = ResNet18)")
-  parser.add_argument("--data-source", choices=cifar10.SOURCES, help="where CIFAR-10 comes from")
-  parser.add_argument("--data-dir", help="folder with cifar-10-batches-py, or tfds data_dir")
+FLAGS = {
+    "width": ("training", "channels of layer1 (64 = ResNet18)", dict(type=int)),
+    "data_source": ("data", "where CIFAR-10 comes from", dict(choices=cifar10.SOURCES)),
+    "data_dir": ("data", "folder with cifar-10-batches-py, or tfds data_dir", {}),
+}
 
 
-EXPERIMENT = common.Experiment("resnet_cifar10", RECIPES, "paper", PRESETS, build, abstract, _flags)
+EXPERIMENT = common.Experiment("resnet_cifar10", RECIPES, "paper", PRESETS, build, abstract, FLAGS,
+                               paper.resnet_row)
 
 if __name__ == "__main__":
   common.main(EXPERIMENT)

@@ -1,4 +1,5 @@
 """Experiment CLIs: 2-step smokes of the presets on the offline defaults, errors, report."""
+import dataclasses
 import json
 import logging
 import math
@@ -59,6 +60,38 @@ def _check_gpt2_run(run, preset):
 def test_gpt2_presets_smoke(tmp_path, preset):
   main(gpt2_wikitext.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *GPT2_TINY])
   _check_gpt2_run(_result(tmp_path, preset), preset)
+  assert (tmp_path / "results" / f"{preset}.png").stat().st_size > 10_000  # the run's own plot
+
+
+def test_list_presets_shows_each_paper_row_and_the_bytes_it_sends(capsys):
+  from experiments import paper
+  from jaxcomp.compress.spec import parse_boundary
+  from jaxcomp.parallel import simulate
+  main(gpt2_wikitext.EXPERIMENT, ["--list-presets", "--batch-size", "4", "--block-size", "32", "--microbatches", "2"])
+  lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+  assert set(gpt2_wikitext.PRESETS) <= set(lines)
+  config = {**gpt2_wikitext.RECIPES["tiny"], "batch_size": 4, "block_size": 32, "microbatches": 2}
+  pipe, _, batch, _ = gpt2_wikitext.abstract(config)
+  for preset, (loss, ppl) in paper.GPT2.items():
+    spec = gpt2_wikitext.PRESETS[preset]
+    sent = simulate.wire_bytes_per_step(
+        dataclasses.replace(pipe, boundary=parse_boundary(spec.get("fwd", "none"), spec.get("bwd", "none"))), batch)
+    assert f" {sent['fwd']:,} " in lines[preset] and f" {sent['bwd']:,} " in lines[preset], (preset, sent)
+    assert f"eval loss {loss}, ppl {ppl}" in lines[preset]
+  assert "AQ-SGD" in lines["aqsgd-fw2-bw4"] and "first 1 epoch(s) dense" in lines["aqsgd-fw2-bw4"]
+
+
+def test_help_groups_the_flags_and_shows_each_recipes_default(capsys):
+  with pytest.raises(SystemExit):
+    main(gpt2_wikitext.EXPERIMENT, ["--help"])
+  out = capsys.readouterr().out
+  titles = [title.split(" (")[0] for title in re.findall(r"^(\S.*):$", out, re.M)]
+  assert titles == ["options", "compression", "model and training", "parallelism and multi-host", "data",
+                    "output and resume"]
+  text = re.sub(r"\s+", " ", out)
+  assert "--epochs EPOCHS training epochs (default: 2; 4 with --recipe paper)" in text
+  assert "--block-size BLOCK_SIZE tokens per example (default: 128; 1024 with --recipe paper)" in text
+  assert "--warmup-epochs WARMUP_EPOCHS epochs sent uncompressed first (AQ-SGD fills its buffers) (default: 0)" in text
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
