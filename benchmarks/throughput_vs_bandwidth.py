@@ -30,7 +30,7 @@ from jaxcomp.compress import spec
 from jaxcomp.models import gpt2
 from jaxcomp.parallel import dataparallel, netsim, schedule
 
-# The stateless quantizer of the README's frontier table with the fewest bytes among those that learn
+# The stateless quantizer of the frontier table (docs/frontier.md) with the fewest bytes among those that learn
 # (192 B/token, eval loss 2.617 vs fp32's 2.576).
 BEST_QUANTIZER = "tile64-fw3-bw4"
 METHODS = ("fp32", "aqsgd-fw3-bw6", "aqsgd-fw2-bw4", "top10-reuse", "top10-q8-reuse", BEST_QUANTIZER)
