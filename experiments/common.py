@@ -205,7 +205,8 @@ def resolve(exp: Experiment, args: argparse.Namespace) -> dict:
   if config.get("init_epoch") and not config.get("init_from"):
     raise ValueError(f"preset {args.preset!r} warm-starts from a baseline after {config['init_epoch']} epochs: "
                      "run the baseline preset first and pass its folder with --init-from")
-  config.setdefault("run_name", args.preset or re.sub(r"[^A-Za-z0-9.+-]+", "_", f"{config['fwd']}__{config['bwd']}"))
+  specs = "__".join(config[k] for k in ("fwd", "bwd", "bottleneck") if config.get(k))
+  config.setdefault("run_name", args.preset or re.sub(r"[^A-Za-z0-9.+-]+", "_", specs))
   config.setdefault("out", str(pathlib.Path("runs") / exp.name))
   return config
 

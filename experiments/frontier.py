@@ -30,7 +30,7 @@ from experiments import common, gpt2_wikitext  # noqa: E402
 from jaxcomp.data import batching  # noqa: E402
 
 BWD4 = "maxabs:4:stoch"
-METHODS = {  # name -> (forward spec, backward spec, warm-up epochs); the reference and new codecs first
+METHODS = {  # name -> (forward spec, backward spec, warm-up epochs[, bottleneck]); the reference and new codecs first
     "fp32": ("none", "none", 0),
     "aqsgd-fw2-bw4": ("aqsgd+maxabs:2:stoch", BWD4, 1),
     "direct-fw2-bw4": ("maxabs:2:stoch", BWD4, 0),
@@ -54,6 +54,13 @@ METHODS = {  # name -> (forward spec, backward spec, warm-up epochs); the refere
     "ef21-top10-reuse": ("ef21+topk:0.1", "reuse", 0),
     "efmixed-top10": ("efmixed+topk:0.1", BWD4, 0),
     "rand10": ("randk:0.1", BWD4, 0),
+    # learned rank-r bottlenecks (jaxcomp.compress.bottleneck): the specs compress z = x P, r of 64 features wide
+    "proj16-fp32": ("none", "none", 0, "proj:16"),  # the bottleneck alone
+    "proj16-fw3-bw4": ("maxabs:3", BWD4, 0, "proj:16"),
+    "subspace16-fw3-bw4": ("maxabs:3", BWD4, 0, "subspace:16"),
+    "proj16-fw4-bw4": ("maxabs:4", BWD4, 0, "proj:16"),
+    "proj24-fw2-bw3": ("maxabs:2", "maxabs:3:stoch", 0, "proj:24"),
+    "proj8-fw4-bw4": ("maxabs:4", BWD4, 0, "proj:8"),
 }
 REFERENCE = "aqsgd-fw2-bw4"
 
@@ -65,9 +72,10 @@ def run_name(method: str, seed: int) -> str:
 
 def run_argv(name: str, args, seed: int = 0) -> list[str]:
   """The gpt2_wikitext command line of one method and seed (its own run name, budget and folder)."""
-  fwd, bwd, warmup = METHODS[name]
+  fwd, bwd, warmup, *learned = METHODS[name]
   spe = batching.num_batches(args.train_examples, args.batch_size)
-  return ["--fwd", fwd, "--bwd", bwd, "--warmup-epochs", str(warmup), "--steps", str(args.steps),
+  return ["--fwd", fwd, "--bwd", bwd, *(["--bottleneck", *learned] if learned else []),
+          "--warmup-epochs", str(warmup), "--steps", str(args.steps),
           "--epochs", str(math.ceil(args.steps / spe)), "--train-examples", str(args.train_examples),
           "--eval-examples", str(args.eval_examples), "--batch-size", str(args.batch_size),
           "--seed", str(seed), "--out", str(args.out), "--run-name", run_name(name, seed), "--no-progress"]
@@ -98,6 +106,7 @@ def summarize(run: dict, method: str | None = None) -> dict:
   total_tokens = history[-1]["step"] * tokens_per_step
   last = history[-1]
   return {"method": method or run["run"], "seed": config["seed"], "fwd": config["fwd"], "bwd": config["bwd"],
+          "bottleneck": config.get("bottleneck"),
           "warmup_epochs": config.get("warmup_epochs", 0), "steps": last["step"],
           "bytes_fwd": sent["fwd"] / total_tokens, "bytes_bwd": sent["bwd"] / total_tokens,
           "bytes": (sent["fwd"] + sent["bwd"]) / total_tokens,
@@ -153,7 +162,8 @@ def table(rows: list[dict]) -> str:
            "| eval loss (off) | eval loss (on) | seeds | per-example buffers | Pareto |",
            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
   for r in sorted(rows, key=lambda r: r["bytes"]):
-    lines.append(f"| {r['method']} | `{r['fwd']}` | `{r['bwd']}` | {r['warmup_epochs']} | {r['bytes_fwd']:.1f} "
+    fwd = f"`{r['bottleneck']}` then `{r['fwd']}`" if r.get("bottleneck") else f"`{r['fwd']}`"
+    lines.append(f"| {r['method']} | {fwd} | `{r['bwd']}` | {r['warmup_epochs']} | {r['bytes_fwd']:.1f} "
                  f"| {r['bytes_bwd']:.1f} | {r['bytes']:.1f} | {r['bytes_steady']:.1f} | {mean_std(r, 'loss_off')} "
                  f"| {mean_std(r, 'loss_on')} | {len(r.get('seeds', [r.get('seed')]))} "
                  f"| {'yes' if r['per_example_buffers'] else 'no'} | {'*' if r['method'] in front else ''} |")

@@ -16,11 +16,13 @@ import dataclasses
 import json
 import pathlib
 
+import jax
 import numpy as np
 import optax
 
 from experiments import common, paper
 from jaxcomp import losses
+from jaxcomp.compress import bottleneck
 from jaxcomp.compress.spec import parse_boundary
 from jaxcomp.data import batching, text
 from jaxcomp.models import gpt2, gpt2_weights
@@ -102,8 +104,15 @@ def assemble(config, cfg: gpt2.GPT2Config, num_train: int):
   steps = batching.num_batches(num_train, bs, shards) * config["epochs"]
   optimizer = optax.adamw(optax.linear_schedule(config["lr"], 0.0, steps), weight_decay=config["weight_decay"])
   boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=num_train)
-  pipe = Pipeline(gpt2.gpt2_stages(cfg, s), boundary, losses.language_model, "tokens", config["microbatches"],
-                  tied=gpt2.gpt2_tied(s), grad_clip_norm=config["grad_clip"])
+  stages, tied = gpt2.gpt2_stages(cfg, s), gpt2.gpt2_tied(s)
+  if config.get("bottleneck"):
+    try:
+      learned = bottleneck.parse(config["bottleneck"])
+      stages, tied = bottleneck.wrap(stages, learned, cfg.n_embd), tied + bottleneck.tied(learned, s)
+    except ValueError as err:
+      raise ValueError(f"--bottleneck {config['bottleneck']}: {err}") from None
+  pipe = Pipeline(stages, boundary, losses.language_model, "tokens", config["microbatches"], tied=tied,
+                  grad_clip_norm=config["grad_clip"])
   return pipe, optimizer
 
 
@@ -115,6 +124,9 @@ def build(config):
   data = text.TextData(data.name, train_blocks, eval_blocks, data.vocab_size)
   if config["pretrained"]:
     cfg, params = gpt2_weights.from_pretrained(config["pretrained"], config["stages"])
+    if config.get("bottleneck"):  # pretrained weights kept; P and Q start as in a fresh run
+      params = bottleneck.insert_into(params, bottleneck.parse(config["bottleneck"]), cfg.n_embd,
+                                      jax.random.key(config["seed"]))
   else:
     cfg, params = model_config(config, data.vocab_size), None
   pipe, optimizer = assemble(config, cfg, len(train_blocks))
@@ -154,6 +166,8 @@ def abstract(config):
 
 
 FLAGS = {
+    "bottleneck": ("compression", "learned rank-R projection at every boundary, proj:R or subspace:R (sends z = x P, "
+                   "R wide; --fwd/--bwd compress z and its gradient)", {}),
     "model": ("training", "GPT-2 size", dict(choices=["tiny", "small", "medium", "large", "xl"])),
     "pretrained": ("training", "HF GPT-2 directory or hub name to fine-tune from", {}),
     "dropout": ("training", "dropout rate (default: the model's, 0.1)", dict(type=float)),

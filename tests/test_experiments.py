@@ -63,6 +63,14 @@ def test_gpt2_presets_smoke(tmp_path, preset):
   assert (tmp_path / "results" / f"{preset}.png").stat().st_size > 10_000  # the run's own plot
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
+def test_a_learned_bottleneck_from_the_cli(tmp_path):
+  main(gpt2_wikitext.EXPERIMENT, ["--bottleneck", "subspace:8", "--fwd", "maxabs:4", "--out", str(tmp_path),
+                                  *GPT2_TINY])
+  last = _result(tmp_path, "maxabs_4_none_subspace_8")["history"][-1]
+  assert last["wire_bytes_bwd"] == 3 * 4 * 32 * 8 * 4  # 3 boundaries x 4 x 32 tokens x r = 8 fp32 gradients
+
+
 def test_list_presets_shows_each_paper_row_and_the_bytes_it_sends(capsys):
   from experiments import paper
   from jaxcomp.compress.spec import parse_boundary
@@ -201,6 +209,9 @@ WIDTH_64 = "does not fit this model's boundary activations float32[8, 128, 64]: 
     (["--warmup-epochs", "-1"], "--warmup-epochs must be at least 0, got -1"),
     (["--seed", "-1"], "--seed must be an integer in 0..2^63-1, got -1"),
     (["--stages", "100"], "--stages 100: this GPT-2 has 4 blocks, so it splits into 1..4 stages; pass one of those"),
+    (["--bottleneck", "proj:100"], "--bottleneck proj:100: bottleneck rank 100 is larger than the 64 features at the "
+                                   "boundaries; pass a rank of at most 64"),
+    (["--bottleneck", "lowrank:8"], "--bottleneck lowrank:8: bottleneck kind must be one of proj, subspace"),
 ])
 def test_bad_input_is_one_error_line_before_anything_is_created(tmp_path, capsys, flags, message):
   """Each is refused before the run line is printed or a folder is made (the specs by an abstract trace)."""

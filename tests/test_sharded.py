@@ -9,6 +9,7 @@ import optax
 import pytest
 
 import jaxcomp
+from jaxcomp.compress import bottleneck
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
 from jaxcomp.parallel import layout, sharded, simulate
@@ -93,6 +94,20 @@ def test_matches_simulate(fwd, bwd):
 def test_1f1b_matches_simulate(fwd, bwd, schedule):
   """M=8: fill, scanned steady and drain ticks; every state row equals simulate's."""
   _compare(_pipe(fwd, bwd, m=8), optax.sgd(0.1, momentum=0.9), steps=2, schedule=schedule)
+
+
+def _bottleneck_pipe(spec, fwd="maxabs:4", bwd="quant:8", m=4):
+  learned = bottleneck.parse(spec)
+  return dataclasses.replace(_pipe(fwd, bwd, stages=bottleneck.wrap(mlp_stages(16, 2, 4), learned, 16), m=m),
+                             tied=bottleneck.tied(learned, 4))
+
+
+@pytest.mark.parametrize("spec, schedule", [("subspace:4", "1f1b"), ("proj:4", "gpipe"), slow("proj:4", "1f1b"),
+                                            slow("subspace:4", "gpipe"), slow("proj:4", "1f1b-fused"),
+                                            slow("subspace:4", "1f1b-fused")])
+def test_learned_bottleneck_matches_simulate(spec, schedule):
+  """P on the sending stage, Q (or the tied W) on the receiving one: each device trains its own half."""
+  _compare(_bottleneck_pipe(spec), optax.adam(1e-2), steps=2, schedule=schedule, atol=1e-5)
 
 
 REUSE_FORWARDS = ("topk:0.3", "ef+topk:0.3", "ef21+topk:0.3", "aqsgd+topk:0.3")  # every scheme reuse allows
@@ -279,6 +294,17 @@ def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages, m, sche
   sent = ex.collective_bytes(ex.compiled_text(pipe, opt, flat, BATCH))
   expected = jaxcomp.wire_bytes_per_step(pipe, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   assert sent == {**expected, "data": 0}
+
+
+@pytest.mark.parametrize("spec", ["proj:4", slow("subspace:4")])
+def test_learned_bottleneck_sends_rank_wide_messages_in_the_compiled_program(spec):
+  """The collective-permutes carry the codecs' payloads of the r-wide z and dz, as counted."""
+  pipe = _bottleneck_pipe(spec)
+  opt = optax.sgd(0.1)
+  ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages))
+  sent = ex.collective_bytes(ex.compiled_text(pipe, opt, ex.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH))
+  fwd, bwd = pipe.boundary.wire_bytes((16 // 4, 4), jnp.float32)  # a microbatch of 4 examples, r = 4
+  assert sent == {"fwd": 3 * 4 * fwd, "bwd": 3 * 4 * bwd, "data": 0}  # 3 boundaries x 4 microbatches
 
 
 @pytest.mark.slow  # by hand; test_collective_permutes_carry_exactly_the_payload checks the HLO against wire_bytes
