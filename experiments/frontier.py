@@ -61,6 +61,7 @@ METHODS = {  # name -> (forward spec, backward spec, warm-up epochs[, bottleneck
     "proj16-fw4-bw4": ("maxabs:4", BWD4, 0, "proj:16"),
     "proj24-fw2-bw3": ("maxabs:2", "maxabs:3:stoch", 0, "proj:24"),
     "proj8-fw4-bw4": ("maxabs:4", BWD4, 0, "proj:8"),
+    "proj32-fw2-bw2": ("maxabs:2", "maxabs:2:stoch", 0, "proj:32"),
 }
 REFERENCE = "aqsgd-fw2-bw4"
 
