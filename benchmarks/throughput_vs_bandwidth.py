@@ -25,7 +25,7 @@ import optax
 import jaxcomp
 from benchmarks.common import gpt2_config, gpt2_parser, median_seconds, select
 from experiments import frontier, gpt2_wikitext, paper
-from jaxcomp import pipeline as pl
+from jaxcomp import pipeline
 from jaxcomp.compress import spec
 from jaxcomp.models import gpt2
 from jaxcomp.parallel import dataparallel, netsim, schedule
@@ -123,10 +123,10 @@ def codec_seconds(boundary, shape, repeats):
 def measured_costs(pipe, batch, repeats) -> CostSource:
   """Stage and codec times taken on the default device for one microbatch of `batch` (stage times once,
   codec times per method)."""
-  state = pl.init_state(pipe, optax.sgd(0.0), jax.random.key(1), batch)
-  microbatch = jax.tree.map(lambda a: a[0], pl.split_microbatches(batch, pipe.microbatches))
+  state = pipeline.init_state(pipe, optax.sgd(0.0), jax.random.key(1), batch)
+  microbatch = jax.tree.map(lambda a: a[0], pipeline.split_microbatches(batch, pipe.microbatches))
   fwd_s, bwd_s = stage_times(pipe, state, microbatch, repeats)
-  shapes = pl.boundary_shapes(pipe, state.params, state.model_state, microbatch[pipe.input_key])
+  shapes = pipeline.boundary_shapes(pipe, state.params, state.model_state, microbatch[pipe.input_key])
   source = f"measured on {jax.devices()[0].device_kind}"
 
   def costs(boundary):
@@ -206,9 +206,9 @@ def main(argv=None):
   batch = {"tokens": tokens, "id": jnp.arange(args.batch)}
   base = jaxcomp.Pipeline(stages, spec.parse_boundary("none", "none"), jaxcomp.losses.language_model,
                           "tokens", args.microbatches)
-  abstract = jax.eval_shape(lambda: pl.init_state(base, optax.sgd(0.0), jax.random.key(1), batch))
-  microbatch = jax.tree.map(lambda a: a[0], pl.split_microbatches(batch, args.microbatches))
-  shapes = pl.boundary_shapes(base, abstract.params, abstract.model_state, microbatch["tokens"])
+  abstract = jax.eval_shape(lambda: pipeline.init_state(base, optax.sgd(0.0), jax.random.key(1), batch))
+  microbatch = jax.tree.map(lambda a: a[0], pipeline.split_microbatches(batch, args.microbatches))
+  shapes = pipeline.boundary_shapes(base, abstract.params, abstract.model_state, microbatch["tokens"])
   rows_p = [sum(a.size for a in jax.tree.leaves(p)) for p in abstract.params]
   exchanges = {"": exchange(None, rows_p, args.data_parallel),
                QADAM: exchange(dp_scheme, rows_p, args.data_parallel)}

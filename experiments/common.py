@@ -21,7 +21,7 @@ from typing import Callable
 import jax
 
 from experiments import plots
-from jaxcomp import pipeline as pl
+from jaxcomp import pipeline
 from jaxcomp.compress.boundary import Reuse
 from jaxcomp.compress.schemes import AQSGD
 from jaxcomp.compress.spec import parse_boundary, parse_scheme
@@ -158,7 +158,7 @@ def preset_table(exp: Experiment, args: argparse.Namespace) -> str:
     shape_key = json.dumps({k: v for k, v in config.items() if k not in COMPRESSION_KEYS}, sort_keys=True, default=str)
     if shape_key not in shapes:
       pipe, _, batch, _ = exp.abstract({**config, "fwd": "none", "bwd": "none"})
-      shapes[shape_key] = (pipe.microbatches, pl.activation_shapes(pipe, batch))
+      shapes[shape_key] = (pipe.microbatches, pipeline.activation_shapes(pipe, batch))
       dense[shape_key] = simulate.wire_bytes_per_step(pipe, batch)["fwd"]
     m, activations = shapes[shape_key]
     boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=1)
@@ -253,7 +253,7 @@ def check_specs_fit(config: dict, pipe, batch):
   """Initialises the model and runs each boundary's compression abstractly (`jax.eval_shape`: nothing
   is allocated, run or compiled), so a spec that does not fit the model's activations fails now,
   naming the flag. (Whether AQ-SGD tables fit is checked once their size is printed.)"""
-  for x in pl.activation_shapes(pipe, batch):
+  for x in pipeline.activation_shapes(pipe, batch):
     for flag in ("fwd", "bwd"):
       scheme = getattr(pipe.boundary, flag)
       try:

@@ -82,6 +82,14 @@ def run_argv(name: str, args, seed: int = 0) -> list[str]:
           "--seed", str(seed), "--out", str(args.out), "--run-name", run_name(name, seed), "--no-progress"]
 
 
+def method_list() -> str:
+  """One line per method: its name, forward and backward specs, dense warm-up epochs and bottleneck."""
+  lines = [f"{'method':22s} {'fwd':34s} {'bwd':34s} warm-up  bottleneck"]
+  for name, (fwd, bwd, warmup, *learned) in METHODS.items():
+    lines.append(f"{name:22s} {fwd:34s} {bwd:34s} {warmup:7d}  {learned[0] if learned else '-'}")
+  return "\n".join(lines)
+
+
 def finished(out: pathlib.Path, name: str, steps: int) -> dict | None:
   """The method's results if they cover the whole budget, else None."""
   path = out / "results" / f"{name}.json"
@@ -205,7 +213,11 @@ def main(argv=None):
   parser.add_argument("--seeds", type=int, default=1, help="seeds per method: --seed ... --seed + N - 1")
   parser.add_argument("--methods", help=f"comma-separated subset of: {', '.join(METHODS)}")
   parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs/frontier"))
+  parser.add_argument("--list-methods", action="store_true", help="print every method's specs and exit")
   args = parser.parse_args(argv)
+  if args.list_methods:
+    print(method_list())
+    return []
   names = args.methods.split(",") if args.methods else list(METHODS)
   unknown = [n for n in names if n not in METHODS]
   if unknown:

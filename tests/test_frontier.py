@@ -70,3 +70,11 @@ def test_seeds_run_separately_and_the_table_compares_means(tmp_path):
   assert frontier.plot(rows, tmp_path / "f.png", "t").stat().st_size > 0
   one = frontier.over_seeds([row("a", 0, 2.0, 2.0)])
   assert one[0]["loss_off_std"] == 0.0 and "| 2.0000 | 2.1000 | 1 |" in frontier.table(one)
+
+
+def test_list_methods_names_every_method_with_its_specs(capsys):
+  assert frontier.main(["--list-methods"]) == []
+  lines = capsys.readouterr().out.splitlines()[1:]
+  assert [line.split()[0] for line in lines] == list(frontier.METHODS)
+  assert lines[list(frontier.METHODS).index("subspace16-fw3-bw4")].split()[1:] == [
+      "maxabs:3", "maxabs:4:stoch", "0", "subspace:16"]

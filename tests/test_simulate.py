@@ -9,7 +9,7 @@ import optax
 import pytest
 
 import jaxcomp
-from jaxcomp import pipeline as pl
+from jaxcomp import pipeline
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
 from jaxcomp.parallel import simulate
@@ -107,8 +107,8 @@ def test_bad_pipeline_configs():
   aq = _pipe("aqsgd+quant:2", "quant:4")
   shapes = [jax.ShapeDtypeStruct((8, 16), jnp.float32)] * 2
   with pytest.raises(ValueError, match=r"AQ-SGD buffers need .* GiB .* only 0.00 GiB is free"):
-    pl.check_aqsgd_memory(aq.boundary, shapes, available=1000)
-  pl.check_aqsgd_memory(aq.boundary, shapes, available=10**6)
+    pipeline.check_aqsgd_memory(aq.boundary, shapes, available=1000)
+  pipeline.check_aqsgd_memory(aq.boundary, shapes, available=10**6)
 
 
 def test_readme_example_runs_and_learns(capsys):
@@ -133,7 +133,7 @@ class _RecordDropoutMask(nn.Module):
 
 
 def test_microbatches_and_stages_draw_different_dropout_masks():
-  stages = (pl.FlaxStage(_RecordDropoutMask()), pl.FlaxStage(_RecordDropoutMask()))
+  stages = (pipeline.FlaxStage(_RecordDropoutMask()), pipeline.FlaxStage(_RecordDropoutMask()))
   pipe = jaxcomp.Pipeline(stages, jaxcomp.parse_boundary("none", "none"),
                           lambda y, mb: (jnp.mean(y), {}), "x", microbatches=2)
   state = simulate.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)

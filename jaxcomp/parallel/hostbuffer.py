@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import optax
 
-from jaxcomp import pipeline as pl
+from jaxcomp import pipeline
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.compress.schemes import AQSGD, AQSGDState
 from jaxcomp.parallel import simulate
@@ -45,28 +45,28 @@ def summary(where: str, num_examples: int, row_shapes, dtype, free: int, ends: i
           f"{np.dtype(dtype).name}{copies} = {need / 2**30:.3g} GiB ({free / 2**30:.3g} GiB free)")
 
 
-def _aqsgd(pipe: pl.Pipeline) -> AQSGD:
+def _aqsgd(pipe: pipeline.Pipeline) -> AQSGD:
   if not isinstance(pipe.boundary.fwd, AQSGD):
     raise ValueError(f"AQ-SGD tables need an AQ-SGD forward scheme, got {pipe.boundary.fwd!r}")
   return pipe.boundary.fwd
 
 
-def device_pipeline(pipe: pl.Pipeline, batch_size: int) -> pl.Pipeline:
+def device_pipeline(pipe: pipeline.Pipeline, batch_size: int) -> pipeline.Pipeline:
   """`pipe` with AQ-SGD tables of one batch's rows (what runs on the device)."""
   small = dataclasses.replace(_aqsgd(pipe), num_examples=batch_size)
   return dataclasses.replace(pipe, boundary=dataclasses.replace(pipe.boundary, fwd=small))
 
 
-def table_rows(pipe: pl.Pipeline, batch) -> list[tuple]:
+def table_rows(pipe: pipeline.Pipeline, batch) -> list[tuple]:
   """Row shape of each boundary's table (one example's activation), traced abstractly: nothing is allocated."""
-  return [s.shape[1:] for s in pl.activation_shapes(pipe, batch)]
+  return [s.shape[1:] for s in pipeline.activation_shapes(pipe, batch)]
 
 
-def device_summary(pipe: pl.Pipeline, batch) -> str:
+def device_summary(pipe: pipeline.Pipeline, batch) -> str:
   """The `summary` line of on-device tables: both ends of every boundary, as pipeline.check_aqsgd_memory counts."""
   fwd = _aqsgd(pipe)
   return summary(f"on device ({jax.devices()[0].platform})", fwd.num_examples, table_rows(pipe, batch),
-                 fwd.buffer_dtype, pl.available_memory_bytes(), ends=2)
+                 fwd.buffer_dtype, pipeline.available_memory_bytes(), ends=2)
 
 
 def free_bytes(directory=None) -> int:
@@ -178,7 +178,7 @@ class HostBuffered(simulate.Simulate):
     self.tables, self.batch_size, self.prefetch = tables, batch_size, prefetch
 
   @classmethod
-  def for_pipeline(cls, pipe: pl.Pipeline, batch, directory=None, prefetch: bool = True):
+  def for_pipeline(cls, pipe: pipeline.Pipeline, batch, directory=None, prefetch: bool = True):
     """New tables for `pipe`'s AQ-SGD boundaries and batches like `batch`; HostTables's check first."""
     fwd = _aqsgd(pipe)
     tables = HostTables(fwd.num_examples, table_rows(pipe, batch), fwd.buffer_dtype, directory)
@@ -188,7 +188,7 @@ class HostBuffered(simulate.Simulate):
   def host_state(self) -> list[np.ndarray]:
     return self.tables.tables
 
-  def init_state(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None):
+  def init_state(self, pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None):
     """`simulate.init_state` of the device pipeline; ValueError if `pipe` or `batch` do not match the tables."""
     state = simulate.init_state(device_pipeline(pipe, self.batch_size), optimizer, rng, batch, params)
     expected = [(len(t), *t.shape[1:]) for t in self.tables.tables]
@@ -198,12 +198,12 @@ class HostBuffered(simulate.Simulate):
                        f"needs {got} for batches of {len(batch['id'])}")
     return state
 
-  def make_train_step(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation, mode: Mode = Mode.TRAIN):
+  def make_train_step(self, pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation, mode: Mode = Mode.TRAIN):
     return HostBufferedStep(simulate.make_train_step(device_pipeline(pipe, self.batch_size), optimizer, mode),
                             self.tables, self.prefetch)
 
-  def make_eval_step(self, pipe: pl.Pipeline, compressed: bool):
+  def make_eval_step(self, pipe: pipeline.Pipeline, compressed: bool):
     return simulate.make_eval_step(device_pipeline(pipe, self.batch_size), compressed)
 
-  def wire_bytes_per_step(self, pipe: pl.Pipeline, batch, mode: Mode = Mode.TRAIN) -> dict[str, int]:
+  def wire_bytes_per_step(self, pipe: pipeline.Pipeline, batch, mode: Mode = Mode.TRAIN) -> dict[str, int]:
     return simulate.wire_bytes_per_step(device_pipeline(pipe, self.batch_size), batch, mode)

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxcomp import pipeline as pl
+from jaxcomp import pipeline
 from jaxcomp.compress import boundary as boundary_mod
 from jaxcomp.compress import packing
 from jaxcomp.compress.boundary import LinkState, Mode, Transport
@@ -120,7 +120,7 @@ class StepInputs(NamedTuple):
 
 class Program(NamedTuple):
   """What a stage device needs to run the schedule: the pipeline and its padded layout."""
-  pipe: pl.Pipeline
+  pipe: pipeline.Pipeline
   params: layout.FlatRows  # parameter rows
   model_state: layout.FlatRows  # model-state rows
   shapes: list  # activation at each boundary, one microbatch of one data shard
@@ -173,7 +173,7 @@ def stage_step(prog: Program, inp: StepInputs, tick, ms_row, x_buf):
   m = clipped_microbatch(prog, tick, s)
   mb = jax.tree.map(lambda a: a[m], inp.mbs)
   index = jnp.where(busy(prog, tick, s), s, s_count)
-  rng = pl.stage_key(inp.step_key, global_microbatch(prog, m), s)
+  rng = pipeline.stage_key(inp.step_key, global_microbatch(prog, m), s)
   return jax.lax.switch(index, branches, inp.params_row, ms_row, x_buf, mb, rng)
 
 
@@ -186,7 +186,7 @@ def _link_rows(prog, m, mbs):
   mb_size = jax.tree.leaves(mbs)[0].shape[1]
   ids = mbs["id"][m] if "id" in mbs else None
   boundary = prog.pipe.boundary
-  return tuple(pl.rows(scheme, m, mb_size, ids) for scheme in (boundary.fwd, boundary.bwd))
+  return tuple(pipeline.rows(scheme, m, mb_size, ids) for scheme in (boundary.fwd, boundary.bwd))
 
 
 def forward_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, fwd_tables, differentiable: bool):
@@ -197,7 +197,7 @@ def forward_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, fwd_ta
   m, shape = microbatch(prog, tick, b), prog.shapes[b]
   fwd_rows, bwd_rows = _link_rows(prog, m, inp.mbs)
   (fs, fr), (bs, br) = fwd_tables, inp.bwd_tables
-  y, key = layout.unpad(y_buf, shape), pl.link_key(inp.step_key, global_microbatch(prog, m), b)
+  y, key = layout.unpad(y_buf, shape), pipeline.link_key(inp.step_key, global_microbatch(prog, m), b)
   sent, arrived = layout.gather_rows(fs, fwd_rows, shape), layout.gather_rows(fr, fwd_rows, shape)
   if differentiable:
     link = LinkState(sent, arrived, layout.gather_rows(bs, bwd_rows, shape), layout.gather_rows(br, bwd_rows, shape))
@@ -253,11 +253,11 @@ def run_gpipe(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, st
   return carry
 
 
-def make_program(pipe: pl.Pipeline, template: pl.TrainState, local_batch, mode: Mode, train: bool,
+def make_program(pipe: pipeline.Pipeline, template: pipeline.TrainState, local_batch, mode: Mode, train: bool,
                  timing: Timing = Timing()) -> Program:
   """The schedule's static layout for one data shard's batch `local_batch` (shapes only)."""
-  mb = pl.microbatch_shapes(local_batch, pipe.microbatches)
-  shapes = pl.boundary_shapes(pipe, template.params, template.model_state, mb[pipe.input_key])
+  mb = pipeline.microbatch_shapes(local_batch, pipe.microbatches)
+  shapes = pipeline.boundary_shapes(pipe, template.params, template.model_state, mb[pipe.input_key])
   prog = Program(pipe, layout.FlatRows(template.params), layout.FlatRows(template.model_state), shapes,
                  mode, train, None, timing)
   last = pipe.num_stages - 1
@@ -354,7 +354,7 @@ def stage_backward(prog: Program, inp: StepInputs, tick, stash, g_buf, grad_sum)
   index = jnp.where(busy(prog, tick, backward_tick(prog, s)), s, s_count)
   branches = [stage_grads(prog, j) for j in range(s_count)] + [no_grads]
   return jax.lax.switch(index, branches, inp.params_row, stash.model_state[slot], stash.x_buf[slot], mb,
-                        pl.stage_key(inp.step_key, global_microbatch(prog, m), s), g_buf, inp.scale, grad_sum)
+                        pipeline.stage_key(inp.step_key, global_microbatch(prog, m), s), g_buf, inp.scale, grad_sum)
 
 
 class Stash(NamedTuple):
@@ -403,7 +403,7 @@ def backward_exchange(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carr
   dx, bs_new, br_new = boundary_mod.backward_half(
       _boundary(prog, b), prog.mode, layout.unpad(dx_buf, shape),
       layout.gather_rows(bs_old, rows, shape), layout.gather_rows(br_old, rows, shape),
-      pl.link_key(inp.step_key, global_microbatch(prog, m), b), s == b, s == b + 1, idx)
+      pipeline.link_key(inp.step_key, global_microbatch(prog, m), b), s == b, s == b + 1, idx)
   bs, br = carry.bwd_tables
   keep = lambda ok, table, new: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new,
                                              layout.gather_rows(table, rows, shape))

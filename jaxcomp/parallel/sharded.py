@@ -19,7 +19,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxcomp import pipeline as pl
+from jaxcomp import pipeline
 from jaxcomp.compress import schemes
 from jaxcomp.compress.boundary import LinkState, Mode
 from jaxcomp.parallel import dataparallel, hlo_bytes, layout, schedule
@@ -31,7 +31,7 @@ __all__ = ["DATA", "GPipe", "SCHEDULES", "STAGE", "ShardedExecutor", "make_mesh"
 
 
 @dataclasses.dataclass(frozen=True)
-class ShardedExecutor(pl.Executor):
+class ShardedExecutor(pipeline.Executor):
   """`init_state`, `make_train_step`, `make_eval_step` as `simulate`, with the stages across the mesh.
 
   `grad_scheme` (Plain or EF around a codec, e.g. `parse_scheme("ef+quant:4")`) compresses the
@@ -75,7 +75,7 @@ class ShardedExecutor(pl.Executor):
   def data(self) -> int:
     return self.mesh.shape[DATA]
 
-  def _check(self, pipe: pl.Pipeline, optimizer=None):
+  def _check(self, pipe: pipeline.Pipeline, optimizer=None):
     if pipe.num_stages != self.num_stages:
       raise ValueError(f"the model has {pipe.num_stages} stages but the mesh's stage axis has "
                        f"{self.num_stages} devices")
@@ -86,15 +86,15 @@ class ShardedExecutor(pl.Executor):
     b = jax.tree.leaves(batch)[0].shape[0]
     if b % self.data:
       raise ValueError(f"batch size {b} does not split over {self.data} data shards")
-    return pl.microbatch_shapes(batch, self.data)
+    return pipeline.microbatch_shapes(batch, self.data)
 
-  def layout(self, pipe: pl.Pipeline, optimizer, batch) -> StateLayout:
+  def layout(self, pipe: pipeline.Pipeline, optimizer, batch) -> StateLayout:
     """The state layout of this mesh for the global `batch`."""
     self.local_batch(batch)
     return StateLayout(pipe, optimizer, batch, self.num_stages, self.data, self.grad_scheme)
 
   # ---------------------------------------------------------------- state
-  def stack(self, pipe, optimizer, state: pl.TrainState, batch):
+  def stack(self, pipe, optimizer, state: pipeline.TrainState, batch):
     """simulate-layout TrainState for the global `batch` -> sharded state, created sharded by one
     jitted program that reads the state from host memory (so it works when the mesh spans several
     processes: every process passes the same state)."""
@@ -105,24 +105,24 @@ class ShardedExecutor(pl.Executor):
     build = lambda st: lay.stack(st._replace(rng=jax.random.wrap_key_data(st.rng, impl=impl)))
     return jax.jit(build, out_shardings=lay.shardings(self.mesh, jax.eval_shape(build, host)))(host)
 
-  def unstack(self, pipe, optimizer, flat_state, batch) -> pl.TrainState:
+  def unstack(self, pipe, optimizer, flat_state, batch) -> pipeline.TrainState:
     """Sharded state -> simulate layout for the global `batch` (replicated arrays)."""
     return jax.jit(self.layout(pipe, optimizer, batch).unstack, out_shardings=NamedSharding(self.mesh, P()))(flat_state)
 
-  def init_state(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None):
+  def init_state(self, pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None):
     """The train state, created sharded: device s initialises only stage s (rows of its
     parameters, model state and optimizer state). `params` (per-stage trees, e.g. pretrained
     weights) are read from the host instead."""
     self._check(pipe, optimizer)
     lay = self.layout(pipe, optimizer, batch)
-    pl.check_aqsgd_memory(pipe.boundary, lay.shapes)
+    pipeline.check_aqsgd_memory(pipe.boundary, lay.shapes)
     if params is not None:
-      return self.stack(pipe, optimizer, pl.init_state(pipe, optimizer, rng, batch, params), batch)
+      return self.stack(pipe, optimizer, pipeline.init_state(pipe, optimizer, rng, batch, params), batch)
     build = lay.initializer(self.mesh, jax.random.key_impl(rng))
     key_data = jax.device_get(jax.random.key_data(rng))
     return jax.jit(build, out_shardings=lay.shardings(self.mesh, jax.eval_shape(build, key_data)))(key_data)
 
-  def state_shapes(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation, batch):
+  def state_shapes(self, pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation, batch):
     """ShapeDtypeStructs, with their shardings, of what `init_state` returns, traced abstractly: nothing
     is allocated and no memory is checked (for compiling ahead of time for a target, `jaxcomp.runtime.dryrun`)."""
     self._check(pipe, optimizer)
@@ -132,7 +132,7 @@ class ShardedExecutor(pl.Executor):
                         lay.shardings(self.mesh, shapes))
 
   # ---------------------------------------------------------------- steps
-  def make_train_step(self, pipe: pl.Pipeline, optimizer: optax.GradientTransformation,
+  def make_train_step(self, pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation,
                       mode: Mode = Mode.TRAIN):
     """jit-compiled (state, batch) -> (state, metrics) over the mesh."""
     self._check(pipe, optimizer)
@@ -140,7 +140,7 @@ class ShardedExecutor(pl.Executor):
       raise ValueError(f"train step mode must be TRAIN, WARMUP or FIRST_VISIT, got {mode}")
     return self._cached(pipe, optimizer, mode, train=True)
 
-  def make_eval_step(self, pipe: pl.Pipeline, compressed: bool):
+  def make_eval_step(self, pipe: pipeline.Pipeline, compressed: bool):
     self._check(pipe)
     mode = Mode.EVAL_COMPRESSED if compressed else Mode.EVAL_UNCOMPRESSED
     return self._cached(pipe, None, mode, train=False)
@@ -148,7 +148,7 @@ class ShardedExecutor(pl.Executor):
   def wire_bytes_per_step(self, pipe, batch, mode: Mode = Mode.TRAIN) -> dict[str, int]:
     """Executor protocol: every data shard's pipeline bytes each way, plus the gradient (or
     QuantizedAdam momentum) exchange; warm-up steps send everything dense (`pipeline.as_sent`)."""
-    local = pl.wire_bytes_per_step(pl.as_sent(pipe, mode), None, self.local_batch(batch))
+    local = pipeline.wire_bytes_per_step(pipeline.as_sent(pipe, mode), None, self.local_batch(batch))
     out = {k: v * self.data for k, v in local.items()}
     if self.data > 1:
       out["data"] = self.grad_wire_bytes(pipe, optax.identity(), batch, dense=mode is Mode.WARMUP)
@@ -204,7 +204,7 @@ class ShardedExecutor(pl.Executor):
 
     def device_step(state, batch):
       step_key = jax.random.fold_in(state.rng, state.step)
-      mbs = pl.split_microbatches(batch, m_count)
+      mbs = pipeline.split_microbatches(batch, m_count)
       fwd = (mine(state.links.fwd_send), mine(state.links.fwd_recv))
       bwd = (mine(state.links.bwd_send), mine(state.links.bwd_recv))
 
@@ -230,7 +230,8 @@ class ShardedExecutor(pl.Executor):
       ms = jax.lax.pmean(ms, DATA)  # BatchNorm running statistics synchronised over data shards
       add = lambda tree: jax.tree.map(lambda a: a[None], tree)
       links = LinkState(add(fwd[0]), add(fwd[1]), add(bwd[0]), add(bwd[1]))
-      new_state = pl.TrainState(state.step + 1, state.rng, params_row[None], ms[None], add(opt), links, grad_state)
+      new_state = pipeline.TrainState(state.step + 1, state.rng, params_row[None], ms[None], add(opt), links,
+                                      grad_state)
       return new_state, jax.tree.map(total, {"loss": loss, **metrics})
 
     state_specs = StateLayout.specs(state)

@@ -7,31 +7,31 @@ compresses the forward activation and, via its custom_vjp, the backward gradient
 import jax
 import optax
 
-from jaxcomp import pipeline as pl
+from jaxcomp import pipeline
 from jaxcomp.compress.boundary import LinkState, Mode
 
 
-def _run(pipe: pl.Pipeline, params, model_state, fwd_tables, bwd_tables, batch, step_key, mode, train):
+def _run(pipe: pipeline.Pipeline, params, model_state, fwd_tables, bwd_tables, batch, step_key, mode, train):
   """Forward pass of a whole batch. Returns (mean loss, (metrics, model_state, fwd_tables))."""
-  mbs = pl.split_microbatches(batch, pipe.microbatches)
+  mbs = pipeline.split_microbatches(batch, pipe.microbatches)
   mb_size = jax.tree.leaves(mbs)[0].shape[1]
   model_state, fwd_tables = list(model_state), list(fwd_tables)
   losses, metrics = [], []
   for i in range(pipe.microbatches):
     mb = jax.tree.map(lambda x: x[i], mbs)
-    rows_of = lambda scheme: pl.rows(scheme, i, mb_size, mb.get("id"))
+    rows_of = lambda scheme: pipeline.rows(scheme, i, mb_size, mb.get("id"))
     x = mb[pipe.input_key]
     for s, stage in enumerate(pipe.stages):
       x, model_state[s] = stage.apply(params[s], model_state[s], x, train=train,
-                                      rng=pl.stage_key(step_key, i, s))
+                                      rng=pipeline.stage_key(step_key, i, s))
       if s == pipe.num_stages - 1:
         break
       (fs, fr), (bs, br) = fwd_tables[s], bwd_tables[s]
-      link = pl.link_rows(LinkState(fs, fr, bs, br), pipe.boundary, rows_of, rows_of)
-      x, (fs_rows, fr_rows) = pipe.boundary(x, link, pl.link_key(step_key, i, s), mode)
+      link = pipeline.link_rows(LinkState(fs, fr, bs, br), pipe.boundary, rows_of, rows_of)
+      x, (fs_rows, fr_rows) = pipe.boundary(x, link, pipeline.link_key(step_key, i, s), mode)
       if mode.trains:
-        fwd_tables[s] = (pl.scatter(fs, rows_of(pipe.boundary.fwd), fs_rows),
-                         pl.scatter(fr, rows_of(pipe.boundary.fwd), fr_rows))
+        fwd_tables[s] = (pipeline.scatter(fs, rows_of(pipe.boundary.fwd), fs_rows),
+                         pipeline.scatter(fr, rows_of(pipe.boundary.fwd), fr_rows))
     loss, m = pipe.loss_fn(x, mb)
     losses.append(loss)
     metrics.append(m)
@@ -40,26 +40,27 @@ def _run(pipe: pl.Pipeline, params, model_state, fwd_tables, bwd_tables, batch, 
   return mean(losses), (metrics, tuple(model_state), tuple(fwd_tables))
 
 
-def init_state(pipe: pl.Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None) -> pl.TrainState:
+def init_state(pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation, rng, batch,
+               params=None) -> pipeline.TrainState:
   """Executor protocol: the train state on the default device (see `pipeline.init_state`); AQ-SGD
   tables that cannot fit are a ValueError before anything is allocated."""
-  pl.check_aqsgd_memory(pipe.boundary, lambda: pl.activation_shapes(pipe, batch))
-  return pl.init_state(pipe, optimizer, rng, batch, params)
+  pipeline.check_aqsgd_memory(pipe.boundary, lambda: pipeline.activation_shapes(pipe, batch))
+  return pipeline.init_state(pipe, optimizer, rng, batch, params)
 
 
-def wire_bytes_per_step(pipe: pl.Pipeline, batch, mode: Mode = Mode.TRAIN) -> dict[str, int]:
+def wire_bytes_per_step(pipe: pipeline.Pipeline, batch, mode: Mode = Mode.TRAIN) -> dict[str, int]:
   """Executor protocol: bytes one training step sends over all boundaries, each way
   (warm-up steps send dense tensors)."""
-  return pl.wire_bytes_per_step(pl.as_sent(pipe, mode), None, batch)
+  return pipeline.wire_bytes_per_step(pipeline.as_sent(pipe, mode), None, batch)
 
 
-def _tables(state: pl.TrainState):
+def _tables(state: pipeline.TrainState):
   """(forward tables, backward tables) per boundary: (sender, receiver) pairs."""
   return (tuple((l.fwd_send, l.fwd_recv) for l in state.links),
           tuple((l.bwd_send, l.bwd_recv) for l in state.links))
 
 
-def loss_and_grads(pipe: pl.Pipeline, state: pl.TrainState, batch, mode: Mode = Mode.TRAIN):
+def loss_and_grads(pipe: pipeline.Pipeline, state: pipeline.TrainState, batch, mode: Mode = Mode.TRAIN):
   """One step's (loss, metrics, model_state, weight grads, new LinkStates), no optimizer.
 
   The new backward states are the gradients w.r.t. the backward tables (see boundary.py).
@@ -70,29 +71,29 @@ def loss_and_grads(pipe: pl.Pipeline, state: pl.TrainState, batch, mode: Mode = 
   (loss, (metrics, model_state, fwd)), (grads, bwd) = jax.value_and_grad(
       run, argnums=(0, 1), has_aux=True)(state.params, bwd)
   links = tuple(LinkState(*f, *b) for f, b in zip(fwd, bwd))
-  return loss, metrics, model_state, pl.finish_grads(pipe, grads), links
+  return loss, metrics, model_state, pipeline.finish_grads(pipe, grads), links
 
 
-def make_train_step(pipe: pl.Pipeline, optimizer: optax.GradientTransformation, mode: Mode = Mode.TRAIN):
+def make_train_step(pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation, mode: Mode = Mode.TRAIN):
   """jit-compiled (state, batch) -> (state, metrics). `mode` is TRAIN, WARMUP or FIRST_VISIT."""
   if not mode.trains:
     raise ValueError(f"train step mode must be TRAIN, WARMUP or FIRST_VISIT, got {mode}")
 
-  def step(state: pl.TrainState, batch):
+  def step(state: pipeline.TrainState, batch):
     loss, metrics, model_state, grads, links = loss_and_grads(pipe, state, batch, mode)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    new_state = pl.TrainState(state.step + 1, state.rng, optax.apply_updates(state.params, updates),
+    new_state = pipeline.TrainState(state.step + 1, state.rng, optax.apply_updates(state.params, updates),
                               model_state, opt_state, links)
     return new_state, {"loss": loss, **metrics}
 
   return jax.jit(step, donate_argnums=0)
 
 
-def make_eval_step(pipe: pl.Pipeline, compressed: bool):
+def make_eval_step(pipe: pipeline.Pipeline, compressed: bool):
   """jit-compiled (state, batch) -> metrics, with C(x) at boundaries or dense tensors."""
   mode = Mode.EVAL_COMPRESSED if compressed else Mode.EVAL_UNCOMPRESSED
 
-  def step(state: pl.TrainState, batch):
+  def step(state: pipeline.TrainState, batch):
     fwd, bwd = _tables(state)
     loss, (metrics, _, _) = _run(pipe, state.params, state.model_state, fwd, bwd, batch,
                                  jax.random.fold_in(state.rng, state.step), mode, False)
@@ -101,7 +102,7 @@ def make_eval_step(pipe: pl.Pipeline, compressed: bool):
   return jax.jit(step)
 
 
-class Simulate(pl.Executor):
+class Simulate(pipeline.Executor):
   """This module's functions as an `Executor` object; its state is the simulate layout itself."""
 
   def init_state(self, pipe, optimizer, rng, batch, params=None):

@@ -18,7 +18,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxcomp import pipeline as pl
+from jaxcomp import pipeline
 from jaxcomp.compress.boundary import LinkState
 from jaxcomp.parallel import layout
 from jaxcomp.parallel.mesh import DATA, STAGE
@@ -27,10 +27,10 @@ from jaxcomp.parallel.qadam import QuantizedAdam
 _OWNER = {"fwd_send": 0, "bwd_recv": 0, "fwd_recv": 1, "bwd_send": 1}  # boundary of stage s: s - offset
 
 
-def abstract_state(pipe: pl.Pipeline, optimizer, batch) -> pl.TrainState:
+def abstract_state(pipe: pipeline.Pipeline, optimizer, batch) -> pipeline.TrainState:
   """The simulate-layout TrainState's shapes (no real initialisation)."""
   opt = optimizer or optax.identity()
-  return jax.eval_shape(lambda b: pl.init_state(pipe, opt, jax.random.key(0), b), batch)
+  return jax.eval_shape(lambda b: pipeline.init_state(pipe, opt, jax.random.key(0), b), batch)
 
 
 class OptimizerRows(Protocol):
@@ -124,7 +124,7 @@ class StateLayout:
   devices; built from shapes alone. `grad_scheme` compresses the data-parallel exchange (None: a
   dense one); `grad_template` is then one replica's error state for a `[P]` row."""
 
-  def __init__(self, pipe: pl.Pipeline, optimizer, batch, num_stages: int, data: int, grad_scheme=None):
+  def __init__(self, pipe: pipeline.Pipeline, optimizer, batch, num_stages: int, data: int, grad_scheme=None):
     self.pipe, self.num_stages, self.data = pipe, num_stages, data
     self.template = abstract_state(pipe, optimizer, batch)
     self.params = layout.FlatRows(self.template.params)
@@ -132,42 +132,42 @@ class StateLayout:
     self.model_state = layout.FlatRows(self.template.model_state)
     self.optimizer = optimizer_rows(optimizer, self.params, self.template.params)
     self.batch_size = jax.tree.leaves(batch)[0].shape[0]
-    self.local_batch = pl.microbatch_shapes(batch, data)
-    self.microbatch = pl.microbatch_shapes(self.local_batch, pipe.microbatches)
-    self.shapes = pl.boundary_shapes(pipe, self.template.params, self.template.model_state,
+    self.local_batch = pipeline.microbatch_shapes(batch, data)
+    self.microbatch = pipeline.microbatch_shapes(self.local_batch, pipe.microbatches)
+    self.shapes = pipeline.boundary_shapes(pipe, self.template.params, self.template.model_state,
                                      self.microbatch[pipe.input_key])
     self.f_max = max([layout.feature_size(s.shape) for s in self.shapes] or [1])
 
   # ------------------------------------------------------------ partition specs
   @staticmethod
-  def specs(state: pl.TrainState) -> pl.TrainState:
+  def specs(state: pipeline.TrainState) -> pipeline.TrainState:
     """Every partition spec of a sharded state (arrays or shapes)."""
     rows = lambda tree: jax.tree.map(lambda _: P(STAGE, DATA), tree)
-    return pl.TrainState(P(), P(), P(STAGE), P(STAGE), jax.tree.map(lambda _: P(STAGE), state.opt_state),
+    return pipeline.TrainState(P(), P(), P(STAGE), P(STAGE), jax.tree.map(lambda _: P(STAGE), state.opt_state),
                          rows(state.links), rows(state.grad_state))
 
   @classmethod
-  def shardings(cls, mesh, state: pl.TrainState) -> pl.TrainState:
+  def shardings(cls, mesh, state: pipeline.TrainState) -> pipeline.TrainState:
     return jax.tree.map(lambda spec: NamedSharding(mesh, spec), cls.specs(state),
                         is_leaf=lambda x: isinstance(x, P))
 
   # ------------------------------------------------------------ whole states
-  def stack(self, state: pl.TrainState) -> pl.TrainState:
+  def stack(self, state: pipeline.TrainState) -> pipeline.TrainState:
     """simulate-layout TrainState (PRNG key as key data) -> rows; traceable."""
     opt_state = ()
     if self.optimizer is not None:
       opt_state = self.optimizer.stack(layout.split_by_stage(state.opt_state, state.params))
-    return pl.TrainState(state.step, state.rng, self.params.stack(state.params), self.model_state.stack(
+    return pipeline.TrainState(state.step, state.rng, self.params.stack(state.params), self.model_state.stack(
         state.model_state), opt_state, self.tables(state.links), self.grad_rows(state.grad_state))
 
-  def unstack(self, flat: pl.TrainState) -> pl.TrainState:
+  def unstack(self, flat: pipeline.TrainState) -> pipeline.TrainState:
     """Inverse of `stack`: the optimizer state in `optimizer.init(params)`'s structure, `grad_state`
     per stage a tree of [D, ...] error rows, each example's row from the shard that owns it."""
     params = self.params.unstack(flat.params)
     opt_state = ()
     if self.optimizer is not None:
       opt_state = layout.merge_stages(tuple(self.optimizer.unstack(flat.opt_state)), params)
-    return pl.TrainState(flat.step, flat.rng, params, self.model_state.unstack(flat.model_state), opt_state,
+    return pipeline.TrainState(flat.step, flat.rng, params, self.model_state.unstack(flat.model_state), opt_state,
                          self.untables(flat.links), self.grad_canonical(flat.grad_state))
 
   def initializer(self, mesh, impl):
@@ -192,7 +192,7 @@ class StateLayout:
       rows = jax.shard_map(stage_rows, mesh=mesh, in_specs=P(), out_specs=P(STAGE), check_vma=False)
       p_rows, ms_rows, opt_rows = rows(init_rng)
       links = tuple(pipe.boundary.init(self.batch_size, x.shape[1:], x.dtype) for x in self.shapes)
-      return pl.TrainState(jnp.zeros((), jnp.int32), state_rng, p_rows, ms_rows, opt_rows, self.tables(links),
+      return pipeline.TrainState(jnp.zeros((), jnp.int32), state_rng, p_rows, ms_rows, opt_rows, self.tables(links),
                            self.grad_rows(()))
 
     return build
@@ -235,14 +235,14 @@ class StateLayout:
 
   def _example_copies(self, table):
     """A per-example [rows, F] table -> [D*rows, F]: data shard d's copy holds the rows of its
-    own examples (`pl.example_shard`) and zeros elsewhere, as training leaves it."""
-    owner = pl.example_shard(jnp.arange(table.shape[0]), self.data)
+    own examples (`pipeline.example_shard`) and zeros elsewhere, as training leaves it."""
+    owner = pipeline.example_shard(jnp.arange(table.shape[0]), self.data)
     return jnp.concatenate([jnp.where((owner == d)[:, None], table, jnp.zeros_like(table)) for d in range(self.data)])
 
   def _example_rows(self, copies):
     """Inverse of `_example_copies`: each example's row from the shard that owns it."""
     rows = copies.shape[0] // self.data
-    owner = pl.example_shard(jnp.arange(rows), self.data)
+    owner = pipeline.example_shard(jnp.arange(rows), self.data)
     return copies.reshape(self.data, rows, -1)[owner, jnp.arange(rows)]
 
   # ------------------------------------------------------------ data-parallel error rows
@@ -284,7 +284,7 @@ class StateLayout:
       grads_row = jnp.where(s == sa, grads_row.at[oa: oa + n].set(total),
                             jnp.where(s == sb, grads_row.at[ob: ob + n].set(total), grads_row))
     if self.pipe.grad_clip_norm is not None:
-      grads_row = grads_row * pl.clip_factor(jax.lax.psum(jnp.sum(jnp.square(grads_row)), STAGE),
+      grads_row = grads_row * pipeline.clip_factor(jax.lax.psum(jnp.sum(jnp.square(grads_row)), STAGE),
                                              self.pipe.grad_clip_norm)
     return grads_row
 

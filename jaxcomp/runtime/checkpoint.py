@@ -23,7 +23,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from jaxcomp import pipeline as pl
+from jaxcomp import pipeline
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -55,21 +55,21 @@ def shapes(tree) -> list[list]:
 
 
 # ------------------------------------------------------------------ layouts
-def simulate_layout(executor, pipe, optimizer, state, batch) -> pl.TrainState:
+def simulate_layout(executor, pipe, optimizer, state, batch) -> pipeline.TrainState:
   """The executor's train state in the simulate layout of the global `batch`: numpy values,
   PRNG key as key data (`Executor.unstack`); the sharded executor's `grad_state` is its data-parallel
   exchange state, kept in the `executor` item."""
   return to_host(executor.unstack(pipe, optimizer, state, batch))
 
 
-def executor_layout(executor, pipe, optimizer, saved: pl.TrainState, batch, like):
+def executor_layout(executor, pipe, optimizer, saved: pipeline.TrainState, batch, like):
   """Inverse of `simulate_layout` (`like`: the executor's fresh state, whose PRNG implementation it takes)."""
   saved = saved._replace(rng=jax.random.wrap_key_data(saved.rng, impl=jax.random.key_impl(like.rng)))
   return executor.stack(pipe, optimizer, saved, batch)
 
 
 # ------------------------------------------------------------------ files
-def _model(state: pl.TrainState):
+def _model(state: pipeline.TrainState):
   return (state.step, state.rng, state.params, state.model_state, state.opt_state)
 
 
@@ -90,7 +90,7 @@ class Checkpointer:
         directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, keep_period=keep_period, create=True))
 
-  def save(self, epoch: int, state: pl.TrainState, meta: dict, host_state=None):
+  def save(self, epoch: int, state: pipeline.TrainState, meta: dict, host_state=None):
     """`host_state`: numpy arrays kept outside `state` (or None), saved as the `host` item.
 
     A checkpoint already saved for `epoch` (the epoch was unfinished then) is replaced.
@@ -112,7 +112,7 @@ class Checkpointer:
   def epochs(self) -> list[int]:
     return list(self.manager.all_steps())
 
-  def restore(self, epoch: int, like: pl.TrainState, model_only: bool = False, host_state=None):
+  def restore(self, epoch: int, like: pipeline.TrainState, model_only: bool = False, host_state=None):
     """(state, meta) at `epoch`: numpy values shaped like the simulate-layout `like` (PRNG key
     as key data); `model_only` keeps like's compression state.
 
@@ -145,7 +145,7 @@ class Checkpointer:
     step, rng, params, model_state, opt_state = out["model"]
     links = like.links if model_only else out["compression"]
     grad_state = self._executor_rows(epoch, like.grad_state, meta) if not model_only else like.grad_state
-    return pl.TrainState(step, rng, params, model_state, opt_state, links, grad_state), meta
+    return pipeline.TrainState(step, rng, params, model_state, opt_state, links, grad_state), meta
 
   def _executor_rows(self, epoch, like, meta):
     """The saved `executor` item if it has like's shapes, else `like`."""
@@ -180,7 +180,7 @@ class Checkpointer:
   def _corrupt(self, epoch, why):
     return CorruptCheckpointError(f"the checkpoint of epoch {epoch} in {self.directory} is corrupt: {why}")
 
-  def restore_latest(self, like: pl.TrainState, host_state=None):
+  def restore_latest(self, like: pipeline.TrainState, host_state=None):
     """(epoch, state, meta) of the newest intact checkpoint, warning about each corrupt newer one;
     None when there is no checkpoint; CorruptCheckpointError saying why each is corrupt when none is intact."""
     corrupt = []

@@ -26,7 +26,7 @@ import optax
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxcomp import pipeline as pl
+from jaxcomp import pipeline
 from jaxcomp.compress import schemes
 from jaxcomp.compress.boundary import LinkState, Mode
 from jaxcomp.parallel import flops, hlo_bytes, hostbuffer, sharded, simulate
@@ -168,7 +168,7 @@ def _compile(name, jitted, state, batch, platform: str, num_stages: int | None) 
               hlo_bytes.collective_bytes(text, num_stages))
 
 
-def _table_bytes(pipe: pl.Pipeline, links) -> int:
+def _table_bytes(pipe: pipeline.Pipeline, links) -> int:
   """Bytes of the per-example AQ-SGD tables in a train state's links (a LinkState per boundary, or
   the sharded executor's one LinkState of stacked tables)."""
   if not isinstance(pipe.boundary.fwd, schemes.AQSGD):
@@ -177,7 +177,7 @@ def _table_bytes(pipe: pl.Pipeline, links) -> int:
   return sum(a.size * a.dtype.itemsize for link in links for a in jax.tree.leaves((link.fwd_send, link.fwd_recv)))
 
 
-def compile_for(target: targets.Target, pipe: pl.Pipeline, optimizer: optax.GradientTransformation, batch,
+def compile_for(target: targets.Target, pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation, batch,
                 plan: Plan = Plan(), steps=("train", "eval")) -> DryRun:
   """Compiles the train step (Mode.TRAIN) and the compressed eval step for `target`; `batch` is a
   tree of arrays or ShapeDtypeStructs (the global batch). A compiler that runs out of device memory
@@ -189,7 +189,8 @@ def compile_for(target: targets.Target, pipe: pl.Pipeline, optimizer: optax.Grad
     pipe = hostbuffer.device_pipeline(pipe, jax.tree.leaves(batch)[0].shape[0])
   if plan.executor == "simulate":
     place = SingleDeviceSharding(devices[0])
-    state = _abstract(jax.eval_shape(lambda b: pl.init_state(pipe, optimizer, jax.random.key(0), b), batch), place)
+    abstract_state = jax.eval_shape(lambda b: pipeline.init_state(pipe, optimizer, jax.random.key(0), b), batch)
+    state = _abstract(abstract_state, place)
     batch = _abstract(batch, place)
     build = {"train": lambda: simulate.make_train_step(pipe, optimizer, Mode.TRAIN),
              "eval": lambda: simulate.make_eval_step(pipe, True)}

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxcomp import pipeline as pl
+from jaxcomp import pipeline
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.compress.schemes import AQSGD
 from jaxcomp.runtime import checkpoint, distributed, logfilter
@@ -107,7 +107,7 @@ class FirstVisits:
   are all seen. The set is the driver's: resume rebuilds it from the data order.
   """
 
-  def __init__(self, pipe: pl.Pipeline):
+  def __init__(self, pipe: pipeline.Pipeline):
     fwd = pipe.boundary.fwd
     self.seen = np.zeros(fwd.num_examples, bool) if isinstance(fwd, AQSGD) else None
 
@@ -236,12 +236,12 @@ def warm_start(state, directory, epoch: int):
 @dataclasses.dataclass
 class Run:
   """What a run carries from epoch to epoch (`start` makes it; `run_epoch` and `record` advance it)."""
-  pipe: pl.Pipeline
+  pipe: pipeline.Pipeline
   optimizer: Any
-  executor: pl.Executor
+  executor: pipeline.Executor
   data: Data
   cfg: RunConfig
-  state: pl.TrainState
+  state: pipeline.TrainState
   history: list
   start_epoch: int
   done_losses: list  # of the first epoch to run, when a resumed run is inside it
@@ -267,7 +267,7 @@ class EpochResult(NamedTuple):
   steps_per_s: float | None  # steady-state steps (the compiling step excluded)
 
 
-def start(pipe: pl.Pipeline, optimizer, executor: pl.Executor, data: Data, cfg: RunConfig, rng,
+def start(pipe: pipeline.Pipeline, optimizer, executor: pipeline.Executor, data: Data, cfg: RunConfig, rng,
           initial_params=None) -> Run:
   """The run's state at its first epoch: fresh, warm-started from `cfg.init_from`, or resumed."""
   state = executor.init_state(pipe, optimizer, rng, data.example_batch, initial_params)
@@ -394,7 +394,7 @@ def record(run: Run, epoch: int, result: EpochResult, on_epoch=None):
                              f"{eval_losses}; stopped without checkpointing it. {_last_good(run.ckpt)}")
 
 
-def fit(pipe: pl.Pipeline, optimizer, executor: pl.Executor, data: Data, cfg: RunConfig, rng,
+def fit(pipe: pipeline.Pipeline, optimizer, executor: pipeline.Executor, data: Data, cfg: RunConfig, rng,
         on_epoch: Callable[[list[dict]], Any] | None = None, initial_params=None):
   """Trains `pipe` (from `initial_params`, e.g. pretrained, if given); returns (state, history).
 
