@@ -19,6 +19,7 @@ import pathlib
 import time
 
 from experiments import common, gpt2_wikitext, resnet_cifar10
+from jaxcomp.compress.spec import parse_scheme
 from jaxcomp.runtime import dryrun, targets
 
 MODELS = {  # name -> (experiment, argv of the run)
@@ -44,8 +45,8 @@ def cell(model: str, method: str, column: str) -> dict:
   config = common.resolve(exp, common.parser_for(exp).parse_args(
       [*argv, *METHODS[method], *executor, "--compile-for", target, "--run-name", "fit"]))
   pipe, optimizer, batch, _ = exp.abstract(config)
-  grad = config.get("grad_compression")
-  plan = dryrun.Plan(config.get("executor") or "simulate", config.get("data_parallel") or 1, "gpipe", grad)
+  grad = config["grad_compression"]
+  plan = dryrun.Plan(config["executor"], config["data_parallel"], "gpipe", parse_scheme(grad) if grad else None)
   start = time.perf_counter()
   try:
     report = dryrun.compile_for(targets.target(target), pipe, optimizer, batch, plan, steps=("train",))

@@ -67,8 +67,23 @@ COMMON_FLAGS = {  # flag -> (group, type, help); defaults come from the recipe
 AT_LEAST = {**{k: 1 for k in ("epochs", "steps", "batch_size", "microbatches", "stages", "train_examples",
                                 "eval_examples", "data_parallel", "width", "init_epoch")},
             "block_size": 2, "warmup_epochs": 0}
-BUILT_IN_DEFAULTS = {"warmup_epochs": 0, "steps": "every epoch's", "data_parallel": 1, "train_examples": "all",
-                     "eval_examples": "all", "grad_compression": "none, the dense mean"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDefaults:
+  """What a run uses where neither its recipe, its preset nor a flag says otherwise (set here once)."""
+  executor: str = "simulate"
+  schedule: str = "gpipe"
+  data_parallel: int = 1
+  aqsgd_buffers: str = "device"
+  warmup_epochs: int = 0
+  grad_compression: str | None = None  # the dense mean
+  bottleneck: str | None = None
+
+
+RUN_DEFAULTS = dataclasses.asdict(RunDefaults())
+UNSET_MEANS = {"steps": "every epoch's", "train_examples": "all", "eval_examples": "all",
+               "grad_compression": "none, the dense mean", "bottleneck": "none"}  # --help's words for None
 COMPRESSION_KEYS = ("fwd", "bwd", "warmup_epochs", "init_epoch", "grad_compression")
 RESUMABLE = ("epochs", "steps", "resume", "no_progress", "out", "coordinator", "num_processes", "process_id",
              "compile_for")
@@ -93,7 +108,9 @@ def recipe_default(exp: Experiment, key: str) -> str:
   values = {name: recipe.get(key) for name, recipe in exp.recipes.items()}
   default = values[exp.default_recipe]
   if all(v is None for v in values.values()):
-    return f" (default: {BUILT_IN_DEFAULTS[key]})" if key in BUILT_IN_DEFAULTS else ""
+    default = RUN_DEFAULTS.get(key)
+    default = UNSET_MEANS.get(key) if default is None else default
+    return "" if default is None else f" (default: {default})"
   others = "".join(f"; {v} with --recipe {name}" for name, v in values.items() if v != default)
   return f" (default: {default}{others})"
 
@@ -113,10 +130,11 @@ def parser_for(exp: Experiment) -> argparse.ArgumentParser:
     groups[group].add_argument("--" + flag.replace("_", "-"), type=kind, help=text + recipe_default(exp, flag))
   parallel = groups["parallel"]
   parallel.add_argument("--executor", choices=["simulate", "gpipe"],
-                        help="simulate: every stage on one device; gpipe: stage s on device s (default: simulate)")
+                        help="simulate: every stage on one device; gpipe: stage s on device s"
+                             + recipe_default(exp, "executor"))
   parallel.add_argument("--schedule", choices=list(sharded.SCHEDULES),
                         help="gpipe executor's tick schedule: gpipe, 1f1b (at most S microbatch inputs per stage) or "
-                             "1f1b-fused (at most 2S-1, fewer ticks) (default: gpipe)")
+                             "1f1b-fused (at most 2S-1, fewer ticks)" + recipe_default(exp, "schedule"))
   parallel.add_argument("--compile-for", metavar="TARGET",
                         help="compile the run's steps for an accelerator and report memory, FLOPs, an estimated step "
                              "time and wire bytes; train nothing, read no data (exit 0: fits, 1: does not). TARGET: "
@@ -127,7 +145,7 @@ def parser_for(exp: Experiment) -> argparse.ArgumentParser:
   groups["compression"].add_argument(
       "--aqsgd-buffers", metavar="device|host|DIR",
       help="where AQ-SGD's per-example tables live: on the device, in host RAM, or in memory-mapped .npy files "
-           "under DIR (simulate executor, aqsgd+ forward spec) (default: device)")
+           "under DIR (simulate executor, aqsgd+ forward spec)" + recipe_default(exp, "aqsgd_buffers"))
   output = groups["output"]
   output.add_argument("--out", help=f"output folder (default: runs/{exp.name})")
   output.add_argument("--run-name", help="name of this run's files (default: the preset, else the specs)")
@@ -140,8 +158,8 @@ def parser_for(exp: Experiment) -> argparse.ArgumentParser:
 
 
 def merged(exp: Experiment, args: argparse.Namespace, preset: str | None) -> dict:
-  """The recipe's defaults, updated by the preset's, updated by the flags given."""
-  config = dict(exp.recipes[args.recipe or exp.default_recipe])
+  """RunDefaults, updated by the recipe, then the preset, then the flags given."""
+  config = {**RUN_DEFAULTS, **exp.recipes[args.recipe or exp.default_recipe]}
   config.update(exp.presets[preset] if preset else {})
   config.update({k: v for k, v in vars(args).items() if v is not None and v is not False})
   return config
@@ -195,11 +213,11 @@ def resolve(exp: Experiment, args: argparse.Namespace) -> dict:
     raise ValueError(f"--run-name {name!r} must be one folder name (letters, digits and . _ + -, not starting with "
                      f". _ + -), e.g. {suggestion}")
   boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=1)  # fail early on a bad spec
-  buffers = config.get("aqsgd_buffers", "device")
+  buffers = config["aqsgd_buffers"]
   if buffers != "device" and not isinstance(boundary.fwd, AQSGD):
     raise ValueError(f"--aqsgd-buffers {buffers} holds AQ-SGD tables, but the forward spec {config['fwd']!r} keeps "
                      "none; use an aqsgd+ spec or leave the buffers on the device")
-  if buffers != "device" and config.get("executor", "simulate") != "simulate":
+  if buffers != "device" and config["executor"] != "simulate":
     raise ValueError(f"--aqsgd-buffers {buffers} needs --executor simulate; the {config['executor']} executor "
                      "keeps AQ-SGD tables on the stage devices")
   if config.get("init_epoch") and not config.get("init_from"):
@@ -213,10 +231,10 @@ def resolve(exp: Experiment, args: argparse.Namespace) -> dict:
 
 def check_executor_flags(config: dict):
   """The executor's flags go together, and a batch splits into data shards x microbatches."""
-  shards, m = config.get("data_parallel") or 1, config["microbatches"]
-  if config.get("executor", "simulate") == "simulate":
+  shards, m = config["data_parallel"], config["microbatches"]
+  if config["executor"] == "simulate":
     given = [f"--{k.replace('_', '-')} {config[k]}" for k in ("schedule", "grad_compression", "data_parallel")
-             if config.get(k) and not (k == "data_parallel" and shards == 1)]
+             if config[k] != RUN_DEFAULTS[k]]
     if given:
       raise ValueError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} --executor gpipe (the simulate "
                        "executor runs every stage in one program on one device): add --executor gpipe")
@@ -229,11 +247,11 @@ def check_executor_flags(config: dict):
 def executor_for(config: dict, num_stages: int):
   """simulate or a GPipe (its flags checked now). AQ-SGD tables off the device get their executor from
   `hostbuffer.HostBuffered.for_pipeline` in `run`, once their folder is locked (it creates them)."""
-  if config.get("executor", "simulate") == "simulate":
+  if config["executor"] == "simulate":
     return simulate.Simulate()
-  grad = config.get("grad_compression")
-  return sharded.ShardedExecutor(sharded.make_mesh(num_stages, config.get("data_parallel") or 1),
-                     parse_scheme(grad) if grad else None, schedule=config.get("schedule") or "gpipe")
+  grad = config["grad_compression"]
+  return sharded.ShardedExecutor(sharded.make_mesh(num_stages, config["data_parallel"]),
+                     parse_scheme(grad) if grad else None, schedule=config["schedule"])
 
 
 def check_folder(path, flag: str):
@@ -266,13 +284,13 @@ def check_specs_fit(config: dict, pipe, batch):
 
 def check_devices(config: dict, command: str):
   """The gpipe executor needs stages x data-parallel devices; on CPU, says how to fake them."""
-  needed = config["stages"] * (config.get("data_parallel") or 1)
+  needed = config["stages"] * config["data_parallel"]
   have = jax.devices()
-  if config.get("executor") == "gpipe" and len(have) < needed:
+  if config["executor"] == "gpipe" and len(have) < needed:
     hint = (f"; on CPU, make fake devices: XLA_FLAGS=--xla_force_host_platform_device_count={needed} "
             f"{command} ... (or use --executor simulate)" if have[0].platform == "cpu" else "")
     raise ValueError(f"--executor gpipe needs {needed} devices ({config['stages']} stages x "
-                     f"{config.get('data_parallel') or 1} data-parallel), found {len(have)} {have[0].platform}{hint}")
+                     f"{config['data_parallel']} data-parallel), found {len(have)} {have[0].platform}{hint}")
 
 
 def check_batch_size(batch_size: int, train_examples: int, eval_examples: int):
@@ -322,6 +340,7 @@ def check_resumed_config(config: dict, results_file: pathlib.Path):
     print(f"note: {results_file} is {'missing' if not results_file.exists() else err}, so the resumed configuration "
           "cannot be compared with the original")
     return
+  before = {**RUN_DEFAULTS, **before}  # results written before a default was stored used it
   changed = [f"{k} {before.get(k)!r} -> {config.get(k)!r}" for k in sorted(set(before) | set(config))
              if k not in RESUMABLE and before.get(k) != config.get(k)]
   if changed:
@@ -359,7 +378,7 @@ def run(exp: Experiment, config: dict):
   check_devices(config, f"python -m experiments.{exp.name}")
   check_executor_flags(config)
   check_folder(out, "--out")
-  buffers = config.get("aqsgd_buffers", "device")
+  buffers = config["aqsgd_buffers"]
   if buffers not in ("device", "host"):
     check_folder(buffers, "--aqsgd-buffers")
   check_run_folder(config, run_dir)
@@ -378,7 +397,7 @@ def run(exp: Experiment, config: dict):
   init_from = (str(pathlib.Path(config["init_from"]).resolve() / "ckpt"), config["init_epoch"]) \
       if config.get("init_epoch") else None
   cfg = train.RunConfig(epochs=config["epochs"], steps=config.get("steps"),
-                        warmup_epochs=config.get("warmup_epochs", 0),
+                        warmup_epochs=config["warmup_epochs"],
                         checkpoint_dir=str((run_dir / "ckpt").resolve()), resume=config.get("resume", False),
                         init_from=init_from, progress=not config.get("no_progress", False))
   with contextlib.ExitStack() as locks:  # one run per run folder and per AQ-SGD table folder
@@ -417,10 +436,10 @@ def compile_run(exp: Experiment, config: dict) -> dryrun.DryRun:
   check_executor_flags(config)
   pipe, optimizer, batch, assumed = exp.abstract(config)
   check_specs_fit(config, pipe, batch)
-  grad = config.get("grad_compression")
-  plan = dryrun.Plan(config.get("executor") or "simulate", config.get("data_parallel") or 1,
-                     config.get("schedule") or "gpipe", parse_scheme(grad) if grad else None,
-                     "device" if config.get("aqsgd_buffers", "device") == "device" else "host")
+  grad = config["grad_compression"]
+  plan = dryrun.Plan(config["executor"], config["data_parallel"],
+                     config["schedule"], parse_scheme(grad) if grad else None,
+                     "device" if config["aqsgd_buffers"] == "device" else "host")
   print(f"[{exp.name}] --compile-for {target.name}: run {config['run_name']}; fwd {config['fwd']}, bwd {config['bwd']}; "
         f"{pipe.num_stages} stages x {pipe.microbatches} microbatches; batch "
         + ", ".join(f"{k} {tuple(v.shape)} {v.dtype}" for k, v in batch.items()) + (f"; {assumed}" if assumed else ""))

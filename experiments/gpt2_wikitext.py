@@ -100,7 +100,7 @@ def assemble(config, cfg: gpt2.GPT2Config, num_train: int):
   if not 1 <= config["stages"] <= cfg.n_layer:
     raise ValueError(f"--stages {config['stages']}: this GPT-2 has {cfg.n_layer} blocks, so it splits into "
                      f"1..{cfg.n_layer} stages; pass one of those (or a larger --model)")
-  s, bs, shards = config["stages"], config["batch_size"], config.get("data_parallel") or 1
+  s, bs, shards = config["stages"], config["batch_size"], config["data_parallel"]
   steps = batching.num_batches(num_train, bs, shards) * config["epochs"]
   optimizer = optax.adamw(optax.linear_schedule(config["lr"], 0.0, steps), weight_decay=config["weight_decay"])
   boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=num_train)
@@ -130,7 +130,7 @@ def build(config):
   else:
     cfg, params = model_config(config, data.vocab_size), None
   pipe, optimizer = assemble(config, cfg, len(train_blocks))
-  bs, shards, seed = config["batch_size"], config.get("data_parallel") or 1, config["seed"]
+  bs, shards, seed = config["batch_size"], config["data_parallel"], config["seed"]
   return pipe, optimizer, train.Data(
       train_batches=lambda epoch: text.train_batches(data, bs, seed, epoch, shards),
       steps_per_epoch=batching.num_batches(len(train_blocks), bs, shards),
@@ -159,7 +159,7 @@ def abstract(config):
     assumed = (f"{num_train} training blocks (assumed: WikiText-2's ~{WIKITEXT2_TRAIN_TOKENS:,} training tokens / "
                f"{config['block_size']}; --train-examples sets it)")
   pipe, optimizer = assemble(config, cfg, num_train)
-  bs, shards, block = config["batch_size"], config.get("data_parallel") or 1, config["block_size"]
+  bs, shards, block = config["batch_size"], config["data_parallel"], config["block_size"]
   placeholder = text.TextData("", np.zeros((bs, block), np.int32), np.zeros((bs, block), np.int32), vocab)
   batch = next(text.train_batches(placeholder, bs, config["seed"], 0, shards))
   return pipe, optimizer, batch, assumed

@@ -57,7 +57,7 @@ CIFAR10_TRAIN = 50_000
 
 def assemble(config, num_train: int):
   """(Pipeline, optimizer) of the run for `num_train` training images (AQ-SGD tables, lr schedule)."""
-  bs, shards = config["batch_size"], config.get("data_parallel") or 1
+  bs, shards = config["batch_size"], config["data_parallel"]
   schedule = optax.cosine_decay_schedule(config["lr"], config["cosine_epochs"] * batching.num_batches(num_train, bs, shards))
   optimizer = optax.chain(optax.add_decayed_weights(config["weight_decay"]),
                           optax.sgd(schedule, momentum=config["momentum"]))
@@ -74,7 +74,7 @@ def build(config):
   train_split = _subset(data.train, config.get("train_examples"))
   test_split = _subset(data.test, config.get("eval_examples"))
   data = cifar10.ImageData(data.name, train_split, test_split)
-  bs, shards, seed = config["batch_size"], config.get("data_parallel") or 1, config["seed"]
+  bs, shards, seed = config["batch_size"], config["data_parallel"], config["seed"]
   common.check_batch_size(bs, len(train_split["label"]), len(test_split["label"]))
   pipe, optimizer = assemble(config, len(train_split["label"]))
   return pipe, optimizer, train.Data(
@@ -90,7 +90,7 @@ def abstract(config):
   num_train = config.get("train_examples") or CIFAR10_TRAIN
   assumed = "" if config.get("train_examples") else f"{CIFAR10_TRAIN} training images (CIFAR-10's training set)"
   pipe, optimizer = assemble(config, num_train)
-  bs, shards = config["batch_size"], config.get("data_parallel") or 1
+  bs, shards = config["batch_size"], config["data_parallel"]
   split = {"image": np.zeros((bs, 32, 32, 3), np.uint8), "label": np.zeros((bs,), np.int32)}
   batch = next(cifar10.train_batches(cifar10.ImageData("", split, split), bs, config["seed"], 0, shards))
   return pipe, optimizer, batch, assumed

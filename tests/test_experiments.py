@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from experiments import gpt2_wikitext, report, resnet_cifar10
-from experiments.common import main
+from experiments.common import RUN_DEFAULTS, main
 
 RESNET_TINY = ["--steps", "2", "--width", "8", "--batch-size", "10", "--train-examples", "40",
                "--eval-examples", "20", "--no-progress"]
@@ -78,7 +78,7 @@ def test_list_presets_shows_each_paper_row_and_the_bytes_it_sends(capsys):
   main(gpt2_wikitext.EXPERIMENT, ["--list-presets", "--batch-size", "4", "--block-size", "32", "--microbatches", "2"])
   lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
   assert set(gpt2_wikitext.PRESETS) <= set(lines)
-  config = {**gpt2_wikitext.RECIPES["tiny"], "batch_size": 4, "block_size": 32, "microbatches": 2}
+  config = {**RUN_DEFAULTS, **gpt2_wikitext.RECIPES["tiny"], "batch_size": 4, "block_size": 32, "microbatches": 2}
   pipe, _, batch, _ = gpt2_wikitext.abstract(config)
   for preset, (loss, ppl) in paper.GPT2.items():
     spec = gpt2_wikitext.PRESETS[preset]
