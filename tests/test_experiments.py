@@ -332,3 +332,14 @@ def test_jaxcomp_warnings_are_one_line_in_the_clis(capsys):
   one_line_warning(UserWarning("from elsewhere"), UserWarning, json.__file__, 7, theirs)
   assert ours.getvalue() == "warning: the checkpoint of epoch 2 is corrupt; trying the previous\n"
   assert theirs.getvalue().startswith(f"{json.__file__}:7: UserWarning: from elsewhere")
+
+
+def test_resuming_a_run_recorded_before_its_defaults_were_stored(tmp_path):
+  """Results written before RunDefaults existed lack those keys: they compare as the defaults they ran with."""
+  from experiments.common import check_resumed_config
+  from jaxcomp.runtime import results
+  old = {"fwd": "quant:4", "bwd": "quant:8", "lr": 0.01}
+  results.write(tmp_path, "r", old, [])
+  check_resumed_config({**RUN_DEFAULTS, **old, "epochs": 3}, tmp_path / "r.json")
+  with pytest.raises(ValueError, match=r"executor 'simulate' -> 'gpipe'"):
+    check_resumed_config({**RUN_DEFAULTS, **old, "executor": "gpipe"}, tmp_path / "r.json")
