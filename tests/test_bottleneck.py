@@ -1,4 +1,6 @@
 """Learned low-rank boundaries (`compress.bottleneck`): what they send, their gradients, their constraint."""
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +15,17 @@ from jaxcomp.parallel import simulate
 X = jax.random.normal(jax.random.key(0), (32, 8))
 BATCH = {"x": X, "label": (X[:, 0] > 0).astype(jnp.int32)}
 WIDTH, RANK = 16, 4
+
+
+@contextlib.contextmanager
+def _float64():
+  """jax_enable_x64 for the block (jax.enable_x64 is not in every jax this package supports)."""
+  previous = jax.config.jax_enable_x64
+  jax.config.update("jax_enable_x64", True)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_x64", previous)
 
 
 def _pipe(spec: str, fwd="none", bwd="none"):
@@ -51,7 +64,7 @@ def test_gradients_of_p_and_q_match_finite_differences(spec, stage, name):
   """The gradient along a random direction against a central difference of the loss, in float64. A
   subspace W is held by both ends as a tied pair: its gradient is the pair's sum, and the difference
   moves both copies."""
-  with jax.enable_x64(True):
+  with _float64():
     pipe = _pipe(spec)
     batch = {"x": X.astype(jnp.float64), "label": BATCH["label"]}
     state = simulate.init_state(pipe, optax.sgd(0.1), jax.random.key(1), batch)
