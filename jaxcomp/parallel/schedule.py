@@ -181,9 +181,14 @@ def _boundary(prog: Program, b: int):
   return dataclasses.replace(prog.pipe.boundary, transport=PPermute(b))
 
 
+def microbatch_size(mbs) -> int:
+  """Examples per microbatch of microbatched inputs [M, B/M, ...]."""
+  return jax.tree.leaves(mbs)[0].shape[1]
+
+
 def _link_rows(prog, m, mbs):
   """(forward, backward) state rows of microbatch m (its slots, or its examples' ids)."""
-  mb_size = jax.tree.leaves(mbs)[0].shape[1]
+  mb_size = microbatch_size(mbs)
   ids = mbs["id"][m] if "id" in mbs else None
   boundary = prog.pipe.boundary
   return tuple(pipeline.rows(scheme, m, mb_size, ids) for scheme in (boundary.fwd, boundary.bwd))
@@ -236,7 +241,7 @@ def run_gpipe(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, st
   ticks scanned (differentiable: its autodiff is GPipe's backward)."""
   assert prog.timing.stride == 1, prog.timing
   s_count, m_count = prog.pipe.num_stages, prog.pipe.microbatches
-  mb_size = jax.tree.leaves(mbs)[0].shape[1]
+  mb_size = microbatch_size(mbs)
   carry = Carry(jnp.zeros((mb_size, prog.width), prog.act_dtype), ms_row, tuple(fwd_tables),
                 jnp.zeros((), jnp.float32), zero_metrics(prog))
   inp = StepInputs(params_row, tuple(bwd_tables), mbs, step_key)
@@ -449,7 +454,7 @@ def run_explicit(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs,
   """Every tick of the explicit schedule on this device. `scale` weighs each microbatch's
   loss (1 / (M D)): the returned `grads` and backward tables are those of the weighted sum,
   as autodiff of the mean loss gives them."""
-  mb_size = jax.tree.leaves(mbs)[0].shape[1]
+  mb_size = microbatch_size(mbs)
   k = stash_slots(prog)
   buf = jnp.zeros((mb_size, prog.width), prog.act_dtype)
   indices = tuple(jax.tree.map(lambda a: jnp.zeros((k, *a.shape), a.dtype), _index_shapes(prog, b))
