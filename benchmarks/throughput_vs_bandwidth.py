@@ -38,9 +38,11 @@ QADAM = " + QuantizedAdam"
 
 
 def method_specs() -> dict[str, tuple[str, str]]:
-  """(forward, backward) spec of every named method: the GPT-2 presets and the frontier's."""
+  """(forward, backward) spec of every named method: the GPT-2 presets and the frontier's (but its learned
+  bottlenecks, which change the model, not only what the boundary sends)."""
   presets = {name: (p["fwd"], p["bwd"]) for name, p in gpt2_wikitext.PRESETS.items() if "fwd" in p}
-  return {**presets, **{name: (fwd, bwd) for name, (fwd, bwd, _) in frontier.METHODS.items()}}
+  return {**presets, **{name: (fwd, bwd) for name, (fwd, bwd, _, *learned) in frontier.METHODS.items()
+                        if not learned}}
 
 
 class StageCosts(NamedTuple):

@@ -124,6 +124,16 @@ def test_a_run_that_does_not_fit_is_reported_with_what_would_help(monkeypatch, c
   assert status.value.code == 1
 
 
+@pytest.mark.parametrize("message, needed", [  # as libtpu 0.0.42 (jax 0.10) and 0.0.23 (jax 0.7) say it
+    ("Ran out of memory on HBM, the total memory required for HLO temporaries (114.49G) exceeds available HBM "
+     "(15.75G).", int(114.49 * 2**30)),
+    ("Allocation (size=65536000000) would exceed memory (size=17179869184) :: #allocation1038 [shape = "
+     "'f16[1000000,32,32,8]{2,1,3,0:T(8,128)(2,1)}', space=hbm, size = 0xffffffffffffffff]", 65536000000)])
+def test_the_peak_of_a_step_the_compiler_refused_is_read_from_its_message(message, needed):
+  report = dryrun.DryRun(targets.target("v5e-1"), None, "", (), {}, 0, message)
+  assert report.peak_bytes == needed and not report.fits
+
+
 def test_bad_target_is_one_error_line_listing_the_valid_ones():
   with pytest.raises(SystemExit, match=r"^error: unknown target 'v5e-3'; choose one of v5e-1, v5e-4, v5e-8, "):
     common.main(gpt2_wikitext.EXPERIMENT, ["--compile-for", "v5e-3"])

@@ -91,9 +91,13 @@ class DryRun:
 
   @property
   def peak_bytes(self) -> int:
-    if self.error:
+    if self.error:  # what the compiler says it needed: "57.30G" (libtpu 0.0.42), or one allocation's bytes,
+      # "Allocation (size=65536000000) would exceed memory" (libtpu 0.0.23, jax 0.7)
       needed = re.findall(r"([\d.]+)([GM])\b", self.error)
-      return int(float(needed[0][0]) * (2**30 if needed[0][1] == "G" else 2**20)) if needed else 0
+      allocation = re.search(r"Allocation \(size=(\d+)\)", self.error)
+      if needed:
+        return int(float(needed[0][0]) * (2**30 if needed[0][1] == "G" else 2**20))
+      return int(allocation.group(1)) if allocation else 0
     return max(s.peak_bytes for s in self.steps)
 
   @property
