@@ -116,7 +116,10 @@ def test_readme_example_runs_and_learns(capsys):
   code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
   namespace = {}
   exec(compile(code, "README.md", "exec"), namespace)
-  assert float(namespace["metrics"]["loss"]) < 0.1
+  # learned: far below chance (ln 4 = 1.39). The exact figure depends on the CPU's code generation (0.0003 at
+  # XLA's default optimisation level, 0.23 at the suite's level 0 on an AMD EPYC): 2-bit forwards train noisily
+  assert float(namespace["metrics"]["loss"]) < 0.5
+  assert float(namespace["metrics"]["accuracy"]) > 0.9
   assert "'fwd': 12312" in capsys.readouterr().out  # 3 boundaries x (256x64 2-bit codes + min/max)
 
 
