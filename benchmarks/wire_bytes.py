@@ -50,7 +50,7 @@ def codec_table(shape=(128, 1024)) -> str:
     measured = codecs.nbytes(payload)
     assert measured == scheme.wire_bytes(shape, x.dtype), text
     arrays = ", ".join(f"{k} {a.dtype}{list(a.shape)}" for p in jax.tree.leaves(
-        payload, is_leaf=lambda p: isinstance(p, codecs.Payload)) for k, a in p.arrays.items())
+        payload, is_leaf=lambda p: isinstance(p, codecs.Payload)) for k, a in p.parts().items())
     lines.append(f"| `{text}` | {arrays} | {measured:,} | {measured / dense:.4f} |")
   return "\n".join(lines)
 

@@ -118,9 +118,9 @@ def test_maxabs_error_within_half_step(bits, granularity, scale_dtype, grid):
   x = _x((6, 5, 16), seed=bits)
   codec = codecs.MaxAbsQuant(bits, granularity, scale_dtype=scale_dtype, clip=1.0, grid=grid)
   payload = codec.encode(x)
-  scale = jax.lax.bitcast_convert_type(payload.arrays["scale"], jnp.dtype(scale_dtype)).astype(jnp.float32)
+  scale = jax.lax.bitcast_convert_type(payload.arrays.scale, jnp.dtype(scale_dtype)).astype(jnp.float32)
   assert scale.shape == ((16,) if granularity == "channel" else ())
-  assert payload.arrays["scale"].dtype.itemsize == jnp.dtype(scale_dtype).itemsize
+  assert payload.arrays.scale.dtype.itemsize == jnp.dtype(scale_dtype).itemsize
   true_scale = jnp.max(jnp.abs(x), axis=(0, 1) if granularity == "channel" else None)
   assert bool(jnp.all(scale >= true_scale))  # rounded up: nothing clips
   err = jnp.abs(codec.decode(payload) - x)
@@ -149,7 +149,7 @@ def test_maxabs_midrise_grid_uses_every_code(bits, clip):
   x = jnp.concatenate([_x((256, 8), seed=bits), -_x((256, 8), seed=bits)]).at[:, 5].set(0.0)
   codec = codecs.MaxAbsQuant(bits, clip=clip, grid="midrise")
   assert codec.levels == (2**bits - 1) / 2
-  scale = lambda payload: np.asarray(jax.lax.bitcast_convert_type(payload.arrays["scale"], jnp.float32))
+  scale = lambda payload: np.asarray(jax.lax.bitcast_convert_type(payload.arrays.scale, jnp.float32))
   payload = codec.encode(x)
   x_hat = np.asarray(codec.decode(payload))
   np.testing.assert_array_equal(x_hat[:256], -x_hat[256:])
@@ -283,9 +283,9 @@ def test_topk_ties_never_drop_below_k():
 def test_topk_chooses_cheaper_position_encoding_and_both_decode():
   x = _x((2, 256))
   dense, sparse = codecs.TopK(0.5), codecs.TopK(0.02)
-  assert dense.uses_mask(x.shape) and "mask" in dense.encode(x).arrays
-  assert not sparse.uses_mask(x.shape) and "indices" in sparse.encode(x).arrays
-  assert sparse.encode(x).arrays["indices"].dtype == jnp.uint16
+  assert dense.uses_mask(x.shape) and dense.encode(x).arrays.mask is not None
+  assert not sparse.uses_mask(x.shape) and sparse.encode(x).arrays.indices is not None
+  assert sparse.encode(x).arrays.indices.dtype == jnp.uint16
   for codec in (dense, sparse):
     payload = codec.encode(x)
     idx = np.sort(np.asarray(codec.indices(payload)), axis=1)
@@ -308,7 +308,7 @@ def test_randk_keeps_k_random_entries_decoded_from_seed():
   assert np.all(np.count_nonzero(np.asarray(a), axis=1) == 10)
   np.testing.assert_array_equal(np.asarray(a)[np.asarray(a) != 0], np.asarray(x)[np.asarray(a) != 0])
   assert not np.array_equal(np.asarray(a) != 0, np.asarray(b) != 0)
-  assert set(codec.encode(x, jax.random.key(0)).arrays) == {"values", "seed"}
+  assert set(codec.encode(x, jax.random.key(0)).parts()) == {"values", "seed"}
 
 
 @pytest.mark.parametrize("make, match", [
@@ -382,10 +382,10 @@ def test_scaled_fp8_round_trips_any_magnitude(exponent, seed, dtype, granularity
   x = jax.random.normal(jax.random.key(seed), (4, 16)) * np.float32(10.0 ** exponent)
   codec = codecs.ScaledCast(dtype, granularity)
   payload = codec.encode(x)
-  assert payload.arrays["bits"].dtype == jnp.uint8 and payload.arrays["scale"].dtype == jnp.uint32  # fp32 bit patterns
+  assert payload.arrays.bits.dtype == jnp.uint8 and payload.arrays.scale.dtype == jnp.uint32  # fp32 bit patterns
   info = jnp.finfo(jnp.dtype(dtype))
   s = np.abs(np.asarray(x)).max(axis=0 if granularity == "channel" else None) / float(info.max)
-  np.testing.assert_allclose(np.asarray(packing.from_bits(payload.arrays["scale"], jnp.float32)), s, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(packing.from_bits(payload.arrays.scale, jnp.float32)), s, rtol=1e-6)
   x_hat, x = np.asarray(codec.decode(payload)), np.asarray(x)
   bound = float(info.eps) / 2 * np.abs(x) + float(info.smallest_subnormal) / 2 * s
   assert np.all(np.abs(x_hat - x) <= bound * (1 + 1e-5))
@@ -404,8 +404,8 @@ def test_topk_q8_values_on_a_symmetric_grid_with_zero(fraction):
   x = _x((3, 200), seed=5).at[1].set(0.0)  # an all-zero row: scale 0 decodes to exact zeros
   q8, exact = codecs.TopK(fraction, values="q8"), codecs.TopK(fraction)
   payload = q8.encode(x)
-  assert payload.arrays["values"].dtype == jnp.int8 and payload.arrays["scale"].shape == (3,)
-  assert int(jnp.min(payload.arrays["values"])) >= -127
+  assert payload.arrays.values.dtype == jnp.int8 and payload.arrays.scale.shape == (3,)
+  assert int(jnp.min(payload.arrays.values)) >= -127
   reference = np.asarray(exact(x))
   scale = np.abs(reference).max(axis=1, keepdims=True)
   x_hat = np.asarray(q8.decode(payload))
@@ -474,3 +474,97 @@ def test_index_reuse_flags_a_non_finite_gradient_it_does_not_send():
   g_hat = topk.scatter(topk.values_at(g.at[2, unsent].set(np.nan), idx), idx)
   g_hat, idx = np.asarray(g_hat), np.asarray(idx)
   assert np.isnan(g_hat[2, idx[2]]).all() and np.isfinite(np.delete(g_hat, 2, axis=0)).all()
+
+
+# Property suite (optax's alias_test style): every codec crossed with jit / eager / committed-to-device calls.
+def _bits(codec) -> int:
+  return codec.low if isinstance(codec, TokenAdaptive) else codec.bits
+
+
+def _relative_error_bound(codec) -> float:
+  """||C(x) - x||_2 <= bound * ||x||_2 on the suite's Gaussian inputs.
+
+  Quantizers 4 * 2^-bits (their step is the range, a few standard deviations, over about 2^bits levels);
+  adaptive widths their lower width's; casts the narrow type's eps; TopK sqrt(1 - K) (it keeps the K largest
+  entries of each row) plus its value format's rounding; RandK 1 (it keeps exact entries); a rotation its inner
+  codec's (R is orthogonal)."""
+  if isinstance(codec, Hadamard):
+    return _relative_error_bound(codec.inner)
+  if isinstance(codec, codecs.Identity):
+    return 0.0
+  if isinstance(codec, (codecs.Cast, codecs.ScaledCast)):
+    return float(jnp.finfo(jnp.dtype(codec.dtype)).eps)
+  if isinstance(codec, codecs.TopK):
+    rounding = {"native": 0.0, "bf16": float(jnp.finfo(jnp.bfloat16).eps), "q8": 1 / 127}[codec.values]
+    return float(np.sqrt(1 - codec.fraction)) + rounding
+  if isinstance(codec, codecs.RandK):
+    return 1.0
+  return 4.0 * 2.0 ** -_bits(codec)
+
+
+# (codec, shape, a shape of >= 4096 entries: from there XLA:CPU's min/max reductions skip NaN)
+PROPERTY_CASES = ([(c, (4, 40), (8, 512)) for c in ALL_CODECS]
+                  + [(c, (3, 2, 7, 48), (8, 16, 48)) for c in BLOCK_CODECS])
+LIGHT = [i for i, (c, *_) in enumerate(PROPERTY_CASES) if not _slow_to_compile(c)]
+HEAVY = [i for i, (c, *_) in enumerate(PROPERTY_CASES) if _slow_to_compile(c)]
+
+
+class _CodecProperties(chex.TestCase):
+  """What every codec must satisfy, on every variant: the decoded message keeps the input's shape and dtype, the
+  payload's bytes are `wire_bytes`, the error is within the family's bound, a NaN or inf among 4096 entries reaches
+  the receiver (RandK may drop the entry: excepted), the same key gives the same message, and a jitted round trip traces once
+  for every input of one shape."""
+
+  def _check_properties(self, i):
+    codec, shape, large = PROPERTY_CASES[i]
+    round_trip = self.variant(lambda x, key: codec(x, key))
+    encode = self.variant(lambda x, key: codec.encode(x, key))
+    key = jax.random.key(7)
+    for dtype in (jnp.float32, jnp.bfloat16):
+      x = _x(shape, dtype, seed=i)
+      x_hat = round_trip(x, key)
+      chex.assert_shape(x_hat, shape)
+      chex.assert_type(x_hat, dtype)
+      chex.assert_equal(codecs.nbytes(encode(x, key)), codec.wire_bytes(shape, dtype))
+      chex.assert_trees_all_equal(round_trip(x, key), x_hat)
+    x = _x(shape, seed=i)
+    error = jnp.linalg.norm((round_trip(x, key) - x).ravel()) / jnp.linalg.norm(x.ravel())
+    chex.assert_scalar_in(float(error), 0.0, _relative_error_bound(codec) + 1e-6)
+    if not isinstance(codec, codecs.RandK):
+      x = _x(large, seed=i)
+      for bad in (np.nan, np.inf):
+        with self.assertRaises(AssertionError):
+          chex.assert_tree_all_finite(round_trip(x.at[(1,) * len(large)].set(bad), key))
+
+  def _check_one_trace(self, i):
+    codec, shape, _ = PROPERTY_CASES[i]
+    chex.clear_trace_counter()
+    round_trip = jax.jit(chex.assert_max_traces(lambda x, key: codec(x, key), n=1))
+    for seed in range(3):
+      round_trip(_x(shape, seed=seed), jax.random.key(seed))
+
+
+class CodecPropertiesTest(_CodecProperties):
+
+  @chex.variants(with_jit=True, without_jit=True, with_device=True)
+  @parameterized.parameters(*LIGHT)
+  def test_codec_properties(self, i):
+    self._check_properties(i)
+
+  @parameterized.parameters(*LIGHT)
+  def test_one_compile_per_codec_and_shape(self, i):
+    self._check_one_trace(i)
+
+
+@pytest.mark.slow
+class SlowToCompileCodecPropertiesTest(_CodecProperties):
+  """The same for the codecs that take seconds to compile on XLA:CPU (`_slow_to_compile`)."""
+
+  @chex.variants(with_jit=True, without_jit=True, with_device=True)
+  @parameterized.parameters(*HEAVY)
+  def test_codec_properties(self, i):
+    self._check_properties(i)
+
+  @parameterized.parameters(*HEAVY)
+  def test_one_compile_per_codec_and_shape(self, i):
+    self._check_one_trace(i)

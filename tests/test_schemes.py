@@ -34,7 +34,7 @@ def test_efmixed_sends_exactly_ceil_kf_entries(fraction, shape, k):
   state = scheme.init_sender(ROWS, shape[1:], jnp.float32)
   for x in [jax.random.normal(jax.random.key(i), shape) for i in range(3)]:
     payload, state = scheme.send(x, state)
-    assert sum(p.arrays["values"].shape[1] for p in payload) == k
+    assert sum(p.arrays.values.shape[1] for p in payload) == k
     nnz = np.count_nonzero(np.asarray(scheme.receive(payload, ())[0]).reshape(ROWS, -1), axis=1)
     assert np.all(nnz <= k) and np.all(nnz >= (k + 1) // 2)  # the two parts may overlap
     assert scheme.wire_bytes(shape, jnp.float32) == codecs.nbytes(payload)

@@ -32,7 +32,7 @@ def test_group_scales_bound_the_error_of_each_group(rows, groups, g, seed, grid)
   x = _x((rows, groups * g), seed=seed)
   codec = codecs.MaxAbsQuant(3, "group", group=g, clip=1.0, grid=grid)
   payload = jax.jit(codec.encode)(x)
-  scale = jax.lax.bitcast_convert_type(payload.arrays["scale"], jnp.float32)  # fp32 scales travel as bits
+  scale = jax.lax.bitcast_convert_type(payload.arrays.scale, jnp.float32)  # fp32 scales travel as bits
   assert scale.shape == (rows, groups)
   true = jnp.max(jnp.abs(x.reshape(rows, groups, g)), axis=-1)
   assert bool(jnp.all(scale >= true)) and bool(jnp.all(scale <= true * 1.002 + 1e-6))
@@ -85,7 +85,7 @@ def test_rotation_signs_depend_on_the_seed_and_nothing_extra_travels():
   x = _x((2, 32))
   a, b = Hadamard(codecs.Identity(), seed=0), Hadamard(codecs.Identity(), seed=1)
   assert not np.allclose(np.asarray(a.rotate(x)), np.asarray(b.rotate(x)))
-  assert set(a.encode(x).arrays) == {"x"}
+  assert set(a.encode(x).parts()) == {"x"}
 
 
 def test_adaptive_gives_high_bits_to_the_peakiest_tokens():
@@ -93,7 +93,7 @@ def test_adaptive_gives_high_bits_to_the_peakiest_tokens():
   x = x.at[0, 2, 7].set(60.0).at[1, 5, 1].set(-80.0)  # two tokens with one outlier each
   codec = TokenAdaptive(2, 8, 0.125, clip=1.0)  # 2 of 16 tokens get 8 bits; unclipped: the half-step bound
   payload = codec.encode(x)
-  is_high = np.unpackbits(np.asarray(payload.arrays["bitmap"]), bitorder="little")[:16].astype(bool)
+  is_high = np.unpackbits(np.asarray(payload.arrays.bitmap), bitorder="little")[:16].astype(bool)
   assert sorted(np.flatnonzero(is_high)) == [2, 13]
   p = np.asarray(peakiness(x.reshape(16, 32)))
   assert p[is_high].min() > p[~is_high].max()
@@ -192,7 +192,7 @@ def test_adaptive_sends_nothing_for_a_width_without_rows():
   for codec, shape in ((TokenAdaptive(3, 5, 0.25), (1, 16)), (TokenAdaptive(3, 5, 0.9), (2, 3, 16))):
     x = _x(shape)
     payload = codec.encode(x)
-    assert set(payload.arrays) == {"bitmap", "high"}
+    assert set(payload.parts()) == {"bitmap", "high"}
     assert codecs.nbytes(payload) == codec.wire_bytes(shape, x.dtype)
     err = np.abs(np.asarray(codec.decode(payload) - x)).reshape(-1, 16).max(1)
     assert np.all(err <= np.abs(np.asarray(x)).reshape(-1, 16).max(1) / 30 * 1.002 + 1e-6)  # 5 bits: s / (2L)

@@ -11,6 +11,7 @@ rows, e.g. the low one of a single row, sends nothing).
 """
 import dataclasses
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +19,14 @@ import numpy as np
 
 from jaxcomp.compress import packing
 from jaxcomp.compress.codecs import Codec, MaxAbsQuant, Payload, compiled
+
+
+class Mixed(NamedTuple):
+  """TokenAdaptive's message: `bitmap`, which rows are high (R bits packed into uint8 [ceil(R / 8)]); `high` and
+  `low`, the Quantized payloads of those rows in row order (None for a width with no rows)."""
+  bitmap: jax.Array
+  high: Payload | None = None
+  low: Payload | None = None
 
 
 def peakiness(rows: jax.Array) -> jax.Array:
@@ -75,18 +84,18 @@ class TokenAdaptive(Codec):
     chosen = jax.lax.top_k(peakiness(rows), n_high)[1]
     is_high = jnp.zeros((r,), bool).at[chosen].set(True)
     keys = dict(zip(("high", "low"), jax.random.split(key) if key is not None else (None, None)))
-    return Payload({"bitmap": packing.pack_mask(is_high[None])[0],
-                    **{name: self.quantizer(bits, f).encode(rows[part], keys[name])
-                       for name, bits, part in self._parts(r, n_high, is_high)}}, x.shape, x.dtype)
+    return Payload(Mixed(packing.pack_mask(is_high[None])[0],
+                         **{name: self.quantizer(bits, f).encode(rows[part], keys[name])
+                            for name, bits, part in self._parts(r, n_high, is_high)}), x.shape, x.dtype)
 
   @compiled
   def decode(self, payload: Payload) -> jax.Array:
     r, n_high, f = self.split(payload.shape)
     a = payload.arrays
-    is_high = packing.unpack_mask(a["bitmap"][None], r)[0]
+    is_high = packing.unpack_mask(a.bitmap[None], r)[0]
     rows = jnp.zeros((r, f), payload.dtype)
     for name, bits, part in self._parts(r, n_high, is_high):
-      rows = rows.at[part].set(self.quantizer(bits, f).decode(a[name]))
+      rows = rows.at[part].set(self.quantizer(bits, f).decode(getattr(a, name)))
     return rows.reshape(payload.shape)
 
   def wire_bytes(self, shape, dtype) -> int:

@@ -14,7 +14,7 @@ import abc
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,13 +25,52 @@ from jaxcomp.compress import packing, selection
 _CAST_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 
 
+class Dense(NamedTuple):
+  """Identity's message: `x`, the tensor itself."""
+  x: jax.Array
+
+
+class Narrow(NamedTuple):
+  """Cast's and ScaledCast's message. `bits`: the narrow floats as their bit patterns, [shape] uint8 (fp8) or
+  uint16 (16-bit); `scale` (ScaledCast): the fp32 scales' bit patterns, uint32 [] per tensor or [C] per channel."""
+  bits: jax.Array
+  scale: jax.Array | None = None
+
+
+class Quantized(NamedTuple):
+  """A quantizer's message. `codes`: the B-bit codes of every entry, packed into uint8 [ceil(n B / 8)];
+  MinMaxQuant: `lo`, `hi`, the tensor's fp32 range; MaxAbsQuant: `scale`, the bit patterns of its scales (one per
+  tensor, channel, example or group; uint32 for fp32, uint16 for 16-bit scales)."""
+  codes: jax.Array
+  lo: jax.Array | None = None
+  hi: jax.Array | None = None
+  scale: jax.Array | None = None
+
+
+class Sparse(NamedTuple):
+  """TopK's and RandK's message: `values` [R, k] of the kept entries of each of R rows (native dtype, bf16, or
+  int8 codes with `scale`, each row's fp32 max |value|, for q8). Where they sit: `indices` [R, k] (uint8/16/32, the
+  narrowest that holds F), or `mask`, a packed bitmask [R, ceil(F / 8)] (TopK, whichever is smaller); or `seed`, the
+  uint32 [2] PRNG seed that regenerates them (RandK)."""
+  values: jax.Array
+  scale: jax.Array | None = None
+  indices: jax.Array | None = None
+  mask: jax.Array | None = None
+  seed: jax.Array | None = None
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Payload:
-  """A message on the wire: `arrays` travel; `shape`/`dtype` are static (known to both ends)."""
-  arrays: dict[str, jax.Array]
+  """A message on the wire: `arrays` travel (a typed NamedTuple per codec family: `Dense`, `Narrow`, `Quantized`,
+  `Sparse`, or a composite codec's own); `shape`/`dtype` are static (known to both ends)."""
+  arrays: NamedTuple
   shape: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
   dtype: Any = dataclasses.field(metadata=dict(static=True))
+
+  def parts(self) -> dict[str, Any]:
+    """The fields of `arrays` that travel in this message, by name (fields that are None send nothing)."""
+    return {name: a for name, a in self.arrays._asdict().items() if a is not None}
 
 
 def nbytes(tree) -> int:
@@ -109,11 +148,11 @@ class Identity(Codec):
 
   @compiled
   def encode(self, x, key=None):
-    return Payload({"x": x}, x.shape, x.dtype)
+    return Payload(Dense(x), x.shape, x.dtype)
 
   @compiled
   def decode(self, payload):
-    return payload.arrays["x"]
+    return payload.arrays.x
 
   def wire_bytes(self, shape, dtype):
     return _size(shape) * np.dtype(dtype).itemsize
@@ -134,11 +173,11 @@ class Cast(Codec):
 
   @compiled
   def encode(self, x, key=None):
-    return Payload({"bits": packing.as_bits(x.astype(self.dtype))}, x.shape, x.dtype)
+    return Payload(Narrow(packing.as_bits(x.astype(self.dtype))), x.shape, x.dtype)
 
   @compiled
   def decode(self, payload):
-    narrow = jax.lax.bitcast_convert_type(payload.arrays["bits"], jnp.dtype(self.dtype))
+    narrow = jax.lax.bitcast_convert_type(payload.arrays.bits, jnp.dtype(self.dtype))
     return narrow.astype(payload.dtype)
 
   def wire_bytes(self, shape, dtype):
@@ -184,13 +223,13 @@ class ScaledCast(Codec):
     s = jnp.max(jnp.abs(x32), axis=self._axes(x.ndim)) / self.fmax
     y = jnp.where(jnp.isinf(x32), jnp.sign(x32) * self.fmax, _ratio(x32, s))
     narrow = y.astype(self.dtype)  # |y| <= FMAX up to fp32 rounding, which the cast rounds to FMAX
-    return Payload({"bits": packing.as_bits(narrow), "scale": packing.as_bits(s)}, x.shape, x.dtype)
+    return Payload(Narrow(packing.as_bits(narrow), packing.as_bits(s)), x.shape, x.dtype)
 
   @compiled
   def decode(self, payload):
     a = payload.arrays
-    y = packing.from_bits(a["bits"], jnp.dtype(self.dtype)).astype(jnp.float32)
-    return (y * packing.from_bits(a["scale"], jnp.float32)).astype(payload.dtype)  # beside an inf, y = 0 and 0 * inf = NaN
+    y = packing.from_bits(a.bits, jnp.dtype(self.dtype)).astype(jnp.float32)
+    return (y * packing.from_bits(a.scale, jnp.float32)).astype(payload.dtype)  # beside an inf, y = 0 and 0 * inf = NaN
 
   def wire_bytes(self, shape, dtype):
     scales = shape[-1] if self.granularity == "channel" else 1
@@ -258,15 +297,15 @@ class MinMaxQuant(Codec):
     y = _ratio(0.5 * (x32 * up) - 0.5 * (lo * up), half_range) * self.levels
     codes = jnp.clip(_round(y, self.stochastic, key), 0, self.levels)
     packed = packing.pack(codes.reshape(-1).astype(jnp.uint32), self.bits)
-    return Payload({"codes": packed, "lo": lo, "hi": hi}, x.shape, x.dtype)
+    return Payload(Quantized(packed, lo=lo, hi=hi), x.shape, x.dtype)
 
   @compiled
   def decode(self, payload):
     a = payload.arrays
-    codes = packing.unpack(a["codes"], self.bits, _size(payload.shape)).reshape(payload.shape)
-    up = _tiny_range_factor(a["lo"], a["hi"])
-    half_step = (0.5 * (a["hi"] * up) - 0.5 * (a["lo"] * up)) * (codes.astype(jnp.float32) / self.levels)
-    return (((a["lo"] * up + half_step) + half_step) / up).astype(payload.dtype)
+    codes = packing.unpack(a.codes, self.bits, _size(payload.shape)).reshape(payload.shape)
+    up = _tiny_range_factor(a.lo, a.hi)
+    half_step = (0.5 * (a.hi * up) - 0.5 * (a.lo * up)) * (codes.astype(jnp.float32) / self.levels)
+    return (((a.lo * up + half_step) + half_step) / up).astype(payload.dtype)
 
   def wire_bytes(self, shape, dtype):
     return packing.packed_size(_size(shape), self.bits) + 2 * 4
@@ -410,13 +449,13 @@ class MaxAbsQuant(Codec):
     scale = self._scale(x32)
     codes = self._codes(x32, self._expand(scale.astype(jnp.float32)), self.stochastic, key)
     packed = packing.pack(codes.reshape(-1).astype(jnp.uint32), self.bits)
-    return Payload({"codes": packed, "scale": packing.as_bits(scale)}, x.shape, x.dtype)
+    return Payload(Quantized(packed, scale=packing.as_bits(scale)), x.shape, x.dtype)
 
   @compiled
   def decode(self, payload):
     a = payload.arrays
-    codes = packing.unpack(a["codes"], self.bits, _size(payload.shape)).reshape(self._view_shape(payload.shape))
-    s32 = jax.lax.bitcast_convert_type(a["scale"], jnp.dtype(self.scale_dtype)).astype(jnp.float32)
+    codes = packing.unpack(a.codes, self.bits, _size(payload.shape)).reshape(self._view_shape(payload.shape))
+    s32 = jax.lax.bitcast_convert_type(a.scale, jnp.dtype(self.scale_dtype)).astype(jnp.float32)
     return self._grid(codes.astype(jnp.float32), self._expand(s32)).reshape(payload.shape).astype(payload.dtype)
 
   def wire_bytes(self, shape, dtype):
@@ -541,21 +580,21 @@ class TopK(Codec):
     """Packed bitmask [R, ceil(F/8)] of the selected entries."""
     return self._selected(_selected_mask, x_RxF, k)
 
-  def _pack_values(self, v_RxK) -> dict:
-    """The selected values in the wire format `values`."""
+  def _pack_values(self, v_RxK) -> Sparse:
+    """The selected values in the wire format `values` (positions not yet filled in)."""
     if self.values == "bf16":
-      return {"values": v_RxK.astype(jnp.bfloat16)}
+      return Sparse(v_RxK.astype(jnp.bfloat16))
     if self.values == "q8":
       v32 = v_RxK.astype(jnp.float32)
       scale = _nan_where_nan(jnp.max(jnp.abs(v32), axis=1), v32, axis=1)
       codes = jnp.clip(jnp.round(_ratio(v32, scale[:, None]) * 127.0), -127, 127)
-      return {"values": codes.astype(jnp.int8), "scale": scale}
-    return {"values": v_RxK}
+      return Sparse(codes.astype(jnp.int8), scale=scale)
+    return Sparse(v_RxK)
 
-  def _unpack_values(self, arrays, dtype) -> jax.Array:
-    v = arrays["values"]
+  def _unpack_values(self, arrays: Sparse, dtype) -> jax.Array:
+    v = arrays.values
     if self.values == "q8":
-      v = (v.astype(jnp.float32) / 127.0) * arrays["scale"][:, None]
+      v = (v.astype(jnp.float32) / 127.0) * arrays.scale[:, None]
     return v.astype(dtype)
 
   def value_bytes(self, shape, dtype) -> int:
@@ -584,26 +623,26 @@ class TopK(Codec):
     if self.uses_mask(x.shape):
       mask = self._mask(x_RxF, self.k(x.shape))
       values = self._pack_values(_flag_nonfinite_rows(packing.compact(mask, f, self.k(x.shape), x_RxF), x_RxF))
-      return Payload({**values, "mask": mask}, x.shape, x.dtype)
+      return Payload(values._replace(mask=mask), x.shape, x.dtype)
     idx = self.positions(x)
     values = self._pack_values(_flag_nonfinite_rows(jnp.take_along_axis(x_RxF, idx, axis=1), x_RxF))
-    return Payload({**values, "indices": idx.astype(_index_dtype(f))}, x.shape, x.dtype)
+    return Payload(values._replace(indices=idx.astype(_index_dtype(f))), x.shape, x.dtype)
 
   def indices(self, payload: Payload) -> jax.Array:
     """Selected positions [R, k] (int32) recovered from a payload, either encoding."""
     a = payload.arrays
-    if "indices" in a:
-      return a["indices"].astype(jnp.int32)
+    if a.indices is not None:
+      return a.indices.astype(jnp.int32)
     _, f = _rows(payload.shape, self.per)
-    return packing.compact(a["mask"], f, a["values"].shape[1])
+    return packing.compact(a.mask, f, a.values.shape[1])
 
   @compiled
   def decode(self, payload):
-    if "indices" in payload.arrays:
+    if payload.arrays.indices is not None:
       return self.scatter(payload, self.indices(payload))
     _, f = _rows(payload.shape, self.per)
     values = self._unpack_values(payload.arrays, payload.dtype)
-    return packing.expand(payload.arrays["mask"], f, values).reshape(payload.shape)
+    return packing.expand(payload.arrays.mask, f, values).reshape(payload.shape)
 
   def wire_bytes(self, shape, dtype):
     r, f = _rows(shape, self.per)
@@ -644,14 +683,14 @@ class RandK(Codec):
     r, f = _rows(x.shape, self.per)
     x_RxF = x.reshape(r, f)
     values = _flag_nonfinite_rows(jnp.take_along_axis(x_RxF, self._positions(seed, x.shape), axis=1), x_RxF)
-    return Payload({"values": values, "seed": seed}, x.shape, x.dtype)
+    return Payload(Sparse(values, seed=seed), x.shape, x.dtype)
 
   @compiled
   def decode(self, payload):
     a = payload.arrays
     _, f = _rows(payload.shape, self.per)
-    idx = self._positions(a["seed"], payload.shape)
-    return _scatter_rows(a["values"], idx, f).reshape(payload.shape)
+    idx = self._positions(a.seed, payload.shape)
+    return _scatter_rows(a.values, idx, f).reshape(payload.shape)
 
   def wire_bytes(self, shape, dtype):
     r, f = _rows(shape, self.per)
