@@ -17,20 +17,21 @@ def median_seconds(fn, *args, repeats: int = 10, warmup: int = 2) -> float:
   return sorted(times)[len(times) // 2]
 
 
-def gpt2_parser(doc: str, microbatches: int) -> argparse.ArgumentParser:
-  """The flags every GPT-2 benchmark shares: model size, batch, sequence, microbatches."""
+def gpt2_parser(doc: str, microbatches: int, models=("tiny", "small"), seq: int | None = 128) -> argparse.ArgumentParser:
+  """The flags every GPT-2 benchmark shares: model size, batch, sequence (`seq` None: the benchmark picks it),
+  microbatches."""
   parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-  parser.add_argument("--model", choices=["tiny", "small"], default="tiny")
+  parser.add_argument("--model", choices=models, default="tiny")
   parser.add_argument("--batch", type=int, default=8)
-  parser.add_argument("--seq", type=int, default=128)
+  parser.add_argument("--seq", type=int, default=seq)
   parser.add_argument("--microbatches", type=int, default=microbatches)
   return parser
 
 
 def gpt2_config(name: str):
-  """GPT-2 tiny or small without dropout (timings of deterministic steps)."""
+  """GPT-2 of size `name` (tiny, small, medium, large, xl) without dropout (timings of deterministic steps)."""
   from jaxcomp.models import gpt2
-  return (gpt2.GPT2Config.tiny if name == "tiny" else gpt2.GPT2Config.small)(dropout=0.0)
+  return getattr(gpt2.GPT2Config, name)(dropout=0.0)
 
 
 def ratio_table(label: str, times: dict[str, float], base: str) -> str:

@@ -1,12 +1,14 @@
 """Training throughput vs link bandwidth (AQ-SGD Table 2), from stage and codec costs and netsim.
 
-`python -m benchmarks.throughput_vs_bandwidth [--model tiny|small] [--stages 4] [--schedule gpipe|1f1b|1f1b-fused]
-    [--data-parallel 2] [--dp-scheme ef+quant:4] [--methods fp32,aqsgd-fw3-bw6,...]`
+`python -m benchmarks.throughput_vs_bandwidth [--model tiny|small|medium|large|xl] [--stages 4]
+    [--schedule gpipe|1f1b|1f1b-fused] [--data-parallel 2] [--dp-scheme ef+quant:4] [--methods fp32,aqsgd-fw3-bw6,...]
+    [--compile-for v5e-8]`
 
 For every method (its name in the frontier / GPT-2 presets), and again with QuantizedAdam's data-parallel exchange:
-1. a cost source gives the method's `StageCosts` (seconds per microbatch: each stage's forward and backward, each
-   boundary's encode and decode of both messages), labelled with where they come from. `measured_costs` times
-   them on this machine's default device; an estimated source fills the same fields from a compiled program;
+1. a clock gives the method's `StageCosts` (seconds per microbatch: each stage's forward and backward, each
+   boundary's encode and decode of both messages), labelled with where they come from: `Measured` times them on
+   this machine's default device; `Estimated` (`--compile-for TARGET`) compiles each op for the target's chip and
+   takes its roofline time (FLOPs / peak vs HBM traffic / bandwidth, `dryrun.compile_op`): an estimate;
 2. bytes per message come from the boundary's `wire_bytes`, the data-parallel exchange of each stage from
    `dataparallel.exchange_bytes` (fp32 gradients: dense ring all-reduce; QuantizedAdam: all-gather of the
    compressed first moment, `--dp-scheme`);
@@ -29,6 +31,7 @@ from jaxcomp import pipeline
 from jaxcomp.compress import spec
 from jaxcomp.models import gpt2
 from jaxcomp.parallel import dataparallel, netsim, schedule
+from jaxcomp.runtime import dryrun, targets
 
 # The stateless quantizer of the frontier table (docs/frontier.md) with the fewest bytes among those that learn
 # (192 B/token, eval loss 2.617 vs fp32's 2.576).
@@ -73,15 +76,58 @@ def op_seconds(costs: StageCosts) -> tuple[list[float], list[float]]:
   return fwd, bwd
 
 
-def stage_times(pipe, state, microbatch, repeats):
+class Measured:
+  """Times ops by running them on this process's default device (the median of `repeats` synchronised runs)."""
+
+  def __init__(self, repeats: int):
+    self.repeats = repeats
+    self.source = f"measured on {jax.devices()[0].device_kind}"
+
+  def input(self, shape: jax.ShapeDtypeStruct, key=jax.random.key(2)):
+    return jax.random.normal(key, shape.shape, shape.dtype)
+
+  def output(self, fn, *args):
+    return jax.jit(fn)(*args)
+
+  def seconds(self, fn, *args) -> float:
+    return median_seconds(jax.jit(fn), *args, repeats=self.repeats)
+
+
+class Estimated:
+  """Estimates ops from their programs compiled for `target` (one chip; nothing runs): the roofline
+  max(FLOPs / the chip's peak, HBM traffic / its bandwidth) of `dryrun.compile_op`. Ops whose lowered programs
+  are equal (stages of the same shape) are compiled once."""
+
+  def __init__(self, target: targets.Target):
+    self.target, self.devices, self.known = target, targets.compile_only_devices(target), {}
+    self.source = f"estimated for {target.chip.name} from programs compiled for {target.name} (roofline, not run)"
+
+  def input(self, shape: jax.ShapeDtypeStruct, key=None):
+    return jax.ShapeDtypeStruct(shape.shape, shape.dtype)
+
+  def output(self, fn, *args):
+    return jax.eval_shape(fn, *args)
+
+  def seconds(self, fn, *args) -> float:
+    program = jax.jit(fn).trace(*args).lower().as_text()
+    if program not in self.known:
+      step = dryrun.compile_op(self.target, "op", fn, *args, devices=self.devices)
+      self.known[program] = step.estimated_s(self.target.chip)
+    return self.known[program]
+
+
+Clock = Measured | Estimated
+
+
+def stage_times(pipe, state, microbatch, clock: Clock):
   """(forward seconds, backward seconds) of each stage on one microbatch; the backward is the vjp with the
   forward recomputed, as the executor's explicit backward runs it."""
   fwd_s, bwd_s = [], []
   x = microbatch[pipe.input_key]
   rng = jax.random.key(0)
   for stage, params, ms in zip(pipe.stages, state.params, state.model_state):
-    forward = jax.jit(lambda p, x, stage=stage, ms=ms: stage.apply(p, ms, x, train=True, rng=rng)[0])
-    y = forward(params, x)
+    forward = lambda p, x, stage=stage, ms=ms: stage.apply(p, ms, x, train=True, rng=rng)[0]
+    y = clock.output(forward, params, x)
     diff_x = jnp.issubdtype(x.dtype, jnp.floating)
 
     def backward(p, x, g, forward=forward, diff_x=diff_x):
@@ -89,55 +135,53 @@ def stage_times(pipe, state, microbatch, repeats):
         return jax.vjp(forward, p, x)[1](g)
       return jax.vjp(lambda p: forward(p, x), p)[1](g)
 
-    fwd_s.append(median_seconds(forward, params, x, repeats=repeats))
-    bwd_s.append(median_seconds(jax.jit(backward), params, x, jnp.ones_like(y), repeats=repeats))
+    fwd_s.append(clock.seconds(forward, params, x))
+    bwd_s.append(clock.seconds(backward, params, x, clock.input(y)))
     x = y
   return fwd_s, bwd_s
 
 
-def scheme_seconds(scheme, x, repeats):
+def scheme_seconds(scheme, x, clock: Clock):
   """(encode seconds, decode seconds, payload) of one message of `x` through `scheme` (its state rows for x's
   rows: AQ-SGD's buffer arithmetic is included)."""
-  rows = lambda init: jax.tree.map(lambda a: a[: x.shape[0]], init(x.shape[0], x.shape[1:], x.dtype))
-  send = jax.jit(lambda x, state, key: scheme.send(x, state, key))
-  receive = jax.jit(scheme.receive)
+  rows = lambda init: clock.output(lambda: jax.tree.map(lambda a: a[: x.shape[0]],
+                                                        init(x.shape[0], x.shape[1:], x.dtype)))
+  send = lambda x, state, key: scheme.send(x, state, key)
   sender, receiver, key = rows(scheme.init_sender), rows(scheme.init_receiver), jax.random.key(0)
-  payload = send(x, sender, key)[0]
-  return (median_seconds(send, x, sender, key, repeats=repeats),
-          median_seconds(receive, payload, receiver, repeats=repeats), payload)
+  payload = clock.output(send, x, sender, key)[0]
+  return clock.seconds(send, x, sender, key), clock.seconds(scheme.receive, payload, receiver), payload
 
 
-def codec_seconds(boundary, shape, repeats):
+def codec_seconds(boundary, shape, clock: Clock):
   """((encode forward, encode backward), (decode forward, decode backward)) seconds of one message each way
   (index reuse: the gather of the gradient at the forward's positions and its scatter)."""
-  x = jax.random.normal(jax.random.key(2), shape.shape, shape.dtype)
-  enc_f, dec_f, payload = scheme_seconds(boundary.fwd, x, repeats)
+  x = clock.input(shape)
+  enc_f, dec_f, payload = scheme_seconds(boundary.fwd, x, clock)
   if boundary.reuse:
-    topk, idx = boundary.fwd.codec, boundary.fwd.codec.indices(payload)
-    gather, scatter = jax.jit(topk.values_at), jax.jit(topk.scatter)
-    enc_b = median_seconds(gather, x, idx, repeats=repeats)
-    dec_b = median_seconds(scatter, gather(x, idx), idx, repeats=repeats)
+    topk = boundary.fwd.codec
+    idx = clock.output(topk.indices, payload)
+    enc_b = clock.seconds(topk.values_at, x, idx)
+    dec_b = clock.seconds(topk.scatter, clock.output(topk.values_at, x, idx), idx)
   else:
-    enc_b, dec_b, _ = scheme_seconds(boundary.bwd, x, repeats)
+    enc_b, dec_b, _ = scheme_seconds(boundary.bwd, x, clock)
   return (enc_f, enc_b), (dec_f, dec_b)
 
 
-def measured_costs(pipe, batch, repeats) -> CostSource:
-  """Stage and codec times taken on the default device for one microbatch of `batch` (stage times once,
-  codec times per method)."""
-  state = pipeline.init_state(pipe, optax.sgd(0.0), jax.random.key(1), batch)
+def stage_costs(pipe, batch, clock: Clock) -> CostSource:
+  """Stage and codec times of one microbatch of `batch` from `clock` (stage times once, codec times per method
+  and boundary shape)."""
+  state = clock.output(lambda: pipeline.init_state(pipe, optax.sgd(0.0), jax.random.key(1), batch))
   microbatch = jax.tree.map(lambda a: a[0], pipeline.split_microbatches(batch, pipe.microbatches))
-  fwd_s, bwd_s = stage_times(pipe, state, microbatch, repeats)
+  fwd_s, bwd_s = stage_times(pipe, state, microbatch, clock)
   shapes = pipeline.boundary_shapes(pipe, state.params, state.model_state, microbatch[pipe.input_key])
-  source = f"measured on {jax.devices()[0].device_kind}"
 
   def costs(boundary):
     by_shape = {}
     for s in shapes:
       if (s.shape, s.dtype) not in by_shape:
-        by_shape[s.shape, s.dtype] = codec_seconds(boundary, s, repeats)
+        by_shape[s.shape, s.dtype] = codec_seconds(boundary, s, clock)
     encode, decode = zip(*(by_shape[s.shape, s.dtype] for s in shapes))
-    return StageCosts(source, tuple(fwd_s), tuple(bwd_s), tuple(encode), tuple(decode))
+    return StageCosts(clock.source, tuple(fwd_s), tuple(bwd_s), tuple(encode), tuple(decode))
   return costs
 
 
@@ -183,13 +227,17 @@ def method_rows(name, fwd_s, bwd_s, per_message, exchanges, args) -> list[Row]:
 
 
 def main(argv=None):
-  parser = gpt2_parser(__doc__, microbatches=4)
+  parser = gpt2_parser(__doc__, microbatches=4, models=("tiny", "small", "medium", "large", "xl"), seq=None)
   parser.add_argument("--stages", type=int, default=4)
   parser.add_argument("--schedule", choices=schedule.SCHEDULES, default="gpipe")
   parser.add_argument("--data-parallel", type=int, default=2, help="replicas of the pipeline (D)")
   parser.add_argument("--dp-scheme", default="ef+quant:4", help="QuantizedAdam's first-moment compression")
   parser.add_argument("--latency-ms", type=float, default=1.0)
-  parser.add_argument("--repeats", type=int, default=10)
+  parser.add_argument("--repeats", type=int, default=10, help="timed runs per op (measured costs)")
+  parser.add_argument("--compile-for", metavar="TARGET",
+                      help="estimate stage and codec times from their programs compiled for TARGET's chip (e.g. "
+                      "v5e-8; nothing runs; --stages x --data-parallel must fit its chips) instead of measuring them "
+                      "here; --seq then defaults to 1024")
   parser.add_argument("--methods", default=",".join(METHODS),
                       help="comma-separated method names (fp32, the baseline, is always run)")
   args = parser.parse_args(argv)
@@ -198,13 +246,26 @@ def main(argv=None):
     parser.error(f"--data-parallel must be >= 1, got {args.data_parallel}")
   if args.stages < 2:
     parser.error(f"--stages must be >= 2 (links join stages), got {args.stages}")
+  target = None
+  if args.compile_for:
+    try:
+      target = targets.target(args.compile_for)
+    except ValueError as err:
+      parser.error(f"--compile-for: {err}")
+    if args.stages * args.data_parallel > target.devices:
+      parser.error(f"--stages {args.stages} x --data-parallel {args.data_parallel} needs "
+                   f"{args.stages * args.data_parallel} chips; {target.name} has {target.devices}")
+    targets.prepare_host(target)  # before any backend starts
+  args.seq = args.seq or (1024 if target else 128)
   cfg = gpt2_config(args.model)
   try:
     stages = gpt2.gpt2_stages(cfg, args.stages)
     dp_scheme = spec.parse_scheme(args.dp_scheme)
   except ValueError as err:
     parser.error(str(err))
-  tokens = jax.random.randint(jax.random.key(0), (args.batch, args.seq), 0, cfg.vocab_size)
+  tokens = jnp.zeros((args.batch, args.seq), jnp.int32)
+  if not target:
+    tokens = jax.random.randint(jax.random.key(0), (args.batch, args.seq), 0, cfg.vocab_size)
   batch = {"tokens": tokens, "id": jnp.arange(args.batch)}
   base = jaxcomp.Pipeline(stages, spec.parse_boundary("none", "none"), jaxcomp.losses.language_model,
                           "tokens", args.microbatches)
@@ -214,7 +275,7 @@ def main(argv=None):
   rows_p = [sum(a.size for a in jax.tree.leaves(p)) for p in abstract.params]
   exchanges = {"": exchange(None, rows_p, args.data_parallel),
                QADAM: exchange(dp_scheme, rows_p, args.data_parallel)}
-  costs_of = measured_costs(base, batch, args.repeats)
+  costs_of = stage_costs(base, batch, Estimated(target) if target else Measured(args.repeats))
 
   results, cost_lines, costs = [], [], {}
   for name, (fwd_text, bwd_text) in methods.items():
@@ -222,7 +283,7 @@ def main(argv=None):
     costs[name] = c = costs_of(boundary)
     per_message = [boundary.wire_bytes(s.shape, s.dtype) for s in shapes]
     cost_lines.append(f"| {name} | `{fwd_text}` | `{bwd_text}` | {per_message[0][0]:,} | {per_message[0][1]:,} | "
-                      + " | ".join(f"{t * 1e3:.3f}" for t in (*c.encode_s[0], *c.decode_s[0])) + " |")
+                      + " | ".join(f"{t * 1e3:.4g}" for t in (*c.encode_s[0], *c.decode_s[0])) + " |")
     results += method_rows(name, *op_seconds(c), per_message, exchanges, args)
 
   source = costs["fp32"].source
@@ -230,8 +291,8 @@ def main(argv=None):
         f"{list(shapes[0].shape)} activations, {args.data_parallel} data-parallel replicas "
         f"(QuantizedAdam: `{args.dp_scheme}`), {args.latency_ms} ms latency")
   print(f"\nStage and codec times ({source}), ms per microbatch:")
-  print("stage forward:", [round(t * 1e3, 3) for t in costs["fp32"].fwd_s],
-        "stage backward:", [round(t * 1e3, 3) for t in costs["fp32"].bwd_s])
+  print("stage forward:", [float(f"{t * 1e3:.4g}") for t in costs["fp32"].fwd_s],
+        "stage backward:", [float(f"{t * 1e3:.4g}") for t in costs["fp32"].bwd_s])
   print("\n| method | fwd | bwd | fwd bytes/message | bwd bytes/message | encode fwd ms | encode bwd ms "
         "| decode fwd ms | decode bwd ms |")
   print("|---|---|---|---:|---:|---:|---:|---:|---:|")

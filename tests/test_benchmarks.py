@@ -1,4 +1,6 @@
 """Every benchmark runs end to end at toy sizes and prints its table (numbers are not asserted)."""
+import re
+
 import pytest
 
 from benchmarks import (
@@ -43,6 +45,19 @@ def test_throughput_table_rows_and_label(capsys):
   assert all(float(c[2]) > 0 for c in cells) and {c[3] for c in cells if c[1] == "fp32"} == {"1.00"}
   assert all(abs(sum(map(int, c[4].split(" / "))) - 100) <= 2 for c in cells)  # critical path shares, rounded
   assert cells[-2][5] == "3.4 (up to 4.3x end-to-end)"  # the paper's figure, labelled as such in the header
+
+
+def test_throughput_from_a_compiled_target_is_labelled_an_estimate(capsys):
+  """--compile-for: stage and codec times are the roofline of their programs compiled for the target's chip."""
+  throughput_vs_bandwidth.main(["--compile-for", "v5e-8", "--seq", "8", "--batch", "4", "--methods", "aqsgd-fw3-bw6"])
+  out = capsys.readouterr().out
+  label = "estimated for TPU v5e from programs compiled for v5e-8 (roofline, not run)"
+  assert f"Stage and codec times ({label})" in out and f"Training throughput, samples/s ({label}; netsim, gpipe)" in out
+  stage_ms = re.search(r"stage forward: \[(.*)\] stage backward: \[(.*)\]", out)
+  assert all(float(t) > 0 for part in stage_ms.groups() for t in part.split(","))
+  with pytest.raises(SystemExit):
+    throughput_vs_bandwidth.main(["--compile-for", "v5e-1", "--stages", "2"])  # 2 x 2 chips on a 1-chip target
+  assert "--stages 2 x --data-parallel 2 needs 4 chips; v5e-1 has 1" in capsys.readouterr().err
 
 
 def test_codec_work_goes_to_the_stage_that_does_it():

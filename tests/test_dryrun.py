@@ -60,7 +60,7 @@ def test_auto_topk_selection_is_decided_for_the_platform_compiled_for():
   codec = parse_codec("topk:0.1")
   def compiled_text(device):
     x = jax.ShapeDtypeStruct((4, 512), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(device))
-    return jax.jit(lambda x: codec.encode(x).arrays).lower(x).compile().as_text()
+    return jax.jit(lambda x: codec.encode(x).parts()).lower(x).compile().as_text()
   assert " while(" in compiled_text(jax.devices("cpu")[0])
   assert " while(" not in compiled_text(targets.compile_only_devices(targets.target("v5e-1"))[0])
 
@@ -149,3 +149,16 @@ def test_gpu_targets_compile_where_the_cuda_plugin_is_installed():
   report = dryrun.compile_for(targets.target("h100-8"), pipe, optax.adam(1e-3), MLP_BATCH, dryrun.Plan("gpipe"),
                               steps=("train",))
   assert report.fits and "(equal)" in report.text()
+
+
+def test_one_op_compiled_for_a_chip_gives_its_roofline_time():
+  """compile_op: FLOPs of the jaxpr and HBM traffic of the target's program; the estimate is the larger of
+  FLOPs / peak and traffic / bandwidth."""
+  v5e = targets.target("v5e-1")
+  a, b = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16), jax.ShapeDtypeStruct((512, 1024), jnp.bfloat16)
+  step = dryrun.compile_op(v5e, "matmul", jnp.matmul, a, b)
+  assert step.flops.matmul == 2 * 256 * 512 * 1024
+  assert step.traffic_bytes >= 2 * (256 * 512 + 512 * 1024 + 256 * 1024)  # reads both operands, writes the product
+  chip = v5e.chip
+  assert step.compute_s(chip) == pytest.approx(2 * 256 * 512 * 1024 / chip.peak_flops["bfloat16"])
+  assert step.estimated_s(chip) == max(step.compute_s(chip), step.traffic_bytes / chip.hbm_bytes_per_s)

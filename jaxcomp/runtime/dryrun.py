@@ -161,15 +161,24 @@ def _abstract(tree, sharding):
   return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
 
 
-def _compile(name, jitted, state, batch, platform: str, num_stages: int | None) -> Step:
+def _compile(name, jitted, *args, platform: str, num_stages: int | None) -> Step:
   start = time.perf_counter()
-  traced = jitted.trace(state, batch)
+  traced = jitted.trace(*args)
   compiled = traced.lower().compile()
   seconds = time.perf_counter() - start
   memory, text = compiled.memory_analysis(), compiled.as_text()
   return Step(name, seconds, memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.alias_size_in_bytes,
               memory.temp_size_in_bytes, flops.count(traced.jaxpr, platform), hlo_bytes.memory_bytes(text),
               hlo_bytes.collective_bytes(text, num_stages))
+
+
+def compile_op(target: targets.Target, name: str, fn, *args, devices=None) -> Step:
+  """One function compiled for one device of `target`, its arguments abstract (arrays or ShapeDtypeStructs,
+  placed on that device): what the target's compiler says of it, as a `Step` (`Step.estimated_s` is its roofline
+  time). `devices`: the target's compile-only devices, when the caller already has them."""
+  device = (devices or targets.compile_only_devices(target))[0]
+  args = _abstract(args, SingleDeviceSharding(device))
+  return _compile(name, jax.jit(fn), *args, platform=target.platform, num_stages=None)
 
 
 def _table_bytes(pipe: pipeline.Pipeline, links) -> int:
@@ -213,7 +222,8 @@ def compile_for(target: targets.Target, pipe: pipeline.Pipeline, optimizer: opta
     tables = _table_bytes(pipe, state.links) // (pipe.num_stages * plan.data)
   try:
     stages = pipe.num_stages if plan.executor == "gpipe" else None
-    compiled = tuple(_compile(name, build[name](), state, batch, target.platform, stages) for name in steps)
+    compiled = tuple(_compile(name, build[name](), state, batch, platform=target.platform, num_stages=stages)
+                     for name in steps)
   except jax.errors.JaxRuntimeError as err:
     if "RESOURCE_EXHAUSTED" not in str(err):
       raise
