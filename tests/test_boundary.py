@@ -6,13 +6,17 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from jaxcomp.compress import codecs, schemes
+from jaxcomp.compress import codecs, schemes, spec
 from jaxcomp.compress.boundary import Boundary, Mode, Reuse
 
 B, D = 4, 12
 W1 = jax.random.normal(jax.random.key(1), (D, D)) / 3
 W2 = jax.random.normal(jax.random.key(2), (D, 3)) / 3
 X = jax.random.normal(jax.random.key(3), (B, D))
+
+
+def _x(shape, dtype=jnp.float32, seed=0):
+  return (jax.random.normal(jax.random.key(seed), shape) * 3 + 1).astype(dtype)
 
 
 def _loss(w1, w2, link, state, mode=Mode.TRAIN):
@@ -137,3 +141,31 @@ def test_invalid_ticks_leave_backward_state_alone():
 def test_bad_boundaries(fwd, bwd, match):
   with pytest.raises(ValueError, match=match):
     Boundary(fwd, bwd)
+
+
+@pytest.mark.parametrize("fwd, bwd", [("hadamard+maxabs:3:group=16", "hadamard+maxabs:4:group=16"),
+                                      pytest.param("adaptive:3:4:0.25", "hadamard+adaptive:3:4:0.25:stoch",
+                                                   marks=pytest.mark.slow),
+                                      pytest.param("adaptive:2:3:0.25:grid=midrise",
+                                                   "hadamard+maxabs:4:group=16:grid=midrise", marks=pytest.mark.slow)])
+def test_boundary_gradient_is_the_compressed_true_gradient(fwd, bwd):
+  link = spec.parse_boundary(fwd, bwd)
+  x = _x((4, 6, 32), seed=2)
+  w = jax.random.normal(jax.random.key(5), (32, 32)) / 6
+  state = link.init(4, (6, 32), jnp.float32)
+  key = jax.random.key(0)
+
+  def loss(x):
+    y, _ = link(x, state, key, Mode.TRAIN)
+    return jnp.sum(jnp.tanh(y @ w) ** 2)
+
+  value, dx = jax.jit(jax.value_and_grad(loss))(x)
+  y = link.fwd.codec(x, None)
+  assert float(value) == pytest.approx(float(jnp.sum(jnp.tanh(y @ w) ** 2)), rel=1e-5)
+  dy = jax.grad(lambda y: jnp.sum(jnp.tanh(y @ w) ** 2))(y)
+  assert not np.allclose(np.asarray(dx), np.asarray(dy), atol=1e-6)  # the backward codec acted
+  bwd_codec = link.bwd.codec
+  if not getattr(getattr(bwd_codec, "inner", bwd_codec), "stochastic", False):
+    np.testing.assert_allclose(np.asarray(dx), np.asarray(bwd_codec(dy, None)), rtol=1e-5, atol=1e-6)
+  rel = float(jnp.linalg.norm(dx - dy) / jnp.linalg.norm(dy))
+  assert rel < 0.3

@@ -568,3 +568,42 @@ class SlowToCompileCodecPropertiesTest(_CodecProperties):
   @parameterized.parameters(*HEAVY)
   def test_one_compile_per_codec_and_shape(self, i):
     self._check_one_trace(i)
+
+
+# Tile-wise (group) max-abs scales; wire bytes of the rotation and adaptive codecs by hand
+def test_group_rotation_and_adaptive_wire_bytes_by_hand():
+  shape = (8, 128, 64)  # 1024 tokens of 64 features
+  assert codecs.MaxAbsQuant(3, "group", group=16).wire_bytes(shape, jnp.float32) == 1024 * 64 * 3 // 8 + 1024 * 4 * 4
+  assert Hadamard(codecs.MaxAbsQuant(3, "group", scale_dtype="bfloat16", group=64)).wire_bytes(
+      shape, jnp.float32) == 1024 * (24 + 2)
+  # 256 tokens in 4 bits + 768 in 3 bits, one fp32 scale each, a 1024-bit map
+  assert TokenAdaptive(3, 4, 0.25).wire_bytes(shape, jnp.float32) == 256 * 32 + 768 * 24 + 1024 * 4 + 128
+
+
+@settings(max_examples=4, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 6), st.sampled_from([2, 4, 8, 16]), st.integers(0, 10**6),
+       st.sampled_from(codecs.MAXABS_GRIDS))
+def test_group_scales_bound_the_error_of_each_group(rows, groups, g, seed, grid):
+  x = _x((rows, groups * g), seed=seed)
+  codec = codecs.MaxAbsQuant(3, "group", group=g, clip=1.0, grid=grid)
+  payload = jax.jit(codec.encode)(x)
+  scale = jax.lax.bitcast_convert_type(payload.arrays.scale, jnp.float32)  # fp32 scales travel as bits
+  assert scale.shape == (rows, groups)
+  true = jnp.max(jnp.abs(x.reshape(rows, groups, g)), axis=-1)
+  assert bool(jnp.all(scale >= true)) and bool(jnp.all(scale <= true * 1.002 + 1e-6))
+  err = jnp.abs(jax.jit(codec.decode)(payload) - x).reshape(rows, groups, g)
+  assert bool(jnp.all(err <= (scale / (2 * codec.levels))[..., None] * (1 + 1e-4) + 1e-6))
+
+
+def test_group_scales_confine_an_outlier_to_its_group():
+  x = _x((2, 64)).at[0, 3].set(1000.0)
+  err = np.abs(np.asarray(codecs.MaxAbsQuant(4, "group", group=16)(x) - x))
+  assert err[0, 16:].max() < 2.0 and err[1].max() < 2.0  # other groups keep their own scale
+  assert err[0, :16].max() > 3.0  # the outlier's group is coarse (its small entries round to 0)
+
+
+def test_indivisible_shapes_are_clear_errors():
+  with pytest.raises(ValueError, match="group=16 does not divide the 40 features"):
+    codecs.MaxAbsQuant(3, "group", group=16).encode(_x((2, 40)))
+  with pytest.raises(ValueError, match="block 16 does not divide the 40 features"):
+    Hadamard(codecs.Identity(), block=16).wire_bytes((2, 40), jnp.float32)

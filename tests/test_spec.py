@@ -1,7 +1,9 @@
 import pytest
 
 from jaxcomp.compress import codecs, schemes, spec
+from jaxcomp.compress.adaptive import TokenAdaptive
 from jaxcomp.compress.boundary import Reuse
+from jaxcomp.compress.rotation import Hadamard
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -63,3 +65,39 @@ def test_parse_boundary_validates_reuse():
   assert spec.parse_boundary("topk:0.3", "reuse").bwd == Reuse()
   with pytest.raises(ValueError, match="index reuse needs a single TopK"):
     spec.parse_boundary("quant:4", "reuse")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("maxabs:3:group=64", codecs.MaxAbsQuant(3, "group", group=64)),
+    ("maxabs:2:group=8:stoch:scale=bf16", codecs.MaxAbsQuant(2, "group", True, "bfloat16", group=8)),
+    ("maxabs:3:group=8:clip=mse", codecs.MaxAbsQuant(3, "group", clip="mse", group=8)),
+    ("hadamard+maxabs:3:group=64", Hadamard(codecs.MaxAbsQuant(3, "group", group=64))),
+    ("hadamard:32:seed=7+topk:0.1", Hadamard(codecs.TopK(0.1), 32, 7)),
+    ("adaptive:3:4:0.25", TokenAdaptive(3, 4, 0.25)),
+    ("adaptive:3:4:0.5:group=16:stoch:scale=bf16", TokenAdaptive(3, 4, 0.5, 16, True, "bfloat16")),
+    ("hadamard+adaptive:3:4:0.25", Hadamard(TokenAdaptive(3, 4, 0.25))),
+    ("hadamard+maxabs:2:group=16:grid=midrise", Hadamard(codecs.MaxAbsQuant(2, "group", group=16, grid="midrise"))),
+    ("adaptive:2:3:0.25:grid=midrise:stoch", TokenAdaptive(2, 3, 0.25, stochastic=True, grid="midrise")),
+    ("adaptive:2:4:0.25:clip=0.9", TokenAdaptive(2, 4, 0.25, clip=0.9)),
+])
+def test_group_rotation_and_adaptive_specs(text, expected):
+  assert spec.parse_codec(text) == expected
+  assert spec.parse_scheme(text).codec == expected
+  assert spec.parse_scheme("ef21+" + text) == schemes.EF21(expected)
+  assert spec.parse_scheme("aqsgd+" + text, num_examples=4).codec == expected
+
+
+@pytest.mark.parametrize("text, match", [
+    ("maxabs:3:group=8:tensor", "group=G replaces tensor/channel"),
+    ("maxabs:3:groups=8", r"bad maxabs option\(s\) \['groups='\]"),
+    ("maxabs:3:group=x", "bad number 'x'"),
+    ("hadamard:12+maxabs:3", "power of two >= 2, got 12"),
+    ("rotate+maxabs:3", "unknown scheme 'rotate'"),
+    ("adaptive:4:3:0.25", "low < high"),
+    ("adaptive:3:4:1.5", r"fraction of high-bit tokens must be in \(0, 1\), got 1.5"),
+    ("adaptive:3:4", "unknown compressor"),
+    ("adaptive:2:3:0.25:grid=mid", "bad adaptive option grid='mid'"),
+])
+def test_bad_group_rotation_and_adaptive_specs(text, match):
+  with pytest.raises(ValueError, match=match):
+    spec.parse_scheme(text)
