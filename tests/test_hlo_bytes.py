@@ -91,6 +91,19 @@ def test_memory_traffic_counts_loop_bodies_per_iteration_and_skips_other_memory_
   assert hlo_bytes.device_memory_bytes("f32[256,512]{1,0:T(8,128)S(1)}") == 0  # VMEM: not HBM traffic
 
 
+def test_an_async_slice_reads_its_slice_not_the_whole_operand():
+  """XLA:TPU's slice-start: (operand, slice in VMEM, context); only the slice leaves HBM."""
+  text = """HloModule m
+
+ENTRY %main (p: f32[1024,8]) -> f32[256,8] {
+  %p = f32[1024,8]{0,1:T(8,128)} parameter(0)
+  %s = ((f32[1024,8]{0,1:T(8,128)}), f32[256,8]{0,1:T(8,128)S(1)}, s32[]{:S(2)}) slice-start(%p), slice={[0:256], [0:8]}
+  ROOT %d = f32[256,8]{0,1:T(8,128)S(1)} slice-done(%s)
+}
+"""
+  assert hlo_bytes.memory_bytes(text) == 256 * 8 * 4  # read of the slice; the VMEM result is no HBM traffic
+
+
 def test_memory_traffic_is_xlas_bytes_accessed_on_a_loop_free_cpu_program():
   x = jax.random.normal(jax.random.key(0), (16, 8))
   batch = {"x": x, "label": (x[:, 0] > 0).astype(jnp.int32)}

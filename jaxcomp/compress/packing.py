@@ -33,19 +33,17 @@ def packed_size(n: int, bits: int) -> int:
   return -(-n * bits // 8)
 
 
-@functools.partial(jax.jit, static_argnames=("bits",))
-def pack(codes_N: jnp.ndarray, bits: int) -> jnp.ndarray:
-  """Packs a flat array of codes in [0, 2**bits) into uint8 [packed_size(N, bits)]."""
+def _pack_per_byte(codes_N, bits: int):
+  """Widths dividing 8: each byte the shifted sum of 8 / bits consecutive codes."""
+  per_byte = 8 // bits
+  codes = jnp.pad(codes_N, (0, (-codes_N.shape[0]) % per_byte)).reshape(-1, per_byte)
+  shifts = jnp.arange(per_byte, dtype=jnp.uint32) * bits
+  return jnp.sum(codes << shifts, axis=1).astype(jnp.uint8)
+
+
+def _pack_eights(codes_N, bits: int):
+  """Any width: 8 codes fill exactly `bits` bytes; they are assembled in uint32 words."""
   n = codes_N.shape[0]
-  codes_N = codes_N.astype(jnp.uint32)
-  if 8 % bits == 0:  # 1, 2, 4, 8: whole codes per byte
-    per_byte = 8 // bits
-    codes = jnp.pad(codes_N, (0, (-n) % per_byte)).reshape(-1, per_byte)
-    shifts = jnp.arange(per_byte, dtype=jnp.uint32) * bits
-    return jnp.sum(codes << shifts, axis=1).astype(jnp.uint8)
-  if bits == 16:
-    return jnp.stack([codes_N & 0xFF, codes_N >> 8], axis=1).astype(jnp.uint8).reshape(-1)
-  # any other width: 8 codes fill exactly `bits` bytes; assemble them in uint32 words
   groups = jnp.pad(codes_N, (0, (-n) % 8)).reshape(-1, 8)
   words = [jnp.zeros(groups.shape[0], jnp.uint32) for _ in range(-(-8 * bits // 32))]
   for i in range(8):
@@ -55,6 +53,18 @@ def pack(codes_N: jnp.ndarray, bits: int) -> jnp.ndarray:
       words[word + 1] = words[word + 1] | (groups[:, i] >> (32 - offset))
   byte_Gx4W = jnp.stack([(w >> (8 * k)) & 0xFF for w in words for k in range(4)], axis=1)
   return byte_Gx4W[:, :bits].astype(jnp.uint8).reshape(-1)[: packed_size(n, bits)]
+
+
+@functools.partial(jax.jit, static_argnames=("bits",))
+def pack(codes_N: jnp.ndarray, bits: int) -> jnp.ndarray:
+  """Packs a flat array of codes in [0, 2**bits) into uint8 [packed_size(N, bits)] (both ways of packing give the
+  same stream)."""
+  codes_N = codes_N.astype(jnp.uint32)
+  if bits in (1, 8):  # not 2 or 4: XLA:TPU tiles the minor axis of their [N / per_byte, per_byte] array to 128
+    return _pack_per_byte(codes_N, bits)  # lanes, 30-60x the HBM traffic of packing eights (1.4-2.7x faster on CPU)
+  if bits == 16:
+    return jnp.stack([codes_N & 0xFF, codes_N >> 8], axis=1).astype(jnp.uint8).reshape(-1)
+  return _pack_eights(codes_N, bits)
 
 
 @functools.partial(jax.jit, static_argnames=("bits", "n"))

@@ -257,9 +257,14 @@ def _instruction_traffic(module: Module, computation: str, inst: Instruction) ->
   if inst.opcode in _IN_PLACE:
     update = operand_types[_IN_PLACE[inst.opcode]]
     return sum(device_memory_bytes(t) for t in operand_types[1:]) + device_memory_bytes(update)
-  if inst.opcode != "fusion":
-    result = inst.type if not inst.opcode.endswith("-start") else _LAID_OUT_TEXT.search(inst.type).group(0)
+  if inst.opcode.endswith("-start"):  # (operand, result, context...): the result is the second array
+    arrays = _LAID_OUT_TEXT.findall(inst.type)
+    result = arrays[1] if len(arrays) > 1 else arrays[0]
+    if inst.opcode == "slice-start":  # an async slice (TPU: into VMEM) reads only the slice
+      return device_memory_bytes(result) + device_memory_bytes(result, any_space=True)
     return device_memory_bytes(result) + sum(device_memory_bytes(t) for t in operand_types)
+  if inst.opcode != "fusion":
+    return device_memory_bytes(inst.type) + sum(device_memory_bytes(t) for t in operand_types)
   fused_name = dict(module.callees(inst)).get("calls")
   fused = module.computations.get(fused_name, [])
   users: dict[str, list] = {}
