@@ -607,3 +607,10 @@ def test_indivisible_shapes_are_clear_errors():
     codecs.MaxAbsQuant(3, "group", group=16).encode(_x((2, 40)))
   with pytest.raises(ValueError, match="block 16 does not divide the 40 features"):
     Hadamard(codecs.Identity(), block=16).wire_bytes((2, 40), jnp.float32)
+
+
+def test_the_sparse_extras_are_their_own_protocol():
+  """Index reuse needs `Positional` (TopK); the other codecs do not offer it."""
+  positional = [c for c in ALL_CODECS + BLOCK_CODECS if isinstance(c, codecs.Positional)]
+  assert positional and all(isinstance(c, codecs.TopK) for c in positional)
+  assert len(positional) == sum(isinstance(c, codecs.TopK) for c in ALL_CODECS + BLOCK_CODECS)

@@ -87,7 +87,7 @@ class Boundary:
     if not isinstance(self.fwd, schemes.Scheme):
       raise ValueError(f"forward scheme must be a Scheme, got {self.fwd!r}")
     if isinstance(self.bwd, Reuse):
-      if not isinstance(self.fwd.codec, codecs.TopK) or isinstance(self.fwd, schemes.EFMixed):
+      if not isinstance(self.fwd.codec, codecs.Positional) or isinstance(self.fwd, schemes.EFMixed):
         raise ValueError(f"backward index reuse needs a single TopK forward message, got {self.fwd!r}")
     elif not isinstance(self.bwd, schemes.Scheme):
       raise ValueError(f"backward scheme must be a Scheme or Reuse(), got {self.bwd!r}")

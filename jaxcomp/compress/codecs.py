@@ -14,7 +14,7 @@ import abc
 import dataclasses
 import functools
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -140,6 +140,24 @@ class Codec(abc.ABC):
 
   def __call__(self, x, key=None):
     return self.decode(self.encode(x, key))
+
+
+@runtime_checkable
+class Positional(Protocol):
+  """The sparse-codec extras: a codec whose message says where its values sit, so that a backward can send values
+  alone at the forward message's positions (index reuse). TopK is one."""
+
+  def indices(self, payload: Payload) -> jax.Array:
+    """Positions [R, k] (int32) of the payload's values in their rows."""
+
+  def values_at(self, x, idx_RxK) -> Payload:
+    """x's values at known positions: a payload of values alone."""
+
+  def scatter(self, payload: Payload, idx_RxK) -> jax.Array:
+    """The dense tensor from values at known positions (the inverse of `values_at`)."""
+
+  def value_bytes(self, shape, dtype) -> int:
+    """Exact bytes of `values_at`'s payload."""
 
 
 @dataclasses.dataclass(frozen=True)
