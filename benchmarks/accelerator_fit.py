@@ -11,7 +11,8 @@ Columns: one chip running simulate (v5e-1, v6e-1: Colab), a v5e-8 slice as GPipe
 (`dryrun.compile_for`) and reports: compiled?, peak GiB per device / HBM, the estimated step time (from the
 chip's published peaks: an estimate), and whether the target's compiled collectives send exactly the bytes the
 boundaries count. Results are kept in --cache as they finish (a rerun skips done cells; cells compile one at a
-time, minutes each for GPT-2 on 2 CPU cores); the markdown table goes to stdout and --out.
+time, minutes each for GPT-2 on 2 CPU cores); the markdown table goes to stdout and --out (`--table-only`: from the
+cache alone, `-` for cells not compiled).
 """
 import argparse
 import json
@@ -75,7 +76,7 @@ def render(results: dict, models, methods, columns) -> str:
       for column in columns:
         r = results.get(f"{model}|{method}|{column}")
         if r is None:
-          cells.append("")
+          cells.append("-")  # not compiled (yet): the table is rendered from what --cache holds
         elif r["status"] in ("not compiled", "n/a"):
           cells.append("not compiled (plugin missing)" if r["status"] == "not compiled" else "n/a")
         else:
@@ -96,6 +97,8 @@ def main(argv=None):
   parser.add_argument("--columns", default=",".join(COLUMNS))
   parser.add_argument("--cache", type=pathlib.Path, default=pathlib.Path("runs/accelerator_fit.json"))
   parser.add_argument("--out", type=pathlib.Path, help="also write the markdown table here")
+  parser.add_argument("--table-only", action="store_true",
+                      help="compile nothing: the table of the cells --cache holds (- for the others)")
   args = parser.parse_args(argv)
   models, methods, columns = (a.split(",") for a in (args.models, args.methods, args.columns))
   for names, table in ((models, MODELS), (methods, METHODS), (columns, COLUMNS)):
@@ -107,7 +110,7 @@ def main(argv=None):
     for method in methods:
       for column in columns:
         key = f"{model}|{method}|{column}"
-        if key in results and results[key]["status"] != "not compiled":
+        if args.table_only or (key in results and results[key]["status"] != "not compiled"):
           continue
         results[key] = cell(model, method, column)
         print(key, json.dumps(results[key]), flush=True)

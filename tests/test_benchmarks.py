@@ -1,9 +1,11 @@
 """Every benchmark runs end to end at toy sizes and prints its table (numbers are not asserted)."""
+import json
 import re
 
 import pytest
 
 from benchmarks import (
+  accelerator_fit,
   aqsgd_buffers,
   codec_throughput,
   quantizer_error,
@@ -76,3 +78,16 @@ def test_data_parallel_exchange_per_stage_device():
   compressed = throughput_vs_bandwidth.exchange(q4, [1000], 4)
   assert compressed == netsim.Exchange([3 * q4.wire_bytes((1, 1000), "float32")], 3)  # all-gather to 3 others
   assert throughput_vs_bandwidth.exchange(None, [1000], 1) == netsim.Exchange([0], 0)
+
+
+def test_fit_table_renders_the_cached_cells_and_marks_the_rest(tmp_path, capsys):
+  cache = tmp_path / "fit.json"
+  cache.write_text(json.dumps({
+      "small|baseline|v5e-1": {"status": "fits", "peak_gib": 4.9, "hbm_gib": 16.0, "est_ms": 125.4, "bound": "memory"},
+      "small|baseline|v5e-8 gpipe 4x2": {"status": "does not fit", "peak_gib": 25.5, "hbm_gib": 16.0,
+                                         "est_ms": 80.0, "bound": "compute", "hlo_equal": True}}))
+  accelerator_fit.main(["--models", "small", "--methods", "baseline,top10-reuse", "--columns",
+                        "v5e-1,v5e-8 gpipe 4x2", "--cache", str(cache), "--table-only"])
+  rows = capsys.readouterr().out.splitlines()
+  assert rows[-2] == "| small | baseline | fits 4.9/16 GiB, ~125 ms (m) | **no** 25.5/16 GiB, ~80 ms (c), HLO bytes = |"
+  assert rows[-1] == "| small | top10-reuse | - | - |"  # not compiled: nothing ran
