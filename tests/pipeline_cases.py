@@ -1,4 +1,5 @@
 """Pipelines, a batch and helpers shared by the executor tests (test_sharded, test_qadam, test_schedule)."""
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -37,8 +38,9 @@ def mlp_pipe(fwd, bwd, stages=None, m=2):
 
 
 def assert_trees_close(a, b, atol):
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32),
-                                                       atol=atol, rtol=0), a, b)
+  """Every leaf of a within atol of b's (compared in float32: states hold integer counters too)."""
+  as_f32 = lambda tree: jax.tree.map(lambda x: np.asarray(x, np.float32), tree)
+  chex.assert_trees_all_close(as_f32(a), as_f32(b), atol=atol, rtol=0)
 
 
 def compare_with_simulate(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.TRAIN,), atol=2e-6, schedule="gpipe"):

@@ -1,6 +1,7 @@
 """The training driver: bit-identical resume (device or host AQ-SGD tables), NaN stop, warm start, result files."""
 import json
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -45,10 +46,6 @@ def _fit(tmp, epochs, resume=False, data=None, pipe=None, executor=simulate.Simu
   return train.fit(pipe or _pipe(), OPT, executor, data or _data(), cfg, jax.random.key(0))
 
 
-def _assert_equal(a, b):
-  jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
-
-
 def _host(tables_dir=None):
   """A new host-buffered executor (fresh zero tables, as in a new process)."""
   return hostbuffer.HostBuffered.for_pipeline(_pipe(), _data().example_batch, tables_dir)
@@ -61,7 +58,7 @@ def _assert_same_as_device(state, history, host, device_run):
   assert untimed(history) == untimed(expected_history)
   without_tables = lambda s: (jax.random.key_data(s.rng), s.step, s.params, s.model_state, s.opt_state,
                               [(link.bwd_send, link.bwd_recv) for link in s.links])
-  _assert_equal(without_tables(state), without_tables(expected))
+  chex.assert_trees_all_equal(without_tables(state), without_tables(expected))
   for table, link in zip(host.tables.tables, expected.links, strict=True):
     np.testing.assert_array_equal(table, np.asarray(link.fwd_send.buffer))
   assert float(np.abs(host.tables.tables[0]).max()) > 0
@@ -77,8 +74,8 @@ def test_resumed_run_is_bit_identical(tmp_path):
   full, full_history = _fit(tmp_path / "a", 3)
   _fit(tmp_path / "b", 1)
   resumed, history = _fit(tmp_path / "b", 3, resume=True)
-  _assert_equal(jax.random.key_data(full.rng), jax.random.key_data(resumed.rng))
-  _assert_equal(full._replace(rng=0), resumed._replace(rng=0))
+  chex.assert_trees_all_equal(jax.random.key_data(full.rng), jax.random.key_data(resumed.rng))
+  chex.assert_trees_all_equal(full._replace(rng=0), resumed._replace(rng=0))
   assert [r["epoch"] for r in history] == [1, 2, 3]
   assert [r["mode"] for r in history] == ["warmup", "train", "train"]
   assert history[1]["eval_on"] == full_history[1]["eval_on"]
@@ -334,7 +331,7 @@ def test_corrupt_checkpoints_are_detected_and_skipped(tmp_path, damage, why):
   with pytest.warns(UserWarning, match="epoch 2 .* is corrupt.*; trying the previous checkpoint"):
     epoch, restored, meta = ckpt.restore_latest(state)
   assert epoch == 1 and meta["epoch"] == 1
-  _assert_equal(restored, state)
+  chex.assert_trees_all_equal(restored, state)
 
 
 def test_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path):
@@ -386,7 +383,7 @@ def test_checkpoint_layout_round_trips_through_gpipe(tmp_path, stages_data):
       others = batching.shard_of(np.arange(N), ex.data) != d
       assert not table[d * N: (d + 1) * N][others].any() and table[d * N: (d + 1) * N][~others].any()
   back = checkpoint.simulate_layout(ex, pipe, OPT, placed, batch)
-  _assert_equal(_layout_parts(back), _layout_parts(saved))
+  chex.assert_trees_all_equal(_layout_parts(back), _layout_parts(saved))
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
@@ -405,7 +402,7 @@ def test_warm_starts_and_resumes_across_executors(tmp_path):
     kw = {} if resume else {"init_from": (str(tmp_path / base), 1)}
     state, _ = _fit(directory, 1, resume=resume, pipe=baseline, executor=runs[target], **kw)  # nothing left to train
     got = checkpoint.simulate_layout(runs[target], baseline, OPT, state, batch)
-    _assert_equal((got.step, got.rng, got.params, got.opt_state), (saved.step, saved.rng, saved.params, saved.opt_state))
+    chex.assert_trees_all_equal((got.step, got.rng, got.params, got.opt_state), (saved.step, saved.rng, saved.params, saved.opt_state))
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
@@ -416,6 +413,6 @@ def test_gpipe_resumed_run_is_bit_identical(tmp_path):
   full, full_history = _fit(tmp_path / "a", 2, executor=ex(), data=data)
   _fit(tmp_path / "b", 1, executor=ex(), data=data)
   resumed, history = _fit(tmp_path / "b", 2, resume=True, executor=ex(), data=data)
-  _assert_equal(jax.random.key_data(full.rng), jax.random.key_data(resumed.rng))
-  _assert_equal(full._replace(rng=0), resumed._replace(rng=0))
+  chex.assert_trees_all_equal(jax.random.key_data(full.rng), jax.random.key_data(resumed.rng))
+  chex.assert_trees_all_equal(full._replace(rng=0), resumed._replace(rng=0))
   assert history[1]["eval_on"] == full_history[1]["eval_on"]
