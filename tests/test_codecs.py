@@ -544,30 +544,26 @@ class _CodecProperties(chex.TestCase):
       round_trip(_x(shape, seed=seed), jax.random.key(seed))
 
 
-class CodecPropertiesTest(_CodecProperties):
+def _property_suite(cases):
+  """The property tests over `cases` (indices of PROPERTY_CASES), on every variant."""
 
-  @chex.variants(with_jit=True, without_jit=True, with_device=True)
-  @parameterized.parameters(*LIGHT)
-  def test_codec_properties(self, i):
-    self._check_properties(i)
+  class Suite(_CodecProperties):
 
-  @parameterized.parameters(*LIGHT)
-  def test_one_compile_per_codec_and_shape(self, i):
-    self._check_one_trace(i)
+    @chex.variants(with_jit=True, without_jit=True, with_device=True)
+    @parameterized.parameters(*cases)
+    def test_codec_properties(self, i):
+      self._check_properties(i)
+
+    @parameterized.parameters(*cases)
+    def test_one_compile_per_codec_and_shape(self, i):
+      self._check_one_trace(i)
+
+  return Suite
 
 
-@pytest.mark.slow
-class SlowToCompileCodecPropertiesTest(_CodecProperties):
-  """The same for the codecs that take seconds to compile on XLA:CPU (`_slow_to_compile`)."""
-
-  @chex.variants(with_jit=True, without_jit=True, with_device=True)
-  @parameterized.parameters(*HEAVY)
-  def test_codec_properties(self, i):
-    self._check_properties(i)
-
-  @parameterized.parameters(*HEAVY)
-  def test_one_compile_per_codec_and_shape(self, i):
-    self._check_one_trace(i)
+CodecPropertiesTest = _property_suite(LIGHT)
+# the codecs that take seconds to compile on XLA:CPU (`_slow_to_compile`)
+SlowToCompileCodecPropertiesTest = pytest.mark.slow(_property_suite(HEAVY))
 
 
 # Tile-wise (group) max-abs scales; wire bytes of the rotation and adaptive codecs by hand
