@@ -91,6 +91,20 @@ def test_memory_traffic_counts_loop_bodies_per_iteration_and_skips_other_memory_
   assert hlo_bytes.device_memory_bytes("f32[256,512]{1,0:T(8,128)S(1)}") == 0  # VMEM: not HBM traffic
 
 
+def test_a_combined_collective_permute_moves_every_operand():
+  """XLA:GPU combines a payload's arrays into one collective-permute-start of a tuple of operands."""
+  text = """HloModule m
+
+ENTRY %main (a: u32[32], b: u8[128]) -> (u32[32], u8[128]) {
+  %a = u32[32]{0} parameter(0)
+  %b = u8[128]{0} parameter(1)
+  %s = ((u32[32]{0}, u8[128]{0}), (u32[32]{0}, u8[128]{0})) collective-permute-start(%a, %b), channel_id=1, source_target_pairs={{0,1}}
+  ROOT %d = (u32[32]{0}, u8[128]{0}) collective-permute-done(%s)
+}
+"""
+  assert hlo_bytes.collective_bytes(text) == {"fwd": 32 * 4 + 128, "bwd": 0, "data": 0}
+
+
 def test_an_async_slice_reads_its_slice_not_the_whole_operand():
   """XLA:TPU's slice-start: (operand, slice in VMEM, context); only the slice leaves HBM."""
   text = """HloModule m

@@ -197,9 +197,11 @@ def _group_size_and_count(line):
   return len(members[0].split(",")), len(members)
 
 
-def _first_array(type_text: str) -> str:
-  """An async start's result is (operand, result, context...): the operand's type."""
-  return _ARRAY.search(type_text).group(0)
+def _start_operand(type_text: str) -> str:
+  """An async start's result is (operand, result, context...): the operand's type, one array or, where XLA:GPU
+  combines collective-permutes into one, the tuple of their arrays."""
+  inner = type_text.strip()[1:]  # past the outer "("
+  return inner[: _closing(inner, 0)] if inner.startswith("(") else _ARRAY.search(inner).group(0)
 
 
 def collective_bytes(hlo_text: str, num_stages: int | None = None) -> dict[str, int]:
@@ -228,7 +230,7 @@ def collective_bytes(hlo_text: str, num_stages: int | None = None) -> dict[str, 
         gathered = array_bytes(inst.type if inst.opcode == kind else _ARRAY_TEXT.findall(inst.type)[-1])
         totals["data"] += times * (gathered // size * (size - 1) * size * count)
         continue
-      moved = array_bytes(inst.type if inst.opcode == kind else _first_array(inst.type))
+      moved = array_bytes(inst.type if inst.opcode == kind else _start_operand(inst.type))
       pairs = re.findall(r"\{(\d+),(\d+)\}", inst.attributes.split("source_target_pairs=", 1)[1])
       for src, dst in ((int(a), int(b)) for a, b in pairs):
         same_row = num_stages is None or src // num_stages == dst // num_stages
