@@ -83,8 +83,8 @@ class Measured:
     self.repeats = repeats
     self.source = f"measured on {jax.devices()[0].device_kind}"
 
-  def input(self, shape: jax.ShapeDtypeStruct, key=jax.random.key(2)):
-    return jax.random.normal(key, shape.shape, shape.dtype)
+  def input(self, shape: jax.ShapeDtypeStruct):
+    return jax.random.normal(jax.random.key(2), shape.shape, shape.dtype)
 
   def output(self, fn, *args):
     return jax.jit(fn)(*args)
@@ -102,7 +102,7 @@ class Estimated:
     self.target, self.devices, self.known = target, targets.compile_only_devices(target), {}
     self.source = f"estimated for {target.chip.name} from programs compiled for {target.name} (roofline, not run)"
 
-  def input(self, shape: jax.ShapeDtypeStruct, key=None):
+  def input(self, shape: jax.ShapeDtypeStruct):
     return jax.ShapeDtypeStruct(shape.shape, shape.dtype)
 
   def output(self, fn, *args):
@@ -263,9 +263,7 @@ def main(argv=None):
     dp_scheme = spec.parse_scheme(args.dp_scheme)
   except ValueError as err:
     parser.error(str(err))
-  tokens = jnp.zeros((args.batch, args.seq), jnp.int32)
-  if not target:
-    tokens = jax.random.randint(jax.random.key(0), (args.batch, args.seq), 0, cfg.vocab_size)
+  tokens = jax.random.randint(jax.random.key(0), (args.batch, args.seq), 0, cfg.vocab_size)
   batch = {"tokens": tokens, "id": jnp.arange(args.batch)}
   base = jaxcomp.Pipeline(stages, spec.parse_boundary("none", "none"), jaxcomp.losses.language_model,
                           "tokens", args.microbatches)
