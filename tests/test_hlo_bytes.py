@@ -103,6 +103,22 @@ ENTRY %main (a: u32[32], b: u8[128]) -> (u32[32], u8[128]) {
 }
 """
   assert hlo_bytes.collective_bytes(text) == {"fwd": 32 * 4 + 128, "bwd": 0, "data": 0}
+  assert hlo_bytes.memory_bytes(text) == 2 * (32 * 4 + 128)  # reads both operands, writes both results
+  all_reduce = """HloModule m
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+
+ENTRY %main (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  %r = f32[8]{0} all-reduce-start(%p), replica_groups={}, to_apply=%add
+  ROOT %d = f32[8]{0} all-reduce-done(%r)
+}
+"""
+  assert hlo_bytes.memory_bytes(all_reduce) == 2 * 8 * 4  # XLA:GPU's all-reduce-start is no tuple
 
 
 def test_an_async_slice_reads_its_slice_not_the_whole_operand():

@@ -197,11 +197,19 @@ def _group_size_and_count(line):
   return len(members[0].split(",")), len(members)
 
 
-def _start_operand(type_text: str) -> str:
-  """An async start's result is (operand, result, context...): the operand's type, one array or, where XLA:GPU
-  combines collective-permutes into one, the tuple of their arrays."""
-  inner = type_text.strip()[1:]  # past the outer "("
-  return inner[: _closing(inner, 0)] if inner.startswith("(") else _ARRAY.search(inner).group(0)
+def _start_parts(type_text: str) -> tuple[str, str]:
+  """An async start's type is (operand, result, context...): the texts of its operand and result, each one array
+  or, where XLA:GPU combines collective-permutes into one, a tuple of arrays. A start that is not a tuple (XLA:GPU's
+  all-reduce-start) is both."""
+  if not type_text.strip().startswith("("):
+    return type_text, type_text
+  inner, parts, depth, start = type_text.strip()[1:-1], [], 0, 0
+  for i, c in enumerate(inner + ","):
+    depth += (c in "([{") - (c in ")]}")
+    if c == "," and depth == 0:
+      parts.append(inner[start:i].strip())
+      start = i + 1
+  return parts[0], parts[min(1, len(parts) - 1)]
 
 
 def collective_bytes(hlo_text: str, num_stages: int | None = None) -> dict[str, int]:
@@ -230,7 +238,7 @@ def collective_bytes(hlo_text: str, num_stages: int | None = None) -> dict[str, 
         gathered = array_bytes(inst.type if inst.opcode == kind else _ARRAY_TEXT.findall(inst.type)[-1])
         totals["data"] += times * (gathered // size * (size - 1) * size * count)
         continue
-      moved = array_bytes(inst.type if inst.opcode == kind else _start_operand(inst.type))
+      moved = array_bytes(inst.type if inst.opcode == kind else _start_parts(inst.type)[0])
       pairs = re.findall(r"\{(\d+),(\d+)\}", inst.attributes.split("source_target_pairs=", 1)[1])
       for src, dst in ((int(a), int(b)) for a, b in pairs):
         same_row = num_stages is None or src // num_stages == dst // num_stages
@@ -259,9 +267,8 @@ def _instruction_traffic(module: Module, computation: str, inst: Instruction) ->
   if inst.opcode in _IN_PLACE:
     update = operand_types[_IN_PLACE[inst.opcode]]
     return sum(device_memory_bytes(t) for t in operand_types[1:]) + device_memory_bytes(update)
-  if inst.opcode.endswith("-start"):  # (operand, result, context...): the result is the second array
-    arrays = _LAID_OUT_TEXT.findall(inst.type)
-    result = arrays[1] if len(arrays) > 1 else arrays[0]
+  if inst.opcode.endswith("-start"):
+    result = _start_parts(inst.type)[1]
     if inst.opcode == "slice-start":  # an async slice (TPU: into VMEM) reads only the slice
       return device_memory_bytes(result) + device_memory_bytes(result, any_space=True)
     return device_memory_bytes(result) + sum(device_memory_bytes(t) for t in operand_types)
