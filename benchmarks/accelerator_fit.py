@@ -12,11 +12,15 @@ Columns: one chip running simulate (v5e-1, v6e-1: Colab), a v5e-8 slice as GPipe
 chip's published peaks: an estimate), and whether the target's compiled collectives send exactly the bytes the
 boundaries count. Results are kept in --cache as they finish (a rerun skips done cells; cells compile one at a
 time, minutes each for GPT-2 on 2 CPU cores); the markdown table goes to stdout and --out (`--table-only`: from the
-cache alone, `-` for cells not compiled).
+cache alone, `-` for cells not compiled). Each cell compiles in a child process whose resident memory is
+watched: one past --host-limit-gb (GPT-2 compiles take 2-18 GB of host RAM) is stopped and its cell marked,
+and the table goes on.
 """
 import argparse
 import json
 import pathlib
+import subprocess
+import sys
 import time
 
 from experiments import common, gpt2_wikitext, resnet_cifar10
@@ -68,6 +72,34 @@ def cell(model: str, method: str, column: str) -> dict:
   return out
 
 
+def resident_bytes(pid: int) -> int:
+  """VmRSS of a live process (Linux /proc); 0 once it has gone."""
+  try:
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+  except OSError:
+    return 0
+  kib = [line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")]
+  return int(kib[0]) * 1024 if kib else 0
+
+
+def cell_in_child(key: str, host_limit_bytes: int) -> dict:
+  """`cell` in a child process, stopped (and said so) when its resident memory passes the limit."""
+  child = subprocess.Popen([sys.executable, "-m", "benchmarks.accelerator_fit", "--cell", key],
+                           stdout=subprocess.PIPE, text=True)
+  peak = 0
+  while child.poll() is None:
+    peak = max(peak, resident_bytes(child.pid))
+    if peak > host_limit_bytes:
+      child.kill()
+      child.wait()
+      return {"status": "host memory", "why": f"the compile passed {host_limit_bytes / 1e9:g} GB of host RAM"}
+    time.sleep(0.5)
+  lines = child.stdout.read().splitlines()
+  if child.returncode != 0 or not lines:
+    return {"status": "failed", "why": f"the compile's process exited {child.returncode}"}
+  return {**json.loads(lines[-1]), "host_gb": peak / 1e9}
+
+
 def render(results: dict, models, methods, columns) -> str:
   lines = ["| model | method | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
   for model in models:
@@ -77,8 +109,10 @@ def render(results: dict, models, methods, columns) -> str:
         r = results.get(f"{model}|{method}|{column}")
         if r is None:
           cells.append("-")  # not compiled (yet): the table is rendered from what --cache holds
-        elif r["status"] in ("not compiled", "n/a"):
-          cells.append("not compiled (plugin missing)" if r["status"] == "not compiled" else "n/a")
+        elif r["status"] in ("not compiled", "n/a", "host memory", "failed"):
+          cells.append({"not compiled": "not compiled (plugin missing)", "n/a": "n/a",
+                        "host memory": f"not compiled ({r['why'].removeprefix('the ')})",
+                        "failed": "compile failed"}[r["status"]])
         else:
           text = f"{'fits' if r['status'] == 'fits' else '**no**'} {r['peak_gib']:.1f}/{r['hbm_gib']:.0f} GiB"
           if "est_ms" in r:
@@ -99,7 +133,13 @@ def main(argv=None):
   parser.add_argument("--out", type=pathlib.Path, help="also write the markdown table here")
   parser.add_argument("--table-only", action="store_true",
                       help="compile nothing: the table of the cells --cache holds (- for the others)")
+  parser.add_argument("--host-limit-gb", type=float, default=16.0,
+                      help="stop a cell's compile past this much resident host memory (default 16)")
+  parser.add_argument("--cell", help=argparse.SUPPRESS)  # model|method|column: the child's one compile
   args = parser.parse_args(argv)
+  if args.cell:
+    print(json.dumps(cell(*args.cell.split("|"))))
+    return
   models, methods, columns = (a.split(",") for a in (args.models, args.methods, args.columns))
   for names, table in ((models, MODELS), (methods, METHODS), (columns, COLUMNS)):
     unknown = [n for n in names if n not in table]
@@ -110,9 +150,9 @@ def main(argv=None):
     for method in methods:
       for column in columns:
         key = f"{model}|{method}|{column}"
-        if args.table_only or (key in results and results[key]["status"] != "not compiled"):
+        if args.table_only or (key in results and results[key]["status"] not in ("not compiled", "failed")):
           continue
-        results[key] = cell(model, method, column)
+        results[key] = cell_in_child(key, int(args.host_limit_gb * 1e9))
         print(key, json.dumps(results[key]), flush=True)
         args.cache.parent.mkdir(parents=True, exist_ok=True)
         args.cache.write_text(json.dumps(results, indent=1))

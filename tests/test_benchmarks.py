@@ -91,3 +91,12 @@ def test_fit_table_renders_the_cached_cells_and_marks_the_rest(tmp_path, capsys)
   rows = capsys.readouterr().out.splitlines()
   assert rows[-2] == "| small | baseline | fits 4.9/16 GiB, ~125 ms (m) | **no** 25.5/16 GiB, ~80 ms (c), HLO bytes = |"
   assert rows[-1] == "| small | top10-reuse | - | - |"  # not compiled: nothing ran
+
+
+def test_fit_table_stops_a_compile_past_the_host_memory_limit_and_goes_on(tmp_path, capsys):
+  cache = tmp_path / "fit.json"
+  accelerator_fit.main(["--models", "small", "--methods", "baseline", "--columns", "v5e-1", "--cache", str(cache),
+                        "--host-limit-gb", "0.02"])  # the child passes 20 MB while importing jax
+  assert capsys.readouterr().out.splitlines()[-1] == (
+      "| small | baseline | not compiled (compile passed 0.02 GB of host RAM) |")
+  assert json.loads(cache.read_text())["small|baseline|v5e-1"]["status"] == "host memory"
