@@ -1,10 +1,12 @@
 """jaxcomp.parallel.schedule: what each schedule holds and when each stage runs."""
+import optax
 import pytest
 
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
 from jaxcomp.parallel import schedule as sched
-from pipeline_cases import mlp_pipe
+from jaxcomp.parallel import sharded
+from pipeline_cases import BATCH, mlp_pipe
 
 
 @pytest.mark.parametrize("name, most", [("1f1b", lambda s, S, M: min(M, S - s)),
@@ -27,3 +29,17 @@ def test_schedule_holds_at_most_its_inputs_per_stage(name, most):
         assert not any(sched.busy(prog, t, s) and sched.busy(prog, t, sched.backward_tick(prog, s))
                        for t in ticks for s in range(S))
         assert len(ticks) == stride * (M + S - 1)
+
+
+def test_an_unrolled_tick_holds_only_the_stages_busy_at_it():
+  """GPipe with one microbatch runs one stage per tick: its program holds each stage's body a fixed
+  number of times, so it grows linearly in S (a switch over all S stages at each of the S ticks grew as S^2:
+  GPT-2 small on 8 stages lowered to 6.8 MB of StableHLO and passed 10 GB of host memory compiling for TPU)."""
+  dots = {}
+  for S in (2, 4, 8):
+    pipe = mlp_pipe("none", "none", stages=mlp_stages(16, 2, S), m=1)
+    ex = sharded.ShardedExecutor(sharded.make_mesh(S, 1))
+    state = ex.state_shapes(pipe, optax.sgd(0.1), BATCH)
+    step = ex.build_step(pipe, optax.sgd(0.1), Mode.TRAIN, True, state, BATCH)
+    dots[S] = step.trace(state, BATCH).lower().as_text().count("dot_general")
+  assert dots[8] - dots[4] == 2 * (dots[4] - dots[2]), dots

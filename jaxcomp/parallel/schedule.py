@@ -165,16 +165,26 @@ def zero_metrics(prog: Program):
   return jax.tree.map(lambda m: jnp.zeros(m.shape, jnp.float32), prog.metrics)
 
 
+def stage_switch(prog: Program, tick, offset, branch, idle, *operands):
+  """This device's stage s runs `branch(s)` when its op (microbatch m at tick stride*m + offset(s)) is
+  busy at `tick`, else `idle`. At a static tick only the stages busy then are branches of the program:
+  an unrolled tick holds min(M, S) stage bodies, not S (GPipe with M=1 compiles S bodies, as simulate)."""
+  s_count, s = prog.pipe.num_stages, jax.lax.axis_index(STAGE)
+  stages = (list(range(s_count)) if not isinstance(tick, int)
+            else [j for j in range(s_count) if busy(prog, tick, offset(j))])
+  position = jnp.asarray([stages.index(j) if j in stages else len(stages) for j in range(s_count)], jnp.int32)
+  index = jnp.where(busy(prog, tick, offset(s)), position[s], len(stages))
+  return jax.lax.switch(index, [branch(j) for j in stages] + [idle], *operands)
+
+
 def stage_step(prog: Program, inp: StepInputs, tick, ms_row, x_buf):
   """This device's stage at `tick`: its microbatch, or the bubble branch when idle."""
-  s_count = prog.pipe.num_stages
-  branches = [stage_branch(prog, j) for j in range(s_count)] + [bubble(prog)]
-  tick, s = jnp.asarray(tick, jnp.int32), jax.lax.axis_index(STAGE)
-  m = clipped_microbatch(prog, tick, s)
+  s = jax.lax.axis_index(STAGE)
+  m = clipped_microbatch(prog, jnp.asarray(tick, jnp.int32), s)
   mb = jax.tree.map(lambda a: a[m], inp.mbs)
-  index = jnp.where(busy(prog, tick, s), s, s_count)
   rng = pipeline.stage_key(inp.step_key, global_microbatch(prog, m), s)
-  return jax.lax.switch(index, branches, inp.params_row, ms_row, x_buf, mb, rng)
+  return stage_switch(prog, tick, lambda j: j, lambda j: stage_branch(prog, j), bubble(prog),
+                      inp.params_row, ms_row, x_buf, mb, rng)
 
 
 def _boundary(prog: Program, b: int):
@@ -351,15 +361,13 @@ def no_grads(params_row, ms_row, x_buf, mb, rng, g_buf, scale, grad_sum):
 
 def stage_backward(prog: Program, inp: StepInputs, tick, stash, g_buf, grad_sum):
   """This device's stage backward at `tick` (or nothing): (grad_sum + d params row, d input buffer)."""
-  s_count = prog.pipe.num_stages
   s = jax.lax.axis_index(STAGE)
   m = clipped_microbatch(prog, tick, backward_tick(prog, s))
   slot = m % stash_slots(prog)
   mb = jax.tree.map(lambda a: a[m], inp.mbs)
-  index = jnp.where(busy(prog, tick, backward_tick(prog, s)), s, s_count)
-  branches = [stage_grads(prog, j) for j in range(s_count)] + [no_grads]
-  return jax.lax.switch(index, branches, inp.params_row, stash.model_state[slot], stash.x_buf[slot], mb,
-                        pipeline.stage_key(inp.step_key, global_microbatch(prog, m), s), g_buf, inp.scale, grad_sum)
+  return stage_switch(prog, tick, lambda j: backward_tick(prog, j), lambda j: stage_grads(prog, j), no_grads,
+                      inp.params_row, stash.model_state[slot], stash.x_buf[slot], mb,
+                      pipeline.stage_key(inp.step_key, global_microbatch(prog, m), s), g_buf, inp.scale, grad_sum)
 
 
 class Stash(NamedTuple):
