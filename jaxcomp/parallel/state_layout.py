@@ -57,7 +57,7 @@ class OptaxRows:
 
   def __init__(self, optimizer: optax.GradientTransformation, params_fl: layout.FlatRows, stage_params):
     self.optimizer, self.params_fl = optimizer, params_fl
-    self.fl = layout.FlatRows([optimizer.init(p) for p in stage_params])
+    self.fl = layout.FlatRows([jax.eval_shape(optimizer.init, p) for p in stage_params])  # shapes: nothing allocated
 
   def stack(self, per_stage):
     return self.fl.stack(per_stage)
