@@ -13,6 +13,7 @@ import pytest
 
 import jaxcomp
 from experiments import common, gpt2_wikitext, resnet_cifar10
+from jaxcomp.compress import packing
 from jaxcomp.compress.spec import parse_codec, parse_scheme
 from jaxcomp.models.mlp import mlp_stages
 from jaxcomp.parallel import hlo_bytes, qadam, schedule
@@ -172,3 +173,12 @@ def test_packing_moves_about_its_input_through_tpu_hbm(text):
   x = jax.ShapeDtypeStruct((256, 4096), jnp.float32)
   step = dryrun.compile_op(targets.target("v5e-1"), "encode", lambda x: codec.encode(x), x)
   assert step.traffic_bytes < 4 * 256 * 4096 * 4  # x read for its range and its codes, the stream written
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_packing_compiles_for_tpu_without_relaying_out_its_codes(bits):
+  """Codes packed as [N / 8, 8] groups had XLA:TPU relayout a minor axis of 8 (padded to 128 lanes): 6.3M 4-bit codes
+  took 403 MB of temporaries, 834 MB of HBM traffic and 217 s of compiling; planes need none (4 s)."""
+  codes = jax.ShapeDtypeStruct((8 * 1024 * 768,), jnp.uint32)  # one GPT-2 small activation (batch 8)
+  step = dryrun.compile_op(targets.target("v5e-1"), "pack", lambda c: packing.pack(c, bits), codes)
+  assert step.temp_bytes < 2**20 and step.traffic_bytes < 2 * codes.size * 4

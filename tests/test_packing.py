@@ -22,6 +22,13 @@ def test_pack_layout_is_little_endian_dense_stream():
   np.testing.assert_array_equal(packed, [0b10011101, 0b1])
 
 
+def test_pack_layout_is_planar_over_full_groups():
+  # 19 4-bit codes: G = 2 full groups, (0, 2, ..., 14) and (1, 3, ..., 15); byte k of group g is byte 2k + g;
+  # the 3 codes left (0, 1, 2) are one group cut to its 2 bytes
+  packed = np.asarray(packing.pack(np.arange(19) % 16, 4))
+  np.testing.assert_array_equal(packed, [0x20, 0x31, 0x64, 0x75, 0xA8, 0xB9, 0xEC, 0xFD, 0x10, 0x02])
+
+
 @settings(max_examples=12, deadline=None)
 @given(r=st.integers(1, 5), f=st.integers(1, 40), seed=st.integers(0, 2**31))
 def test_mask_round_trip(r, f, seed):
