@@ -100,6 +100,11 @@ def cell_in_child(key: str, host_limit_bytes: int) -> dict:
   return {**json.loads(lines[-1]), "host_gb": peak / 1e9}
 
 
+NOT_COMPILED = {  # status of a cell with no compiler figures -> its text in the table
+    "not compiled": lambda r: "not compiled (plugin missing)", "n/a": lambda r: "n/a",
+    "host memory": lambda r: f"not compiled ({r['why'].removeprefix('the ')})", "failed": lambda r: "compile failed"}
+
+
 def render(results: dict, models, methods, columns) -> str:
   lines = ["| model | method | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
   for model in models:
@@ -109,10 +114,8 @@ def render(results: dict, models, methods, columns) -> str:
         r = results.get(f"{model}|{method}|{column}")
         if r is None:
           cells.append("-")  # not compiled (yet): the table is rendered from what --cache holds
-        elif r["status"] in ("not compiled", "n/a", "host memory", "failed"):
-          cells.append({"not compiled": "not compiled (plugin missing)", "n/a": "n/a",
-                        "host memory": f"not compiled ({r['why'].removeprefix('the ')})",
-                        "failed": "compile failed"}[r["status"]])
+        elif r["status"] in NOT_COMPILED:
+          cells.append(NOT_COMPILED[r["status"]](r))
         else:
           text = f"{'fits' if r['status'] == 'fits' else '**no**'} {r['peak_gib']:.1f}/{r['hbm_gib']:.0f} GiB"
           if "est_ms" in r:
