@@ -5,8 +5,9 @@ Layers, data flowing down:
              schemes (EF, EF21, EF-mixed, AQ-SGD state), the custom_vjp boundary, spec strings
   pipeline, losses  the core: stages, boundaries between them, the train state
   parallel/  executing a pipeline: simulate (one device), the sharded executor (stages across
-             devices, GPipe / 1F1B schedules), data parallelism, QuantizedAdam, host buffers,
-             bytes and FLOPs read from compiled programs, the network simulator
+             devices, GPipe / 1F1B schedules), `ppermute` (a compressed `jax.lax.ppermute`, which
+             the executor sends with), data parallelism, QuantizedAdam, host buffers, bytes and
+             FLOPs read from compiled programs, the network simulator
   runtime/   running experiments: train loop, checkpoints, results, locks, multi-host, dry runs
              compiled for accelerator targets
 """
@@ -15,6 +16,7 @@ from jaxcomp.compress import codecs, schemes
 from jaxcomp.compress.boundary import Boundary, Mode, Reuse
 from jaxcomp.compress.spec import parse_boundary, parse_codec, parse_scheme
 from jaxcomp.parallel import sharded, simulate
+from jaxcomp.parallel.permute import CompressedLink, compressed_link, ppermute
 from jaxcomp.pipeline import (
     FlaxStage,
     Pipeline,
@@ -24,6 +26,7 @@ from jaxcomp.pipeline import (
 )
 
 __all__ = [
-    "Boundary", "FlaxStage", "Mode", "Pipeline", "Reuse", "TrainState", "codecs", "init_state", "losses",
-    "parse_boundary", "parse_codec", "parse_scheme", "schemes", "sharded", "simulate", "wire_bytes_per_step",
+    "Boundary", "CompressedLink", "FlaxStage", "Mode", "Pipeline", "Reuse", "TrainState", "codecs",
+    "compressed_link", "init_state", "losses", "parse_boundary", "parse_codec", "parse_scheme", "ppermute",
+    "schemes", "sharded", "simulate", "wire_bytes_per_step",
 ]

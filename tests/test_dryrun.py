@@ -16,7 +16,7 @@ from experiments import common, gpt2_wikitext, resnet_cifar10
 from jaxcomp.compress import packing
 from jaxcomp.compress.spec import parse_codec, parse_scheme
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import hlo_bytes, qadam, schedule
+from jaxcomp.parallel import hlo_bytes, permute, qadam, schedule
 from jaxcomp.runtime import dryrun, targets
 
 tpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
@@ -41,7 +41,7 @@ def test_every_codec_family_compiles_for_tpu_and_sends_exactly_its_payload():
     for i, codec in enumerate(codecs):
       # each codec its own message (x scaled): identical messages would be sent once (XLA merges equal collectives)
       payload = codec.encode(x * (i + 1), jax.random.fold_in(jax.random.wrap_key_data(key_data), i))
-      total = total + codec.decode(schedule.PPermute(0).forward(payload))
+      total = total + codec.decode(permute.Permute(schedule.STAGE, ((0, 1),)).forward(payload))
     return total
 
   program = jax.jit(jax.shard_map(exchange, mesh=mesh, in_specs=(jax.P(schedule.STAGE), jax.P()),

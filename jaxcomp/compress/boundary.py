@@ -136,20 +136,41 @@ def _zeros_like(tree):
   return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), tree)
 
 
-def _send(ok, send, x, state):
-  """(payload, state') = send(x, state) where `ok`; zeros and the old state elsewhere.
+def _varying(value) -> frozenset:
+  """The manual mesh axes a value (or its ShapeDtypeStruct) varies over under shard_map with check_vma
+  (jax >= 0.10: `manual_axis_type.varying`; before: `vma`); empty elsewhere."""
+  axis_type = getattr(value, "manual_axis_type", None)
+  return frozenset(axis_type.varying if axis_type is not None else getattr(value, "vma", None) or ())
+
+
+def _to_varying(value, axes):
+  """`value` made varying over the mesh `axes` it does not vary over yet (`lax.pcast`; `lax.pvary` before jax 0.8.2)."""
+  missing = tuple(sorted(axes - _varying(jax.typeof(value))))
+  if not missing:
+    return value
+  pcast = getattr(jax.lax, "pcast", None)
+  return pcast(value, missing, to="varying") if pcast else jax.lax.pvary(value, missing)
+
+
+def _run_if(ok, fun, value, state):
+  """(out, state') = fun(value, state) where `ok`; zeros and the old state elsewhere.
 
   In SPMD every device runs every boundary op; the cond keeps codec work (and any state
-  change) to the device that really sends.
+  change) to the device that really sends or receives. Both branches' results vary over the
+  same mesh axes, as shard_map with check_vma requires of a cond (zeros vary over none).
   """
-  skip = lambda x, state: (_zeros_like(jax.eval_shape(send, x, state)[0]), state)
-  return jax.lax.cond(ok, send, skip, x, state)
+  shapes = jax.eval_shape(fun, value, state)
+  skip = lambda value, state: (_zeros_like(shapes[0]), state)
+  skipped = jax.eval_shape(skip, value, state)
+  axes = [_varying(a) | _varying(b) for a, b in zip(jax.tree.leaves(shapes), jax.tree.leaves(skipped))]
 
+  def aligned(branch):
+    def run(value, state):
+      leaves, tree = jax.tree.flatten(branch(value, state))
+      return tree.unflatten([_to_varying(v, a) for v, a in zip(leaves, axes)])
+    return run
 
-def _receive(ok, receive, payload, state):
-  """(x_hat, state') = receive(payload, state) where `ok`; zeros and the old state elsewhere."""
-  skip = lambda payload, state: (_zeros_like(jax.eval_shape(receive, payload, state)[0]), state)
-  return jax.lax.cond(ok, receive, skip, payload, state)
+  return jax.lax.cond(ok, aligned(fun), aligned(skip), value, state)
 
 
 def forward_half(link: Boundary, mode: Mode, x, fs, fr, key, send_ok, recv_ok):
@@ -160,9 +181,9 @@ def forward_half(link: Boundary, mode: Mode, x, fs, fr, key, send_ok, recv_ok):
   backward reuses them (else None); an explicit backward passes it to `backward_half`."""
   fwd, warm = link.fwd, mode.dense_forward
   send = fwd.warmup_send if warm else (lambda x, s: fwd.send(x, s, key))
-  payload, fs = _send(send_ok, send, x, fs)
+  payload, fs = _run_if(send_ok, send, x, fs)
   arrived = link.transport.forward(payload)
-  y, fr = _receive(recv_ok, fwd.warmup_receive if warm else fwd.receive, arrived, fr)
+  y, fr = _run_if(recv_ok, fwd.warmup_receive if warm else fwd.receive, arrived, fr)
   idx = _reuse_positions(fwd.codec, payload, arrived) if link.reuse and not warm else None
   return y, fs, fr, idx
 
@@ -187,19 +208,19 @@ def backward_half(link: Boundary, mode: Mode, dy, bs, br, key, send_ok, recv_ok,
 
   The gradient is sent by the forward receiver and decoded by the forward sender. Returns
   (dx, bs', br'), each state zero on the devices that are not its end (see the module doc)."""
-  bwd_key = jax.random.fold_in(key, 1)
+  bwd_key = None if key is None else jax.random.fold_in(key, 1)
   if mode.dense_backward(link.reuse):
     identity = codecs.Identity()
-    payload, _ = _send(recv_ok, lambda g, s: (identity.encode(g), s), dy, ())
-    dx, _ = _receive(send_ok, lambda p, s: (identity.decode(p), s), link.transport.backward(payload), ())
+    payload, _ = _run_if(recv_ok, lambda g, s: (identity.encode(g), s), dy, ())
+    dx, _ = _run_if(send_ok, lambda p, s: (identity.decode(p), s), link.transport.backward(payload), ())
   elif link.reuse:
     idx_sent, idx_arrived = idx  # forward sender's positions, forward receiver's copy
     topk = link.fwd.codec
-    payload, _ = _send(recv_ok, lambda g, s: (topk.values_at(g, idx_arrived), s), dy, ())
-    dx, _ = _receive(send_ok, lambda p, s: (topk.scatter(p, idx_sent), s), link.transport.backward(payload), ())
+    payload, _ = _run_if(recv_ok, lambda g, s: (topk.values_at(g, idx_arrived), s), dy, ())
+    dx, _ = _run_if(send_ok, lambda p, s: (topk.scatter(p, idx_sent), s), link.transport.backward(payload), ())
   else:
-    payload, bs = _send(recv_ok, lambda g, s: link.bwd.send(g, s, bwd_key), dy, bs)
-    dx, br = _receive(send_ok, link.bwd.receive, link.transport.backward(payload), br)
+    payload, bs = _run_if(recv_ok, lambda g, s: link.bwd.send(g, s, bwd_key), dy, bs)
+    dx, br = _run_if(send_ok, link.bwd.receive, link.transport.backward(payload), br)
   # bs lives after the boundary (valid with the forward receive), br before it.
   return dx.astype(dy.dtype), _masked(recv_ok, bs), _masked(send_ok, br)
 

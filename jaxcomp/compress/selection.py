@@ -131,7 +131,9 @@ def kth_largest(s_RxF, k_R, sample: int = SAMPLE) -> jax.Array:
     misses = jnp.where(snapped | halved, 0, misses + 1)
     return keep(new_lo, lo), keep(new_c_lo, c_lo), keep(new_hi, hi), keep(new_c_hi, c_hi), misses
 
-  state = (*bracket, jnp.ones(r, jnp.int32))  # the sample's bracket is too wide to interpolate linearly
+  # misses start at 1: the sample's bracket is too wide to interpolate linearly (`ones_like` varies over the
+  # mesh axes the bracket does: under shard_map with check_vma a loop's carry keeps its type)
+  state = (*bracket, jnp.ones_like(bracket[0]))
   lo = jax.lax.while_loop(lambda s: jnp.any(unresolved(s[0], s[2])), body, state)[0]
   return _float(lo)
 

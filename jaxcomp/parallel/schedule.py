@@ -3,12 +3,12 @@
 A schedule is a `Timing`: stage s runs microbatch m forward at tick stride*m + s and
 backward at tick stride*m + lag - s (`busy`, `microbatch`). At its forward tick a stage runs
 on the input it received, then every boundary b with a microbatch at that tick moves the
-encoded payload from stage b to b+1 with a `ppermute` (`PPermute`); backwards likewise send
-gradients from b+1 to b. A bubble tick runs the no-op branch of the stage switch: no stage
-compute, nothing saved. The program knows statically which boundaries carry a microbatch at
-a tick (idle links issue no collective at all); runs of ticks that repeat the same plan
-period after period are one `lax.scan`, so the program's size (and compile time) does not
-grow with M.
+encoded payload from stage b to b+1 with the op of `jaxcomp.ppermute` (`permute`, along
+`link_perm(b)`); backwards likewise send gradients from b+1 to b. A bubble tick runs the no-op
+branch of the stage switch: no stage compute, nothing saved. The program knows statically
+which boundaries carry a microbatch at a tick (idle links issue no collective at all); runs of
+ticks that repeat the same plan period after period are one `lax.scan`, so the program's size
+(and compile time) does not grow with M.
 
 Two ways to get the backward pass:
 - `run_explicit` (every `SCHEDULES` timing, below): a stage stashes its input at its forward, and at
@@ -26,9 +26,8 @@ import jax.numpy as jnp
 
 from jaxcomp import pipeline
 from jaxcomp.compress import boundary as boundary_mod
-from jaxcomp.compress import packing
-from jaxcomp.compress.boundary import LinkState, Mode, Transport
-from jaxcomp.parallel import layout
+from jaxcomp.compress.boundary import LinkState, Mode
+from jaxcomp.parallel import layout, permute
 from jaxcomp.parallel.mesh import DATA, STAGE
 
 REMAT = ("stage", "none")
@@ -56,21 +55,9 @@ def timing(name: str, num_stages: int, microbatches: int) -> Timing:
   return TIMINGS[name](num_stages, microbatches)
 
 
-@dataclasses.dataclass(frozen=True)
-class PPermute(Transport):
-  """Moves a payload from stage `src` to `src + 1` forward, and back, as bit patterns
-  (`packing.as_bits`: the compiled program sends exactly the payload's bytes)."""
-  src: int = 0
-
-  def forward(self, payload):
-    return _ppermute(payload, [(self.src, self.src + 1)])
-
-  def backward(self, payload):
-    return _ppermute(payload, [(self.src + 1, self.src)])
-
-
-def _ppermute(payload, pairs):
-  return jax.tree.map(lambda a: packing.from_bits(jax.lax.ppermute(packing.as_bits(a), STAGE, pairs), a.dtype), payload)
+def link_perm(b: int) -> permute.Perm:
+  """Boundary b's messages: stage b sends to stage b+1 (its gradients come back)."""
+  return ((b, b + 1),)
 
 
 def phases(num_stages: int, microbatches: int) -> tuple[range, range, range]:
@@ -188,7 +175,8 @@ def stage_step(prog: Program, inp: StepInputs, tick, ms_row, x_buf):
 
 
 def _boundary(prog: Program, b: int):
-  return dataclasses.replace(prog.pipe.boundary, transport=PPermute(b))
+  """Boundary b's op with its transport: the explicit schedules run its halves."""
+  return dataclasses.replace(prog.pipe.boundary, transport=permute.Permute(STAGE, link_perm(b)))
 
 
 def microbatch_size(mbs) -> int:
@@ -216,7 +204,8 @@ def forward_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, fwd_ta
   sent, arrived = layout.gather_rows(fs, fwd_rows, shape), layout.gather_rows(fr, fwd_rows, shape)
   if differentiable:
     link = LinkState(sent, arrived, layout.gather_rows(bs, bwd_rows, shape), layout.gather_rows(br, bwd_rows, shape))
-    (x, (fs_new, fr_new)), idx = _boundary(prog, b)(y, link, key, prog.mode, s == b, s == b + 1), None
+    x, new = permute.CompressedLink(prog.pipe.boundary).ppermute(y, link, STAGE, link_perm(b), key, mode=prog.mode)
+    fs_new, fr_new, idx = new.fwd_send, new.fwd_recv, None
   else:
     x, fs_new, fr_new, idx = boundary_mod.forward_half(_boundary(prog, b), prog.mode, y, sent, arrived, key,
                                                        s == b, s == b + 1)
