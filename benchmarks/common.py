@@ -17,6 +17,18 @@ def median_seconds(fn, *args, repeats: int = 10, warmup: int = 2) -> float:
   return sorted(times)[len(times) // 2]
 
 
+def interleaved_medians(runs: dict, rounds: int, repeats: int = 3) -> dict[str, float]:
+  """Median seconds of each zero-argument run, timed in `rounds` interleaved rounds: machine drift hits all
+  alike, and each round starts one run later, so none always runs first. A sample is `median_seconds` of
+  `repeats` calls after one warm-up call."""
+  samples = {name: [] for name in runs}
+  names = list(runs)
+  for r in range(rounds):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      samples[name].append(median_seconds(runs[name], repeats=repeats, warmup=1))
+  return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
+
+
 def gpt2_parser(doc: str, microbatches: int, models=("tiny", "small"), seq: int | None = 128) -> argparse.ArgumentParser:
   """The flags every GPT-2 benchmark shares: model size, batch, sequence (`seq` None: the benchmark picks it),
   microbatches."""

@@ -15,7 +15,7 @@ import jaxcomp
 from benchmarks.common import (
   gpt2_config,
   gpt2_parser,
-  median_seconds,
+  interleaved_medians,
   ratio_table,
   select,
 )
@@ -55,12 +55,7 @@ def main(argv=None):
 
     jax.block_until_ready(run())  # compile
     runs[name] = run
-  samples = {name: [] for name in runs}
-  names = list(runs)
-  for r in range(args.repeats):
-    for name in names[r % len(names):] + names[:r % len(names)]:  # each round starts one preset later
-      samples[name].append(median_seconds(runs[name], repeats=3, warmup=1))
-  times = {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
+  times = interleaved_medians(runs, args.repeats)
   print(f"device: {jax.devices()[0].device_kind}; GPT-2 {args.model}, 4 stages, {args.executor}, batch "
         f"{args.batch}x{args.seq}, {args.microbatches} microbatches\n")
   print(ratio_table("preset (ms per train step)", times, "fp32"))

@@ -8,6 +8,7 @@ from benchmarks import (
   accelerator_fit,
   aqsgd_buffers,
   codec_throughput,
+  ppermute,
   quantizer_error,
   step_overhead,
   throughput_vs_bandwidth,
@@ -28,6 +29,7 @@ from jaxcomp.parallel import netsim
     pytest.param(aqsgd_buffers, ["--examples", "8", "--batch", "4", "--seq", "8"], "| host + prefetch |",
                  marks=pytest.mark.slow),
     (quantizer_error, ["--relu-shape", "4,2,2,8", "--gauss-shape", "2,4,8", "--bits", "2"], "| authors (SPEC) |"),
+    (ppermute, ["--shape", "2,16,32", "--devices", "2", "--rounds", "1"], "| 2 | `topk:0.1 / reuse` |"),
 ])
 def test_benchmark_prints_its_table(module, argv, expect, capsys):
   module.main(argv)
