@@ -25,3 +25,9 @@ def test_relative_links_resolve():
         if anchor[1:] not in headings:
           broken.append(f"{page.name}: {target}{anchor}")
   assert not broken, broken
+
+
+def test_integrate_quotes_the_example_it_runs_whole():
+  """docs/integrate.md shows examples/gpipe_loop.py as it is (the notebook runs that file), so the page cannot drift."""
+  blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "integrate.md").read_text(), re.S)
+  assert (ROOT / "examples" / "gpipe_loop.py").read_text() in blocks

@@ -30,3 +30,9 @@ def test_quickstart_runs_top_to_bottom(tmp_path, monkeypatch):
   counted = ast.literal_eval(re.search(r"counted: +(\{.*\})", text).group(1))
   compiled = ast.literal_eval(re.search(r"compiled program: +(\{.*\})", text).group(1))
   assert compiled == counted and min(counted.values()) > 0  # part 3: 8 devices, every message read back
+  # part 4: the hand-written GPipe loop and its jaxcomp.ppermute twin, bytes read back from both programs
+  sent = dict(re.findall(r"bytes per step, (\S+): compiled program (fwd [\d,]+ bwd [\d,]+); counted \d+ x wire_bytes = "
+                         r"\2", text))
+  assert set(sent) == {"lax.ppermute", "jaxcomp.ppermute"}, text
+  forward = {name: int(both.split()[1].replace(",", "")) for name, both in sent.items()}
+  assert forward["jaxcomp.ppermute"] < forward["lax.ppermute"] / 4  # 4-bit codes and a scale per channel
