@@ -10,8 +10,8 @@ destination decodes: y_j = C_fwd(x_i). Its custom_vjp sends the cotangent back a
 through the backward codec, dx_i = C_bwd(dy_j) (`bwd="reuse"`: dy_j at the forward TopK positions, values
 alone, as both ends know them), and a device that is no source gets a zero gradient. `fwd="none",
 bwd="none"` is `lax.ppermute` itself. It runs under jit, shard_map (check_vma on or off), lax.scan and
-jax.checkpoint (which recomputes it in the backward pass, sending the forward message again, as it does a
-`lax.ppermute`).
+jax.checkpoint (where the backward pass recomputes the call, its forward message is sent again, as a
+`lax.ppermute`'s is).
 
 Schemes with state (EF, EF21, EF-mixed, AQ-SGD) go through a `CompressedLink`, optax style:
 
