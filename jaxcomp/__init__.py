@@ -16,7 +16,7 @@ from jaxcomp.compress import codecs, schemes
 from jaxcomp.compress.boundary import Boundary, Mode, Reuse
 from jaxcomp.compress.spec import parse_boundary, parse_codec, parse_scheme
 from jaxcomp.parallel import sharded, simulate
-from jaxcomp.parallel.permute import CompressedLink, compressed_link, ppermute
+from jaxcomp.parallel.permute import CompressedLink, compressed_link, ppermute, ppermute_init, ppermute_with_state
 from jaxcomp.pipeline import (
     FlaxStage,
     Pipeline,
@@ -28,5 +28,5 @@ from jaxcomp.pipeline import (
 __all__ = [
     "Boundary", "CompressedLink", "FlaxStage", "Mode", "Pipeline", "Reuse", "TrainState", "codecs",
     "compressed_link", "init_state", "losses", "parse_boundary", "parse_codec", "parse_scheme", "ppermute",
-    "schemes", "sharded", "simulate", "wire_bytes_per_step",
+    "ppermute_init", "ppermute_with_state", "schemes", "sharded", "simulate", "wire_bytes_per_step",
 ]

@@ -283,3 +283,37 @@ def test_aqsgd_without_ids_is_refused():
   with pytest.raises(ValueError, match=r"AQSGD keeps a row per training example: its tables have 100 rows, the "
                                        r"message 2; pass ids="):
     _trace(lambda x: link.ppermute(x, link.init(x), "i", RING)[0])
+
+
+def test_a_pytree_is_sent_leaf_by_leaf():
+  """As lax.ppermute, a pytree of arrays: each leaf is the single-array call, leaf i keyed by fold_in(key, i)."""
+  key = jax.random.key(3)
+  f = lambda x: jaxcomp.ppermute({"a": x, "b": 2 * x}, "i", RING, "maxabs:4:stoch", "maxabs:8", key)
+  tree = _on_mesh(lambda x: f(x)["a"], 1)(X), _on_mesh(lambda x: f(x)["b"], 1)(X)
+  leaf = lambda x, k: jaxcomp.ppermute(x, "i", RING, "maxabs:4:stoch", "maxabs:8", k)
+  single = (_on_mesh(lambda x: leaf(x, jax.random.fold_in(key, 0)), 1)(X),
+            _on_mesh(lambda x: leaf(2 * x, jax.random.fold_in(key, 1)), 1)(X))
+  for got, want in zip(tree, single):
+    assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
+
+
+def test_ppermute_with_state_is_the_link_with_its_state_explicit():
+  """ppermute_init / ppermute_with_state: the same messages and states as compressed_link's, AQ-SGD's table
+  size read from the state."""
+  fwd, bwd = "aqsgd+maxabs:4", "ef21+maxabs:4"
+  link = jaxcomp.compressed_link(fwd, bwd, num_examples=S * B)
+
+  def run(send):
+    def f(x):
+      ids = (jnp.arange(B) + jax.lax.axis_index("i") * B, jnp.arange(B) + (jax.lax.axis_index("i") - 1) % S * B)
+      state = jaxcomp.ppermute_init(x, fwd, bwd, num_examples=S * B)
+      for mode in (Mode.WARMUP, Mode.TRAIN):
+        y, state = send(x * (1 + mode.trains), state, ids, mode)
+      return y, state.fwd_recv.buffer
+    return jax.jit(jax.shard_map(f, mesh=MESH, in_specs=jax.P("i"), out_specs=jax.P("i")))(X)
+
+  ours = run(lambda x, st, ids, mode: jaxcomp.ppermute_with_state(x, st, "i", RING, fwd, bwd, ids=ids, mode=mode))
+  theirs = run(lambda x, st, ids, mode: link.ppermute(x, st, "i", RING, ids=ids, mode=mode))
+  for a, b in zip(ours, theirs):
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+  assert np.abs(np.asarray(ours[1], np.float32)).max() > 0

@@ -13,11 +13,13 @@ bwd="none"` is `lax.ppermute` itself. It runs under jit, shard_map (check_vma on
 jax.checkpoint (where the backward pass recomputes the call, its forward message is sent again, as a
 `lax.ppermute`'s is).
 
-Schemes with state (EF, EF21, EF-mixed, AQ-SGD) go through a `CompressedLink`, optax style:
+Schemes with state (EF, EF21, EF-mixed, AQ-SGD) take and return it as an explicit pytree:
 
-  link = jaxcomp.compressed_link("ef21+topk:0.1", "maxabs:8")
-  state = link.init(x)                                    # zeros: this device's rows
-  y, state = link.ppermute(x, state, axis_name, perm, key)
+  state = jaxcomp.ppermute_init(x, fwd="ef21+topk:0.1", bwd="maxabs:8")   # zeros: this device's rows
+  y, state = jaxcomp.ppermute_with_state(x, state, axis_name, perm, "ef21+topk:0.1", "maxabs:8", key)
+
+or, optax style, with the specs parsed once: `link = jaxcomp.compressed_link(fwd, bwd)`, `link.init(x)`,
+`link.ppermute(x, state, axis_name, perm, key)` (a `CompressedLink`, which says where each part lives).
 
 It is `compress.boundary`'s custom_vjp op with a `Permute` transport. The sharded executor sends every
 stage boundary's messages with the same op (`schedule.forward_exchange`) or, where it runs a backward
@@ -197,9 +199,32 @@ def compressed_link(fwd="maxabs:4", bwd="maxabs:8", num_examples: int | None = N
 
 def ppermute(x, axis_name, perm, fwd="maxabs:4", bwd="maxabs:8", key=None):
   """`jax.lax.ppermute(x, axis_name, perm)` sending x compressed by `fwd` and its gradient by `bwd` (spec
-  strings or codecs; stateless: schemes with state go through `compressed_link`). See the module docstring."""
+  strings or codecs; stateless: schemes with state go through `ppermute_with_state`). `x` is an array or, as
+  for `lax.ppermute`, a pytree of arrays: each leaf is its own message (leaf i of several draws from
+  `fold_in(key, i)`). See the module docstring."""
   link = compressed_link(fwd, bwd)
-  if jax.tree.leaves(jax.eval_shape(link.init, x)):
+  leaves, tree = jax.tree.flatten(x)
+  if any(jax.tree.leaves(jax.eval_shape(link.init, leaf)) for leaf in leaves):
     raise ValueError(f"fwd={fwd!r}, bwd={bwd!r} keep state between calls; thread it with "
-                     "jaxcomp.compressed_link(fwd, bwd): link.init(x) and link.ppermute(x, state, ...)")
-  return link.ppermute(x, link.init(x), axis_name, perm, key)[0]
+                     "jaxcomp.ppermute_with_state (or jaxcomp.compressed_link(fwd, bwd))")
+  keys = [key] if len(leaves) == 1 or key is None else [jax.random.fold_in(key, i) for i in range(len(leaves))]
+  keys = keys * len(leaves) if len(keys) == 1 else keys
+  return jax.tree.unflatten(tree, [link.ppermute(leaf, link.init(leaf), axis_name, perm, k)[0]
+                                   for leaf, k in zip(leaves, keys)])
+
+
+def ppermute_init(x, fwd="maxabs:4", bwd="maxabs:8", num_examples: int | None = None) -> LinkState:
+  """This device's zero state of `ppermute_with_state` for messages like `x` [B, ...] (an array or a
+  ShapeDtypeStruct): `compressed_link(fwd, bwd, num_examples).init(x)`. AQ-SGD needs `num_examples`."""
+  return compressed_link(fwd, bwd, num_examples).init(x)
+
+
+def ppermute_with_state(x, state: LinkState, axis_name, perm, fwd="maxabs:4", bwd="maxabs:8", key=None, *,
+                        ids=None, mode: Mode = Mode.TRAIN, send_ok=True, recv_ok=True):
+  """`ppermute` for schemes with state (EF, EF21, EF-mixed, AQ-SGD): (y, state with new forward parts), the
+  state made by `ppermute_init`. The backward parts are threaded as the boundary threads them: the new state
+  after a step is `CompressedLink.next_state(state, d loss / d state)` (see `CompressedLink`); `ids`, `mode`,
+  `send_ok`, `recv_ok` as in `CompressedLink.ppermute`. AQ-SGD's table size is read from the state."""
+  tables = jax.tree.leaves(state.fwd_send)
+  link = compressed_link(fwd, bwd, tables[0].shape[0] if tables else None)
+  return link.ppermute(x, state, axis_name, perm, key, ids=ids, mode=mode, send_ok=send_ok, recv_ok=recv_ok)
