@@ -271,7 +271,7 @@ def test_a_perm_that_is_no_permutation_is_refused(perm, match):
     ("maxabs:4", 8, r"a compression is a spec string .* got 8"),
     ("maxabs:4", "reuse", r"index reuse needs a single TopK forward message"),
     ("ef21+topk:0.1", "maxabs:8", r"fwd='ef21\+topk:0.1', bwd='maxabs:8' keep state between calls; thread it with "
-                                  r"jaxcomp.compressed_link"),
+                                  r"jaxcomp.ppermute_with_state"),
 ])
 def test_a_bad_spec_is_refused_by_name(fwd, bwd, match):
   with pytest.raises(ValueError, match=match):
