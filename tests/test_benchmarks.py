@@ -16,7 +16,7 @@ from benchmarks import (
   wire_bytes,
 )
 from jaxcomp.compress import spec
-from jaxcomp.parallel import netsim
+from jaxcomp.analysis import netsim
 
 
 @pytest.mark.parametrize("module, argv, expect", [

@@ -9,7 +9,7 @@ import pytest
 
 import jaxcomp
 from experiments import gpt2_wikitext
-from experiments.common import main
+from experiments.cli import main
 from jaxcomp import pipeline
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxcomp.parallel import netsim, schedule
-from jaxcomp.parallel.netsim import Event, Exchange, simulate_step
+from jaxcomp.analysis import netsim
+from jaxcomp.analysis.netsim import Event, Exchange, simulate_step
+from jaxcomp.parallel import schedule
 
 # With bandwidth_bps = 8, sending n bytes takes n seconds: hand timelines stay readable.
 BW8 = 8.0

@@ -48,7 +48,8 @@ def _fit(tmp, epochs, resume=False, data=None, pipe=None, executor=simulate.Simu
 
 def _host(tables_dir=None):
   """A new host-buffered executor (fresh zero tables, as in a new process)."""
-  return hostbuffer.HostBuffered.for_pipeline(_pipe(), _data().example_batch, tables_dir)
+  batch = _data().example_batch
+  return hostbuffer.HostBuffered(hostbuffer.HostTables.for_pipeline(_pipe(), batch, tables_dir), len(batch["id"]))
 
 
 def _assert_same_as_device(state, history, host, device_run):

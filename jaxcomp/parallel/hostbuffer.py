@@ -108,6 +108,12 @@ class HostTables:
                                                shape=(num_examples, *r))
                      for b, r in enumerate(row_shapes)]
 
+  @classmethod
+  def for_pipeline(cls, pipe: pipeline.Pipeline, batch, directory=None) -> "HostTables":
+    """New tables for `pipe`'s AQ-SGD boundaries and batches like `batch` (the size check first)."""
+    fwd = _aqsgd(pipe)
+    return cls(fwd.num_examples, table_rows(pipe, batch), fwd.buffer_dtype, directory)
+
   def gather(self, ids) -> list[np.ndarray]:
     return [t[ids] for t in self.tables]
 
@@ -165,32 +171,33 @@ class HostBufferedStep:
       self.pool.shutdown()
 
 
+@dataclasses.dataclass(frozen=True)
 class HostBuffered(simulate.Simulate):
   """The executor protocol of `simulate` with the AQ-SGD tables in `tables` instead of the train state.
 
   The caller's pipeline (AQSGD over N examples) runs on the device as AQSGD over the B rows
   of one batch; every train step is a HostBufferedStep. Evaluation never reads the tables.
   `host_state` (the tables) is what train.fit saves with each checkpoint and restores on resume.
-  `tables` start as given: one new HostTables per run.
+  `tables` start as given: one new HostTables per run (`HostTables.for_pipeline`); without them
+  (None) the executor's programs are traced and compiled (dry runs), not run.
   """
 
-  def __init__(self, tables: HostTables, batch_size: int, prefetch: bool = True):
-    self.tables, self.batch_size, self.prefetch = tables, batch_size, prefetch
-
-  @classmethod
-  def for_pipeline(cls, pipe: pipeline.Pipeline, batch, directory=None, prefetch: bool = True):
-    """New tables for `pipe`'s AQ-SGD boundaries and batches like `batch`; HostTables's check first."""
-    fwd = _aqsgd(pipe)
-    tables = HostTables(fwd.num_examples, table_rows(pipe, batch), fwd.buffer_dtype, directory)
-    return cls(tables, len(batch["id"]), prefetch)
+  tables: HostTables | None
+  batch_size: int
+  prefetch: bool = True
 
   @property
-  def host_state(self) -> list[np.ndarray]:
-    return self.tables.tables
+  def host_state(self) -> list[np.ndarray] | None:
+    return None if self.tables is None else self.tables.tables
+
+  def _device(self, pipe: pipeline.Pipeline) -> pipeline.Pipeline:
+    return device_pipeline(pipe, self.batch_size)
 
   def init_state(self, pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None):
     """`simulate.init_state` of the device pipeline; ValueError if `pipe` or `batch` do not match the tables."""
-    state = simulate.init_state(device_pipeline(pipe, self.batch_size), optimizer, rng, batch, params)
+    if self.tables is None:
+      raise ValueError("HostBuffered without tables traces and compiles steps only; give it HostTables to train")
+    state = super().init_state(self._device(pipe), optimizer, rng, batch, params)
     expected = [(len(t), *t.shape[1:]) for t in self.tables.tables]
     got = [(pipe.boundary.fwd.num_examples, *link.fwd_send.buffer.shape[1:]) for link in state.links]
     if got != expected or len(batch["id"]) != self.batch_size:
@@ -199,11 +206,19 @@ class HostBuffered(simulate.Simulate):
     return state
 
   def make_train_step(self, pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation, mode: Mode = Mode.TRAIN):
-    return HostBufferedStep(simulate.make_train_step(device_pipeline(pipe, self.batch_size), optimizer, mode),
-                            self.tables, self.prefetch)
+    return HostBufferedStep(super().make_train_step(self._device(pipe), optimizer, mode), self.tables, self.prefetch)
 
   def make_eval_step(self, pipe: pipeline.Pipeline, compressed: bool):
-    return simulate.make_eval_step(device_pipeline(pipe, self.batch_size), compressed)
+    return super().make_eval_step(self._device(pipe), compressed)
 
   def wire_bytes_per_step(self, pipe: pipeline.Pipeline, batch, mode: Mode = Mode.TRAIN) -> dict[str, int]:
-    return simulate.wire_bytes_per_step(device_pipeline(pipe, self.batch_size), batch, mode)
+    return super().wire_bytes_per_step(self._device(pipe), batch, mode)
+
+  def state_shapes(self, pipe, optimizer, batch):
+    return super().state_shapes(self._device(pipe), optimizer, batch)
+
+  def trace_step(self, pipe, optimizer, mode, state, batch):
+    return super().trace_step(self._device(pipe), optimizer, mode, state, batch)
+
+  def describe(self) -> str:
+    return super().describe() + ", AQ-SGD tables in host memory"

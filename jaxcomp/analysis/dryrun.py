@@ -1,11 +1,14 @@
 """Compile a run's train and eval steps for a target accelerator and report what its compiler says; run nothing.
 
-    report = dryrun.compile_for(targets.target("v5e-1"), pipe, optimizer, batch_shapes)
+    target = targets.target("v5e-1")
+    executor = simulate.Simulate(device=targets.compile_only_devices(target)[0])
+    report = dryrun.compile_for(target, executor, pipe, optimizer, batch_shapes)
     print(report.text()); report.fits
 
-The train state and the batch are abstract (`jax.eval_shape`: no parameter is allocated, no data
-read) and placed on the target's compile-only devices (`targets.compile_only_devices`). Per
-device, for each step:
+The executor is built for the target's compile-only devices (`targets.compile_only_devices`) and used
+through its contract alone (`pipeline.Executor`): the train state and the batch are abstract
+(`state_shapes`, `batch_shapes`: no parameter is allocated, no data read) and the steps are its
+`trace_step`s. Per device, for each step:
   memory   XLA's memory analysis of the compiled program: arguments + outputs - donated
            (aliased) + temporaries = the step's peak, against the chip's HBM;
   FLOPs    matrix FLOPs of the step's jaxpr (`flops.count`: per device, loop bodies x trips,
@@ -14,41 +17,23 @@ device, for each step:
   time     an estimate, not a measurement: max(FLOPs / the chip's published peak for the
            operand type, traffic / its HBM bandwidth);
 and the bytes the target's compiled collectives send (`hlo_bytes.collective_bytes`) next to
-what the boundaries count (`Executor.wire_bytes_per_step`).
+what the boundaries count (`Executor.wire_bytes_per_step`). A report states facts (what fits, how
+much the AQ-SGD tables take); what to change is the caller's to say (`DryRun.text(advice)`).
 """
 import dataclasses
 import re
 import time
-from typing import Any
 
 import jax
+import numpy as np
 import optax
-from jax.sharding import NamedSharding, SingleDeviceSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import SingleDeviceSharding
 
 from jaxcomp import pipeline
+from jaxcomp.analysis import flops, hlo_bytes, targets
 from jaxcomp.compress import schemes
 from jaxcomp.compress.boundary import LinkState, Mode
-from jaxcomp.parallel import flops, hlo_bytes, hostbuffer, sharded, simulate
-from jaxcomp.runtime import targets
-
-EXECUTORS = ("simulate", "gpipe")
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-  """How the run is laid out on the target's devices (the experiment CLIs' flags of the same names)."""
-  executor: str = "simulate"  # one device, or stages across devices (`sharded.ShardedExecutor`)
-  data: int = 1  # data-parallel replicas (gpipe)
-  schedule: str = "gpipe"  # gpipe | 1f1b | 1f1b-fused (gpipe executor)
-  grad_scheme: Any = None  # data-parallel gradient compression (gpipe)
-  aqsgd_buffers: str = "device"  # "device" | "host": AQ-SGD tables in host memory (simulate)
-
-  def __post_init__(self):
-    if self.executor not in EXECUTORS:
-      raise ValueError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
-    if self.aqsgd_buffers not in ("device", "host"):
-      raise ValueError(f"aqsgd_buffers must be 'device' or 'host' for a compile, got {self.aqsgd_buffers!r}")
+from jaxcomp.parallel.mesh import STAGE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,10 +67,10 @@ class Step:
 @dataclasses.dataclass(frozen=True)
 class DryRun:
   target: targets.Target
-  plan: Plan
-  layout: str  # "simulate on 1 of 8 chips", "gpipe: 4 stages x 2 data, 1f1b"
+  layout: str  # "sharded: 4 stages x 2 data, schedule 1f1b; 2 microbatches; on 8 TPU v5e chips"
   steps: tuple  # Step per compiled step (train, eval); empty when the compiler ran out of memory
   counted: dict  # wire_bytes_per_step: fwd, bwd (and data) the boundaries count
+  compared: tuple  # the ways of `counted` the compiled collectives carry (`Executor.collective_ways`)
   aqsgd_table_bytes: int  # per device, in the train state (0: none or in host memory)
   error: str = ""  # the compiler's RESOURCE_EXHAUSTED message, when it refused
 
@@ -104,23 +89,8 @@ class DryRun:
   def fits(self) -> bool:
     return not self.error and self.peak_bytes <= self.target.chip.hbm_bytes
 
-  def suggestions(self) -> list[str]:
-    """Flags that would lower the peak, for a run that does not fit."""
-    out = []
-    hbm, plan = self.target.chip.hbm_bytes, self.plan
-    if self.aqsgd_table_bytes > hbm / 4:
-      out.append(f"--aqsgd-buffers host (the AQ-SGD tables take {self.aqsgd_table_bytes / 2**30:.1f} GiB per device;"
-                 " host buffers need --executor simulate)")
-    if plan.executor == "simulate" and self.target.devices > 1:
-      out.append(f"--executor gpipe (each of the {self.target.devices} chips holds its stage only)")
-    if plan.executor == "gpipe":
-      if plan.schedule == "gpipe":
-        out.append("--schedule 1f1b (a stage stashes at most S-s microbatch inputs, not M)")
-      out.append("more --stages (fewer blocks per chip), or more --microbatches (smaller activations per tick)")
-    out.append("a smaller --batch-size")
-    return out
-
-  def text(self) -> str:
+  def text(self, advice=()) -> str:
+    """The report; `advice` (what the caller would change, e.g. flags) follows a step that does not fit."""
     chip, lines = self.target.chip, [f"compile for {self.target.describe()}", f"layout: {self.layout}"]
     if self.steps:
       lines += ["| step | compile s | arguments GiB | outputs GiB | donated GiB | temporaries GiB | peak GiB / HBM "
@@ -137,7 +107,7 @@ class DryRun:
       missing = max(self.peak_bytes - chip.hbm_bytes, 0)
       why = f" (the compiler: {self.error})" if self.error else ""
       lines.append(f"does not fit: needs {self.peak_bytes / 2**30:.2f} GiB of {chip.hbm_bytes / 2**30:g} GiB HBM per "
-                   f"device, {missing / 2**30:.2f} GiB missing{why}; try: " + "; ".join(self.suggestions()))
+                   f"device, {missing / 2**30:.2f} GiB missing{why}" + ("; try: " + "; ".join(advice) if advice else ""))
     if self.steps:
       train = self.steps[0]
       lines.append(f"estimated train step: {1e3 * train.estimated_s(chip):.1f} ms per device "
@@ -148,22 +118,23 @@ class DryRun:
 
   def wire_text(self) -> str:
     counted = ", ".join(f"{k} {v:,}" for k, v in self.counted.items())
-    if self.plan.executor == "simulate":
-      return f"counted {counted} (simulate: one device, no link in the program)"
+    if not self.compared:
+      return f"counted {counted} (one device: no link in the program)"
     sent = self.steps[0].collectives
-    ways = ("fwd", "bwd") + (("data",) if self.plan.grad_scheme is not None and self.plan.data > 1 else ())
-    same = all(sent[k] == self.counted.get(k) for k in ways)
-    return (f"counted {counted}; the target's compiled collectives send " + ", ".join(f"{k} {sent[k]:,}" for k in ways)
-            + (" (equal)" if same else " (DIFFERENT)"))
+    same = all(sent[k] == self.counted.get(k) for k in self.compared)
+    return (f"counted {counted}; the target's compiled collectives send "
+            + ", ".join(f"{k} {sent[k]:,}" for k in self.compared) + (" (equal)" if same else " (DIFFERENT)"))
 
 
 def _abstract(tree, sharding):
   return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
 
 
-def _compile(name, jitted, *args, platform: str, num_stages: int | None) -> Step:
+def _measure(name, trace, platform: str, num_stages: int | None) -> Step:
+  """What the compiler says of the program `trace()` (a `jax.stages.Traced`) gives: trace, lowering and
+  compiling are timed together."""
   start = time.perf_counter()
-  traced = jitted.trace(*args)
+  traced = trace()
   compiled = traced.lower().compile()
   seconds = time.perf_counter() - start
   memory, text = compiled.memory_analysis(), compiled.as_text()
@@ -172,61 +143,59 @@ def _compile(name, jitted, *args, platform: str, num_stages: int | None) -> Step
               hlo_bytes.collective_bytes(text, num_stages))
 
 
+def _stages(executor: pipeline.Executor) -> int | None:
+  """The stage count of the executor's mesh (how `hlo_bytes.collective_bytes` numbers its devices)."""
+  return None if executor.mesh is None else executor.mesh.shape[STAGE]
+
+
+def collective_bytes(executor: pipeline.Executor, pipe: pipeline.Pipeline, optimizer, state, batch,
+                     mode: Mode = Mode.TRAIN) -> dict[str, int]:
+  """Bytes the collectives of the executor's compiled step of `mode` send per call, all devices: fwd, bwd,
+  data (`hlo_bytes.collective_bytes` of `Executor.trace_step`'s program)."""
+  text = executor.trace_step(pipe, optimizer, mode, state, batch).lower().compile().as_text()
+  return hlo_bytes.collective_bytes(text, _stages(executor))
+
+
 def compile_op(target: targets.Target, name: str, fn, *args, devices=None) -> Step:
   """One function compiled for one device of `target`, its arguments abstract (arrays or ShapeDtypeStructs,
   placed on that device): what the target's compiler says of it, as a `Step` (`Step.estimated_s` is its roofline
   time). `devices`: the target's compile-only devices, when the caller already has them."""
   device = (devices or targets.compile_only_devices(target))[0]
   args = _abstract(args, SingleDeviceSharding(device))
-  return _compile(name, jax.jit(fn), *args, platform=target.platform, num_stages=None)
+  return _measure(name, lambda: jax.jit(fn).trace(*args), target.platform, None)
 
 
-def _table_bytes(pipe: pipeline.Pipeline, links) -> int:
-  """Bytes of the per-example AQ-SGD tables in a train state's links (a LinkState per boundary, or
-  the sharded executor's one LinkState of stacked tables)."""
+def _table_bytes(pipe: pipeline.Pipeline, state) -> int:
+  """Bytes per device of the per-example AQ-SGD tables in an abstract train state (each table's shard)."""
   if not isinstance(pipe.boundary.fwd, schemes.AQSGD):
     return 0
-  links = [links] if isinstance(links, LinkState) else links
-  return sum(a.size * a.dtype.itemsize for link in links for a in jax.tree.leaves((link.fwd_send, link.fwd_recv)))
+  links = jax.tree.leaves(state.links, is_leaf=lambda x: isinstance(x, LinkState))
+  tables = jax.tree.leaves([(link.fwd_send, link.fwd_recv) for link in links])
+  shard = lambda a: a.sharding.shard_shape(a.shape)
+  return sum(int(np.prod(shard(a), dtype=np.int64)) * a.dtype.itemsize for a in tables)
 
 
-def compile_for(target: targets.Target, pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation, batch,
-                plan: Plan = Plan(), steps=("train", "eval")) -> DryRun:
-  """Compiles the train step (Mode.TRAIN) and the compressed eval step for `target`; `batch` is a
-  tree of arrays or ShapeDtypeStructs (the global batch). A compiler that runs out of device memory
-  gives a DryRun with `error` set and `fits` False; other failures raise."""
-  devices = targets.compile_only_devices(target)
-  if plan.aqsgd_buffers == "host":
-    if plan.executor != "simulate" or not isinstance(pipe.boundary.fwd, schemes.AQSGD):
-      raise ValueError("host AQ-SGD buffers need the simulate executor and an aqsgd+ forward spec")
-    pipe = hostbuffer.device_pipeline(pipe, jax.tree.leaves(batch)[0].shape[0])
-  if plan.executor == "simulate":
-    place = SingleDeviceSharding(devices[0])
-    abstract_state = jax.eval_shape(lambda b: pipeline.init_state(pipe, optimizer, jax.random.key(0), b), batch)
-    state = _abstract(abstract_state, place)
-    batch = _abstract(batch, place)
-    build = {"train": lambda: simulate.make_train_step(pipe, optimizer, Mode.TRAIN),
-             "eval": lambda: simulate.make_eval_step(pipe, True)}
-    layout = f"simulate on one {target.chip.name}" + (f" of {len(devices)}" if len(devices) > 1 else "")
-    counted = simulate.wire_bytes_per_step(pipe, batch)
-    tables = _table_bytes(pipe, state.links)
-  else:
-    ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages, plan.data, devices), plan.grad_scheme, schedule=plan.schedule)
-    state = ex.state_shapes(pipe, optimizer, batch)
-    batch = _abstract(batch, NamedSharding(ex.mesh, P(sharded.DATA)))
-    build = {"train": lambda: ex.build_step(pipe, optimizer, Mode.TRAIN, True, state, batch),
-             "eval": lambda: ex.build_step(pipe, None, Mode.EVAL_COMPRESSED, False, state, batch)}
-    layout = (f"gpipe: {pipe.num_stages} stages x {plan.data} data on {pipe.num_stages * plan.data} of "
-              f"{len(devices)} chips, schedule {plan.schedule}, {pipe.microbatches} microbatches")
-    counted = ex.wire_bytes_per_step(pipe, batch)
-    tables = _table_bytes(pipe, state.links) // (pipe.num_stages * plan.data)
+def compile_for(target: targets.Target, executor: pipeline.Executor, pipe: pipeline.Pipeline,
+                optimizer: optax.GradientTransformation, batch, steps=("train", "eval")) -> DryRun:
+  """Compiles the train step (Mode.TRAIN) and the compressed eval step of `executor` (built for the target's
+  compile-only devices) for `target`; `batch` is a tree of arrays or ShapeDtypeStructs (the global batch). A
+  compiler that runs out of device memory gives a DryRun with `error` set and `fits` False; other failures raise."""
+  state = executor.state_shapes(pipe, optimizer, batch)
+  batch = executor.batch_shapes(batch)
+  modes = {"train": Mode.TRAIN, "eval": Mode.EVAL_COMPRESSED}
+  devices = 1 if executor.mesh is None else executor.mesh.size
+  layout = (f"{executor.describe()}; {pipe.microbatches} microbatches; on "
+            + (f"one {target.chip.name}" if devices == 1 else f"{devices} {target.chip.name} chips")
+            + (f" of {target.devices}" if target.devices > devices else ""))
+  counted = executor.wire_bytes_per_step(pipe, batch)
+  tables = _table_bytes(pipe, state)
+  compared = executor.collective_ways(Mode.TRAIN)
   try:
-    stages = pipe.num_stages if plan.executor == "gpipe" else None
-    compiled = tuple(_compile(name, build[name](), state, batch, platform=target.platform, num_stages=stages)
-                     for name in steps)
+    compiled = tuple(_measure(name, lambda mode=modes[name]: executor.trace_step(pipe, optimizer, mode, state, batch),
+                              target.platform, _stages(executor)) for name in steps)
   except jax.errors.JaxRuntimeError as err:
     if "RESOURCE_EXHAUSTED" not in str(err):
       raise
     message = re.sub(r"\s+", " ", str(err).split("RESOURCE_EXHAUSTED:", 1)[1]).strip()
-    return DryRun(target, plan, layout, (), counted, tables, message[:300])
-  return DryRun(target, plan, layout, compiled, counted, tables)
+    return DryRun(target, layout, (), counted, compared, tables, message[:300])
+  return DryRun(target, layout, compiled, counted, compared, tables)
