@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxcomp.arguments import is_integer
 from jaxcomp.compress import codecs, schemes
 from jaxcomp.compress.boundary import Boundary, LinkState, Mode
 
@@ -128,7 +129,7 @@ class Pipeline:
     if len(self.stages) < 1:
       raise ValueError("a pipeline needs at least one stage")
     m = self.microbatches
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+    if not is_integer(m) or m < 1:
       raise ValueError(f"microbatches must be a positive integer, got {m!r}")
 
   @property
@@ -217,12 +218,17 @@ def activation_shapes(pipe: Pipeline, batch) -> list:
   return boundary_shapes(pipe, state.params, state.model_state, microbatch_shapes(batch, pipe.microbatches)[pipe.input_key])
 
 
+def free_host_bytes() -> int:
+  """Free host RAM."""
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
 def available_memory_bytes() -> int:
   """Free memory of the default device (accelerator limit, or host RAM on CPU)."""
   stats = jax.local_devices()[0].memory_stats() or {}
   if "bytes_limit" in stats:
     return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
-  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+  return free_host_bytes()
 
 
 class TablesDoNotFit(ValueError):

@@ -16,7 +16,6 @@ fresh values (the read-after-write hazard), so the prefetched rows are never sta
 """
 import concurrent.futures
 import dataclasses
-import os
 import pathlib
 import shutil
 
@@ -72,7 +71,7 @@ def device_summary(pipe: pipeline.Pipeline, batch) -> str:
 def free_bytes(directory=None) -> int:
   """Free host RAM, or free disk space where `directory` is (or would be created)."""
   if directory is None:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return pipeline.free_host_bytes()
   existing = pathlib.Path(directory).absolute()
   while not existing.exists():
     existing = existing.parent
@@ -131,17 +130,21 @@ def _with_rows(state, rows):
   return state._replace(links=links)
 
 
+PREFETCH_THREAD = "aqsgd-prefetch"  # the name of a HostBufferedStep's thread
+
+
 class HostBufferedStep:
   """Wraps a (simulate-layout) train step so AQ-SGD rows come from and go back to `tables`.
 
   Called as step(state, batch, next_ids): `next_ids` (the next batch's "id", or None) are
-  gathered ahead while the device runs; `takes_next_ids` tells train.fit to pass them.
+  gathered ahead while the device runs, by a thread that `close` ends; `takes_next_ids` tells
+  train.fit to pass them.
   """
   takes_next_ids = True
 
   def __init__(self, step, tables: HostTables, prefetch: bool = True):
     self.step, self.tables, self.prefetch = step, tables, prefetch
-    self.pool = concurrent.futures.ThreadPoolExecutor(1) if prefetch else None
+    self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=PREFETCH_THREAD) if prefetch else None
     self.pending = None  # (ids, rows) gathered ahead for the next batch
 
   def __call__(self, state, batch, next_ids=None):
@@ -167,6 +170,7 @@ class HostBufferedStep:
     return state, metrics
 
   def close(self):
+    """Ends the prefetch thread (`train.fit` calls it when a run ends)."""
     if self.pool:
       self.pool.shutdown()
 
