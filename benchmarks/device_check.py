@@ -399,8 +399,11 @@ class Check:
     start = time.monotonic()
     argv = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *TEST_FILES[self.args.tiny]]
     try:
+      # on an accelerator, XLA's defaults: tests/conftest.py adds its fake CPU devices and XLA:CPU's fast-compile
+      # flags only where XLA_FLAGS is unset
+      flags = {} if plat == "cpu" else {"XLA_FLAGS": ""}
       done = subprocess.run(argv, capture_output=True, text=True, timeout=max(1.0, self.left()), cwd=ROOT,
-                            env=self.env(JAX_PLATFORMS=plat))
+                            env=self.env(JAX_PLATFORMS=plat, **flags))
       lines, rc = done.stdout.strip().splitlines(), done.returncode
     except subprocess.TimeoutExpired as err:
       lines, rc = (err.stdout.decode() if isinstance(err.stdout, bytes) else err.stdout or "").splitlines(), None
