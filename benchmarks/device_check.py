@@ -22,7 +22,7 @@ the time budget would not hold it; `device_check.json` and `device_check.md` are
               beside what steps:small measured; it runs in the background from the start
   sharded     the sharded executor on a 1-stage mesh of this device (a 1-stage GPT-2: no boundary) against
               simulate on the same state and batch: the losses of 3 steps and the step times
-  tests       `pytest -x -q` on the codec, scheme and boundary tests with this device as JAX's backend
+  tests       `pytest -x` (-q from pyproject) on the codec, scheme and boundary tests with this device as JAX's backend
               (JAX_PLATFORMS, which tests/conftest.py leaves as it finds it)
   steps:medium, steps:xl  as steps:small for GPT-2 medium and XL (fp32, top10-reuse, aqsgd-fw2-bw4)
 `--tiny`: every section at toy sizes (GPT-2 tiny, 32-token blocks, [2, 16, 64] activations, one test file), in
@@ -397,7 +397,7 @@ class Check:
   def tests(self):
     plat = self.results["sections"].get("provenance", {}).get("platform", "cpu")
     start = time.monotonic()
-    argv = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *TEST_FILES[self.args.tiny]]
+    argv = [sys.executable, "-m", "pytest", "-x", "-p", "no:cacheprovider", *TEST_FILES[self.args.tiny]]  # -q: addopts
     try:
       # on an accelerator, XLA's defaults: tests/conftest.py adds its fake CPU devices and XLA:CPU's fast-compile
       # flags only where XLA_FLAGS is unset
