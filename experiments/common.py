@@ -86,7 +86,7 @@ UNSET_MEANS = {"steps": "every epoch's", "train_examples": "all", "eval_examples
                "grad_compression": "none, the dense mean", "bottleneck": "none"}  # --help's words for None
 COMPRESSION_KEYS = ("fwd", "bwd", "warmup_epochs", "init_epoch", "grad_compression")
 RESUMABLE = ("epochs", "steps", "resume", "no_progress", "out", "coordinator", "num_processes", "process_id",
-             "compile_for")
+             "compile_for", "train_only")
 # (may change when a run is resumed: where it runs is not what it computes)
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
@@ -139,6 +139,9 @@ def parser_for(exp: Experiment) -> argparse.ArgumentParser:
                         help="compile the run's steps for an accelerator and report memory, FLOPs, an estimated step "
                              "time and wire bytes; train nothing, read no data (exit 0: fits, 1: does not). TARGET: "
                              f"{', '.join(targets.TARGETS)}")
+  parallel.add_argument("--train-only", action="store_true",
+                        help="with --compile-for: compile the train step alone, not the eval step too (it takes "
+                             "about half the train step's compile again)")
   parallel.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (jax.distributed)")
   parallel.add_argument("--num-processes", type=int, help="number of processes in the run")
   parallel.add_argument("--process-id", type=int, help="this process's index, 0..N-1")
@@ -443,7 +446,8 @@ def compile_run(exp: Experiment, config: dict) -> dryrun.DryRun:
   print(f"[{exp.name}] --compile-for {target.name}: run {config['run_name']}; fwd {config['fwd']}, bwd {config['bwd']}; "
         f"{pipe.num_stages} stages x {pipe.microbatches} microbatches; batch "
         + ", ".join(f"{k} {tuple(v.shape)} {v.dtype}" for k, v in batch.items()) + (f"; {assumed}" if assumed else ""))
-  report = dryrun.compile_for(target, pipe, optimizer, batch, plan)
+  report = dryrun.compile_for(target, pipe, optimizer, batch, plan, ("train",) if config.get("train_only") else
+                              ("train", "eval"))
   print(report.text())
   return report
 
@@ -474,6 +478,8 @@ def main(exp: Experiment, argv=None):
       if args.list_presets:
         print(preset_table(exp, args))
         return None
+      if args.train_only and not args.compile_for:
+        raise ValueError("--train-only chooses what --compile-for compiles; add --compile-for TARGET")
       if args.compile_for:
         targets.prepare_host(targets.target(args.compile_for))  # before any backend starts
         if not compile_run(exp, resolve(exp, args)).fits:

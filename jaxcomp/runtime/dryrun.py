@@ -161,7 +161,11 @@ def _abstract(tree, sharding):
   return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
 
 
-def _compile(name, jitted, *args, platform: str, num_stages: int | None) -> Step:
+def compile_step(name, jitted, *args, platform: str, num_stages: int | None = None):
+  """(what the compiler says of `jitted(*args)` as a `Step`, the compiled program). The arguments may be
+  abstract, on compile-only devices, or real arrays: the program then runs (`benchmarks.device_check` sets the
+  dry run's figures beside a run of the very program they describe). `platform`: what `flops.count` counts
+  for ("tpu", "cuda", "cpu"); `num_stages`: for the collectives' fwd/bwd split (None: no collectives)."""
   start = time.perf_counter()
   traced = jitted.trace(*args)
   compiled = traced.lower().compile()
@@ -169,7 +173,7 @@ def _compile(name, jitted, *args, platform: str, num_stages: int | None) -> Step
   memory, text = compiled.memory_analysis(), compiled.as_text()
   return Step(name, seconds, memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.alias_size_in_bytes,
               memory.temp_size_in_bytes, flops.count(traced.jaxpr, platform), hlo_bytes.memory_bytes(text),
-              hlo_bytes.collective_bytes(text, num_stages))
+              hlo_bytes.collective_bytes(text, num_stages)), compiled
 
 
 def compile_op(target: targets.Target, name: str, fn, *args, devices=None) -> Step:
@@ -178,7 +182,7 @@ def compile_op(target: targets.Target, name: str, fn, *args, devices=None) -> St
   time). `devices`: the target's compile-only devices, when the caller already has them."""
   device = (devices or targets.compile_only_devices(target))[0]
   args = _abstract(args, SingleDeviceSharding(device))
-  return _compile(name, jax.jit(fn), *args, platform=target.platform, num_stages=None)
+  return compile_step(name, jax.jit(fn), *args, platform=target.platform)[0]
 
 
 def _table_bytes(pipe: pipeline.Pipeline, links) -> int:
@@ -222,7 +226,7 @@ def compile_for(target: targets.Target, pipe: pipeline.Pipeline, optimizer: opta
     tables = _table_bytes(pipe, state.links) // (pipe.num_stages * plan.data)
   try:
     stages = pipe.num_stages if plan.executor == "gpipe" else None
-    compiled = tuple(_compile(name, build[name](), state, batch, platform=target.platform, num_stages=stages)
+    compiled = tuple(compile_step(name, build[name](), state, batch, platform=target.platform, num_stages=stages)[0]
                      for name in steps)
   except jax.errors.JaxRuntimeError as err:
     if "RESOURCE_EXHAUSTED" not in str(err):
