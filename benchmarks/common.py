@@ -29,6 +29,22 @@ def interleaved_medians(runs: dict, rounds: int, repeats: int = 3) -> dict[str, 
   return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
 
 
+def pipelined_seconds(fn, *args, calls: int = 10, repeats: int = 5, warmup: int = 2) -> float:
+  """Seconds per call of fn(*args) when `calls` run back to back, synchronised once at the end: an
+  accelerator's time for work shorter than a synchronisation's round trip (a GPU copy of 25 MB takes
+  ~15 us). The median over `repeats` such runs."""
+  for _ in range(warmup):
+    jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    out = [fn(*args) for _ in range(calls)]
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - start) / calls)
+    del out
+  return sorted(times)[len(times) // 2]
+
+
 def gpt2_parser(doc: str, microbatches: int, models=("tiny", "small"), seq: int | None = 128) -> argparse.ArgumentParser:
   """The flags every GPT-2 benchmark shares: model size, batch, sequence (`seq` None: the benchmark picks it),
   microbatches."""

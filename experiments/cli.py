@@ -85,6 +85,9 @@ def parser_for(exp: config.Experiment) -> argparse.ArgumentParser:
                         help="compile the run's steps for an accelerator and report memory, FLOPs, an estimated step "
                              "time and wire bytes; train nothing, read no data (exit 0: fits, 1: does not). TARGET: "
                              f"{', '.join(targets.TARGETS)}")
+  parallel.add_argument("--train-only", action="store_true",
+                        help="with --compile-for: compile the train step alone, not the eval step too (it takes "
+                             "about half the train step's compile again)")
   parallel.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (jax.distributed)")
   parallel.add_argument("--num-processes", type=int, help="number of processes in the run")
   parallel.add_argument("--process-id", type=int, help="this process's index, 0..N-1")
@@ -172,7 +175,8 @@ def compile_run(exp: config.Experiment, cfg: config.RunConfig) -> dryrun.DryRun:
   print(f"[{exp.name}] --compile-for {target.name}: run {cfg.output.run_name}; fwd {cfg.compression.fwd}, bwd "
         f"{cfg.compression.bwd}; {pipe.num_stages} stages x {pipe.microbatches} microbatches; batch "
         + ", ".join(f"{k} {tuple(v.shape)} {v.dtype}" for k, v in batch.items()) + (f"; {assumed}" if assumed else ""))
-  report = dryrun.compile_for(target, executor, pipe, optimizer, batch)
+  report = dryrun.compile_for(target, executor, pipe, optimizer, batch,
+                              ("train",) if cfg.launch.train_only else ("train", "eval"))
   print(dry_run_text(report, cfg))
   return report
 
@@ -193,6 +197,8 @@ def main(exp: config.Experiment, argv=None):
       if args.list_presets:
         print(preset_table(exp, args))
         return None
+      if args.train_only and not args.compile_for:
+        raise ValueError("--train-only chooses what --compile-for compiles; add --compile-for TARGET")
       if args.compile_for:
         targets.prepare_host(targets.target(args.compile_for))  # before any backend starts
         if not compile_run(exp, config_from_args(exp, args)).fits:

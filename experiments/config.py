@@ -80,6 +80,7 @@ class LaunchConfig:
   num_processes: int | None = None
   process_id: int | None = None
   compile_for: str | None = None
+  train_only: bool = False  # a dry run compiles the train step alone
 
 
 SECTIONS = {"executor": ExecutorConfig, "compression": CompressionConfig, "training": TrainingConfig,
@@ -91,7 +92,7 @@ RUN_DEFAULTS = {name: field.default for name in ("executor", "schedule", "data_p
                 for section in SECTIONS.values() for field in dataclasses.fields(section) if field.name == name}
 # may change when a run is resumed: where and how long it runs is not what it computes
 RESUMABLE = ("epochs", "steps", "resume", "no_progress", "out", "coordinator", "num_processes", "process_id",
-             "compile_for")
+             "compile_for", "train_only")
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:

@@ -20,15 +20,10 @@ import json
 import math
 import pathlib
 
-import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from experiments import config, gpt2_wikitext  # noqa: E402
-from experiments import runner  # noqa: E402
-from jaxcomp.data import batching  # noqa: E402
+from experiments import config, gpt2_wikitext, plots, runner
+from jaxcomp.data import batching
 
 BWD4 = "maxabs:4:stoch"
 METHODS = {  # name -> (forward spec, backward spec, warm-up epochs[, bottleneck]); the reference and new codecs first
@@ -182,6 +177,7 @@ def table(rows: list[dict]) -> str:
 
 def plot(rows: list[dict], path: pathlib.Path, title: str) -> pathlib.Path:
   front = sorted((r for r in rows if r["method"] in pareto(rows)), key=lambda r: r["bytes"])
+  plt = plots.pyplot()
   fig, ax = plt.subplots(figsize=(8, 5))
   for r in rows:
     colour = "tab:red" if r["per_example_buffers"] else "tab:blue"

@@ -3,15 +3,21 @@
 Rows are groups of runs that differ only by seed (`report.by_seed`); a row's line or point is the
 mean over its seeds, with ± sample std as a band or error bar. Files are replaced atomically.
 """
+import functools
 import os
 import pathlib
 
-import matplotlib
-import matplotlib.ticker
 import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+
+@functools.cache
+def pyplot():
+  """matplotlib.pyplot on the Agg backend, imported on first use (experiments and dry runs import this module
+  where matplotlib is not installed: only drawing needs it)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot
+  return matplotlib.pyplot
 
 
 def save(fig, path: pathlib.Path) -> pathlib.Path:
@@ -19,7 +25,7 @@ def save(fig, path: pathlib.Path) -> pathlib.Path:
   path = pathlib.Path(path)
   tmp = path.with_name(path.name + ".tmp.png")
   fig.savefig(tmp, dpi=110)
-  plt.close(fig)
+  pyplot().close(fig)
   os.replace(tmp, path)
   return path
 
@@ -36,7 +42,7 @@ def run_figure(path, run: str, history: list[dict]) -> pathlib.Path:
   """One run at a glance: losses per epoch (train, eval with compression off and on) and the bytes per
   step each way per epoch."""
   epochs = [r["epoch"] for r in history]
-  fig, (loss_ax, bytes_ax) = plt.subplots(1, 2, figsize=(8, 3))
+  fig, (loss_ax, bytes_ax) = pyplot().subplots(1, 2, figsize=(8, 3))
   loss_ax.plot(epochs, [r["train_loss"] for r in history], "o-", label="train")
   loss_ax.plot(epochs, [r["eval_off"]["loss"] for r in history], "s-", label="eval, compression off")
   loss_ax.plot(epochs, [r["eval_on"]["loss"] for r in history], "^--", label="eval, compression on")
@@ -50,7 +56,7 @@ def run_figure(path, run: str, history: list[dict]) -> pathlib.Path:
   bytes_ax.set_ylim(bottom=0)
   bytes_ax.legend(fontsize=7)
   for ax in (loss_ax, bytes_ax):
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(pyplot().MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
   fig.tight_layout()
   return save(fig, path)
@@ -58,7 +64,7 @@ def run_figure(path, run: str, history: list[dict]) -> pathlib.Path:
 
 def learning_curves(ax, groups: list[list[dict]], names: list[str], metric: str, scale: float, label: str):
   """The evaluation metric per epoch, compression off (solid) and on (dashed), one colour per row."""
-  colours = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
+  colours = pyplot().get_cmap("tab10" if len(groups) <= 10 else "tab20")
   for i, (group, name) in enumerate(zip(groups, names)):
     n = min(len(r["history"]) for r in group)  # the epochs every seed has finished
     epochs = [r["epoch"] for r in group[0]["history"][:n]]
@@ -69,7 +75,7 @@ def learning_curves(ax, groups: list[list[dict]], names: list[str], metric: str,
       if len(group) > 1:
         spread = curves.std(0, ddof=1)
         ax.fill_between(epochs, mean - spread, mean + spread, color=colours(i % colours.N), alpha=0.15, lw=0)
-  ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+  ax.xaxis.set_major_locator(pyplot().MaxNLocator(integer=True))
   ax.set(xlabel="epoch", ylabel=label, title=f"{label}: compression off (solid) / on (dashed)")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=6, ncol=2)
@@ -78,7 +84,7 @@ def learning_curves(ax, groups: list[list[dict]], names: list[str], metric: str,
 def quality_vs_bytes(ax, groups: list[list[dict]], names: list[str], metric: str, scale: float, label: str):
   """Each row's last evaluation against its bytes per train step: compression on (filled) and off
   (hollow), ± std over seeds."""
-  colours = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
+  colours = pyplot().get_cmap("tab10" if len(groups) <= 10 else "tab20")
   for i, (group, name) in enumerate(zip(groups, names)):
     lasts = [r["history"][-1] for r in group]
     sent = np.mean([bytes_per_step(last) for last in lasts])
@@ -96,7 +102,7 @@ def quality_vs_bytes(ax, groups: list[list[dict]], names: list[str], metric: str
 
 def report_figure(path, groups: list[list[dict]], names: list[str], metric: str, scale: float, label: str):
   """The report's figure: learning curves beside quality vs bytes per step."""
-  fig, (curves, frontier) = plt.subplots(1, 2, figsize=(13, 4.8))
+  fig, (curves, frontier) = pyplot().subplots(1, 2, figsize=(13, 4.8))
   learning_curves(curves, groups, names, metric, scale, label)
   quality_vs_bytes(frontier, groups, names, metric, scale, label)
   fig.tight_layout()

@@ -1,7 +1,8 @@
 """Test setup: 8 fake CPU devices so 2-8 stage pipelines run without an accelerator, and XLA:CPU
 compiling without LLVM's expensive passes: the suite's time is mostly compiling small programs
 (docs/tests.md). Subprocesses that compare their numbers with this process take the same flags
-(`subprocess_xla_flags`)."""
+(`subprocess_xla_flags`). JAX_PLATFORMS and XLA_FLAGS already set win: `JAX_PLATFORMS=cuda python -m pytest
+tests/test_codecs.py` runs on a GPU (`benchmarks.device_check` runs the codec, scheme and boundary tests so)."""
 import os
 import re
 

@@ -42,3 +42,14 @@ def test_mask_round_trip(r, f, seed):
 def test_check_bits_rejects(bad):
   with pytest.raises(ValueError, match="bits must be an integer in 1..16"):
     packing.check_bits(bad)
+
+
+@pytest.mark.parametrize("r, f", [(1, 13), (3, 64), (2, 1003)])
+def test_mask_layouts_agree(r, f):
+  """The TPU's gathers and the other platforms' [R, F/8, 8] views pack, unpack and rank a mask alike."""
+  mask = np.random.default_rng(f).random((r, f)) < 0.3
+  packed = packing.pack_mask(mask, how="views")
+  np.testing.assert_array_equal(packing.pack_mask(mask, how="gathers"), packed)
+  for how in ("gathers", "views"):
+    np.testing.assert_array_equal(packing.unpack_mask(packed, f, how=how), mask)
+    np.testing.assert_array_equal(packing.mask_ranks(packed, f, how=how), np.cumsum(mask, axis=1) - mask)

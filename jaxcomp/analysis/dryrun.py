@@ -130,9 +130,12 @@ def _abstract(tree, sharding):
   return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
 
 
-def _measure(name, trace, platform: str, num_stages: int | None) -> Step:
-  """What the compiler says of the program `trace()` (a `jax.stages.Traced`) gives: trace, lowering and
-  compiling are timed together."""
+def compile_step(name, trace, platform: str, num_stages: int | None = None):
+  """(what the compiler says of the program `trace()` returns, a `jax.stages.Traced`, as a `Step`; the compiled
+  program). Tracing, lowering and compiling are timed together. The traced arguments may be abstract, on
+  compile-only devices, or those of real arrays: the program then runs (`benchmarks.device_check` sets the dry
+  run's figures beside a run of the very program they describe). `platform`: what `flops.count` counts for
+  ("tpu", "cuda", "cpu"); `num_stages`: for the collectives' fwd/bwd split (None: no collectives)."""
   start = time.perf_counter()
   traced = trace()
   compiled = traced.lower().compile()
@@ -140,7 +143,7 @@ def _measure(name, trace, platform: str, num_stages: int | None) -> Step:
   memory, text = compiled.memory_analysis(), compiled.as_text()
   return Step(name, seconds, memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.alias_size_in_bytes,
               memory.temp_size_in_bytes, flops.count(traced.jaxpr, platform), hlo_bytes.memory_bytes(text),
-              hlo_bytes.collective_bytes(text, num_stages))
+              hlo_bytes.collective_bytes(text, num_stages)), compiled
 
 
 def _stages(executor: pipeline.Executor) -> int | None:
@@ -162,7 +165,7 @@ def compile_op(target: targets.Target, name: str, fn, *args, devices=None) -> St
   time). `devices`: the target's compile-only devices, when the caller already has them."""
   device = (devices or targets.compile_only_devices(target))[0]
   args = _abstract(args, SingleDeviceSharding(device))
-  return _measure(name, lambda: jax.jit(fn).trace(*args), target.platform, None)
+  return compile_step(name, lambda: jax.jit(fn).trace(*args), target.platform)[0]
 
 
 def _table_bytes(pipe: pipeline.Pipeline, state) -> int:
@@ -191,8 +194,8 @@ def compile_for(target: targets.Target, executor: pipeline.Executor, pipe: pipel
   tables = _table_bytes(pipe, state)
   compared = executor.collective_ways(Mode.TRAIN)
   try:
-    compiled = tuple(_measure(name, lambda mode=modes[name]: executor.trace_step(pipe, optimizer, mode, state, batch),
-                              target.platform, _stages(executor)) for name in steps)
+    compiled = tuple(compile_step(name, lambda mode=modes[name]: executor.trace_step(pipe, optimizer, mode, state, batch),
+                                  target.platform, _stages(executor))[0] for name in steps)
   except jax.errors.JaxRuntimeError as err:
     if "RESOURCE_EXHAUSTED" not in str(err):
       raise

@@ -12,6 +12,7 @@ the CUDA PJRT plugin of the installed jax (`pip install jax-cuda12-pjrt==<jax ve
 initialised a GPU backend (`compile_only_devices` sets `jax_platforms=cpu` if no backend is up).
 """
 import os
+import re
 from typing import NamedTuple
 
 import jax
@@ -85,6 +86,20 @@ def target(name: str) -> Target:
   if name not in TARGETS:
     raise ValueError(f"unknown target {name!r}; choose one of {', '.join(TARGETS)}")
   return TARGETS[name]
+
+
+_DEVICE_KINDS = (  # (pattern of `device.device_kind`, one-chip target whose published figures are that chip's)
+    (r"nvidia h100 80gb hbm3|nvidia h100 sxm", "h100"), (r"nvidia h200\b", "h200"),
+    (r"nvidia a100-sxm4-80gb", "a100"), (r"nvidia l4$", "l4"), (r"tpu v5 lite", "v5e-1"), (r"tpu v6 lite", "v6e-1"))
+
+
+def for_device_kind(kind: str) -> Target | None:
+  """The one-chip target whose chip a real device is (`device.device_kind`, e.g. "NVIDIA H100 80GB HBM3" ->
+  h100); None for a kind whose figures differ from every target's (a CPU, an H100 PCIe, a GH200, an L40S)."""
+  for pattern, name in _DEVICE_KINDS:
+    if re.match(pattern, kind.strip().lower()):
+      return TARGETS[name]
+  return None
 
 
 def gpu_target_config(chip: Chip) -> str:

@@ -42,7 +42,6 @@ from typing import Any, Callable, Iterator, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from jaxcomp import pipeline
 from jaxcomp.compress.boundary import Mode
@@ -306,6 +305,7 @@ def start(pipe: pipeline.Pipeline, optimizer, executor: pipeline.Executor, data:
 def run_epoch(run: Run, epoch: int) -> EpochResult:
   """Trains one epoch (the rest of it after a resume inside it), advancing `run.state`; stops with
   NonFiniteLossError at a step whose loss or new parameters are not finite."""
+  from tqdm.auto import tqdm  # here, not at import: dry runs and benchmarks import this module without tqdm
   cfg, data, mode, main = run.cfg, run.data, run.epoch_mode(epoch), distributed.is_main_process()
   losses, run.done_losses = run.done_losses, []
   skip = len(losses)

@@ -1,0 +1,86 @@
+"""`benchmarks.device_check --tiny`: every section runs at toy sizes on the CPU and its JSON holds the fields a
+lent GPU's run fills, so the command cannot rot before a device is lent."""
+import importlib.util
+import json
+
+import pytest
+
+from benchmarks import device_check
+
+HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+
+
+def sections(out) -> dict:
+  return json.loads((out / "device_check.json").read_text())["sections"]
+
+
+@pytest.mark.slow
+def test_a_tiny_run_fills_every_section(tmp_path, capsys):
+  target = ["--compile-target", "v5e-1"] if HAS_LIBTPU else []
+  device_check.main(["--tiny", "--out", str(tmp_path), *target])
+  s = sections(tmp_path)
+  assert list(s) == list(device_check.SECTIONS)
+  p = s["provenance"]
+  assert p["platform"] == "cpu" and p["device_kind"] and p["versions"]["jax"] and p["target"] is None
+
+  codecs = s["codecs"]
+  assert codecs["error"] is None and len(codecs["copy"]) == len(device_check.DTYPES)
+  measured = {(r["dtype"], r["spec"]) for r in codecs["rows"] if r["encode_s"] > 0 and r["decode_s"] > 0}
+  assert measured == {(d, spec) for d in device_check.DTYPES for _, spec, _ in device_check.CODECS}
+  assert all(r["passed"] == (r["fraction_of_copy"] >= r["goal"]) and r["wire_bytes"] < r["dense_bytes"]
+             for r in codecs["rows"])
+
+  for name, presets in (("steps:small", device_check.TINY_PRESETS), ("steps:medium", ("fp32",)),
+                        ("steps:xl", ("fp32",))):
+    rows = s[name]["rows"]
+    assert [r["preset"] for r in rows] == list(presets), rows
+    for r in rows:
+      assert r["measured"]["step_s"] > 0 and r["measured"]["finite"], r
+      assert r["dry_run"]["peak_bytes"] > 0 and r["dry_run"]["matmul_flops"] > 0 and "estimated_s" not in r["dry_run"]
+      assert r["over_fp32"] > 0
+  assert s["steps:small"]["rows"][0]["over_fp32"] == 1.0
+
+  compile_only = s["compile-only"]
+  if HAS_LIBTPU:
+    assert compile_only["error"] is None
+    assert [r["preset"] for r in compile_only["rows"]] == list(device_check.COMPILE_ONLY_PRESETS)
+    assert all(r["fits"] and r["dry_run"]["estimated_s"] > 0 for r in compile_only["rows"])
+  else:
+    assert "no compile-only target" in compile_only["skipped"]
+
+  sharded = s["sharded"]
+  assert sharded["error"] is None and sharded["max_loss_difference"] < 1e-5
+  assert sharded["measured"]["sharded"]["step_s"] > 0
+
+  tests = s["tests"]
+  assert tests["returncode"] == 0 and "passed" in tests["summary"] and tests["platform"] == "cpu"
+  report = (tmp_path / "device_check.md").read_text()
+  assert "## steps:small" in report and "| fp32 |" in report and "error:" not in report
+  assert "wrote" in capsys.readouterr().out
+
+
+def test_a_failing_step_is_recorded_and_the_next_one_runs(tmp_path, monkeypatch):
+  """One child's failure is that row's error; the section goes on and its JSON is written."""
+  monkeypatch.setattr(device_check, "TINY_PRESETS", ("no-such-preset", "fp32"))
+  device_check.main(["--tiny", "--out", str(tmp_path), "--sections", "steps:small"])
+  failed, fp32 = sections(tmp_path)["steps:small"]["rows"]
+  assert failed["preset"] == "no-such-preset" and "no-such-preset" in failed["error"] and "measured" not in failed
+  assert fp32["measured"]["step_s"] > 0 and fp32["over_fp32"] == 1.0
+
+
+def test_sections_past_the_budget_are_skipped_with_the_reason(tmp_path):
+  device_check.main(["--tiny", "--out", str(tmp_path), "--budget-s", "1e-9"])
+  s = sections(tmp_path)
+  assert all("budget" in s[name]["skipped"] for name in device_check.SECTIONS if name != "compile-only")
+  assert "no compile-only target" in s["compile-only"]["skipped"]
+  assert "budget" in (tmp_path / "device_check.md").read_text()
+
+
+def test_every_preset_and_codec_resolves():
+  """The full-size run's presets and codec specs parse (a GPU run must not lose a row to a typo)."""
+  from benchmarks.throughput_vs_bandwidth import method_specs
+  from jaxcomp.compress import spec
+  assert set(device_check.PRESETS) <= set(method_specs())
+  for _, text, _ in device_check.CODECS:
+    if text != "reuse":
+      spec.parse_codec(text)
