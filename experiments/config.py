@@ -135,10 +135,6 @@ class RunConfig:
     settings = self.settings()
     return {name: settings[name] for name in self.recorded}
 
-  def replace(self, **changes) -> "RunConfig":
-    """This configuration with the settings `changes` names set (by the flags' names)."""
-    return typed(type(self.options), {**self.record(), **changes})
-
 
 def typed(options: type, choices: dict) -> RunConfig:
   """The RunConfig of flat `choices` (names as the flags'); a name no section or `options` has is a ValueError."""

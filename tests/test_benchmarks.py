@@ -15,8 +15,8 @@ from benchmarks import (
   topk_selection,
   wire_bytes,
 )
-from jaxcomp.compress import spec
 from jaxcomp.analysis import netsim
+from jaxcomp.compress import spec
 
 
 @pytest.mark.parametrize("module, argv, expect", [
