@@ -292,8 +292,8 @@ def probe_bytes(executor, state, calls: int = 50, idle_s: float = 3.0) -> dict:
                                  out_specs=P(), check_vma=False))
   ones = jax.device_put(jnp.ones((executor.mesh.devices.size,)), jax.sharding.NamedSharding(executor.mesh, P(STAGE)))
   out = {}
-  for name, call in (("all_finite", lambda: bool(train.all_finite(state.params))), ("scalar all-reduce", lambda: float(
-      scalar(ones)))):
+  for name, call in (("all_finite", lambda: bool(train.all_finite(state.params))),
+                     ("scalar all-reduce", lambda: float(scalar(ones)[0]))):
     call()  # compiled, connected
     before = sum(class_bytes().values())
     for _ in range(calls):
@@ -510,14 +510,28 @@ def rows_of(run: Run, acc: Accounting, args) -> list[dict]:
   return rows
 
 
+def with_x_fp32(rows: list[dict]) -> list[dict]:
+  """The rows with x_fp32: steps/s over the fp32 row's of the same rate and stages (None without one)."""
+  base = {(r["rate"], r["stages"]): r["steps_per_s"] for r in rows if r["method"] == "fp32"}
+  return [{**r, "x_fp32": r["steps_per_s"] / base[r["rate"], r["stages"]] if (r["rate"], r["stages"]) in base
+           else None} for r in rows]
+
+
 def render(rows: list[dict], details: dict[str, Accounting]) -> str:
-  lines = ["| link | stages | method | steps/s | x fp32 | netsim steps/s | link B/step | counted B/step | link / counted "
-           "| other link B/epoch |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+  """The rows as a markdown table; with `details` ({method: (Run, Accounting)}) also what the links carried
+  besides train steps and the probes' bytes."""
+  lines = ["| link | stages | method | steps/s | x fp32 | netsim steps/s | netsim / measured | link B/step "
+           "| counted B/step | link / counted | other link B/epoch |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for r in rows:
-    netsim = "" if r["netsim_steps_per_s"] is None else f"{r['netsim_steps_per_s']:.3f}"
-    lines.append(f"| {r['rate']} | {r['stages']} | {r['method']} | {r['steps_per_s']:.3f} | {r['x_fp32']:.2f} | {netsim} "
+    netsim = r["netsim_steps_per_s"]
+    lines.append(f"| {r['rate']} | {r['stages']} | {r['method']} | {r['steps_per_s']:.3f} "
+                 f"| {'' if r['x_fp32'] is None else format(r['x_fp32'], '.2f')} "
+                 f"| {'' if netsim is None else format(netsim, '.3f')} "
+                 f"| {'' if netsim is None else format(netsim / r['steps_per_s'], '.2f')} "
                  f"| {r['link_bytes_per_step']:,.0f} | {r['counted_bytes_per_step']:,} "
                  f"| {r['link_bytes_per_step'] / r['counted_bytes_per_step']:.3f} | {r['other_link_bytes_per_epoch']:,.0f} |")
+  if not details:
+    return "\n".join(lines)
   lines += ["", "Bytes on the links that are not train steps (all processes; per epoch: epoch 1, epoch 2, ...):", "",
             "| method | start-up | first step - steady step | eval, compression on | eval, compression off "
             "| checkpoint | results, next epoch's start | exit |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -554,13 +568,21 @@ def main(argv=None):
   parser.add_argument("--repeats", type=int, default=5, help="timed runs per op (netsim's stage and codec times); "
                       "0: no op timing (no netsim column) and no probe")
   parser.add_argument("--json", help="write the rows here")
+  parser.add_argument("--merge", nargs="+", metavar="JSON", help="run nothing: the rows of these --json files (e.g. "
+                      "one method per run) as one table, x fp32 from the fp32 row of each rate and stage count")
   parser.add_argument("--keep", help="keep each method's logs, marks and results in this folder")
   args = parser.parse_args(argv)
+  if args.merge:
+    rows = with_x_fp32([r for f in args.merge for r in json.loads(pathlib.Path(f).read_text())["rows"]])
+    print(render(rows, {}))
+    if args.json:
+      pathlib.Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
+    return
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]
   try:
     rate_bps(args.rate)
-    if not methods or methods[0] != "fp32":
-      raise ValueError(f"--methods must start with fp32 (the baseline of x fp32), got {args.methods!r}")
+    if "fp32" in methods[1:]:
+      raise ValueError(f"--methods: fp32, the baseline of x fp32, goes first, got {args.methods!r}")
     for m in methods:
       method_flags(m)
     if args.stages < 2 or args.data_parallel < 1 or args.epochs < 1:
@@ -591,9 +613,7 @@ def main(argv=None):
   finally:
     if not args.keep:
       shutil.rmtree(folder, ignore_errors=True)
-  base = next(r["steps_per_s"] for r in rows if r["method"] == "fp32")
-  for r in rows:
-    r["x_fp32"] = r["steps_per_s"] / base
+  rows = with_x_fp32(rows)
   print(render(rows, details))
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
