@@ -84,12 +84,13 @@ def describe(tree) -> list[list]:
     else:
       mine[len(shards)] = _digest(np.asarray(a))
       shards.append((k, [[0, n] for n in np.shape(a)]))
-  digests = [mine.get(i) for i in range(len(shards))]
   if any(isinstance(a, jax.Array) and not a.is_fully_addressable for a in leaves):  # every process decides alike
-    table = np.zeros((len(shards), 32), np.uint8)
+    table = np.zeros((len(shards), 32), np.uint8)  # the digests hashed here; zeros where another process hashes
     for i, d in mine.items():
       table[i] = np.frombuffer(bytes.fromhex(d), np.uint8)
     digests = [bytes(row).hex() for row in np.asarray(multihost_utils.process_allgather(table)).max(axis=0)]
+  else:
+    digests = [mine[i] for i in range(len(shards))]
   entries = [[np.dtype(a.dtype).str, list(np.shape(a)), []] for a in leaves]
   for (k, bounds), d in zip(shards, digests):
     entries[k][2].append([bounds, d])
