@@ -185,10 +185,10 @@ def test_maxabs_matches_an_ideal_symmetric_grid(bits, relu, grid):
 
 
 def test_default_two_bits_reach_the_authors_quantizer_error():
-  """`maxabs:2` (defaults: midrise, clip=mse) on N(0,1), one scale per feature: relative MSE at
+  """`maxabs:2` (defaults: the grid per scale, clip=mse) on N(0,1), one scale per feature: relative MSE at
   most the AQ-SGD authors' quantizer's 0.253 (SPEC.md); the zero grid unclipped has 0.75."""
   x = jax.random.normal(jax.random.key(1), (4, 128, 256))
-  assert codecs.MaxAbsQuant(2) == codecs.MaxAbsQuant(2, grid="midrise", clip="mse")
+  assert codecs.MaxAbsQuant(2) == codecs.MaxAbsQuant(2, grid="auto", clip="mse")
   assert _relative_mse(x, spec.parse_codec("maxabs:2")(x)) <= 0.253
   assert _relative_mse(x, codecs.MaxAbsQuant(2, clip=1.0, grid="zero")(x)) > 0.7
 

@@ -47,7 +47,7 @@ def test_pareto_and_domination():
 
 
 def test_seeds_run_separately_and_the_table_compares_means(tmp_path):
-  args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path)
+  args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path, outliers=None)
   assert frontier.run_name("fp32", 0) == "fp32" and frontier.run_name("fp32", 2) == "fp32-seed2"
   argv = frontier.run_argv("fp32", args, 2)
   assert argv[argv.index("--seed") + 1] == "2" and argv[argv.index("--run-name") + 1] == "fp32-seed2"

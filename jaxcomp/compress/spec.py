@@ -57,9 +57,9 @@ def _scale_dtype(name: str, settings: dict, spec: str) -> str:
 
 def _grid_and_clip(name: str, settings: dict, spec: str) -> dict:
   """grid=zero|midrise and clip=RATIO|mse as MaxAbsQuant keywords (None: the bit width's default)."""
-  if settings.get("grid", "zero") not in codecs.MAXABS_GRIDS:
+  if settings.get("grid", "zero") not in (*codecs.MAXABS_GRIDS, codecs.AUTO_GRID):
     raise ValueError(f"bad {name} option grid={settings['grid']!r} in {spec!r}; allowed: "
-                     f"grid={'|'.join(codecs.MAXABS_GRIDS)}")
+                     f"grid={'|'.join((*codecs.MAXABS_GRIDS, codecs.AUTO_GRID))}")
   clip = settings.get("clip")
   return {"grid": settings.get("grid"), "clip": clip if clip in (None, "mse") else _number(clip, float, spec)}
 
