@@ -377,11 +377,17 @@ class MaxAbsQuant(Codec):
     that AQ-SGD's buffer and error-free schemes would accumulate. The price: no point at 0,
     so nearest rounding sends 0 to +s/(2^B-1), and stochastic rounding gives an entry near 0
     the variance (s/(2^B-1))^2 (the zero grid: about |x| s/D).
+  * grid="auto": per scale, whichever of the two errs least (squared error, deterministic rounding;
+    ties: zero). A scale holding an outlier takes the zero grid, whose 0 keeps the scale's small
+    entries at 0 instead of +-s/(2^B-1) (N(0,1) with 4 features x 50, 3 bits, one scale per 64
+    features: relative MSE 0.412 on midrise, 0.020 auto); an outlier-free scale takes midrise's extra
+    level. The choice travels in the sign bit of the scale, which max|x| >= 0 leaves free: no byte.
   Code c = clip(round(x/s D - f) + f + D, 0, 2D), f = D - floor(D), x_hat = (c - D)/D s: nearest
   point, |x - x_hat| <= s/(2D) for |x| <= s, x_hat(-x) = -x_hat(x) but at exact midrise ties
   (0 included). Codes are bit-packed in B bits. `clip` < 1 sends s = clip * max|x| instead
   (entries beyond saturate at +-s); clip="mse" picks, per scale, the ratio in [0.25, 1] with
-  the least squared error (deterministic rounding decides). The receiver only sees the scale.
+  the least squared error (deterministic rounding decides), computed on x / 2^E (2^E the power of
+  two of max|x|), so the same ratio at any magnitude. The receiver only sees the scale.
   `grid` and `clip` left out (None) take the bit width's default, `maxabs_defaults(B)`. Scales are fp32 by default (any
   finite magnitude round-trips); bf16/fp16 scales are rounded up so nothing clips unasked
   (fp16 overflows above 65504: the inf shows in the output). Stochastic rounding: E[x_hat] = x
@@ -394,7 +400,7 @@ class MaxAbsQuant(Codec):
   scale_dtype: str = "float32"
   clip: float | str | None = None  # None: the bit width's default
   group: int | None = None  # features per scale, with granularity="group"
-  grid: str | None = None  # "zero" | "midrise"; None: the bit width's default
+  grid: str | None = None  # "zero" | "midrise" | "auto"; None: the bit width's default
 
   def __post_init__(self):
     packing.check_bits(self.bits)
