@@ -10,10 +10,11 @@
   the grid above; `grid=midrise`: +-(2j-1) s/(2^B-1), all 2^B codes; `grid=auto`: per scale the one
   of the two that errs least) with no clip, a fixed clip ratio and the per-scale MSE-optimal clip
   (`clip=mse`).
-The Gaussian and the tensors with outliers add the same with one scale per `--group` features of
-each token (`maxabs:B:group=G`), the Hadamard rotation before it, both defaults with stochastic
-rounding (one draw), and three ratios: grouped over per-channel error (defaults of both), and each
-default over the better of the zero and midrise grids (at the default clip).
+The Gaussian, the tensors with outliers and the recorded ones add the same with one scale per
+`--group` features of each token (`maxabs:B:group=G`), the Hadamard rotation before it (and its
+round trip alone, `hadamard+none`), both defaults with stochastic rounding (one draw), and three
+ratios: grouped over per-channel error (defaults of both), and each default over the better of the
+zero and midrise grids (at the default clip).
 Relative MSE = mean (x_hat - x)^2 / mean x^2; bias = mean(x_hat - x) / mean|x|.
 Inputs: ReLU(N(0,1)) [100,8,8,256] (NHWC: [100,256,8,8] NCHW with one scale per channel),
 N(0,1) [8,128,768] (one scale per feature), the same with 4 random features times 50 ("outliers",
@@ -74,7 +75,8 @@ def table(name: str, x: np.ndarray, clip_ratio: float, bits, group: int | None =
   if group is not None:
     specs += [f"maxabs:{{b}}:group={group}"] + [f"maxabs:{{b}}:group={group}:grid={grid}{clip}" for grid in GRIDS
                                                 for clip in ("", ":clip=1", ":clip=mse")]
-    specs += [f"hadamard+maxabs:{{b}}:group={group}", "maxabs:{b}:stoch", f"maxabs:{{b}}:group={group}:stoch"]
+    specs += [f"hadamard+maxabs:{{b}}:group={group}", "hadamard+none", "maxabs:{b}:stoch",
+              f"maxabs:{{b}}:group={group}:stoch"]
   for codec_spec in specs:
     rows[f"`{codec_spec.replace('{b}', 'B')}`"] = lambda b, s=codec_spec: codec_error(s, x, b)
   lines = [f"**{name}** {list(x.shape)}: relative MSE (bias)", "",
