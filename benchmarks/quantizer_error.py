@@ -1,4 +1,4 @@
-"""Max-abs quantizers side by side: relative MSE and mean bias on ReLU and Gaussian activations.
+"""Max-abs quantizers side by side: relative MSE and mean bias, on synthetic and recorded activations.
 
 `python -m benchmarks.quantizer_error` prints one table per input at 2, 3, 4 and 8 bits:
 * the AQ-SGD authors' quantizer, written in numpy from its formula (../shared/SPEC.md):
@@ -7,13 +7,25 @@
 * an ideal symmetric grid: float64 nearest rounding to {-L..L} s / L, L = 2^(B-1) - 1,
   with the same per-channel scales s = max|x|;
 * jaxcomp's `maxabs:B` with its default grid and clip for B, then each grid (`grid=zero`:
-  the grid above; `grid=midrise`: +-(2j-1) s/(2^B-1), all 2^B codes) with no clip, a fixed
-  clip ratio and the per-channel MSE-optimal clip (`clip=mse`).
+  the grid above; `grid=midrise`: +-(2j-1) s/(2^B-1), all 2^B codes; `grid=auto`: per scale the one
+  of the two that errs least) with no clip, a fixed clip ratio and the per-scale MSE-optimal clip
+  (`clip=mse`).
+The Gaussian, the tensors with outliers and the recorded ones add the same with one scale per
+`--group` features of each token (`maxabs:B:group=G`), the Hadamard rotation before it (and its
+round trip alone, `hadamard+none`), both defaults with stochastic rounding (one draw), and three
+ratios: grouped over per-channel error (defaults of both), and each default over the better of the
+zero and midrise grids (at the default clip).
 Relative MSE = mean (x_hat - x)^2 / mean x^2; bias = mean(x_hat - x) / mean|x|.
-Inputs: ReLU(N(0,1)) [100,8,8,256] (NHWC: [100,256,8,8] NCHW with one scale per channel)
-and N(0,1) [8,128,768] (one scale per feature).
+Inputs: ReLU(N(0,1)) [100,8,8,256] (NHWC: [100,256,8,8] NCHW with one scale per channel),
+N(0,1) [8,128,768] (one scale per feature), the same with 4 random features times 50 ("outliers",
+pretrained GPT-2's pattern: a few channels tens of times the rest), and those plus 1000 at the first
+token of each sequence in two of them ("massive activations", Sun et al. 2024), and every array of
+`--recorded FILE.npz` (boundary activations `fwd_b` and gradients `bwd_b` that
+`python -m experiments.boundary_error --save FILE.npz` records from a training run).
 """
 import argparse
+import functools
+import pathlib
 
 import jax
 import numpy as np
@@ -45,25 +57,68 @@ def errors(x: np.ndarray, x_hat: np.ndarray) -> tuple[float, float]:
   return float(np.mean(d ** 2) / np.mean(x.astype(np.float64) ** 2)), float(d.mean() / np.abs(x).mean())
 
 
-def table(name: str, x: np.ndarray, clip_ratio: float, bits) -> str:
-  """One row per quantizer, one column per bit width."""
-  columns = {"authors (SPEC)": authors_quantizer, "ideal symmetric": ideal_symmetric}
-  specs = ["maxabs:{b}"] + [f"maxabs:{{b}}:grid={grid}{clip}" for grid in codecs.MAXABS_GRIDS
+def codec_error(codec_spec: str, x: np.ndarray, bits: int) -> tuple[float, float]:
+  """(relative MSE, bias) of `codec_spec` with {b} set to `bits`; ValueError where no such codec exists."""
+  codec = spec.parse_codec(codec_spec.format(b=bits))
+  return errors(x, np.asarray(jax.jit(codec)(x, jax.random.key(0))))  # the key: stochastic rounding's
+
+
+GRIDS = (*codecs.MAXABS_GRIDS, codecs.AUTO_GRID)
+
+
+def table(name: str, x: np.ndarray, clip_ratio: float, bits, group: int | None = None) -> str:
+  """One row per quantizer, one column per bit width; with `group`, the grouped rows and ratios too."""
+  rows = {"authors (SPEC)": lambda b: errors(x, authors_quantizer(x, b)),
+          "ideal symmetric": lambda b: errors(x, ideal_symmetric(x, b))}
+  specs = ["maxabs:{b}"] + [f"maxabs:{{b}}:grid={grid}{clip}" for grid in GRIDS
                             for clip in (":clip=1", f":clip={clip_ratio}", ":clip=mse")]
+  if group is not None:
+    specs += [f"maxabs:{{b}}:group={group}"] + [f"maxabs:{{b}}:group={group}:grid={grid}{clip}" for grid in GRIDS
+                                                for clip in ("", ":clip=1", ":clip=mse")]
+    specs += [f"hadamard+maxabs:{{b}}:group={group}", "hadamard+none", "maxabs:{b}:stoch",
+              f"maxabs:{{b}}:group={group}:stoch"]
   for codec_spec in specs:
-    codec_fn = lambda x, b, s=codec_spec: np.asarray(jax.jit(spec.parse_codec(s.format(b=b)))(x))
-    columns[f"`{codec_spec.replace('{b}', 'B')}`"] = codec_fn
+    rows[f"`{codec_spec.replace('{b}', 'B')}`"] = lambda b, s=codec_spec: codec_error(s, x, b)
   lines = [f"**{name}** {list(x.shape)}: relative MSE (bias)", "",
            "| quantizer | " + " | ".join(f"{b} bits" for b in bits) + " |", "|---|" + "---:|" * len(bits)]
+
   def cell(fn, b):
     try:
-      m, bias = errors(x, fn(x, b))
+      m, bias = fn(b)
     except ValueError:  # no such grid at this width (the zero grid below 2 bits)
       return "-"
     return f"{m:.4g} ({bias:+.2g})"
-  for column, fn in columns.items():
-    lines.append(f"| {column} | " + " | ".join(cell(fn, b) for b in bits) + " |")
+  for row, fn in rows.items():
+    lines.append(f"| {row} | " + " | ".join(cell(fn, b) for b in bits) + " |")
+  if group is not None:
+    mse = functools.lru_cache(maxsize=None)(lambda codec_spec, b: codec_error(codec_spec, x, b)[0])
+    grouped, channel = f"maxabs:{{b}}:group={group}", "maxabs:{b}"
+    better = lambda default, b: mse(default, b) / min(mse(f"{default}:grid={g}", b) for g in codecs.MAXABS_GRIDS)
+    ratios = {f"grouped / per channel (`maxabs:B:group={group}` / `maxabs:B`)":
+              lambda b: mse(grouped, b) / mse(channel, b),
+              "per channel: `maxabs:B` / better of `grid=zero`, `grid=midrise`": lambda b: better(channel, b),
+              "grouped: default / better of the two grids": lambda b: better(grouped, b)}
+    for row, fn in ratios.items():
+      lines.append(f"| {row} | " + " | ".join(_ratio_cell(fn, b) for b in bits) + " |")
   return "\n".join(lines)
+
+
+def _ratio_cell(fn, b) -> str:
+  try:
+    return f"{fn(b):.3g}"
+  except ValueError:
+    return "-"
+
+
+def outlier_tensors(shape) -> dict[str, np.ndarray]:
+  """N(0,1) of `shape` (key 1) with 4 random features (key 2) times 50; and that with 1000 at token 0 of
+  every sequence in two of those features."""
+  x = np.array(jax.random.normal(jax.random.key(1), shape))
+  channels = np.asarray(jax.random.choice(jax.random.key(2), shape[-1], (4,), replace=False))
+  x[..., channels] *= 50
+  massive = x.copy()
+  massive[:, 0, channels[:2]] = 1000.0
+  return {"outliers": x, "massive": massive}
 
 
 def main(argv=None):
@@ -72,14 +127,28 @@ def main(argv=None):
   parser.add_argument("--gauss-shape", default="8,128,768")
   parser.add_argument("--clip", type=float, default=0.9, help="the fixed clip ratio column")
   parser.add_argument("--bits", default="2,3,4,8")
+  parser.add_argument("--group", type=int, default=64, help="features per scale of the grouped rows")
+  parser.add_argument("--recorded", type=pathlib.Path, nargs="*", default=[],
+                      help=".npz files of activations (experiments.boundary_error --save)")
+  parser.add_argument("--only-recorded", action="store_true", help="skip the synthetic tensors")
   args = parser.parse_args(argv)
   bits = [int(b) for b in args.bits.split(",")]
   shape = lambda text: tuple(int(d) for d in text.split(","))
-  relu = np.maximum(np.asarray(jax.random.normal(jax.random.key(0), shape(args.relu_shape))), 0)
-  gauss = np.asarray(jax.random.normal(jax.random.key(1), shape(args.gauss_shape)))
-  print(table("ReLU(N(0,1)), per-channel scales", relu, args.clip, bits))
-  print()
-  print(table("N(0,1), per-feature scales", gauss, args.clip, bits))
+  tables = []
+  if not args.only_recorded:
+    relu = np.maximum(np.asarray(jax.random.normal(jax.random.key(0), shape(args.relu_shape))), 0)
+    gauss = np.asarray(jax.random.normal(jax.random.key(1), shape(args.gauss_shape)))
+    tables.append(table("ReLU(N(0,1)), per-channel scales", relu, args.clip, bits))
+    tables.append(table("N(0,1), per-feature scales", gauss, args.clip, bits, args.group))
+    for name, x in outlier_tensors(shape(args.gauss_shape)).items():
+      described = {"outliers": "N(0,1), 4 features x 50",
+                   "massive": "N(0,1), 4 features x 50, 1000 at token 0 in two of them"}[name]
+      tables.append(table(described, x, args.clip, bits, args.group))
+  for path in args.recorded:
+    with np.load(path) as recorded:
+      for key in sorted(recorded):
+        tables.append(table(f"{path.name}: {key}", recorded[key], args.clip, bits, args.group))
+  print("\n\n".join(tables))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import pathlib
+import sys
 
 import numpy as np
 
@@ -75,7 +76,7 @@ def run_config(name: str, args, seed: int = 0, resume: bool = False) -> config.R
                         epochs=math.ceil(args.steps / spe), batch_size=args.batch_size, seed=seed,
                         train_examples=args.train_examples, eval_examples=args.eval_examples,
                         out=str(args.out), run_name=run_name(name, seed), resume=resume, no_progress=True,
-                        bottleneck=learned[0] if learned else None)
+                        bottleneck=learned[0] if learned else None, outliers=args.outliers)
 
 
 def method_list() -> str:
@@ -86,12 +87,16 @@ def method_list() -> str:
   return "\n".join(lines)
 
 
-def finished(out: pathlib.Path, name: str, steps: int) -> dict | None:
-  """The method's results if they cover the whole budget, else None."""
+def finished(out: pathlib.Path, name: str, steps: int, outliers: str | None = None) -> dict | None:
+  """The method's results if they cover the whole budget, else None; ValueError if they are of a model with
+  other `--outliers`."""
   path = out / "results" / f"{name}.json"
   if not path.is_file():
     return None
   run = json.loads(path.read_text())
+  if run["config"].get("outliers") != outliers:
+    raise ValueError(f"{path} is a run with --outliers {run['config'].get('outliers')}, this frontier has "
+                     f"--outliers {outliers}: give each model its own --out")
   return run if run["history"] and run["history"][-1]["step"] >= steps else None
 
 
@@ -209,6 +214,9 @@ def main(argv=None):
   parser.add_argument("--seed", type=int, default=0, help="the first seed")
   parser.add_argument("--seeds", type=int, default=1, help="seeds per method: --seed ... --seed + N - 1")
   parser.add_argument("--methods", help=f"comma-separated subset of: {', '.join(METHODS)}")
+  parser.add_argument("--outliers", metavar="N:SCALE[:MASSIVE]",
+                      help="every run's model carries outlier channels across its stage boundaries "
+                           "(experiments.gpt2_wikitext --outliers), e.g. 4:64:1024")
   parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs/frontier"))
   parser.add_argument("--list-methods", action="store_true", help="print every method's specs and exit")
   args = parser.parse_args(argv)
@@ -227,10 +235,10 @@ def main(argv=None):
   for name in names:
     for seed in range(args.seed, args.seed + args.seeds):
       run = run_name(name, seed)
-      done = finished(args.out, run, args.steps)
+      done = finished(args.out, run, args.steps, args.outliers)
       if done is None:  # resumed when interrupted: continue from its last checkpoint
         runner.run(exp, run_config(name, args, seed, resume=(args.out / run / "ckpt").is_dir()))
-        done = finished(args.out, run, args.steps)
+        done = finished(args.out, run, args.steps, args.outliers)
       else:
         print(f"[frontier] {run}: done, skipped")
       runs.append(done)
@@ -241,8 +249,10 @@ def main(argv=None):
   verdict = (f"Dominate {REFERENCE} (fewer bytes/token, mean eval loss <=, no per-example buffers): "
              + (", ".join(r["method"] for r in winners) if winners else "none")) if REFERENCE in names else ""
   seeds = f"seed {args.seed}" if args.seeds == 1 else f"seeds {args.seed}..{args.seed + args.seeds - 1}"
-  title = (f"tiny GPT-2, 4 stages, {args.steps} steps x {args.batch_size} x {runs[0]['config']['block_size']} "
-           f"tokens, {args.train_examples} training blocks, {seeds}; {rows[0]['data'].split(',')[0]}")
+  outliers = f", outliers {args.outliers}" if args.outliers else ""
+  title = (f"tiny GPT-2{outliers}, 4 stages, {args.steps} steps x {args.batch_size} x "
+           f"{runs[0]['config']['block_size']} tokens, {args.train_examples} training blocks, {seeds}; "
+           f"{rows[0]['data'].split(',')[0]}")
   (args.out / "frontier.md").write_text(f"{title}\n\n{text}\n\n{verdict}\n")
   png = plot(rows, args.out / "frontier.png", title)
   print(text)
@@ -252,4 +262,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  try:
+    main()
+  except ValueError as err:
+    sys.exit(f"error: {err}")

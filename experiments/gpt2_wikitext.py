@@ -61,6 +61,7 @@ class Options:
   block_size: int  # tokens per example
   tokenizer: str
   dropout: float | None = None  # None: the model's
+  outliers: str | None = None  # N:SCALE[:MASSIVE]: outlier channels across the boundaries (`outliers`)
   tokenizer_dir: str | None = None
   train_file: str | None = None
   valid_file: str | None = None
@@ -107,9 +108,30 @@ def model_config(own: Options, vocab_size: int, size: str | None = None) -> gpt2
                             "n_positions": max(base.n_positions, own.block_size)})
 
 
+def outliers(text: str, width: int) -> dict:
+  """--outliers N:SCALE[:MASSIVE] as GPT2Config fields (outlier_channels, outlier_scale, massive)."""
+  parts = text.split(":")
+  try:
+    if len(parts) not in (2, 3):
+      raise ValueError
+    fields = {"outlier_channels": int(parts[0]), "outlier_scale": float(parts[1]),
+              "massive": float(parts[2]) if len(parts) == 3 else 0.0}
+  except ValueError:
+    raise ValueError("expected N:SCALE[:MASSIVE], e.g. 4:64:1024 (4 channels times 64, 1024 added at the first "
+                     "token in two of them)") from None
+  if not 1 <= fields["outlier_channels"] <= width:
+    raise ValueError(f"N must be in 1..{width} (the model's width)")
+  return fields
+
+
 def assemble(run: config.RunConfig, cfg: gpt2.GPT2Config, num_train: int):
   """(Pipeline, optimizer) of the run for `num_train` training blocks (AQ-SGD tables, lr schedule)."""
   own, learned_spec = run.options, run.compression.bottleneck
+  if own.outliers:
+    try:
+      cfg = dataclasses.replace(cfg, **outliers(own.outliers, cfg.n_embd))
+    except ValueError as err:
+      raise ValueError(f"--outliers {own.outliers!r}: {err}") from None
   if own.dropout is not None:
     if not 0.0 <= own.dropout < 1.0:
       raise ValueError(f"--dropout must be in [0, 1), got {own.dropout}")
@@ -187,6 +209,9 @@ FLAGS = {
     "bottleneck": ("compression", "learned rank-R projection at every boundary, proj:R or subspace:R (sends z = x P, "
                    "R wide; --fwd/--bwd compress z and its gradient)", {}),
     "model": ("training", "GPT-2 size", dict(choices=["tiny", "small", "medium", "large", "xl"])),
+    "outliers": ("training", "N:SCALE[:MASSIVE]: what crosses the stage boundaries carries N residual channels "
+                 "times SCALE and MASSIVE added at the first token in two of them, as pretrained transformers' "
+                 "residual streams do (same model function; jaxcomp.models.gpt2), e.g. 4:64:1024", {}),
     "pretrained": ("training", "HF GPT-2 directory or hub name to fine-tune from", {}),
     "dropout": ("training", "dropout rate (default: the model's, 0.1)", dict(type=float)),
     "tokenizer": ("data", "byte tokens or GPT-2 BPE (--tokenizer-dir)", dict(choices=text.TOKENIZERS)),

@@ -84,6 +84,11 @@ class Executor(Protocol):
     """Inverse of `unstack`, placed on the executor's devices (by default the default device)."""
     return jax.device_put(state)
 
+  def rows_description(self, pipe: "Pipeline", optimizer, batch) -> dict | None:
+    """How a checkpoint of the executor's own state turns into the simulate layout
+    (`state_layout.StateRows.description`); None (the default): the state is that layout."""
+    return None
+
 
 @dataclasses.dataclass(frozen=True)
 class FlaxStage:

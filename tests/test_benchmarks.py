@@ -2,6 +2,7 @@
 import json
 import re
 
+import numpy as np
 import pytest
 
 from benchmarks import (
@@ -102,3 +103,15 @@ def test_fit_table_stops_a_compile_past_the_host_memory_limit_and_goes_on(tmp_pa
   assert capsys.readouterr().out.splitlines()[-1] == (
       "| small | baseline | not compiled (compile passed 0.02 GB of host RAM) |")
   assert json.loads(cache.read_text())["small|baseline|v5e-1"]["status"] == "host memory"
+
+
+@pytest.mark.slow  # heavy: python -m pytest -m slow
+def test_quantizer_error_outlier_tensors_and_recorded_activations(tmp_path, capsys):
+  np.savez(tmp_path / "rec.npz", fwd_0=np.random.default_rng(0).normal(size=(2, 4, 16)).astype(np.float32))
+  quantizer_error.main(["--relu-shape", "4,2,2,8", "--gauss-shape", "2,4,16", "--bits", "2", "--group", "8",
+                        "--recorded", str(tmp_path / "rec.npz")])
+  out = capsys.readouterr().out
+  for title in ("N(0,1), 4 features x 50", "1000 at token 0 in two of them", "rec.npz: fwd_0"):
+    assert f"**{title}" in out
+  assert out.count("| grouped / per channel (`maxabs:B:group=8` / `maxabs:B`) | ") == 4
+  assert "| `maxabs:B:group=8:grid=auto:clip=mse` | " in out

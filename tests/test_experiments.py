@@ -7,6 +7,7 @@ import pathlib
 import re
 import shutil
 
+import numpy as np
 import pytest
 
 from experiments import gpt2_wikitext, report, resnet_cifar10
@@ -213,6 +214,9 @@ WIDTH_64 = "does not fit this model's boundary activations float32[8, 128, 64]: 
     (["--bottleneck", "proj:100"], "--bottleneck proj:100: bottleneck rank 100 is larger than the 64 features at the "
                                    "boundaries; pass a rank of at most 64"),
     (["--bottleneck", "lowrank:8"], "--bottleneck lowrank:8: bottleneck kind must be one of proj, subspace"),
+    (["--outliers", "4x64"], "--outliers '4x64': expected N:SCALE[:MASSIVE], e.g. 4:64:1024"),
+    (["--outliers", "65:64"], "--outliers '65:64': N must be in 1..64 (the model's width)"),
+    (["--outliers", "1:64:100"], "--outliers '1:64:100': massive=100.0 sits in two outlier channels"),
 ])
 def test_bad_input_is_one_error_line_before_anything_is_created(tmp_path, capsys, flags, message):
   """Each is refused before the run line is printed or a folder is made (the specs by an abstract trace)."""
@@ -344,3 +348,21 @@ def test_resuming_a_run_recorded_before_its_defaults_were_stored(tmp_path):
   check_resumed_config({**RUN_DEFAULTS, **old, "epochs": 3}, tmp_path / "r.json")
   with pytest.raises(ValueError, match=r"executor 'simulate' -> 'gpipe'"):
     check_resumed_config({**RUN_DEFAULTS, **old, "executor": "gpipe"}, tmp_path / "r.json")
+
+
+def test_boundary_error_measures_each_boundary_and_refuses_aqsgd(tmp_path, capsys):
+  """Dense messages err by 0 and carry the exact gradient (cosine 1); `maxabs:2` errs; the messages' inputs are
+  saved; AQ-SGD (rows per training example) is one error line."""
+  from experiments import boundary_error
+  rows = boundary_error.main([*GPT2_TINY, "--fwd", "none", "--bwd", "maxabs:2", "--every", "1",
+                              "--save", str(tmp_path / "m.npz"), "--json", str(tmp_path / "m.json")])
+  assert [r["step"] for r in rows] == [0, 1, 2] and rows[0]["train_loss"] is None
+  assert all(r["fwd"] == [0.0, 0.0, 0.0] and len(r["grad_cos"]) == 4 for r in rows)
+  assert all(0.01 < e < 1.0 for r in rows for e in r["bwd"])
+  assert rows[-1]["grad_cos"][-1] == pytest.approx(1.0, abs=1e-5)  # the last stage gets the exact gradient
+  with np.load(tmp_path / "m.npz") as saved:
+    assert sorted(saved) == ["bwd_0", "bwd_1", "bwd_2", "fwd_0", "fwd_1", "fwd_2"]
+    assert saved["fwd_0"].shape == (4, 32, 64)
+  assert json.loads((tmp_path / "m.json").read_text())["rows"] == rows
+  with pytest.raises(ValueError, match="no rows in AQ-SGD's per-example table"):
+    boundary_error.main([*GPT2_TINY, "--fwd", "aqsgd+maxabs:2", "--bwd", "none"])

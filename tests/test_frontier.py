@@ -47,7 +47,7 @@ def test_pareto_and_domination():
 
 
 def test_seeds_run_separately_and_the_table_compares_means(tmp_path):
-  args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path)
+  args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path, outliers=None)
   assert frontier.run_name("fp32", 0) == "fp32" and frontier.run_name("fp32", 2) == "fp32-seed2"
   run = frontier.run_config("fp32", args, 2)
   assert run.training.seed == 2 and run.output.run_name == "fp32-seed2"
@@ -78,3 +78,16 @@ def test_list_methods_names_every_method_with_its_specs(capsys):
   assert [line.split()[0] for line in lines] == list(frontier.METHODS)
   assert lines[list(frontier.METHODS).index("subspace16-fw3-bw4")].split()[1:] == [
       "maxabs:3", "maxabs:4:stoch", "0", "subspace:16"]
+
+
+def test_outlier_model_runs_carry_the_flag_and_keep_their_own_folder(tmp_path):
+  args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path,
+                            outliers="4:64:1024")
+  run = frontier.run_config("tile64-fw3-bw4", args)
+  assert run.options.outliers == "4:64:1024" and run.record()["outliers"] == "4:64:1024"
+  (tmp_path / "results").mkdir()
+  (tmp_path / "results" / "fp32.json").write_text(json.dumps(
+      {"config": {"outliers": "4:64:1024"}, "history": [{"step": 4}]}))
+  assert frontier.finished(tmp_path, "fp32", 4, "4:64:1024")["history"][-1]["step"] == 4
+  with pytest.raises(ValueError, match="a run with --outliers 4:64:1024, this frontier has --outliers None"):
+    frontier.finished(tmp_path, "fp32", 4)

@@ -67,7 +67,7 @@ def _reference_logits(w, tokens):
   return ln(x, w["ln_f.weight"], w["ln_f.bias"]) @ w["wte.weight"].T
 
 
-def _chain(stages, params, tokens, train=False, rng=None):
+def _chain(stages, params, tokens, train=False, rng=jax.random.key(0)):
   x = tokens
   for s, (stage, p) in enumerate(zip(stages, params)):
     x = stage.apply(p, {}, x, train=train, rng=jax.random.fold_in(rng if rng is not None else jax.random.key(0), s))[0]
@@ -147,6 +147,27 @@ def test_stage_splits_and_errors(tmp_path):
   shapes = [p.shape for p in jax.tree.leaves(jax.eval_shape(
       lambda: gpt2.gpt2_stages(cfg, 1)[0].init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))[0]))]
   assert sum(int(np.prod(s)) for s in shapes) == 124_439_808  # GPT-2 small
+
+
+def test_outlier_channels_cross_the_boundaries_and_leave_the_model_alone():
+  """With outliers, what stage 0 hands on is r * 64 on 4 spread channels plus 1024 at token 0 in two of them, r the
+  plain model's residual; the next stage reads r back, so the logits are the plain model's."""
+  cfg = gpt2.GPT2Config.tiny(n_layer=2, dropout=0.0)
+  outliers = dataclasses.replace(cfg, outlier_channels=4, outlier_scale=64.0, massive=1024.0)
+  tokens = jax.random.randint(jax.random.key(0), (2, 16), 0, cfg.vocab_size)
+  plain, carried = gpt2.gpt2_stages(cfg, 2), gpt2.gpt2_stages(outliers, 2)
+  params = [plain[0].init(jax.random.key(1), tokens)[0]]
+  r = plain[0].apply(params[0], {}, tokens, train=False, rng=jax.random.key(0))[0]
+  params.append(plain[1].init(jax.random.key(2), r)[0])
+  x = carried[0].apply(params[0], {}, tokens, train=False, rng=jax.random.key(0))[0]
+  channels = outliers.outliers()
+  np.testing.assert_array_equal(channels, [8, 24, 40, 56])
+  expected = np.asarray(r).copy()
+  expected[..., channels] *= 64.0
+  expected[:, 0, channels[:2]] += 1024.0
+  np.testing.assert_array_equal(np.asarray(x), expected)
+  np.testing.assert_allclose(np.asarray(carried[1].apply(params[1], {}, x, train=False, rng=jax.random.key(0))[0]),
+                             np.asarray(plain[1].apply(params[1], {}, r, train=False, rng=jax.random.key(0))[0]), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow

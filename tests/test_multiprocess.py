@@ -1,15 +1,17 @@
 """2 OS processes x 4 CPU devices (jax.distributed on 127.0.0.1, gloo collectives) train a
 4-stage x 2-data GPipe exactly as 1 process x 8 devices: 2 steps, a checkpoint, a resume in
 a new `fit`, a 3rd step; losses and checkpoints bitwise equal. Process 1 is made late to the
-checkpoint-folder check that process 0's checkpointer races with.
+checkpoint-folder check that process 0's checkpointer races with. A checkpoint of such a
+state moves no state between the processes (each writes its own shards).
 
-The test runs this file as its two workers (`python tests/test_multiprocess.py ...`) with a
-time limit; on failure or timeout it kills those two processes only.
+The tests run this file as their two workers (`python tests/test_multiprocess.py MODE ...`) with
+a time limit; on failure or timeout they kill those two processes only.
 """
 import json
 import os
 import pathlib
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -86,6 +88,55 @@ def worker(coordinator, process_id, out_dir):
   (pathlib.Path(out_dir) / f"history{process_id}.json").write_text(json.dumps(history))
 
 
+def tcp_bytes_sent() -> int:
+  """Bytes the peers of this process's TCP sockets have acknowledged (`tcp_info.tcpi_bytes_acked`, Linux):
+  everything it has sent to other processes (gloo's collectives, the jax.distributed service)."""
+  total = 0
+  for fd in os.listdir("/proc/self/fd"):
+    try:
+      if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+        continue
+      sock = socket.socket(fileno=os.dup(int(fd)))
+    except OSError:
+      continue
+    with sock:
+      if sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET, socket.AF_INET6):
+        total += struct.unpack_from("Q", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232), 120)[0]
+  return total
+
+
+def save_worker(coordinator, process_id, out_dir):
+  """Saves the sharded state of a wide 4 x 2 GPipe (AQ-SGD tables) and records the bytes this process
+  sent while saving and the bytes of state its devices hold; the checkpoint restores to the state."""
+  import chex
+  import jax
+  import jaxcomp
+  import optax
+
+  from jaxcomp.models.mlp import mlp_stages
+  from jaxcomp.parallel import sharded
+  from jaxcomp.runtime import checkpoint, distributed
+  distributed.initialize(coordinator, PROCESSES, int(process_id))
+  x = np.random.default_rng(0).normal(size=(B, 256)).astype(np.float32)
+  batch = {"x": x, "label": (x[:, 0] > 0).astype(np.int32), "id": np.arange(B)}
+  pipe = jaxcomp.Pipeline(mlp_stages(256, 2, STAGES), jaxcomp.parse_boundary("aqsgd+quant:2", "ef+quant:4",
+                                                                             num_examples=512),
+                          jaxcomp.losses.classification, "x", microbatches=2)
+  opt, ex = optax.adam(1e-2), sharded.ShardedExecutor(sharded.make_mesh(STAGES, DATA))
+  state = jax.block_until_ready(ex.init_state(pipe, opt, jax.random.key(0), batch))
+  ckpt = checkpoint.Checkpointer(pathlib.Path(out_dir) / "ckpt")
+  time.sleep(1)  # what start-up sent is acknowledged
+  before = tcp_bytes_sent()
+  ckpt.save(1, state, {"epoch": 1, "history": []}, None, ex.rows_description(pipe, opt, batch))
+  time.sleep(1)
+  sent = tcp_bytes_sent() - before
+  held = sum(shard.data.nbytes for a in jax.tree.leaves(state._replace(rng=jax.random.key_data(state.rng)))
+             for shard in a.addressable_shards)
+  like = jax.eval_shape(lambda s: ex.unstack(pipe, opt, s, batch), state)
+  chex.assert_trees_all_equal(ckpt.restore(1, like)[0], checkpoint.simulate_layout(ex, pipe, opt, state, batch))
+  (pathlib.Path(out_dir) / f"saved{process_id}.json").write_text(json.dumps({"sent": sent, "held": held}))
+
+
 def _free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -121,7 +172,7 @@ def _run_processes(out_dir, argv):
 @pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_two_processes_train_as_one(tmp_path):
   (tmp_path / "two").mkdir()
-  _run_processes(tmp_path / "two", lambda coordinator, i: [sys.executable, __file__, coordinator, str(i),
+  _run_processes(tmp_path / "two", lambda coordinator, i: [sys.executable, __file__, "train", coordinator, str(i),
                                                           str(tmp_path / "two")])
   expected = run_training(tmp_path / "one" / "ckpt")  # this process: 8 devices
   assert [r["mode"] for r in expected] == ["warmup", "train", "train"]
@@ -137,6 +188,16 @@ def test_two_processes_train_as_one(tmp_path):
   saved = [checkpoint.Checkpointer(tmp_path / run / "ckpt").restore(3, like)[0] for run in ("one", "two")]
   jax.tree.map(np.testing.assert_array_equal, *saved)  # one simulate-layout checkpoint, whatever the process count
   assert np.abs(saved[0].links[0].fwd_send.buffer).max() > 0
+
+
+def test_a_checkpoint_moves_no_state_between_processes(tmp_path):
+  """Each process writes the shards its devices hold: saving sends a few KB (checksums, Orbax's
+  barriers) while each process holds MBs of state (gathering it, as checkpoints once did, sends them)."""
+  _run_processes(tmp_path, lambda coordinator, i: [sys.executable, __file__, "save", coordinator, str(i),
+                                                   str(tmp_path)])
+  for i in range(PROCESSES):
+    saved = json.loads((tmp_path / f"saved{i}.json").read_text())
+    assert saved["held"] > 2_000_000 and saved["sent"] < 64 * 1024, saved
 
 
 CLI = ["-m", "experiments.gpt2_wikitext", "--executor", "gpipe", "--stages", str(STAGES), "--data-parallel",
@@ -165,4 +226,4 @@ def test_cli_runs_on_two_processes(tmp_path):
 
 
 if __name__ == "__main__":
-  worker(*sys.argv[1:])
+  {"train": worker, "save": save_worker}[sys.argv[1]](*sys.argv[2:])

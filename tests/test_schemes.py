@@ -30,6 +30,28 @@ def test_ef_telescopes(scheme):
   assert float(jnp.abs(state.error).max()) > 0  # compression really lost something each step
 
 
+def test_efmixed_is_the_papers_definition():
+  """Rudakov et al.'s EF-mixed (../shared/SPEC.md): per example m = TopK_a(x) + TopK_b(e), a = ceil(k/2) entries
+  of x, b = floor(k/2) of the error buffer, k = ceil(K F); e' = x + e - m. Against a numpy reference, 3 steps."""
+  scheme = schemes.EFMixed(codecs.TopK(0.1))
+  state = scheme.init_sender(2, (30,), jnp.float32)  # k = 3: 2 entries of x, 1 of e
+  error = np.zeros((2, 30))
+
+  def top(v, n):
+    kept = np.zeros_like(v)
+    for row, order in enumerate(np.argsort(-np.abs(v), axis=1, kind="stable")[:, :n]):
+      kept[row, order] = v[row, order]
+    return kept
+
+  for step in range(3):
+    x = np.asarray(jax.random.normal(jax.random.key(step), (2, 30)))
+    m = top(x, 2) + top(error, 1)
+    payload, state = scheme.send(jnp.asarray(x, jnp.float32), state)
+    np.testing.assert_allclose(np.asarray(scheme.receive(payload, ())[0]), m, rtol=1e-6)
+    error = x + error - m
+    np.testing.assert_allclose(np.asarray(state.error), error, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("fraction, shape, k", [(0.2, (ROWS, *FEAT), 6), pytest.param(0.1, (ROWS, 4096), 410, marks=pytest.mark.slow),
                                                 (0.1, (ROWS, 10), 1), (0.3, (ROWS, 10), 3)])
 def test_efmixed_sends_exactly_ceil_kf_entries(fraction, shape, k):

@@ -209,13 +209,16 @@ def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages, m, sche
 
 @pytest.mark.parametrize("spec", ["proj:4", slow("subspace:4")])
 def test_learned_bottleneck_sends_rank_wide_messages_in_the_compiled_program(spec):
-  """The collective-permutes carry the codecs' payloads of the r-wide z and dz, as counted."""
+  """The collective-permutes carry the codecs' payloads of the r-wide z and dz, as counted; `subspace`'s
+  tied W (16 x 4 on both ends of each boundary) sends its gradient both ways, as counted."""
   pipe = _bottleneck_pipe(spec)
   opt = optax.sgd(0.1)
   ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages))
   sent = dryrun.collective_bytes(ex, pipe, opt, ex.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   fwd, bwd = pipe.boundary.wire_bytes((16 // 4, 4), jnp.float32)  # a microbatch of 4 examples, r = 4
-  assert sent == {"fwd": 3 * 4 * fwd, "bwd": 3 * 4 * bwd, "data": 0}  # 3 boundaries x 4 microbatches
+  tied = {"tied": 3 * 2 * 16 * 4 * 4} if spec.startswith("subspace") else {}  # 3 boundaries, both ways, fp32
+  assert sent == {"fwd": 3 * 4 * fwd, "bwd": 3 * 4 * bwd, "data": 0, **tied}  # 3 boundaries x 4 microbatches
+  assert {k: v for k, v in ex.wire_bytes_per_step(pipe, BATCH).items() if k == "tied"} == tied
 
 
 @pytest.mark.slow  # by hand; test_collective_permutes_carry_exactly_the_payload checks the HLO against wire_bytes

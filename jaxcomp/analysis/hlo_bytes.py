@@ -14,6 +14,8 @@ import re
 
 import numpy as np
 
+from jaxcomp.parallel.mesh import TIED
+
 _ARRAY = re.compile(r"(pred|[suf]\d+|bf16|f8e4m3fn|f8e5m2|f8e4m3fnuz|f8e5m2fnuz|f8e4m3b11fnuz|f8e4m3|f8e3m4)"
                     r"\[([\d,]*)\]")
 _BYTES = {"pred": 1, "bf16": 2}
@@ -219,9 +221,11 @@ def collective_bytes(hlo_text: str, num_stages: int | None = None) -> dict[str, 
   collective-permute moves its operand once per source->target pair: a pair within one data
   row is a pipeline message, forward (activations) from stage a to a+1, backward (gradients)
   from a+1 to a; a pair across data rows is the data-parallel exchange (`data`; without
-  `num_stages` every pair is a pipeline message). Each all-gather over a group of n also
-  counts as `data`: every member's operand (result / n) to the n-1 others. All-reduces are
-  not counted. A collective in a loop of unknown trip count is a ValueError.
+  `num_stages` every pair is a pipeline message); a collective-permute issued under the scope
+  `TIED` is the tied-parameter exchange (`tied`, a key present only when the program has one).
+  Each all-gather over a group of n also counts as `data`: every member's operand (result / n)
+  to the n-1 others. All-reduces are not counted. A collective in a loop of unknown trip count is
+  a ValueError.
   """
   module = Module(hlo_text)
   runs = executions(module)
@@ -240,6 +244,9 @@ def collective_bytes(hlo_text: str, num_stages: int | None = None) -> dict[str, 
         continue
       moved = array_bytes(inst.type if inst.opcode == kind else _start_parts(inst.type)[0])
       pairs = re.findall(r"\{(\d+),(\d+)\}", inst.attributes.split("source_target_pairs=", 1)[1])
+      if f"/{TIED}/" in inst.line:
+        totals["tied"] = totals.get("tied", 0) + times * moved * len(pairs)
+        continue
       for src, dst in ((int(a), int(b)) for a, b in pairs):
         same_row = num_stages is None or src // num_stages == dst // num_stages
         totals[("fwd" if dst > src else "bwd") if same_row else "data"] += times * moved

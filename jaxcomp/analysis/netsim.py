@@ -46,7 +46,10 @@ and their exchanges overlap the drain of earlier stages. Stage 0 finishes last u
 schedule, so with equal rows the step ends with stage 0's exchange, the same time as
 "after the whole pipeline"; the choice matters only when a later stage's row is larger.
 
-The makespan is the end of the last op or exchange. With zero communication and uniform
+Updates. With ``update_s``, stage ``s`` then runs its optimizer step for ``update_s[s]`` seconds,
+after its exchange (or, without one, after its last op and last message).
+
+The makespan is the end of the last op, exchange or update. With zero communication and uniform
 stages (``t_f``, ``t_b``), GPipe gives the classic ``(M + S - 1) * (t_f + t_b)``. Every time
 is built from ``max`` and ``+`` over fixed orders, so the makespan never decreases when a
 duration grows: more bandwidth or fewer bytes never slow a step.
@@ -62,7 +65,7 @@ from typing import Literal, NamedTuple
 from jaxcomp.arguments import is_integer
 from jaxcomp.parallel import schedule as schedule_mod
 
-Kind = Literal["fwd", "bwd", "send_fwd", "send_bwd", "exchange"]
+Kind = Literal["fwd", "bwd", "send_fwd", "send_bwd", "exchange", "update"]
 
 # The bandwidths of AQ-SGD's Table 2.
 DEFAULT_BANDWIDTHS_BPS = (10e9, 1e9, 500e6, 300e6, 100e6)
@@ -77,10 +80,10 @@ class Exchange(NamedTuple):
 
 @dataclass(frozen=True)
 class Event:
-  """One compute op, one message, or one stage's data-parallel exchange.
+  """One compute op, one message, one stage's data-parallel exchange or its optimizer update.
 
-  ``index`` is the stage for ``fwd``/``bwd``/``exchange`` and the link ``b`` (stage ``b`` to
-  ``b + 1``) for ``send_fwd``/``send_bwd``; ``microbatch`` is -1 for an ``exchange``. Times
+  ``index`` is the stage for ``fwd``/``bwd``/``exchange``/``update`` and the link ``b`` (stage ``b`` to
+  ``b + 1``) for ``send_fwd``/``send_bwd``; ``microbatch`` is -1 for an ``exchange`` or ``update``. Times
   are seconds from the start of the step.
   """
   kind: Kind
@@ -93,12 +96,13 @@ class Event:
 @dataclass(frozen=True)
 class Timeline:
   """All events of one step: `events` (compute ops and messages, in evaluation order, not by
-  time), one `exchanges` event per stage (none without data parallelism), and the
-  `critical_path`: from t = 0 to the makespan, each event the one the next waited for last
-  (on a tie, the previous event on the same resource)."""
+  time), one `exchanges` event per stage (none without data parallelism), one `updates` event per
+  stage (none without `update_s`), and the `critical_path`: from t = 0 to the makespan, each
+  event the one the next waited for last (on a tie, the previous event on the same resource)."""
   events: tuple[Event, ...]
   exchanges: tuple[Event, ...] = ()
   critical_path: tuple[Event, ...] = ()
+  updates: tuple[Event, ...] = ()
 
   @property
   def pipeline_end(self) -> float:
@@ -107,13 +111,14 @@ class Timeline:
 
   @property
   def makespan(self) -> float:
-    """Step time in seconds: the end of the last op, message or exchange."""
-    return max(e.end for e in self.events + self.exchanges)
+    """Step time in seconds: the end of the last op, message, exchange or update."""
+    return max(e.end for e in self.events + self.exchanges + self.updates)
 
   def critical_seconds(self) -> dict[str, float]:
     """Seconds of the critical path spent in ``compute`` (forwards, backwards), on a ``link``
     and in an ``exchange``: they sum to the makespan, and say which term dominates the step."""
-    terms = {"fwd": "compute", "bwd": "compute", "send_fwd": "link", "send_bwd": "link", "exchange": "exchange"}
+    terms = {"fwd": "compute", "bwd": "compute", "send_fwd": "link", "send_bwd": "link", "exchange": "exchange",
+             "update": "compute"}
     seconds = dict.fromkeys(("compute", "link", "exchange"), 0.0)
     for e in self.critical_path:
       seconds[terms[e.kind]] += e.end - e.start
@@ -190,6 +195,7 @@ def simulate_step(
     latency_s: float = 0.0,
     exchange: Exchange | None = None,
     schedule: str = "gpipe",
+    update_s: Sequence[float] | None = None,
 ) -> Timeline:
   """Event timeline of one step on `schedule` (one of `schedule.SCHEDULES`; rule in the
   module docstring).
@@ -197,6 +203,7 @@ def simulate_step(
   ``fwd_s``/``bwd_s``: per-stage compute seconds per microbatch (length ``S``).
   ``fwd_bytes``/``bwd_bytes``: per-link bytes per microbatch (length ``S - 1``).
   ``exchange``: the data-parallel exchange (``sent_bytes`` per stage), or None.
+  ``update_s``: per-stage seconds of the optimizer step that ends the step, or None.
   """
   _check_stage_times(fwd_s, bwd_s)
   num_stages = len(fwd_s)
@@ -209,6 +216,11 @@ def simulate_step(
   if exchange is not None:
     _check_bytes("exchange.sent_bytes", exchange.sent_bytes, num_stages, "stages")
     _check_count("exchange.messages", exchange.messages, 0)
+  if update_s is not None:
+    if len(update_s) != num_stages:
+      raise ValueError(f"update_s has {len(update_s)} entries but fwd_s has {num_stages} (one per stage)")
+    for i, v in enumerate(update_s):
+      _check_time(f"update_s[{i}]", v)
 
   transfer = {"send_fwd": [transfer_time(n, bandwidth_bps, latency_s) for n in fwd_bytes],
               "send_bwd": [transfer_time(n, bandwidth_bps, latency_s) for n in bwd_bytes]}
@@ -255,19 +267,22 @@ def simulate_step(
       raise RuntimeError(f"schedule {schedule!r} deadlocks at stage positions {position}")
   events = tuple(evaluated.values())
 
+  # Stage s is done when its last op has ended and its last messages (link s-1 backward,
+  # link s forward) have left.
+  done = lambda s: [last[("stage", s)], last.get(("send_bwd", s - 1)), last.get(("send_fwd", s))]
   if exchange is not None:
-    # Stage s is done when its last op has ended and its last messages (link s-1 backward,
-    # link s forward) have left.
     for s, n in enumerate(exchange.sent_bytes):
-      run(("exchange", s, -1), ("exchange", s),
-          [last[("stage", s)], last.get(("send_bwd", s - 1)), last.get(("send_fwd", s))],
-          transfer_time(n, bandwidth_bps, latency_s, exchange.messages))
+      run(("exchange", s, -1), ("exchange", s), done(s), transfer_time(n, bandwidth_bps, latency_s, exchange.messages))
   exchanges = tuple(evaluated.values())[len(events):]
+  if update_s is not None:
+    for s, t in enumerate(update_s):
+      run(("update", s, -1), ("update", s), [("exchange", s, -1)] if exchange is not None else done(s), t)
+  updates = tuple(evaluated.values())[len(events) + len(exchanges):]
 
   path = [max(evaluated, key=lambda k: evaluated[k].end)]
   while cause[path[-1]] is not None:
     path.append(cause[path[-1]])
-  return Timeline(events, exchanges, tuple(evaluated[k] for k in reversed(path)))
+  return Timeline(events, exchanges, tuple(evaluated[k] for k in reversed(path)), updates)
 
 
 def throughput(samples_per_step: float, timeline: Timeline) -> float:

@@ -1,12 +1,13 @@
 """One-line string specs for CLIs: `[scheme+]codec[:arg[:option...]]`.
 
 Codecs:  none | bf16 | fp16 | fp8 | fp8e5m2 | fp8[e5m2]:scaled[:tensor|channel] | quant:BITS[:stoch]
-         | maxabs:BITS[:tensor|channel|group=G][:stoch][:scale=fp32|bf16|fp16][:clip=RATIO|mse][:grid=zero|midrise]
+         | maxabs:BITS[:tensor|channel|group=G][:stoch][:scale=fp32|bf16|fp16][:clip=RATIO|mse][:grid=zero|midrise|auto]
          | topk:FRACTION[:row][:bf16|q8][:threshold|sort|approx] | randk:FRACTION[:row]
          | adaptive:LOW:HIGH:FRACTION[:group=G][:stoch][:grid=...][:clip=...]   (FRACTION of tokens in HIGH bits)
 maxabs grids: `zero` {-L..L} s/L, L = 2^(B-1)-1 (0 exact); `midrise` +-(2j-1) s/(2^B-1), j = 1..2^(B-1)
-(all 2^B codes, no 0). Without grid= / clip= a bit width takes its default (`codecs.maxabs_defaults`):
-2 and 3 bits midrise with clip=mse, 4 bits and more the zero grid unclipped.
+(all 2^B codes, no 0); `auto` per scale the one of least error (flagged in the scale's sign bit). Without
+grid= / clip= a bit width takes its default (`codecs.maxabs_defaults`): 2 and 3 bits auto with clip=mse,
+4 bits auto unclipped, 5 bits and more the zero grid unclipped.
 Wrapper: hadamard[:BLOCK][:seed=S]+CODEC   (randomized Hadamard rotation around CODEC)
 Schemes: plain (default) | ef | ef21 | efmixed | aqsgd;  backward only: reuse (TopK index reuse)
 Examples: `topk:0.1`, `topk:0.1:q8` (8-bit values), `quant:4`, `ef21+topk:0.1`, `aqsgd+maxabs:2:stoch`,
@@ -57,9 +58,9 @@ def _scale_dtype(name: str, settings: dict, spec: str) -> str:
 
 def _grid_and_clip(name: str, settings: dict, spec: str) -> dict:
   """grid=zero|midrise and clip=RATIO|mse as MaxAbsQuant keywords (None: the bit width's default)."""
-  if settings.get("grid", "zero") not in codecs.MAXABS_GRIDS:
+  if settings.get("grid", "zero") not in (*codecs.MAXABS_GRIDS, codecs.AUTO_GRID):
     raise ValueError(f"bad {name} option grid={settings['grid']!r} in {spec!r}; allowed: "
-                     f"grid={'|'.join(codecs.MAXABS_GRIDS)}")
+                     f"grid={'|'.join((*codecs.MAXABS_GRIDS, codecs.AUTO_GRID))}")
   clip = settings.get("clip")
   return {"grid": settings.get("grid"), "clip": clip if clip in (None, "mse") else _number(clip, float, spec)}
 

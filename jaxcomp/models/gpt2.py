@@ -7,12 +7,25 @@ stage's blocks run as one `nn.scan` over their stacked parameters (`params["bloc
 [n_blocks, ...], block `first_block + i` at index i), as MaxText's `scan_layers`: the program
 holds one block body whatever the depth, so GPT-2 XL compiles in seconds rather than one
 unrolled copy per block.
+
+Outliers (`outlier_channels`, `outlier_scale`, `massive`): pretrained transformers' residual streams
+carry a few channels tens to hundreds of times larger than the rest (Dettmers et al. 2022, LLM.int8:
+systematic outlier features in a handful of dimensions, across tokens) and a few "massive" activations,
+thousands of times the median, at fixed channels of the first token (Sun et al. 2024: constant, acting as
+biases). A model trained from scratch for a few hundred steps grows neither. With these fields, what a
+stage hands to the next is the residual r carried as r * g + m: g = `outlier_scale` on `outlier_channels`
+channels spread over the width (1 elsewhere), m = `massive` at token 0 in the first two of them (0
+elsewhere); the next stage reads (x - m) / g back. The function is the same model's (exactly for a
+power-of-two g and m = 0, up to fp32 rounding of m otherwise): only the tensors that cross the
+boundaries have the outlier pattern, so a compressor's error on them is what changes.
 """
 import dataclasses
+import math
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxcomp.arguments import is_integer
 from jaxcomp.pipeline import FlaxStage
@@ -28,6 +41,45 @@ class GPT2Config:
   dropout: float = 0.1  # HF resid_pdrop = embd_pdrop = attn_pdrop
   dtype: str = "float32"  # compute dtype; parameters stay fp32
   remat: str = "block"  # what a block's backward saves: "block" its input only, "dots" matmul outputs, "none" all
+  outlier_channels: int = 0  # channels carried times outlier_scale across stage boundaries (module doc)
+  outlier_scale: float = 1.0
+  massive: float = 0.0  # added at token 0 to the first two outlier channels across stage boundaries
+
+  def __post_init__(self):
+    if not 0 <= self.outlier_channels <= self.n_embd:
+      raise ValueError(f"outlier_channels must be in 0..{self.n_embd} (the width), got {self.outlier_channels}")
+    if not (math.isfinite(self.outlier_scale) and self.outlier_scale > 0 and math.isfinite(self.massive)):
+      raise ValueError(f"outlier_scale must be a finite positive number and massive finite, got "
+                       f"{self.outlier_scale} and {self.massive}")
+    if self.massive and self.outlier_channels < 2:
+      raise ValueError(f"massive={self.massive} sits in two outlier channels: give outlier_channels >= 2")
+
+  def outliers(self) -> np.ndarray:
+    """The outlier channels: `outlier_channels` indices spread evenly over the width."""
+    n = self.outlier_channels
+    return (np.arange(n) * self.n_embd) // max(n, 1) + self.n_embd // (2 * max(n, 1))
+
+  def to_boundary(self, r_BxTxD):
+    """What crosses a stage boundary for the residual r: r * g + m (module doc); r itself without outliers."""
+    if not self.outlier_channels:
+      return r_BxTxD
+    gain, bias = self._boundary_terms(r_BxTxD.shape[1])
+    return (r_BxTxD * gain + bias).astype(r_BxTxD.dtype)
+
+  def from_boundary(self, x_BxTxD):
+    """Inverse of `to_boundary`: (x - m) / g."""
+    if not self.outlier_channels:
+      return x_BxTxD
+    gain, bias = self._boundary_terms(x_BxTxD.shape[1])
+    return ((x_BxTxD - bias) / gain).astype(x_BxTxD.dtype)
+
+  def _boundary_terms(self, t):
+    channels = self.outliers()
+    gain = np.ones(self.n_embd, np.float32)
+    gain[channels] = self.outlier_scale
+    bias = np.zeros((t, self.n_embd), np.float32)
+    bias[0, channels[:2]] = self.massive
+    return jnp.asarray(gain), jnp.asarray(bias)
 
   @classmethod
   def small(cls, **kw):
@@ -99,6 +151,8 @@ class GPT2Stage(nn.Module):
       wpe = self.param("wpe", nn.initializers.normal(0.01), (cfg.n_positions, cfg.n_embd))
       x = (wte[x] + wpe[: x.shape[1]]).astype(cfg.dtype)
       x = nn.Dropout(cfg.dropout, deterministic=not train)(x)
+    else:
+      x = cfg.from_boundary(x)
     block = nn.remat(Block, static_argnums=(2,), policy=_REMAT[cfg.remat]) if cfg.remat != "none" else Block
     scanned = nn.scan(lambda block, x, _: (block(x, train), None), variable_axes={"params": 0},
                       split_rngs={"params": True, "dropout": True}, length=self.num_blocks)
@@ -107,7 +161,8 @@ class GPT2Stage(nn.Module):
       x = nn.LayerNorm(**_LN, dtype=cfg.dtype, name="ln_f")(x)
       wte = wte if self.embed else self.param("wte", _INIT, (cfg.vocab_size, cfg.n_embd))
       x = jnp.einsum("btd,vd->btv", x, wte.astype(cfg.dtype))
-    return x
+      return x
+    return cfg.to_boundary(x)
 
 
 def block_splits(n_layer: int, num_stages: int, cuts=None) -> list[tuple[int, int]]:

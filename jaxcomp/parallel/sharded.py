@@ -95,15 +95,21 @@ class ShardedExecutor(pipeline.Executor):
 
   # ---------------------------------------------------------------- state
   def stack(self, pipe, optimizer, state: pipeline.TrainState, batch):
-    """simulate-layout TrainState for the global `batch` -> sharded state, created sharded by one
-    jitted program that reads the state from host memory (so it works when the mesh spans several
-    processes: every process passes the same state)."""
+    """simulate-layout TrainState for the global `batch` -> sharded state. Every process passes the same
+    state: it computes the rows on its host CPU and transfers only the slices its own devices hold, so
+    nothing crosses between processes (one jitted program from the host state would: XLA partitions
+    it into all-to-alls)."""
     self._check(pipe, optimizer)
     lay = self.layout(pipe, optimizer, batch)
     host = jax.device_get(state._replace(rng=jax.random.key_data(state.rng)))
-    impl = jax.random.key_impl(state.rng)
-    build = lambda st: lay.stack(st._replace(rng=jax.random.wrap_key_data(st.rng, impl=impl)))
-    return jax.jit(build, out_shardings=lay.shardings(self.mesh, jax.eval_shape(build, host)))(host)
+    rows = jax.device_get(jax.jit(lay.stack)(jax.device_put(host, jax.local_devices(backend="cpu")[0])))
+    placed = jax.tree.map(lambda a, sharding: jax.make_array_from_callback(a.shape, sharding, lambda i: a[i]),
+                          rows, lay.shardings(self.mesh, rows))
+    return placed._replace(rng=jax.random.wrap_key_data(placed.rng, impl=jax.random.key_impl(state.rng)))
+
+  def rows_description(self, pipe, optimizer, batch) -> dict:
+    """Executor protocol: checkpoints save the rows as they are (`StateRows.description`)."""
+    return self.layout(pipe, optimizer, batch).description()
 
   def unstack(self, pipe, optimizer, flat_state, batch) -> pipeline.TrainState:
     """Sharded state -> simulate layout for the global `batch` (replicated arrays)."""
@@ -146,10 +152,13 @@ class ShardedExecutor(pipeline.Executor):
     return self._cached(pipe, None, mode, train=False)
 
   def wire_bytes_per_step(self, pipe, batch, mode: Mode = Mode.TRAIN) -> dict[str, int]:
-    """Executor protocol: every data shard's pipeline bytes each way, plus the gradient (or
+    """Executor protocol: every data shard's pipeline bytes each way, its tied-parameter exchange
+    (`tied`, when the pipeline ties parameters: `StateLayout.tied_bytes`), plus the gradient (or
     QuantizedAdam momentum) exchange; warm-up steps send everything dense (`pipeline.as_sent`)."""
     local = pipeline.wire_bytes_per_step(pipeline.as_sent(pipe, mode), None, self.local_batch(batch))
     out = {k: v * self.data for k, v in local.items()}
+    if pipe.tied:
+      out["tied"] = self.data * self.layout(pipe, None, batch).tied_bytes()
     if self.data > 1:
       out["data"] = self.grad_wire_bytes(pipe, optax.identity(), batch, dense=mode is Mode.WARMUP)
     return out

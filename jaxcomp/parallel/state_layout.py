@@ -8,7 +8,9 @@ Per device (d, s) of the (data, stage) mesh, every per-stage quantity is a zero-
   table's rows are split over the data shards, a per-example (AQ-SGD) table is held whole
   by every data shard (shard d's copy holds its own examples' rows, zeros elsewhere).
   grad_state [S, D, P]: each replica's error row of the data-parallel exchange.
-`StateLayout.specs` is the one source of every partition spec.
+`StateRows` converts between the simulate layout and these rows from shapes alone (a checkpoint
+of the rows records its `description`); `StateLayout` adds what the executor needs of the
+pipeline. `StateLayout.specs` is the one source of every partition spec.
 """
 from typing import Protocol
 
@@ -21,10 +23,18 @@ from jax.sharding import PartitionSpec as P
 from jaxcomp import pipeline
 from jaxcomp.compress.boundary import LinkState
 from jaxcomp.parallel import layout
-from jaxcomp.parallel.mesh import DATA, STAGE
+from jaxcomp.parallel.mesh import DATA, STAGE, TIED
 from jaxcomp.parallel.qadam import QuantizedAdam
 
 _OWNER = {"fwd_send": 0, "bwd_recv": 0, "fwd_recv": 1, "bwd_send": 1}  # boundary of stage s: s - offset
+
+
+def exchange_tied(segment, pairs):
+  """`segment` sent between the stages of `pairs` ((source, target) on the stage axis; zeros where
+  nothing arrives), under the scope `mesh.TIED` that names these collectives in the compiled
+  program."""
+  with jax.named_scope(TIED):
+    return jax.lax.ppermute(segment, STAGE, pairs)
 
 
 def abstract_state(pipe: pipeline.Pipeline, optimizer, batch) -> pipeline.TrainState:
@@ -55,9 +65,10 @@ class OptimizerRows(Protocol):
 class OptaxRows:
   """An optax optimizer: each stage's state flattened into a padded row (`layout.FlatRows`)."""
 
-  def __init__(self, optimizer: optax.GradientTransformation, params_fl: layout.FlatRows, stage_params):
+  def __init__(self, optimizer: optax.GradientTransformation | None, params_fl: layout.FlatRows, stage_states):
+    """`stage_states`: each stage's optimizer state (shapes); `optimizer` None: rows that only stack and unstack."""
     self.optimizer, self.params_fl = optimizer, params_fl
-    self.fl = layout.FlatRows([jax.eval_shape(optimizer.init, p) for p in stage_params])  # shapes: nothing allocated
+    self.fl = layout.FlatRows(stage_states)
 
   def stack(self, per_stage):
     return self.fl.stack(per_stage)
@@ -85,7 +96,8 @@ class OptaxRows:
 class MomentRows:
   """QuantizedAdam: its moments are rows like the parameters, its step counts one per stage."""
 
-  def __init__(self, optimizer: QuantizedAdam, params_fl: layout.FlatRows):
+  def __init__(self, optimizer: QuantizedAdam | None, params_fl: layout.FlatRows):
+    """`optimizer` None: rows that only stack and unstack."""
     self.optimizer, self.params_fl = optimizer, params_fl
 
   def stack(self, per_stage):
@@ -116,40 +128,48 @@ def optimizer_rows(optimizer, params_fl: layout.FlatRows, stage_params) -> Optim
     return None
   if isinstance(optimizer, QuantizedAdam):
     return MomentRows(optimizer, params_fl)
-  return OptaxRows(optimizer, params_fl, stage_params)
+  return OptaxRows(optimizer, params_fl, [jax.eval_shape(optimizer.init, p) for p in stage_params])
 
 
-class StateLayout:
-  """The layout of one (pipeline, optimizer, global batch) on a mesh of `num_stages` x `data`
-  devices; built from shapes alone. `grad_scheme` compresses the data-parallel exchange (None: a
-  dense one); `grad_template` is then one replica's error state for a `[P]` row."""
+OPTIMIZER_ROWS = {OptaxRows: "optax", MomentRows: "moments"}
 
-  def __init__(self, pipe: pipeline.Pipeline, optimizer, batch, num_stages: int, data: int, grad_scheme=None):
-    self.pipe, self.num_stages, self.data = pipe, num_stages, data
-    self.template = abstract_state(pipe, optimizer, batch)
-    self.params = layout.FlatRows(self.template.params)
-    self.grad_template = None if grad_scheme is None else grad_scheme.init_sender(1, (self.params.size,), jnp.float32)
-    self.model_state = layout.FlatRows(self.template.model_state)
-    self.optimizer = optimizer_rows(optimizer, self.params, self.template.params)
-    self.batch_size = jax.tree.leaves(batch)[0].shape[0]
-    self.local_batch = pipeline.microbatch_shapes(batch, data)
-    self.microbatch = pipeline.microbatch_shapes(self.local_batch, pipe.microbatches)
-    self.shapes = pipeline.boundary_shapes(pipe, self.template.params, self.template.model_state,
-                                     self.microbatch[pipe.input_key])
-    self.f_max = max([layout.feature_size(s.shape) for s in self.shapes] or [1])
 
-  # ------------------------------------------------------------ partition specs
-  @staticmethod
-  def specs(state: pipeline.TrainState) -> pipeline.TrainState:
-    """Every partition spec of a sharded state (arrays or shapes)."""
-    rows = lambda tree: jax.tree.map(lambda _: P(STAGE, DATA), tree)
-    return pipeline.TrainState(P(), P(), P(STAGE), P(STAGE), jax.tree.map(lambda _: P(STAGE), state.opt_state),
-                         rows(state.links), rows(state.grad_state))
+class StateRows:
+  """The simulate layout's TrainState <-> stage rows and link tables on `num_stages` x `data`
+  devices, from shapes alone: `template` (the simulate-layout state's shapes), whether the
+  forward link state is per example (`keyed`), the optimizer's rows, the tables' width `f_max`
+  and one replica's data-parallel error state `grad_template` (None: no such state).
+  `description` is what a checkpoint of the rows records, `from_description` rebuilds them
+  from it and the simulate layout's shapes alone (no pipeline needed)."""
+
+  def __init__(self, template: pipeline.TrainState, num_stages: int, data: int, keyed: bool,
+               optimizer: OptimizerRows | None, f_max: int, grad_template=None):
+    self.template, self.num_stages, self.data, self.keyed = template, num_stages, data, keyed
+    self.params = layout.FlatRows(template.params)
+    self.model_state = layout.FlatRows(template.model_state)
+    self.optimizer, self.f_max, self.grad_template = optimizer, f_max, grad_template
+
+  def description(self) -> dict:
+    """JSON: what `from_description` needs besides the simulate layout's shapes."""
+    opt = self.optimizer
+    return {"stages": self.num_stages, "data": self.data, "keyed": self.keyed, "width": self.f_max,
+            "optimizer": None if opt is None else OPTIMIZER_ROWS[type(opt)],
+            "optimizer_leaves": [] if not isinstance(opt, OptaxRows) else
+            [[list(leaf.shape) for leaf in stage] for stage in opt.fl.leaves]}
 
   @classmethod
-  def shardings(cls, mesh, state: pipeline.TrainState) -> pipeline.TrainState:
-    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), cls.specs(state),
-                        is_leaf=lambda x: isinstance(x, P))
+  def from_description(cls, template: pipeline.TrainState, described: dict) -> "StateRows":
+    """The rows `description` describes, for the simulate-layout shapes `template`; ValueError when the
+    template's optimizer state is not the one the rows were made of."""
+    params = layout.FlatRows(template.params)
+    optimizer = None
+    if described["optimizer"] == "moments":
+      optimizer = MomentRows(None, params)
+    elif described["optimizer"] == "optax":
+      optimizer = OptaxRows(None, params, layout.split_by_stage(template.opt_state, template.params))
+      if [[list(leaf.shape) for leaf in stage] for stage in optimizer.fl.leaves] != described["optimizer_leaves"]:
+        raise ValueError("the optimizer state of these rows has other shapes than this run's")
+    return cls(template, described["stages"], described["data"], described["keyed"], optimizer, described["width"])
 
   # ------------------------------------------------------------ whole states
   def stack(self, state: pipeline.TrainState) -> pipeline.TrainState:
@@ -163,44 +183,20 @@ class StateLayout:
   def unstack(self, flat: pipeline.TrainState) -> pipeline.TrainState:
     """Inverse of `stack`: the optimizer state in `optimizer.init(params)`'s structure, `grad_state`
     per stage a tree of [D, ...] error rows, each example's row from the shard that owns it."""
-    params = self.params.unstack(flat.params)
-    opt_state = ()
+    return pipeline.TrainState(flat.step, flat.rng, *self.unstack_model(flat.params, flat.model_state, flat.opt_state),
+                               self.untables(flat.links), self.grad_canonical(flat.grad_state))
+
+  def unstack_model(self, params, model_state, opt_state) -> tuple:
+    """(params, model state, optimizer state) rows -> their simulate layout (part of `unstack`)."""
+    params = self.params.unstack(params)
     if self.optimizer is not None:
-      opt_state = layout.merge_stages(tuple(self.optimizer.unstack(flat.opt_state)), params)
-    return pipeline.TrainState(flat.step, flat.rng, params, self.model_state.unstack(flat.model_state), opt_state,
-                         self.untables(flat.links), self.grad_canonical(flat.grad_state))
-
-  def initializer(self, mesh, impl):
-    """key data -> the sharded train state: device s initialises only stage s's rows."""
-    pipe, inputs = self.pipe, [self.microbatch[self.pipe.input_key], *self.shapes]
-
-    def stage_rows(init_rng):
-      s = jax.lax.axis_index(STAGE)
-
-      def init(j):
-        def run():
-          p, ms = pipe.stages[j].init(jax.random.fold_in(init_rng, j), jnp.zeros(inputs[j].shape, inputs[j].dtype))
-          return self.params.put(j, p), self.model_state.put(j, ms)
-        return run
-
-      p_row, ms_row = jax.lax.switch(s, [init(j) for j in range(self.num_stages)])
-      p_row = self.tie(p_row, s)
-      return jax.tree.map(lambda a: a[None], (p_row, ms_row, self.optimizer.init_row(p_row, s)))
-
-    def build(key_data):
-      init_rng, state_rng = jax.random.split(jax.random.wrap_key_data(key_data, impl=impl))
-      rows = jax.shard_map(stage_rows, mesh=mesh, in_specs=P(), out_specs=P(STAGE), check_vma=False)
-      p_rows, ms_rows, opt_rows = rows(init_rng)
-      links = tuple(pipe.boundary.init(self.batch_size, x.shape[1:], x.dtype) for x in self.shapes)
-      return pipeline.TrainState(jnp.zeros((), jnp.int32), state_rng, p_rows, ms_rows, opt_rows, self.tables(links),
-                           self.grad_rows(()))
-
-    return build
+      opt_state = layout.merge_stages(tuple(self.optimizer.unstack(opt_state)), params)
+    return params, self.model_state.unstack(model_state), opt_state if self.optimizer is not None else ()
 
   # ------------------------------------------------------------ link tables
   def _keyed(self, field: str) -> bool:
     """Whether a LinkState field has one row per example (AQ-SGD forward state)."""
-    return field.startswith("fwd") and self.pipe.boundary.fwd.keyed_by_example
+    return field.startswith("fwd") and self.keyed
 
   def tables(self, links) -> LinkState:
     """Per-boundary LinkStates (global batch) -> [S, D*rows, F] tables, one per field."""
@@ -258,35 +254,135 @@ class StateLayout:
     return jax.tree.unflatten(structure, rows)
 
   def grad_canonical(self, rows):
-    """Inverse of `grad_rows`."""
-    if self.grad_template is None:
+    """Inverse of `grad_rows` (any tree of [S, D, P] rows: each leaf becomes its S per-stage trees)."""
+    if not jax.tree.leaves(rows):
       return ()
     canonical = [tuple(jax.vmap(lambda r, s=s: self.params.get(s, r))(leaf[s]) for s in range(self.num_stages))
                  for leaf in jax.tree.leaves(rows)]
-    return jax.tree.unflatten(jax.tree.structure(self.grad_template), canonical)
+    return jax.tree.unflatten(jax.tree.structure(rows), canonical)
+
+
+class StateLayout(StateRows):
+  """The layout of one (pipeline, optimizer, global batch) on a mesh of `num_stages` x `data`
+  devices; built from shapes alone. `grad_scheme` compresses the data-parallel exchange (None: a
+  dense one); `grad_template` is then one replica's error state for a `[P]` row."""
+
+  def __init__(self, pipe: pipeline.Pipeline, optimizer, batch, num_stages: int, data: int, grad_scheme=None):
+    self.pipe = pipe
+    template = abstract_state(pipe, optimizer, batch)
+    params = layout.FlatRows(template.params)
+    self.batch_size = jax.tree.leaves(batch)[0].shape[0]
+    self.local_batch = pipeline.microbatch_shapes(batch, data)
+    self.microbatch = pipeline.microbatch_shapes(self.local_batch, pipe.microbatches)
+    self.shapes = pipeline.boundary_shapes(pipe, template.params, template.model_state,
+                                           self.microbatch[pipe.input_key])
+    super().__init__(template, num_stages, data, pipe.boundary.fwd.keyed_by_example,
+                     optimizer_rows(optimizer, params, template.params),
+                     max([layout.feature_size(s.shape) for s in self.shapes] or [1]),
+                     None if grad_scheme is None else grad_scheme.init_sender(1, (params.size,), jnp.float32))
+
+  # ------------------------------------------------------------ partition specs
+  @staticmethod
+  def specs(state: pipeline.TrainState) -> pipeline.TrainState:
+    """Every partition spec of a sharded state (arrays or shapes)."""
+    rows = lambda tree: jax.tree.map(lambda _: P(STAGE, DATA), tree)
+    return pipeline.TrainState(P(), P(), P(STAGE), P(STAGE), jax.tree.map(lambda _: P(STAGE), state.opt_state),
+                         rows(state.links), rows(state.grad_state))
+
+  @classmethod
+  def shardings(cls, mesh, state: pipeline.TrainState) -> pipeline.TrainState:
+    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), cls.specs(state),
+                        is_leaf=lambda x: isinstance(x, P))
+
+  def initializer(self, mesh, impl):
+    """key data -> the sharded train state: device (d, s) initialises only stage s's rows and its own
+    blocks of the link tables (`fresh_tables`)."""
+    pipe, inputs = self.pipe, [self.microbatch[self.pipe.input_key], *self.shapes]
+
+    def stage_rows(init_rng):
+      s = jax.lax.axis_index(STAGE)
+
+      def init(j):
+        def run():
+          p, ms = pipe.stages[j].init(jax.random.fold_in(init_rng, j), jnp.zeros(inputs[j].shape, inputs[j].dtype))
+          return self.params.put(j, p), self.model_state.put(j, ms)
+        return run
+
+      p_row, ms_row = jax.lax.switch(s, [init(j) for j in range(self.num_stages)])
+      p_row = self.tie(p_row, s)
+      return (*jax.tree.map(lambda a: a[None], (p_row, ms_row, self.optimizer.init_row(p_row, s))),
+              self.fresh_tables())
+
+    def build(key_data):
+      init_rng, state_rng = jax.random.split(jax.random.wrap_key_data(key_data, impl=impl))
+      rows = jax.shard_map(stage_rows, mesh=mesh, in_specs=P(), out_specs=(P(STAGE),) * 3 + (P(STAGE, DATA),),
+                           check_vma=False)
+      p_rows, ms_rows, opt_rows, tables = rows(init_rng)
+      return pipeline.TrainState(jnp.zeros((), jnp.int32), state_rng, p_rows, ms_rows, opt_rows, tables,
+                           self.grad_rows(()))
+
+    return build
+
+  def fresh_tables(self) -> LinkState:
+    """Inside a shard_map over (data, stage): this device's `[1, rows, F]` blocks of the tables of
+    fresh link states (`Boundary.init`), as `tables` lays them out. Each device builds only its own
+    block: nothing is exchanged (XLA partitions a whole-table `tables` into all-to-alls)."""
+    if not self.shapes:
+      return LinkState((), (), (), ())
+    s, d = jax.lax.axis_index(STAGE), jax.lax.axis_index(DATA)
+    fresh = lambda b: self.pipe.boundary.init(self.batch_size, self.shapes[b].shape[1:], self.shapes[b].dtype)
+
+    def table(field):
+      def leaf(k, like):
+        rows = like.shape[0]
+        local = rows if self._keyed(field) else rows // self.data
+
+        def stage(j):
+          def run():
+            b = j - _OWNER[field]
+            if not 0 <= b < len(self.shapes):
+              return jnp.zeros((local, self.f_max), like.dtype)
+            flat = jax.tree.leaves(getattr(fresh(b), field))[k].reshape(rows, -1)
+            block = jnp.zeros((rows, self.f_max), like.dtype).at[:, : flat.shape[1]].set(flat)
+            if self._keyed(field):  # shard d's copy: its own examples' rows
+              return jnp.where((pipeline.example_shard(jnp.arange(rows), self.data) == d)[:, None], block, 0)
+            return jax.lax.dynamic_slice_in_dim(block, d * local, local)
+          return run
+        return jax.lax.switch(s, [stage(j) for j in range(self.num_stages)])[None]
+      like = getattr(jax.eval_shape(lambda: fresh(0)), field)
+      return jax.tree.unflatten(jax.tree.structure(like), [leaf(k, l) for k, l in enumerate(jax.tree.leaves(like))])
+    return LinkState(*(table(f) for f in LinkState._fields))
 
   # ------------------------------------------------------------ tied parameters, clipping
   def tie(self, row, s):
-    """Tied parameters start equal: each pair's second member takes the first's value (a psum
-    over stages of the first member's segment)."""
+    """Tied parameters start equal: each pair's second member takes the first's value, sent from
+    the first member's stage to the second's (`exchange_tied`)."""
     for (sa, pa), (sb, pb) in self.pipe.tied:
       (oa, n), (ob, _) = self.params.leaf_span(sa, pa), self.params.leaf_span(sb, pb)
-      first = jax.lax.psum(jnp.where(s == sa, row[oa: oa + n], 0), STAGE)
+      first = exchange_tied(row[oa: oa + n], [(sa, sb)])
       row = jnp.where(s == sb, row.at[ob: ob + n].set(first), row)
     return row
 
   def finish(self, grads_row, s):
-    """Ties (psum of each tied segment over its two stages) and global-norm clipping."""
+    """Ties (each member's gradient segment sent to the other member's stage and added: g_a + g_b on
+    both) and global-norm clipping."""
     for (sa, pa), (sb, pb) in self.pipe.tied:
       (oa, n), (ob, _) = self.params.leaf_span(sa, pa), self.params.leaf_span(sb, pb)
-      mine = jnp.where(s == sa, grads_row[oa: oa + n], jnp.where(s == sb, grads_row[ob: ob + n], 0.0))
-      total = jax.lax.psum(mine, STAGE)
+      mine = jnp.where(s == sa, grads_row[oa: oa + n], grads_row[ob: ob + n])
+      other = exchange_tied(mine, [(sa, sb), (sb, sa)])
+      total = jnp.where(s == sa, mine + other, other + mine)  # g_a + g_b in simulate's order on both
       grads_row = jnp.where(s == sa, grads_row.at[oa: oa + n].set(total),
                             jnp.where(s == sb, grads_row.at[ob: ob + n].set(total), grads_row))
     if self.pipe.grad_clip_norm is not None:
       grads_row = grads_row * pipeline.clip_factor(jax.lax.psum(jnp.sum(jnp.square(grads_row)), STAGE),
                                              self.pipe.grad_clip_norm)
     return grads_row
+
+  def tied_bytes(self) -> int:
+    """Bytes one replica's stages send per train step to keep tied parameters equal (`finish`: each
+    member's gradient segment to the other member's stage)."""
+    return sum(2 * self.params.leaf_span(sa, pa)[1] * jnp.dtype(self.params.dtype).itemsize
+               for (sa, pa), _ in self.pipe.tied)
 
   def real(self, s):
     """Mask of stage s's row that is not padding."""

@@ -6,10 +6,10 @@ epoch's total and the run's average per step) and steps/s, save
 an Orbax checkpoint, hand the history to `on_epoch` (results writing). A NaN/Inf loss, or a step
 that returns NaN/Inf parameters, stops the run at once with `NonFiniteLossError`; the last good
 checkpoint is never overwritten, and an epoch whose evaluation loss is NaN/Inf is not
-checkpointed (its record is written, then the run stops the same way). Checkpoints hold the
-simulate layout (`checkpoint.simulate_layout`), so a run resumes or warm-starts from one of any
-executor, mesh shape or process count; resume takes the newest intact checkpoint, warning about
-corrupt newer ones.
+checkpointed (its record is written, then the run stops the same way). A checkpoint holds the
+executor's own state (each process writes its own shards) and restores into the simulate layout
+(`checkpoint`), so a run resumes or warm-starts from one of any executor, mesh shape or process
+count; resume takes the newest intact checkpoint, warning about corrupt newer ones.
 Resume restores the latest checkpoint; data order, keys and every state continue exactly,
 also from an epoch that `RunConfig.steps` cut short (its checkpoint records how many of the
 epoch's batches were done and their losses; the resumed run finishes that epoch).
@@ -28,7 +28,8 @@ the TrainState) is saved with every checkpoint and restored in place on resume.
 
 Multi-process (`distributed.initialize`): every process runs `fit` with the same data; an
 executor with a `mesh` gets each batch as a global array of which each process transfers only
-its own data shards' rows; checkpoints are written by all processes together; `on_epoch`
+its own data shards' rows; checkpoints are written by all processes together, each its own
+shards; `on_epoch`
 (results files) and the progress bar run on process 0 only.
 """
 import dataclasses
@@ -252,9 +253,6 @@ class Run:
   place: Callable[[dict], dict]  # how a batch reaches the executor (`batch_placement`)
   steps: dict = dataclasses.field(default_factory=dict)  # compiled train steps, per Mode
 
-  def to_layout(self, state):
-    return checkpoint.simulate_layout(self.executor, self.pipe, self.optimizer, state, self.data.example_batch)
-
   def epoch_mode(self, epoch: int) -> Mode:
     return Mode.WARMUP if epoch < self.cfg.warmup_epochs else Mode.TRAIN
 
@@ -277,14 +275,15 @@ def start(pipe: pipeline.Pipeline, optimizer, executor: pipeline.Executor, data:
     raise ValueError(f"{cfg.checkpoint_dir} already holds checkpoints (epochs {saved}); resume the run "
                      "or give the new run another name/folder (nothing was overwritten)")
   history, start_epoch, done_losses = [], 0, []
-  to_layout = lambda s: checkpoint.simulate_layout(executor, pipe, optimizer, s, data.example_batch)
+  # what checkpoints are restored into: the simulate layout's shapes (traced: nothing is gathered)
+  like = jax.eval_shape(lambda s: executor.unstack(pipe, optimizer, s, data.example_batch), state)
   from_layout = lambda saved: checkpoint.executor_layout(executor, pipe, optimizer, saved, data.example_batch, state)
   if cfg.init_from and not cfg.resume:  # before this run's checkpoint folder exists: a failure leaves none
-    restored, start_epoch = warm_start(to_layout(state), *cfg.init_from)
+    restored, start_epoch = warm_start(like, *cfg.init_from)
     state = from_layout(restored)
   ckpt = Checkpointer(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
   if cfg.resume:
-    _, restored, meta = ckpt.restore_latest(to_layout(state), executor.host_state)
+    _, restored, meta = ckpt.restore_latest(like, executor.host_state)
     state = from_layout(restored)
     history, start_epoch = meta["history"], meta["epoch"]
     done_losses = meta.get("epoch_losses", [])
@@ -386,7 +385,8 @@ def record(run: Run, epoch: int, result: EpochResult, on_epoch=None):
   if run.ckpt and not diverged:
     finished = len(losses) == data.steps_per_epoch
     position = {"epoch": epoch + 1} if finished else {"epoch": epoch, "epoch_losses": losses}
-    run.ckpt.save(epoch + 1, run.to_layout(run.state), {**position, "history": run.history}, run.executor.host_state)
+    run.ckpt.save(epoch + 1, run.state, {**position, "history": run.history}, run.executor.host_state,
+                  run.executor.rows_description(run.pipe, run.optimizer, data.example_batch))
   if on_epoch and distributed.is_main_process():
     on_epoch(run.history)
   if diverged:
