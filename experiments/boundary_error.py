@@ -180,8 +180,8 @@ def main(argv=None):
       if step % args.every == 0 or step == total:
         record()
   if args.json:
-    args.json.write_text(json.dumps({"config": {k: v for k, v in cfg.record().items() if isinstance(v, (int, float, str))},
-                                     "rows": rows}, indent=1))
+    given = {k: v for k, v in cfg.record().items() if isinstance(v, (int, float, str))}
+    args.json.write_text(json.dumps({"config": given, "rows": rows}, indent=1))
   if args.save:
     np.savez(args.save, **{f"fwd_{b}": np.asarray(a) for b, a in enumerate(result["activations"])},
              **{f"bwd_{b}": np.asarray(g) for b, g in enumerate(result["gradients"])})

@@ -530,6 +530,21 @@ def test_topk_q8_values_on_a_symmetric_grid_with_zero(fraction):
   np.testing.assert_array_equal(np.asarray(q8(-x)), -x_hat)  # symmetric grid
 
 
+@pytest.mark.parametrize("fraction", [0.01, 0.5])  # one value per row (only +-inf sent), and an inf among finite ones
+def test_topk_q8_sends_inf_as_its_max_abs_quantizer_does(fraction):
+  """q8 values are `MaxAbsQuant(8)`'s: +-inf decodes to +-inf, never NaN or the other sign; a row whose
+  finite values are flagged NaN (`_flag_nonfinite_rows`) decodes all NaN, as its quantizer's NaN scale."""
+  x = _x((3, 64), seed=3).at[:, 5].set(jnp.array([jnp.inf, -jnp.inf, jnp.inf]) * 1e3)
+  x = x.at[2, 6].set(jnp.inf)
+  x_hat, sent = np.asarray(codecs.TopK(fraction, values="q8")(x)), np.asarray(codecs.TopK(fraction)(x))
+  inf = np.isinf(sent)
+  if fraction < 0.1:
+    assert inf.sum() == 3 and (x_hat[inf] == sent[inf]).all()
+  else:
+    assert np.isnan(x_hat[sent != 0]).all()  # every row holds an inf: its finite values are flagged NaN
+  assert not np.any(np.isneginf(x_hat[np.isposinf(np.asarray(x))]))
+
+
 @pytest.mark.parametrize("values", ["native", "bf16", "q8"])
 def test_topk_value_formats_with_index_reuse(values):
   from jaxcomp.compress import schemes
