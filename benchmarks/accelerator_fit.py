@@ -23,38 +23,35 @@ import subprocess
 import sys
 import time
 
-from experiments import common, gpt2_wikitext, resnet_cifar10
-from jaxcomp.compress.spec import parse_scheme
-from jaxcomp.runtime import dryrun, targets
+from experiments import config, gpt2_wikitext, resnet_cifar10
+from jaxcomp.analysis import dryrun, targets
 
-MODELS = {  # name -> (experiment, argv of the run)
-    "resnet18": (resnet_cifar10.EXPERIMENT, ["--recipe", "paper"]),
-    **{size: (gpt2_wikitext.EXPERIMENT, ["--recipe", "paper", "--model", size])
-       for size in ("small", "medium", "large", "xl")},
+MODELS = {  # name -> (experiment, its settings: the paper recipe)
+    "resnet18": (resnet_cifar10.EXPERIMENT, {}),
+    **{size: (gpt2_wikitext.EXPERIMENT, dict(model=size)) for size in ("small", "medium", "large", "xl")},
 }
-METHODS = {"baseline": ["--fwd", "none", "--bwd", "none"], "top10-reuse": ["--fwd", "topk:0.1", "--bwd", "reuse"],
-           "aqsgd-fw2-bw4": ["--fwd", "aqsgd+maxabs:2:stoch", "--bwd", "maxabs:4:stoch", "--warmup-epochs", "1"]}
-COLUMNS = {  # name -> (target, executor flags)
-    "v5e-1": ("v5e-1", []), "v6e-1": ("v6e-1", []),
-    "v5e-8 gpipe 4x2": ("v5e-8", ["--executor", "gpipe", "--stages", "4", "--data-parallel", "2"]),
-    "v5e-8 gpipe 8x1": ("v5e-8", ["--executor", "gpipe", "--stages", "8"]),
-    "h100": ("h100", []), "a100": ("a100", []),
-    "h100-8 gpipe 4x2": ("h100-8", ["--executor", "gpipe", "--stages", "4", "--data-parallel", "2"]),
+METHODS = {"baseline": dict(fwd="none", bwd="none"), "top10-reuse": dict(fwd="topk:0.1", bwd="reuse"),
+           "aqsgd-fw2-bw4": dict(fwd="aqsgd+maxabs:2:stoch", bwd="maxabs:4:stoch", warmup_epochs=1)}
+COLUMNS = {  # name -> (target, executor settings)
+    "v5e-1": ("v5e-1", {}), "v6e-1": ("v6e-1", {}),
+    "v5e-8 gpipe 4x2": ("v5e-8", dict(executor="gpipe", stages=4, data_parallel=2)),
+    "v5e-8 gpipe 8x1": ("v5e-8", dict(executor="gpipe", stages=8)),
+    "h100": ("h100", {}), "a100": ("a100", {}),
+    "h100-8 gpipe 4x2": ("h100-8", dict(executor="gpipe", stages=4, data_parallel=2)),
 }
 
 
 def cell(model: str, method: str, column: str) -> dict:
   """One compile: what the table shows, or why there is nothing to show."""
-  exp, argv = MODELS[model]
-  target, executor = COLUMNS[column]
-  config = common.resolve(exp, common.parser_for(exp).parse_args(
-      [*argv, *METHODS[method], *executor, "--compile-for", target, "--run-name", "fit"]))
-  pipe, optimizer, batch, _ = exp.abstract(config)
-  grad = config["grad_compression"]
-  plan = dryrun.Plan(config["executor"], config["data_parallel"], "gpipe", parse_scheme(grad) if grad else None)
+  exp, settings = MODELS[model]
+  target, placement = COLUMNS[column]
+  run = config.resolve(exp, "paper", **settings, **METHODS[method], **placement, compile_for=target, run_name="fit")
+  pipe, optimizer, batch, _ = exp.abstract(run)
+  chips = targets.target(target)
   start = time.perf_counter()
   try:
-    report = dryrun.compile_for(targets.target(target), pipe, optimizer, batch, plan, steps=("train",))
+    executor = config.executor_for(run.executor, targets.compile_only_devices(chips), run.training.batch_size)
+    report = dryrun.compile_for(chips, executor, pipe, optimizer, batch, steps=("train",))
   except RuntimeError as err:  # a compiler plugin that is not installed
     return {"status": "not compiled", "why": str(err).split(" (")[0]}
   except ValueError as err:  # a layout the model does not have (e.g. more stages than it has cuts)
@@ -67,7 +64,7 @@ def cell(model: str, method: str, column: str) -> dict:
     step = report.steps[0]
     out["est_ms"] = 1e3 * step.estimated_s(chip)
     out["bound"] = "compute" if step.compute_s(chip) >= step.memory_s(chip) else "memory"
-    if plan.executor == "gpipe":
+    if report.compared:
       out["hlo_equal"] = all(step.collectives[k] == report.counted[k] for k in ("fwd", "bwd"))
   return out
 

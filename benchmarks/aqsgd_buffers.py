@@ -51,6 +51,8 @@ def main(argv=None):
       state, m = run(state, t)
     jax.block_until_ready(m)
     results[name] = (time.perf_counter() - start) / (len(batches) - 1)
+    if host:
+      step.close()
   size = hostbuffer.memory_estimate(args.examples, rows) / 2**20
   print(f"device: {jax.devices()[0].device_kind}; GPT-2 {args.model}; {args.examples} examples; AQ-SGD tables "
         f"{size:.1f} MiB per end (device: 2 ends; host: one shared copy)\n")

@@ -23,20 +23,18 @@ per-boundary ones go to --json). Prints one markdown row per epoch.
 """
 import dataclasses
 import json
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import common, gpt2_wikitext
+from experiments import cli, config, gpt2_wikitext
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.compress.schemes import AQSGD
-from jaxcomp.parallel import simulate
 from jaxcomp.runtime import train
 
-DEFAULTS = ["--fwd", "aqsgd+maxabs:2:stoch", "--bwd", "maxabs:4:stoch", "--warmup-epochs", "1", "--epochs", "6",
-            "--train-examples", "256", "--eval-examples", "128", "--batch-size", "8"]
+DEFAULTS = dict(fwd="aqsgd+maxabs:2:stoch", bwd="maxabs:4:stoch", warmup_epochs=1, epochs=6, batch_size=8,
+                train_examples=256, eval_examples=128)  # under the flags given
 COLUMNS = ("drift", "dropout", "aq error", "direct err", "zero codes", "fp16")
 
 
@@ -72,32 +70,38 @@ def probe(pipe, state, batch, rng):
 
 def main(argv=None):
   exp = gpt2_wikitext.EXPERIMENT
-  parser = common.parser_for(exp)
+  parser = cli.parser_for(exp)
   parser.add_argument("--buffer-dtype", default="float16", help="AQ-SGD buffer dtype (float16 as the paper, float32)")
   parser.add_argument("--json", help="write every epoch's per-boundary values here")
-  args = parser.parse_args(DEFAULTS + list(sys.argv[1:] if argv is None else argv))
-  config = common.resolve(exp, args)
-  pipe, optimizer, data, params = exp.build(config)
+  args = parser.parse_args(argv)
+  given = {k: v for k, v in cli.flags_of(args).items() if k not in ("buffer_dtype", "json") and v not in (None, False)}
+  run = config.resolve(exp, args.recipe, args.preset, **{**DEFAULTS, **given})
+  if run.executor.executor != "simulate" or run.executor.aqsgd_buffers != "device":
+    raise SystemExit("error: the probe reads the simulate executor's on-device tables; leave --executor and "
+                     "--aqsgd-buffers at their defaults")
+  pipe, optimizer, data, params = exp.build(run)
   if not isinstance(pipe.boundary.fwd, AQSGD):
-    raise SystemExit(f"error: --fwd {config['fwd']!r} keeps no AQ-SGD buffer; use an aqsgd+ spec")
+    raise SystemExit(f"error: --fwd {run.compression.fwd!r} keeps no AQ-SGD buffer; use an aqsgd+ spec")
   pipe = dataclasses.replace(pipe, boundary=dataclasses.replace(
       pipe.boundary, fwd=dataclasses.replace(pipe.boundary.fwd, buffer_dtype=args.buffer_dtype)))
-  state, start = simulate.init_state(pipe, optimizer, jax.random.key(config["seed"]), data.example_batch, params), 0
-  if config.get("init_epoch"):  # epochs (and --warmup-epochs) count on from the baseline's, as in train.fit
-    state, start = train.warm_start(state, f"{config['init_from']}/ckpt", config["init_epoch"])
+  executor = config.executor_for(run.executor)
+  state, start = executor.init_state(pipe, optimizer, jax.random.key(run.training.seed), data.example_batch, params), 0
+  if run.training.init_epoch:  # epochs (and --warmup-epochs) count on from the baseline's, as in train.fit
+    state, start = train.warm_start(state, f"{run.training.init_from}/ckpt", run.training.init_epoch)
   probe_batch = next(iter(data.train_batches(0)))
-  eval_step = simulate.make_eval_step(pipe, compressed=False)
+  eval_step = executor.make_eval_step(pipe, compressed=False)
   steps, records, done = {}, [], 0
-  print(f"{config['fwd']} / {config['bwd']}, lr {config['lr']}, buffers {args.buffer_dtype}, "
-        f"dropout {config.get('dropout', 'model default')}, seed {config['seed']}; {data.name}\n")
+  dropout = run.options.dropout
+  print(f"{run.compression.fwd} / {run.compression.bwd}, lr {run.training.lr}, buffers {args.buffer_dtype}, "
+        f"dropout {'model default' if dropout is None else dropout}, seed {run.training.seed}; {data.name}\n")
   print("| epoch | mode | train loss | eval loss (off) | " + " | ".join(COLUMNS) + " |")
   print("|---:|---|---:|---:|" + "---:|" * len(COLUMNS))
-  for epoch in range(start, config["epochs"]):
-    mode = Mode.WARMUP if epoch < config.get("warmup_epochs", 0) else Mode.TRAIN
-    steps.setdefault(mode, simulate.make_train_step(pipe, optimizer, mode))
+  for epoch in range(start, run.training.epochs):
+    mode = Mode.WARMUP if epoch < run.compression.warmup_epochs else Mode.TRAIN
+    steps.setdefault(mode, executor.make_train_step(pipe, optimizer, mode))
     losses = []
     for batch in data.train_batches(epoch):
-      if config.get("steps") is not None and done >= config["steps"]:
+      if run.training.steps is not None and done >= run.training.steps:
         break
       state, metrics = steps[mode](state, batch)
       losses.append(float(metrics["loss"]))
@@ -111,7 +115,7 @@ def main(argv=None):
           + " | ".join(f"{np.mean(r[c]):.4f}" for c in COLUMNS) + " |", flush=True)
   if args.json:
     with open(args.json, "w") as f:
-      json.dump({"config": {k: v for k, v in config.items() if isinstance(v, (int, float, str, type(None)))},
+      json.dump({"config": {k: v for k, v in run.record().items() if isinstance(v, (int, float, str, type(None)))},
                  "buffer_dtype": args.buffer_dtype, "epochs": records}, f, indent=1)
   return records
 

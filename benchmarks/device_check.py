@@ -137,16 +137,15 @@ def child_codecs(args):
              fraction_of_copy=fraction, goal=goal, passed=fraction >= goal)
 
 
-def run_config(model: str, preset: str, tiny: bool, extra=()):
+def run_config(model: str, preset: str, tiny: bool, **settings):
   """(experiment config, (forward spec, backward spec)) of GPT-2 `model` with `preset`'s compression:
-  the paper recipe, or (tiny) the tiny recipe on 32-token blocks."""
+  the paper recipe, or (tiny) the tiny recipe on 32-token blocks; `settings` on top."""
   from benchmarks.throughput_vs_bandwidth import method_specs
-  from experiments import common, gpt2_wikitext
+  from experiments import config, gpt2_wikitext
   fwd, bwd = method_specs()[preset]
-  exp = gpt2_wikitext.EXPERIMENT
-  recipe = ["--recipe", "tiny", "--block-size", "32", "--train-examples", "64"] if tiny else ["--recipe", "paper"]
-  argv = [*recipe, "--model", model, "--fwd", fwd, "--bwd", bwd, "--run-name", "device_check", *extra]
-  return common.resolve(exp, common.parser_for(exp).parse_args(argv)), (fwd, bwd)
+  recipe = dict(recipe="tiny", block_size=32, train_examples=64) if tiny else dict(recipe="paper")
+  return config.resolve(gpt2_wikitext.EXPERIMENT, **recipe, model=model, fwd=fwd, bwd=bwd, run_name="device_check",
+                        **settings), (fwd, bwd)
 
 
 def random_batch(config, batch):
@@ -156,7 +155,7 @@ def random_batch(config, batch):
   import jax.numpy as jnp
   from jaxcomp.data import text
   from jaxcomp.models import gpt2
-  vocab = text.ByteTokenizer().vocab_size if config["tokenizer"] == "bytes" else gpt2.GPT2Config().vocab_size
+  vocab = text.ByteTokenizer().vocab_size if config.options.tokenizer == "bytes" else gpt2.GPT2Config().vocab_size
   tokens = jax.random.randint(jax.random.key(0), batch["tokens"].shape, 0, vocab, batch["tokens"].dtype)
   return {**{k: jnp.asarray(v) for k, v in batch.items()}, "tokens": tokens}
 
@@ -193,11 +192,10 @@ def free_bytes(device):
 
 def child_step(args):
   import jax
+  from experiments import config as run_settings
   from experiments import gpt2_wikitext
-  from jaxcomp import pipeline
+  from jaxcomp.analysis import dryrun, targets
   from jaxcomp.compress.boundary import Mode
-  from jaxcomp.parallel import simulate
-  from jaxcomp.runtime import dryrun, targets
   config, (fwd, bwd) = run_config(args.model, args.preset, args.tiny)
   pipe, optimizer, batch, _ = gpt2_wikitext.EXPERIMENT.abstract(config)
   device, plat = device_platform()
@@ -205,17 +203,18 @@ def child_step(args):
   head = dict(kind="step", model=args.model, preset=args.preset, fwd=fwd, bwd=bwd, executor="simulate",
               batch=list(batch["tokens"].shape), stages=pipe.num_stages)
   batch = random_batch(config, batch)
-  key = jax.random.key(config["seed"])
-  shapes = jax.eval_shape(lambda b: pipeline.init_state(pipe, optimizer, key, b), batch)
-  step, compiled = dryrun.compile_step("train", simulate.make_train_step(pipe, optimizer, Mode.TRAIN), shapes, batch,
-                                       platform=plat)
+  key = jax.random.key(config.training.seed)
+  executor = run_settings.executor_for(config.executor)
+  shapes = executor.state_shapes(pipe, optimizer, batch)
+  step, compiled = dryrun.compile_step("train", lambda: executor.trace_step(pipe, optimizer, Mode.TRAIN, shapes, batch),
+                                       plat)
   dry = dry_run_fields(step, target)
   free = free_bytes(device)
   if free is not None and step.peak_bytes > free:
     emit(**head, dry_run=dry, skipped=f"the compiled step needs {step.peak_bytes / 2**30:.2f} GiB, "
          f"{free / 2**30:.2f} GiB of device memory is free")
     return
-  state = simulate.init_state(pipe, optimizer, key, batch)
+  state = executor.init_state(pipe, optimizer, key, batch)
   holder = [state]
 
   def run():
@@ -232,30 +231,37 @@ def child_step(args):
 
 
 def child_compile_only(args):
+  from experiments import config as run_settings
   from experiments import gpt2_wikitext
-  from jaxcomp.runtime import dryrun, targets
+  from jaxcomp.analysis import dryrun, targets
   target = targets.target(args.target)
   targets.prepare_host(target)  # before any backend starts
   for preset in args.preset.split(","):
-    config, (fwd, bwd) = run_config(args.model, preset, args.tiny, ["--compile-for", target.name])
+    config, (fwd, bwd) = run_config(args.model, preset, args.tiny, compile_for=target.name)
     pipe, optimizer, batch, assumed = gpt2_wikitext.EXPERIMENT.abstract(config)
-    report = dryrun.compile_for(target, pipe, optimizer, batch, dryrun.Plan(), steps=("train",))
+    executor = run_settings.executor_for(config.executor, targets.compile_only_devices(target),
+                                         config.training.batch_size)
+    report = dryrun.compile_for(target, executor, pipe, optimizer, batch, steps=("train",))
     fields = dry_run_fields(report.steps[0], target) if report.steps else {}
     emit(kind="compile-only", target=target.name, model=args.model, preset=preset, fwd=fwd, bwd=bwd,
          fits=report.fits, peak_bytes=report.peak_bytes, error=report.error, dry_run=fields, assumed=assumed)
 
 
 def child_sharded(args):
+  import dataclasses
+
   import jax
-  from experiments import common, gpt2_wikitext
+  from experiments import config as run_settings
+  from experiments import gpt2_wikitext
   from jaxcomp.compress.boundary import Mode
-  from jaxcomp.parallel import simulate
-  config, _ = run_config(args.model, "fp32", args.tiny, ["--stages", "1", "--executor", "gpipe"])
+  config, _ = run_config(args.model, "fp32", args.tiny, stages=1, executor="gpipe")
   pipe, optimizer, batch, _ = gpt2_wikitext.EXPERIMENT.abstract(config)
   batch = random_batch(config, batch)
-  key = jax.random.key(config["seed"])
+  key = jax.random.key(config.training.seed)
   out = {}
-  for name, executor in (("simulate", simulate.Simulate()), ("sharded", common.executor_for(config, 1))):
+  simulate = dataclasses.replace(config.executor, executor="simulate")
+  for name, settings in (("simulate", simulate), ("sharded", config.executor)):
+    executor = run_settings.executor_for(settings)
     holder = [executor.init_state(pipe, optimizer, key, batch)]
     step = executor.make_train_step(pipe, optimizer, Mode.TRAIN)
 
@@ -335,7 +341,7 @@ class Check:
 
   # ------------------------------------------------------------------------ sections
   def provenance(self):
-    from jaxcomp.runtime import targets
+    from jaxcomp.analysis import targets
     found, error = self.run_child("provenance", timeout=120)
     found = found[0] if found else {}
     target = targets.for_device_kind(found["device_kind"]) if "device_kind" in found else None

@@ -1,6 +1,6 @@
 """Train-state bytes per device at init: GPipe's sharded init vs the whole model on one device.
 
-`GPipe.init_state` creates the state already sharded: device s initialises only stage s's
+`ShardedExecutor.init_state` creates the state already sharded: device s initialises only stage s's
 rows (parameters, model state, optimizer state) in one jitted program with out_shardings.
 `jaxcomp.init_state` (what `simulate` uses, and what GPipe used before) builds the whole
 model and optimizer state on one device.
@@ -25,8 +25,9 @@ import numpy as np
 import optax
 
 import jaxcomp
+from experiments import config
 from jaxcomp.models import gpt2
-from jaxcomp.parallel import layout, sharded
+from jaxcomp.parallel import layout
 
 MiB = 2**20
 
@@ -66,7 +67,8 @@ def projection(pipe, optimizer, batch) -> dict:
 
 def measure_toy(pipe, optimizer, batch) -> dict:
   """Per-device bytes of GPipe's sharded state, runtime peaks if reported, whole-model init's peak."""
-  ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages))
+  ex = config.executor_for(config.ExecutorConfig(executor="gpipe", stages=pipe.num_stages,
+                                                microbatches=pipe.microbatches))
   state = jax.block_until_ready(ex.init_state(pipe, optimizer, jax.random.key(1), batch))
   per_device = bytes_per_device(state)
   peaks = [d.memory_stats() for d in ex.mesh.devices.flat]
@@ -106,7 +108,7 @@ def main(argv=None):
   if toy["peak"] is None:
     print(f"`Device.memory_stats()` is None on {jax.devices()[0].platform}: no runtime peak per device "
           "is reported here. The sharded column is the state that stays on each device, not the sharded init "
-          "program's temporaries (its compiled program is internal to `GPipe.init_state`).\n")
+          "program's temporaries (its compiled program is internal to `ShardedExecutor.init_state`).\n")
   else:
     print(f"runtime peak bytes per stage device (`memory_stats()`): {toy['peak']}\n")
   print("| stage device | sharded state KiB | projected 3 x row KiB | whole-model init output + temp KiB "

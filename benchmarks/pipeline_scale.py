@@ -10,6 +10,7 @@ device's temp as a fraction of simulate's at the same S and M.
 Run with fake CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=8.
 """
 import argparse
+import dataclasses
 import time
 
 import jax
@@ -17,9 +18,11 @@ import optax
 
 import jaxcomp
 from benchmarks.common import median_seconds
+from experiments import config
+from jaxcomp.compress.boundary import Mode
 from jaxcomp.models import gpt2
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import sharded, simulate
+from jaxcomp.parallel import sharded
 
 MiB = 2**20
 
@@ -42,15 +45,15 @@ def make_case(model: str, stages: int, microbatches: int, mb_size: int, seq: int
 def measure(executor: str, pipe, batch, repeats: int, remat: str) -> dict:
   """Compile seconds, median step seconds and per-device temp/argument bytes of one train step."""
   opt = optax.sgd(1e-3)
-  if executor == "simulate":
-    state = simulate.init_state(pipe, opt, jax.random.key(1), batch)
-    start = time.perf_counter()
-    compiled = simulate.make_train_step(pipe, opt).lower(state, batch).compile()
-  else:
-    ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages), remat=remat, schedule=executor)
-    state = ex.init_state(pipe, opt, jax.random.key(1), batch)
-    start = time.perf_counter()
-    compiled = ex.lowered(pipe, opt, state, batch).compile()
+  settings = config.ExecutorConfig(executor="simulate" if executor == "simulate" else "gpipe", schedule=
+                                   "gpipe" if executor == "simulate" else executor, stages=pipe.num_stages,
+                                   microbatches=pipe.microbatches)
+  ex = config.executor_for(settings)
+  if executor != "simulate":
+    ex = dataclasses.replace(ex, remat=remat)
+  state = ex.init_state(pipe, opt, jax.random.key(1), batch)
+  start = time.perf_counter()
+  compiled = ex.trace_step(pipe, opt, Mode.TRAIN, state, batch).lower().compile()
   compile_s = time.perf_counter() - start
   memory = compiled.memory_analysis()
   holder = [state]

@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 
 import jaxcomp  # noqa: E402
 from benchmarks.common import interleaved_medians  # noqa: E402
-from jaxcomp.parallel import hlo_bytes  # noqa: E402
+from jaxcomp.analysis import hlo_bytes  # noqa: E402
 
 PAIRS = (("none", "none"), ("bf16", "bf16"), ("maxabs:8", "maxabs:8"), ("maxabs:4", "maxabs:8"),
          ("topk:0.1", "reuse"))

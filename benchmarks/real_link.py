@@ -320,15 +320,15 @@ def worker(argv):
   parser.add_argument("--time-ops", type=int, default=0, metavar="REPEATS")
   parser.add_argument("--turn", type=int, default=0, help="when to time, among the processes of one core")
   parser.add_argument("--turns", type=int, default=1, help="processes per core")
-  args, cli = parser.parse_known_args(argv)
+  args, run_flags = parser.parse_known_args(argv)
   socket.sethostname(args.hostname)
   marks = Marks()
   marks.mark("start")
   instrument(marks)
-  from experiments import common, gpt2_wikitext
+  from experiments import cli, gpt2_wikitext
   out = {}
   try:
-    common.main(gpt2_wikitext.EXPERIMENT, [a for a in cli if a != "--"])
+    cli.main(gpt2_wikitext.EXPERIMENT, [a for a in run_flags if a != "--"])
     marks.mark("end")
     if args.time_ops and marks.trained:
       import jax
@@ -472,7 +472,7 @@ def netsim_steps_per_s(run: Run, record: dict, link_bytes: float, args) -> float
   ends (none in a dense warm-up epoch) and its update, as the processes measured them (replicas averaged);
   each message's counted bytes, and the tied-parameter exchange's, scaled by the epoch's link bytes / counted
   bytes (headers, ACKs, the scalar collectives); each link direction at `--rate`, no latency."""
-  from jaxcomp.parallel import netsim
+  from jaxcomp.analysis import netsim
   stages, m, d = args.stages, args.microbatches, args.data_parallel
   dense = record["mode"] == "warmup"
   per_stage = [[t for t in run.times if t["stage"] == s] for s in range(stages)]

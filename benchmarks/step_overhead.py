@@ -19,9 +19,9 @@ from benchmarks.common import (
   ratio_table,
   select,
 )
+from experiments import config
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models import gpt2
-from jaxcomp.parallel import sharded, simulate
 
 PRESETS = {"fp32": ("none", "none"), "fw4-bw8": ("maxabs:4", "maxabs:8"), "fw2-bw4": ("maxabs:2", "maxabs:4"),
            "AQ-SGD fw2-bw4": ("aqsgd+maxabs:2", "maxabs:4"), "AQ-SGD fw3-bw6 stoch": ("aqsgd+maxabs:3:stoch", "maxabs:6:stoch"),
@@ -40,7 +40,8 @@ def main(argv=None):
   tokens = jax.random.randint(jax.random.key(0), (args.batch, args.seq), 0, cfg.vocab_size)
   batch = {"tokens": tokens, "id": jnp.arange(args.batch)}
   opt = optax.adamw(1e-4)
-  executor = simulate if args.executor == "simulate" else sharded.ShardedExecutor(sharded.make_mesh(4))
+  executor = config.executor_for(config.ExecutorConfig(executor=args.executor, stages=4,
+                                                      microbatches=args.microbatches))
   runs = {}
   for name, (fwd, bwd) in presets.items():
     pipe = jaxcomp.Pipeline(gpt2.gpt2_stages(cfg, 4), jaxcomp.parse_boundary(fwd, bwd, num_examples=args.batch),

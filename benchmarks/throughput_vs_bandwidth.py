@@ -12,7 +12,7 @@ For every method (its name in the frontier / GPT-2 presets), and again with Quan
 2. bytes per message come from the boundary's `wire_bytes`, the data-parallel exchange of each stage from
    `dataparallel.exchange_bytes` (fp32 gradients: dense ring all-reduce; QuantizedAdam: all-gather of the
    compressed first moment, `--dp-scheme`);
-3. `jaxcomp.parallel.netsim` simulates one step on `--schedule` at each bandwidth.
+3. `jaxcomp.analysis.netsim` simulates one step on `--schedule` at each bandwidth.
 `x fp32` is over fp32 with the dense exchange at the same bandwidth; the critical path's shares (compute / link
 / exchange) say which term dominates the step. AQ-SGD rows are its steady state (after the
 dense warm-up epoch), QuantizedAdam's after its dense warm-up. The paper's column holds its reported figures
@@ -28,10 +28,10 @@ import jaxcomp
 from benchmarks.common import gpt2_config, gpt2_parser, median_seconds, select
 from experiments import frontier, gpt2_wikitext, paper
 from jaxcomp import pipeline
+from jaxcomp.analysis import dryrun, netsim, targets
 from jaxcomp.compress import spec
 from jaxcomp.models import gpt2
-from jaxcomp.parallel import dataparallel, netsim, schedule
-from jaxcomp.runtime import dryrun, targets
+from jaxcomp.parallel import dataparallel, schedule
 
 # The stateless quantizer of the frontier table (docs/frontier.md) with the fewest bytes among those that learn
 # (192 B/token, eval loss 2.617 vs fp32's 2.576).

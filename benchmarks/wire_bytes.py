@@ -20,9 +20,9 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
 import jaxcomp  # noqa: E402
-from jaxcomp.compress import spec  # noqa: E402
-from jaxcomp.compress import codecs
-from jaxcomp.parallel import sharded
+from experiments import config  # noqa: E402
+from jaxcomp.analysis import dryrun  # noqa: E402
+from jaxcomp.compress import codecs, spec  # noqa: E402
 from jaxcomp.parallel.qadam import QuantizedAdam  # noqa: E402
 
 SCHEME_SPECS = ["none", "bf16", "fp16", "quant:2", "quant:4", "quant:8", "maxabs:2", "maxabs:4",
@@ -69,14 +69,14 @@ def _toy_gpt2(batch, seq, microbatches, fwd="none", bwd="none"):
 def pipeline_table(batch=8, seq=64, microbatches=2) -> str:
   """Markdown table of bytes per step read from the compiled GPipe program's HLO."""
   opt = optax.sgd(0.1)
-  ex = sharded.ShardedExecutor(sharded.make_mesh(4))
+  ex = config.executor_for(config.ExecutorConfig(executor="gpipe", stages=4, microbatches=microbatches))
   lines = ["| config | fwd bytes/step | bwd bytes/step | predicted (fwd, bwd) | total / fp32 |",
            "|---|---:|---:|---:|---:|"]
   dense_total = None
   for name, (fwd, bwd) in PIPELINE_CONFIGS.items():
     pipe, data, cfg = _toy_gpt2(batch, seq, microbatches, fwd, bwd)
     state = ex.init_state(pipe, opt, jax.random.key(1), data)
-    sent = ex.collective_bytes(ex.compiled_text(pipe, opt, state, data))
+    sent = dryrun.collective_bytes(ex, pipe, opt, state, data)
     predicted = jaxcomp.wire_bytes_per_step(pipe, jaxcomp.init_state(pipe, opt, jax.random.key(1), data), data)
     total = sent["fwd"] + sent["bwd"]
     dense_total = dense_total or total
@@ -93,9 +93,10 @@ def data_parallel_table(batch=8, seq=64, microbatches=2) -> str:
   lines = ["| exchange | all-gather bytes/step | predicted | / fp32 momentum |", "|---|---:|---:|---:|"]
   dense = None
   for name, (opt, scheme) in DATA_PARALLEL_CONFIGS.items():
-    ex = sharded.ShardedExecutor(sharded.make_mesh(4, data=2), spec.parse_scheme(scheme))
+    ex = config.executor_for(config.ExecutorConfig(executor="gpipe", stages=4, data_parallel=2, microbatches=
+                                                   microbatches, grad_compression=scheme))
     state = ex.init_state(pipe, opt, jax.random.key(1), data)
-    sent = ex.collective_bytes(ex.compiled_text(pipe, opt, state, data))["data"]
+    sent = dryrun.collective_bytes(ex, pipe, opt, state, data)["data"]
     dense = dense or sent  # the first row
     lines.append(f"| {name} | {sent:,} | {ex.wire_bytes_per_step(pipe, data)['data']:,} | {sent / dense:.4f} |")
   return (f"4 stages x 2 data replicas, one fp32 row of {state.params.shape[1]:,} parameters per stage; "

@@ -16,7 +16,7 @@ import numpy as np
 import optax
 
 import jaxcomp
-from jaxcomp.parallel import hlo_bytes
+from jaxcomp.analysis import hlo_bytes
 
 S, M, B, D = 4, 8, 32, 256  # stages (one per device), microbatches, examples per microbatch, width
 

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import common, gpt2_wikitext
+from experiments import cli, config, gpt2_wikitext
 from jaxcomp.compress.boundary import LinkState, Mode
 from jaxcomp.parallel import simulate
 
@@ -129,7 +129,7 @@ COLUMNS = ("fwd", "fwd_varying", "bwd", "state", "grad_cos")
 
 def main(argv=None):
   exp = gpt2_wikitext.EXPERIMENT
-  parser = common.parser_for(exp)
+  parser = cli.parser_for(exp)
   parser.prog = "python -m experiments.boundary_error"
   parser.add_argument("--every", type=int, default=16, help="measure every N training steps (default: 16)")
   parser.add_argument("--save", type=pathlib.Path, help="write the last measurement's messages' inputs (.npz)")
@@ -137,19 +137,20 @@ def main(argv=None):
   args = parser.parse_args(argv)
   if args.every < 1:
     parser.error(f"--every must be at least 1, got {args.every}")
-  config = common.resolve(exp, args)
-  if config["executor"] != "simulate" or config["microbatches"] != 1:
+  own = ("every", "save", "json")
+  cfg = config.resolve(exp, args.recipe, args.preset, **{k: v for k, v in cli.flags_of(args).items() if k not in own})
+  if cfg.executor.executor != "simulate" or cfg.executor.microbatches != 1:
     parser.error("boundary_error runs the simulate executor with one microbatch")
-  if config.get("eval_examples") is not None and config["batch_size"] > config["eval_examples"]:
+  if cfg.data.eval_examples is not None and cfg.training.batch_size > cfg.data.eval_examples:
     parser.error("the probe is the first evaluation batch: give --eval-examples >= --batch-size")
-  pipe, optimizer, data, params = exp.build(config)
+  pipe, optimizer, data, params = exp.build(cfg)
   measure = make_measure(pipe)
   executor = simulate.Simulate()
-  state = executor.init_state(pipe, optimizer, jax.random.key(config["seed"]), data.example_batch, params)
+  state = executor.init_state(pipe, optimizer, jax.random.key(cfg.training.seed), data.example_batch, params)
   steps = {mode: executor.make_train_step(pipe, optimizer, mode) for mode in (Mode.TRAIN, Mode.WARMUP)}
   probe = next(iter(data.eval_batches()))
-  probe_key = jax.random.key(config["seed"] + 1)
-  total = config.get("steps") or data.steps_per_epoch * config["epochs"]
+  probe_key = jax.random.key(cfg.training.seed + 1)
+  total = cfg.training.steps or data.steps_per_epoch * cfg.training.epochs
   rows, losses, step, result = [], [], 0, None
 
   def record():
@@ -163,12 +164,13 @@ def main(argv=None):
     print(f"{step:5d} {loss}  " + "  ".join(" ".join(f"{v:{'+.3f' if k == 'grad_cos' else '.3g'}}" for v in r[k])
                                             for k in COLUMNS if k != "state" or any(r["state"])), flush=True)
 
-  print(f"[boundary_error] fwd {config['fwd']}, bwd {config['bwd']}, seed {config['seed']}; data = {data.name}")
+  print(f"[boundary_error] fwd {cfg.compression.fwd}, bwd {cfg.compression.bwd}, seed {cfg.training.seed}; "
+        f"data = {data.name}")
   print(f"{'step':>5s} {'loss':6s}  per boundary: fwd ||C(a)-a||^2/||a||^2; fwd ||C(a)-a||^2/||a-a_bar||^2; "
         "bwd ||C(g)-g||^2/||g||^2; [EF state ||e||^2/||a||^2]; per stage: cos(weight grad, exact)")
   record()
-  for epoch in range(config["epochs"]):
-    mode = Mode.WARMUP if epoch < config["warmup_epochs"] else Mode.TRAIN
+  for epoch in range(cfg.training.epochs):
+    mode = Mode.WARMUP if epoch < cfg.compression.warmup_epochs else Mode.TRAIN
     for batch in data.train_batches(epoch):
       if step >= total:
         break
@@ -178,8 +180,8 @@ def main(argv=None):
       if step % args.every == 0 or step == total:
         record()
   if args.json:
-    args.json.write_text(json.dumps({"config": {k: v for k, v in config.items() if isinstance(v, (int, float, str))},
-                                     "rows": rows}, indent=1))
+    given = {k: v for k, v in cfg.record().items() if isinstance(v, (int, float, str))}
+    args.json.write_text(json.dumps({"config": given, "rows": rows}, indent=1))
   if args.save:
     np.savez(args.save, **{f"fwd_{b}": np.asarray(a) for b, a in enumerate(result["activations"])},
              **{f"bwd_{b}": np.asarray(g) for b, g in enumerate(result["gradients"])})

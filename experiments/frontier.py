@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from experiments import common, gpt2_wikitext, plots
+from experiments import config, gpt2_wikitext, plots, runner
 from jaxcomp.data import batching
 
 BWD4 = "maxabs:4:stoch"
@@ -68,16 +68,15 @@ def run_name(method: str, seed: int) -> str:
   return method if seed == 0 else f"{method}-seed{seed}"
 
 
-def run_argv(name: str, args, seed: int = 0) -> list[str]:
-  """The gpt2_wikitext command line of one method and seed (its own run name, budget and folder)."""
+def run_config(name: str, args, seed: int = 0, resume: bool = False) -> config.RunConfig:
+  """The gpt2_wikitext run of one method and seed (its own run name, budget and folder)."""
   fwd, bwd, warmup, *learned = METHODS[name]
   spe = batching.num_batches(args.train_examples, args.batch_size)
-  return ["--fwd", fwd, "--bwd", bwd, *(["--bottleneck", *learned] if learned else []),
-          "--warmup-epochs", str(warmup), "--steps", str(args.steps),
-          "--epochs", str(math.ceil(args.steps / spe)), "--train-examples", str(args.train_examples),
-          "--eval-examples", str(args.eval_examples), "--batch-size", str(args.batch_size),
-          "--seed", str(seed), "--out", str(args.out), "--run-name", run_name(name, seed), "--no-progress",
-          *(["--outliers", args.outliers] if args.outliers else [])]
+  return config.resolve(gpt2_wikitext.EXPERIMENT, fwd=fwd, bwd=bwd, warmup_epochs=warmup, steps=args.steps,
+                        epochs=math.ceil(args.steps / spe), batch_size=args.batch_size, seed=seed,
+                        train_examples=args.train_examples, eval_examples=args.eval_examples,
+                        out=str(args.out), run_name=run_name(name, seed), resume=resume, no_progress=True,
+                        bottleneck=learned[0] if learned else None, outliers=args.outliers)
 
 
 def method_list() -> str:
@@ -237,11 +236,8 @@ def main(argv=None):
     for seed in range(args.seed, args.seed + args.seeds):
       run = run_name(name, seed)
       done = finished(args.out, run, args.steps, args.outliers)
-      if done is None:
-        argv_run = run_argv(name, args, seed)
-        if (args.out / run / "ckpt").is_dir():
-          argv_run.append("--resume")  # interrupted: continue from its last checkpoint
-        common.run(exp, common.resolve(exp, common.parser_for(exp).parse_args(argv_run)))
+      if done is None:  # resumed when interrupted: continue from its last checkpoint
+        runner.run(exp, run_config(name, args, seed, resume=(args.out / run / "ckpt").is_dir()))
         done = finished(args.out, run, args.steps, args.outliers)
       else:
         print(f"[frontier] {run}: done, skipped")

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import optax
 
-from experiments import common, paper
+from experiments import checks, cli, config, paper
 from jaxcomp import losses
 from jaxcomp.compress import bottleneck
 from jaxcomp.compress.spec import parse_boundary
@@ -51,31 +51,48 @@ def _presets():
 PRESETS = _presets()
 
 
-def corpus_for(config) -> text.Corpus:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Options:
+  """GPT-2 / WikiText-2's own settings (`config.RunConfig.options`; the recipes set the first six)."""
+  model: str  # GPT-2 size (random initialisation)
+  pretrained: str | None  # HF GPT-2 folder or hub name to fine-tune from
+  weight_decay: float
+  grad_clip: float | None  # global gradient-norm clipping
+  block_size: int  # tokens per example
+  tokenizer: str
+  dropout: float | None = None  # None: the model's
+  outliers: str | None = None  # N:SCALE[:MASSIVE]: outlier channels across the boundaries (`outliers`)
+  tokenizer_dir: str | None = None
+  train_file: str | None = None
+  valid_file: str | None = None
+  data_dir: str | None = None
+
+
+def corpus_for(own: Options) -> text.Corpus:
   """--train-file [--valid-file], else --data-dir, else the shipped WikiText-2 validation text."""
-  if config.get("valid_file") and not config.get("train_file"):
+  if own.valid_file and not own.train_file:
     raise ValueError("--valid-file needs --train-file too")
-  if config.get("train_file"):
-    if config.get("data_dir"):
+  if own.train_file:
+    if own.data_dir:
       raise ValueError("give either --data-dir or --train-file/--valid-file, not both")
-    return text.files_corpus(config["train_file"], config.get("valid_file"))
-  if config.get("data_dir"):
-    return text.data_dir_corpus(config["data_dir"])
+    return text.files_corpus(own.train_file, own.valid_file)
+  if own.data_dir:
+    return text.data_dir_corpus(own.data_dir)
   return text.shipped_corpus()
 
 
-def tokenizer_for(config):
+def tokenizer_for(own: Options):
   """--tokenizer; GPT-2's files from --tokenizer-dir, else from a local --pretrained folder."""
-  if config["pretrained"] and config["tokenizer"] != "gpt2":
-    raise ValueError(f"--pretrained {config['pretrained']} reads GPT-2 BPE tokens, not {config['tokenizer']}: "
+  if own.pretrained and own.tokenizer != "gpt2":
+    raise ValueError(f"--pretrained {own.pretrained} reads GPT-2 BPE tokens, not {own.tokenizer}: "
                      "add --tokenizer gpt2 --tokenizer-dir DIR (or --recipe paper)")
-  directory = config.get("tokenizer_dir")
-  if directory is None and config["pretrained"] and (pathlib.Path(config["pretrained"]) / "vocab.json").is_file():
-    directory = config["pretrained"]
-  if config["tokenizer"] == "gpt2" and directory is None:
+  directory = own.tokenizer_dir
+  if directory is None and own.pretrained and (pathlib.Path(own.pretrained) / "vocab.json").is_file():
+    directory = own.pretrained
+  if own.tokenizer == "gpt2" and directory is None:
     raise ValueError("--tokenizer gpt2 needs --tokenizer-dir DIR with GPT-2's vocab.json and merges.txt "
                      "(or use --tokenizer bytes)")
-  return text.tokenizer(config["tokenizer"], directory)
+  return text.tokenizer(own.tokenizer, directory)
 
 
 # sizes AQ-SGD's per-example tables in --compile-for when --train-examples is not given: WikiText-2's
@@ -84,11 +101,11 @@ WIKITEXT2_TRAIN_TOKENS = 2_400_000
 HUB_SIZES = {"gpt2": "small", "gpt2-medium": "medium", "gpt2-large": "large", "gpt2-xl": "xl"}
 
 
-def model_config(config, vocab_size: int) -> gpt2.GPT2Config:
-  """--model's GPT-2 (random initialisation) with the tokenizer's vocabulary."""
-  base = getattr(gpt2.GPT2Config, config["model"])()
+def model_config(own: Options, vocab_size: int, size: str | None = None) -> gpt2.GPT2Config:
+  """--model's GPT-2 (or `size`'s; random initialisation) with the tokenizer's vocabulary."""
+  base = getattr(gpt2.GPT2Config, size or own.model)()
   return gpt2.GPT2Config(**{**base.__dict__, "vocab_size": vocab_size,
-                            "n_positions": max(base.n_positions, config["block_size"])})
+                            "n_positions": max(base.n_positions, own.block_size)})
 
 
 def outliers(text: str, width: int) -> dict:
@@ -107,51 +124,52 @@ def outliers(text: str, width: int) -> dict:
   return fields
 
 
-def assemble(config, cfg: gpt2.GPT2Config, num_train: int):
+def assemble(run: config.RunConfig, cfg: gpt2.GPT2Config, num_train: int):
   """(Pipeline, optimizer) of the run for `num_train` training blocks (AQ-SGD tables, lr schedule)."""
-  if config.get("outliers"):
+  own, learned_spec = run.options, run.compression.bottleneck
+  if own.outliers:
     try:
-      cfg = dataclasses.replace(cfg, **outliers(config["outliers"], cfg.n_embd))
+      cfg = dataclasses.replace(cfg, **outliers(own.outliers, cfg.n_embd))
     except ValueError as err:
-      raise ValueError(f"--outliers {config['outliers']!r}: {err}") from None
-  if config.get("dropout") is not None:
-    if not 0.0 <= config["dropout"] < 1.0:
-      raise ValueError(f"--dropout must be in [0, 1), got {config['dropout']}")
-    cfg = dataclasses.replace(cfg, dropout=config["dropout"])
-  if not 1 <= config["stages"] <= cfg.n_layer:
-    raise ValueError(f"--stages {config['stages']}: this GPT-2 has {cfg.n_layer} blocks, so it splits into "
+      raise ValueError(f"--outliers {own.outliers!r}: {err}") from None
+  if own.dropout is not None:
+    if not 0.0 <= own.dropout < 1.0:
+      raise ValueError(f"--dropout must be in [0, 1), got {own.dropout}")
+    cfg = dataclasses.replace(cfg, dropout=own.dropout)
+  s, bs, shards = run.executor.stages, run.training.batch_size, run.executor.data_parallel
+  if not 1 <= s <= cfg.n_layer:
+    raise ValueError(f"--stages {s}: this GPT-2 has {cfg.n_layer} blocks, so it splits into "
                      f"1..{cfg.n_layer} stages; pass one of those (or a larger --model)")
-  s, bs, shards = config["stages"], config["batch_size"], config["data_parallel"]
-  steps = batching.num_batches(num_train, bs, shards) * config["epochs"]
-  optimizer = optax.adamw(optax.linear_schedule(config["lr"], 0.0, steps), weight_decay=config["weight_decay"])
-  boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=num_train)
+  steps = batching.num_batches(num_train, bs, shards) * run.training.epochs
+  optimizer = optax.adamw(optax.linear_schedule(run.training.lr, 0.0, steps), weight_decay=own.weight_decay)
+  boundary = parse_boundary(run.compression.fwd, run.compression.bwd, num_examples=num_train)
   stages, tied = gpt2.gpt2_stages(cfg, s), gpt2.gpt2_tied(s)
-  if config.get("bottleneck"):
+  if learned_spec:
     try:
-      learned = bottleneck.parse(config["bottleneck"])
+      learned = bottleneck.parse(learned_spec)
       stages, tied = bottleneck.wrap(stages, learned, cfg.n_embd), tied + bottleneck.tied(learned, s)
     except ValueError as err:
-      raise ValueError(f"--bottleneck {config['bottleneck']}: {err}") from None
-  pipe = Pipeline(stages, boundary, losses.language_model, "tokens", config["microbatches"], tied=tied,
-                  grad_clip_norm=config["grad_clip"])
+      raise ValueError(f"--bottleneck {learned_spec}: {err}") from None
+  pipe = Pipeline(stages, boundary, losses.language_model, "tokens", run.executor.microbatches, tied=tied,
+                  grad_clip_norm=own.grad_clip)
   return pipe, optimizer
 
 
-def build(config):
-  data = text.load(corpus_for(config), tokenizer_for(config), config["block_size"], min_blocks=config["batch_size"])
-  train_blocks = data.train[: config.get("train_examples")]
-  eval_blocks = data.validation[: config.get("eval_examples")]
-  common.check_batch_size(config["batch_size"], len(train_blocks), len(eval_blocks))
+def build(run: config.RunConfig):
+  own, bs, shards, seed = run.options, run.training.batch_size, run.executor.data_parallel, run.training.seed
+  data = text.load(corpus_for(own), tokenizer_for(own), own.block_size, min_blocks=bs)
+  train_blocks = data.train[: run.data.train_examples]
+  eval_blocks = data.validation[: run.data.eval_examples]
+  checks.check_batch_size(bs, len(train_blocks), len(eval_blocks))
   data = text.TextData(data.name, train_blocks, eval_blocks, data.vocab_size)
-  if config["pretrained"]:
-    cfg, params = gpt2_weights.from_pretrained(config["pretrained"], config["stages"])
-    if config.get("bottleneck"):  # pretrained weights kept; P and Q start as in a fresh run
-      params = bottleneck.insert_into(params, bottleneck.parse(config["bottleneck"]), cfg.n_embd,
-                                      jax.random.key(config["seed"]))
+  if own.pretrained:
+    cfg, params = gpt2_weights.from_pretrained(own.pretrained, run.executor.stages)
+    if run.compression.bottleneck:  # pretrained weights kept; P and Q start as in a fresh run
+      params = bottleneck.insert_into(params, bottleneck.parse(run.compression.bottleneck), cfg.n_embd,
+                                      jax.random.key(seed))
   else:
-    cfg, params = model_config(config, data.vocab_size), None
-  pipe, optimizer = assemble(config, cfg, len(train_blocks))
-  bs, shards, seed = config["batch_size"], config["data_parallel"], config["seed"]
+    cfg, params = model_config(own, data.vocab_size), None
+  pipe, optimizer = assemble(run, cfg, len(train_blocks))
   return pipe, optimizer, train.Data(
       train_batches=lambda epoch: text.train_batches(data, bs, seed, epoch, shards),
       steps_per_epoch=batching.num_batches(len(train_blocks), bs, shards),
@@ -159,30 +177,31 @@ def build(config):
       name=data.name, eval_summary=losses.with_perplexity), params
 
 
-def abstract(config):
+def abstract(run: config.RunConfig):
   """(Pipeline, optimizer, batch shapes, what was assumed) of the run, reading no text and no weights
   (--compile-for): the vocabulary of --tokenizer, the size of --model or of --pretrained (its config.json,
   or a hub name's size), and --train-examples training blocks, else WikiText-2's (assumed) size."""
-  vocab = text.ByteTokenizer().vocab_size if config["tokenizer"] == "bytes" else gpt2.GPT2Config().vocab_size
-  pretrained = config["pretrained"]
+  own = run.options
+  vocab = text.ByteTokenizer().vocab_size if own.tokenizer == "bytes" else gpt2.GPT2Config().vocab_size
+  pretrained = own.pretrained
   if pretrained and pathlib.Path(pretrained, "config.json").is_file():
     cfg = gpt2_weights.config_from_hf(json.loads(pathlib.Path(pretrained, "config.json").read_text()))
   elif pretrained:
     if pretrained not in HUB_SIZES:
       raise ValueError(f"--pretrained {pretrained}: --compile-for reads a local folder's config.json or a hub name "
                        f"it knows ({', '.join(HUB_SIZES)}); use --model instead")
-    cfg = model_config({**config, "model": HUB_SIZES[pretrained]}, vocab)
+    cfg = model_config(own, vocab, HUB_SIZES[pretrained])
   else:
-    cfg = model_config(config, vocab)
-  num_train, assumed = config.get("train_examples"), ""
+    cfg = model_config(own, vocab)
+  num_train, assumed = run.data.train_examples, ""
   if num_train is None:
-    num_train = WIKITEXT2_TRAIN_TOKENS // config["block_size"]
+    num_train = WIKITEXT2_TRAIN_TOKENS // own.block_size
     assumed = (f"{num_train} training blocks (assumed: WikiText-2's ~{WIKITEXT2_TRAIN_TOKENS:,} training tokens / "
-               f"{config['block_size']}; --train-examples sets it)")
-  pipe, optimizer = assemble(config, cfg, num_train)
-  bs, shards, block = config["batch_size"], config["data_parallel"], config["block_size"]
+               f"{own.block_size}; --train-examples sets it)")
+  pipe, optimizer = assemble(run, cfg, num_train)
+  bs, shards, block = run.training.batch_size, run.executor.data_parallel, own.block_size
   placeholder = text.TextData("", np.zeros((bs, block), np.int32), np.zeros((bs, block), np.int32), vocab)
-  batch = next(text.train_batches(placeholder, bs, config["seed"], 0, shards))
+  batch = next(text.train_batches(placeholder, bs, run.training.seed, 0, shards))
   return pipe, optimizer, batch, assumed
 
 
@@ -205,7 +224,8 @@ FLAGS = {
 }
 
 
-EXPERIMENT = common.Experiment("gpt2_wikitext", RECIPES, "tiny", PRESETS, build, abstract, FLAGS, paper.gpt2_row)
+EXPERIMENT = config.Experiment("gpt2_wikitext", RECIPES, "tiny", PRESETS, build, abstract, Options, FLAGS,
+                               paper.gpt2_row)
 
 if __name__ == "__main__":
-  common.main(EXPERIMENT)
+  cli.main(EXPERIMENT)

@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from experiments import common, paper, plots
+from experiments import config, paper, plots
 from jaxcomp.runtime import results
 
 PAPERS = {  # reported numbers, metric, its label, scale, names of the two reported columns
@@ -44,7 +44,7 @@ def check_reportable(run: dict, which: str):
       raise ValueError(f"epoch {record.get('epoch')} lacks {', '.join(missing)}")
 
 
-SEED_FREE = ("seed", "run_name", *common.RESUMABLE)  # may differ between the runs of one row
+SEED_FREE = ("seed", "run_name", *config.RESUMABLE)  # may differ between the runs of one row
 
 
 def by_seed(runs: list[dict]) -> list[list[dict]]:

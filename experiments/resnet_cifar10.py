@@ -10,10 +10,12 @@ Data: CIFAR-10 from --data-dir (cifar-10-batches-py or a tfds cifar10 there; any
 is an error) or tensorflow-datasets' default folder; without either, a generated stand-in
 that every output labels NOT CIFAR-10.
 """
+import dataclasses
+
 import numpy as np
 import optax
 
-from experiments import common, paper
+from experiments import checks, cli, config, paper
 from jaxcomp import losses
 from jaxcomp.compress.spec import parse_boundary
 from jaxcomp.data import batching, cifar10
@@ -48,6 +50,17 @@ def _presets():
 PRESETS = _presets()
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Options:
+  """ResNet18 / CIFAR-10's own settings (`config.RunConfig.options`; the recipes set them)."""
+  width: int  # channels of layer1 (64 = ResNet18)
+  momentum: float
+  weight_decay: float
+  cosine_epochs: int  # the learning rate's cosine decay spans this many epochs
+  data_source: str
+  data_dir: str | None = None
+
+
 def _subset(split, n):
   return split if n is None else {k: v[:n] for k, v in split.items()}
 
@@ -55,28 +68,27 @@ def _subset(split, n):
 CIFAR10_TRAIN = 50_000
 
 
-def assemble(config, num_train: int):
+def assemble(run: config.RunConfig, num_train: int):
   """(Pipeline, optimizer) of the run for `num_train` training images (AQ-SGD tables, lr schedule)."""
-  bs, shards = config["batch_size"], config["data_parallel"]
-  schedule = optax.cosine_decay_schedule(config["lr"], config["cosine_epochs"] * batching.num_batches(num_train, bs, shards))
-  optimizer = optax.chain(optax.add_decayed_weights(config["weight_decay"]),
-                          optax.sgd(schedule, momentum=config["momentum"]))
-  if config["stages"] not in resnet.STAGE_COUNTS:
-    raise ValueError(f"--stages {config['stages']}: ResNet18 splits into {list(resnet.STAGE_COUNTS)} stages; "
-                     f"pass one of those")
-  boundary = parse_boundary(config["fwd"], config["bwd"], num_examples=num_train)
-  stages = resnet.resnet18_stages(resnet.ResNet18Config(width=config["width"]), config["stages"])
-  return Pipeline(stages, boundary, losses.classification, "image", config["microbatches"]), optimizer
+  own, stages = run.options, run.executor.stages
+  bs, shards = run.training.batch_size, run.executor.data_parallel
+  schedule = optax.cosine_decay_schedule(run.training.lr, own.cosine_epochs * batching.num_batches(num_train, bs, shards))
+  optimizer = optax.chain(optax.add_decayed_weights(own.weight_decay), optax.sgd(schedule, momentum=own.momentum))
+  if stages not in resnet.STAGE_COUNTS:
+    raise ValueError(f"--stages {stages}: ResNet18 splits into {list(resnet.STAGE_COUNTS)} stages; pass one of those")
+  boundary = parse_boundary(run.compression.fwd, run.compression.bwd, num_examples=num_train)
+  model = resnet.resnet18_stages(resnet.ResNet18Config(width=own.width), stages)
+  return Pipeline(model, boundary, losses.classification, "image", run.executor.microbatches), optimizer
 
 
-def build(config):
-  data = cifar10.load(config["data_source"], config["data_dir"])
-  train_split = _subset(data.train, config.get("train_examples"))
-  test_split = _subset(data.test, config.get("eval_examples"))
+def build(run: config.RunConfig):
+  data = cifar10.load(run.options.data_source, run.options.data_dir)
+  train_split = _subset(data.train, run.data.train_examples)
+  test_split = _subset(data.test, run.data.eval_examples)
   data = cifar10.ImageData(data.name, train_split, test_split)
-  bs, shards, seed = config["batch_size"], config["data_parallel"], config["seed"]
-  common.check_batch_size(bs, len(train_split["label"]), len(test_split["label"]))
-  pipe, optimizer = assemble(config, len(train_split["label"]))
+  bs, shards, seed = run.training.batch_size, run.executor.data_parallel, run.training.seed
+  checks.check_batch_size(bs, len(train_split["label"]), len(test_split["label"]))
+  pipe, optimizer = assemble(run, len(train_split["label"]))
   return pipe, optimizer, train.Data(
       train_batches=lambda epoch: cifar10.train_batches(data, bs, seed, epoch, shards),
       steps_per_epoch=batching.num_batches(len(train_split["label"]), bs, shards),
@@ -84,15 +96,15 @@ def build(config):
       example_batch=next(cifar10.train_batches(data, bs, seed, 0, shards)), name=data.name), None
 
 
-def abstract(config):
+def abstract(run: config.RunConfig):
   """(Pipeline, optimizer, batch shapes, what was assumed) of the run without reading images (--compile-for):
   --train-examples training images, else CIFAR-10's 50,000."""
-  num_train = config.get("train_examples") or CIFAR10_TRAIN
-  assumed = "" if config.get("train_examples") else f"{CIFAR10_TRAIN} training images (CIFAR-10's training set)"
-  pipe, optimizer = assemble(config, num_train)
-  bs, shards = config["batch_size"], config["data_parallel"]
+  num_train = run.data.train_examples or CIFAR10_TRAIN
+  assumed = "" if run.data.train_examples else f"{CIFAR10_TRAIN} training images (CIFAR-10's training set)"
+  pipe, optimizer = assemble(run, num_train)
+  bs, shards = run.training.batch_size, run.executor.data_parallel
   split = {"image": np.zeros((bs, 32, 32, 3), np.uint8), "label": np.zeros((bs,), np.int32)}
-  batch = next(cifar10.train_batches(cifar10.ImageData("", split, split), bs, config["seed"], 0, shards))
+  batch = next(cifar10.train_batches(cifar10.ImageData("", split, split), bs, run.training.seed, 0, shards))
   return pipe, optimizer, batch, assumed
 
 
@@ -103,8 +115,8 @@ FLAGS = {
 }
 
 
-EXPERIMENT = common.Experiment("resnet_cifar10", RECIPES, "paper", PRESETS, build, abstract, FLAGS,
+EXPERIMENT = config.Experiment("resnet_cifar10", RECIPES, "paper", PRESETS, build, abstract, Options, FLAGS,
                                paper.resnet_row)
 
 if __name__ == "__main__":
-  common.main(EXPERIMENT)
+  cli.main(EXPERIMENT)

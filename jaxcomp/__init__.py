@@ -1,15 +1,18 @@
 """jaxcomp: compressed activations and activation-gradients for pipeline training.
 
-Layers, data flowing down:
+Layers, data flowing down (a layer imports only those below it):
   compress/  the papers' math: packing, codecs C (quantizers, TopK), rotation, adaptive bits,
              schemes (EF, EF21, EF-mixed, AQ-SGD state), the custom_vjp boundary, spec strings
-  pipeline, losses  the core: stages, boundaries between them, the train state
+  pipeline, losses  the core: stages, boundaries between them, the train state, the `Executor`
+             contract
   parallel/  executing a pipeline: simulate (one device), the sharded executor (stages across
              devices, GPipe / 1F1B schedules), `ppermute` (a compressed `jax.lax.ppermute`, which
-             the executor sends with), data parallelism, QuantizedAdam, host buffers, bytes and
-             FLOPs read from compiled programs, the network simulator
-  runtime/   running experiments: train loop, checkpoints, results, locks, multi-host, dry runs
-             compiled for accelerator targets
+             the executor sends with), data parallelism, QuantizedAdam, AQ-SGD tables in host memory
+  analysis/  reading and modelling programs, running none: bytes and FLOPs of compiled programs, the
+             network simulator, accelerator targets, dry runs (through the `Executor` contract)
+  runtime/   running experiments: train loop, checkpoints, results, locks, multi-host start-up
+analysis/ and runtime/ sit side by side above parallel/: neither imports the other (training reads no
+program, and a dry run trains nothing); the experiment scripts use both.
 """
 from jaxcomp import losses
 from jaxcomp.compress import codecs, schemes

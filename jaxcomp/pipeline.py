@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxcomp.arguments import is_integer
 from jaxcomp.compress import codecs, schemes
 from jaxcomp.compress.boundary import Boundary, LinkState, Mode
 
@@ -30,7 +31,12 @@ class Stage(Protocol):
 
 class Executor(Protocol):
   """Runs a Pipeline's train and eval steps (`simulate.Simulate`, `sharded.ShardedExecutor`,
-  `hostbuffer.HostBuffered`); executors subclass it and take the defaults of the optional hooks."""
+  `hostbuffer.HostBuffered`); executors subclass it and take the defaults of the optional hooks.
+
+  An executor is built for its devices (one device, or a mesh), which may be compile-only ones
+  (`analysis.targets`): `state_shapes`, `batch_shapes` and `trace_step` then give the programs a dry
+  run compiles (`analysis.dryrun`) without allocating or running anything.
+  """
 
   mesh: Any = None  # the device mesh batches are split over (its `data` axis); None: one device
   host_state: Any = None  # numpy arrays kept outside the train state, saved with it (AQ-SGD tables)
@@ -39,13 +45,35 @@ class Executor(Protocol):
     """The executor's train state for batches shaped like `batch`."""
 
   def make_train_step(self, pipe: "Pipeline", optimizer, mode) -> Callable:
-    """(state, batch) -> (state, metrics)."""
+    """(state, batch) -> (state, metrics). A step with a `close()` holds resources (a thread) until the
+    caller calls it (`train.fit` does when the run ends)."""
 
   def make_eval_step(self, pipe: "Pipeline", compressed: bool) -> Callable:
     """(state, batch) -> metrics."""
 
   def wire_bytes_per_step(self, pipe: "Pipeline", batch, mode) -> dict[str, int]:
     """Bytes one training step sends, each way (and over `data`)."""
+
+  def state_shapes(self, pipe: "Pipeline", optimizer, batch) -> "TrainState":
+    """ShapeDtypeStructs, placed on the executor's devices (with their shardings), of what `init_state`
+    returns for batches like `batch` (arrays or shapes): nothing is allocated and no memory is checked."""
+
+  def batch_shapes(self, batch):
+    """ShapeDtypeStructs of `batch` placed as the executor's steps take it."""
+
+  def trace_step(self, pipe: "Pipeline", optimizer, mode, state, batch) -> jax.stages.Traced:
+    """The step of `mode` (a training mode: the train step; EVAL_COMPRESSED / EVAL_UNCOMPRESSED: the
+    eval step) traced for `state` and `batch` (arrays or `state_shapes` / `batch_shapes`): its `.jaxpr`, and
+    `.lower()` for the executor's devices (`.lower().compile()`: HLO text, memory analysis)."""
+
+  def collective_ways(self, mode) -> tuple[str, ...]:
+    """The ways of `wire_bytes_per_step` that the compiled step's collective-permutes and all-gathers carry
+    (what `analysis.hlo_bytes.collective_bytes` reads); by default none: one device, no link in the program."""
+    return ()
+
+  def describe(self) -> str:
+    """One line: where the executor runs the stages (dry runs print it)."""
+    return type(self).__name__
 
   def unstack(self, pipe: "Pipeline", optimizer, state: "TrainState", batch) -> "TrainState":
     """The state in the simulate layout of the global `batch` (what checkpoints hold); by default the
@@ -106,7 +134,7 @@ class Pipeline:
     if len(self.stages) < 1:
       raise ValueError("a pipeline needs at least one stage")
     m = self.microbatches
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+    if not is_integer(m) or m < 1:
       raise ValueError(f"microbatches must be a positive integer, got {m!r}")
 
   @property
@@ -195,16 +223,29 @@ def activation_shapes(pipe: Pipeline, batch) -> list:
   return boundary_shapes(pipe, state.params, state.model_state, microbatch_shapes(batch, pipe.microbatches)[pipe.input_key])
 
 
+def free_host_bytes() -> int:
+  """Free host RAM."""
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
 def available_memory_bytes() -> int:
   """Free memory of the default device (accelerator limit, or host RAM on CPU)."""
   stats = jax.local_devices()[0].memory_stats() or {}
   if "bytes_limit" in stats:
     return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
-  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+  return free_host_bytes()
+
+
+class TablesDoNotFit(ValueError):
+  """AQ-SGD's per-example tables would not fit in the memory that is free (`need`, `available`: bytes)."""
+
+  def __init__(self, message: str, need: int, available: int):
+    super().__init__(message)
+    self.need, self.available = need, available
 
 
 def check_aqsgd_memory(boundary: Boundary, shapes, available: int | None = None):
-  """Clear error before allocating AQ-SGD tables (two ends x every boundary) that cannot fit
+  """TablesDoNotFit before allocating AQ-SGD tables (two ends x every boundary) that cannot fit
   (`shapes`: the activation at each boundary, or a function returning them, called only for AQ-SGD)."""
   if not isinstance(boundary.fwd, schemes.AQSGD):
     return
@@ -212,11 +253,11 @@ def check_aqsgd_memory(boundary: Boundary, shapes, available: int | None = None)
   total = sum(2 * boundary.fwd.buffer_bytes(s.shape[1:]) for s in shapes)
   available = available_memory_bytes() if available is None else available
   if total > available:
-    raise ValueError(
+    raise TablesDoNotFit(
         f"AQ-SGD buffers need {total / 2**30:.2f} GiB ({boundary.fwd.num_examples} examples x "
         f"{len(shapes)} boundaries x 2 ends, {boundary.fwd.buffer_dtype}) but only "
-        f"{available / 2**30:.2f} GiB is free; use fewer examples, a smaller buffer dtype or host buffers "
-        "(CLI: --aqsgd-buffers host|DIR; code: hostbuffer.HostBuffered)")
+        f"{available / 2**30:.2f} GiB is free; use fewer examples, a smaller buffer dtype or tables in host memory "
+        "(hostbuffer.HostBuffered)", total, available)
 
 
 def _init_stages(stages, rng, x) -> tuple[list, list, list]:

@@ -16,8 +16,8 @@ from benchmarks import (
   topk_selection,
   wire_bytes,
 )
+from jaxcomp.analysis import netsim
 from jaxcomp.compress import spec
-from jaxcomp.parallel import netsim
 
 
 @pytest.mark.parametrize("module, argv, expect", [

@@ -1,3 +1,4 @@
+import copy
 import itertools
 import re
 
@@ -529,6 +530,21 @@ def test_topk_q8_values_on_a_symmetric_grid_with_zero(fraction):
   np.testing.assert_array_equal(np.asarray(q8(-x)), -x_hat)  # symmetric grid
 
 
+@pytest.mark.parametrize("fraction", [0.01, 0.5])  # one value per row (only +-inf sent), and an inf among finite ones
+def test_topk_q8_sends_inf_as_its_max_abs_quantizer_does(fraction):
+  """q8 values are `MaxAbsQuant(8)`'s: +-inf decodes to +-inf, never NaN or the other sign; a row whose
+  finite values are flagged NaN (`_flag_nonfinite_rows`) decodes all NaN, as its quantizer's NaN scale."""
+  x = _x((3, 64), seed=3).at[:, 5].set(jnp.array([jnp.inf, -jnp.inf, jnp.inf]) * 1e3)
+  x = x.at[2, 6].set(jnp.inf)
+  x_hat, sent = np.asarray(codecs.TopK(fraction, values="q8")(x)), np.asarray(codecs.TopK(fraction)(x))
+  inf = np.isinf(sent)
+  if fraction < 0.1:
+    assert inf.sum() == 3 and (x_hat[inf] == sent[inf]).all()
+  else:
+    assert np.isnan(x_hat[sent != 0]).all()  # every row holds an inf: its finite values are flagged NaN
+  assert not np.any(np.isneginf(x_hat[np.isposinf(np.asarray(x))]))
+
+
 @pytest.mark.parametrize("values", ["native", "bf16", "q8"])
 def test_topk_value_formats_with_index_reuse(values):
   from jaxcomp.compress import schemes
@@ -627,8 +643,8 @@ HEAVY = [i for i, (c, *_) in enumerate(PROPERTY_CASES) if _slow_to_compile(c)]
 class _CodecProperties(chex.TestCase):
   """What every codec must satisfy, on every variant: the decoded message keeps the input's shape and dtype, the
   payload's bytes are `wire_bytes`, the error is within the family's bound, a NaN or inf among 4096 entries reaches
-  the receiver (RandK may drop the entry: excepted), the same key gives the same message, and a jitted round trip traces once
-  for every input of one shape."""
+  the receiver (RandK may drop the entry: excepted), the same key gives the same message, and a jitted round trip
+  traces once for every equal codec and input of one shape."""
 
   def _check_properties(self, i):
     codec, shape, large = PROPERTY_CASES[i]
@@ -652,11 +668,13 @@ class _CodecProperties(chex.TestCase):
           chex.assert_tree_all_finite(round_trip(x.at[(1,) * len(large)].set(bad), key))
 
   def _check_one_trace(self, i):
+    """An equal codec (a new object: a codec is a value) and the next input of the same shape reuse the compiled
+    round trip of a jitted function that takes the codec as a static argument."""
     codec, shape, _ = PROPERTY_CASES[i]
     chex.clear_trace_counter()
-    round_trip = jax.jit(chex.assert_max_traces(lambda x, key: codec(x, key), n=1))
+    round_trip = jax.jit(chex.assert_max_traces(lambda codec, x, key: codec(x, key), n=1), static_argnums=0)
     for seed in range(3):
-      round_trip(_x(shape, seed=seed), jax.random.key(seed))
+      round_trip(copy.deepcopy(codec), _x(shape, seed=seed), jax.random.key(seed))
 
 
 def _property_suite(cases):

@@ -12,12 +12,12 @@ import optax
 import pytest
 
 import jaxcomp
-from experiments import common, gpt2_wikitext, resnet_cifar10
+from experiments import cli, config, gpt2_wikitext, resnet_cifar10
+from jaxcomp.analysis import dryrun, hlo_bytes, targets
 from jaxcomp.compress import packing
-from jaxcomp.compress.spec import parse_codec, parse_scheme
+from jaxcomp.compress.spec import parse_codec
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import hlo_bytes, permute, qadam, schedule
-from jaxcomp.runtime import dryrun, targets
+from jaxcomp.parallel import permute, qadam, schedule
 
 tpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                          reason="libtpu is not installed (pip install -e .[test] brings it on Linux x86-64)")
@@ -76,17 +76,21 @@ MLP_BATCH = {"x": jax.ShapeDtypeStruct((16, 8), jnp.float32), "label": jax.Shape
 
 
 @tpu
-@pytest.mark.parametrize("fwd, bwd, plan, optimizer", [
-    ("topk:0.5", "reuse", dryrun.Plan("gpipe", data=2, schedule="1f1b", grad_scheme=parse_scheme("ef+quant:4")),
+@pytest.mark.parametrize("fwd, bwd, settings, optimizer", [
+    ("topk:0.5", "reuse", dict(executor="gpipe", data_parallel=2, schedule="1f1b", grad_compression="ef+quant:4"),
      qadam.QuantizedAdam(1e-3)),
-    ("aqsgd+maxabs:2:stoch", "maxabs:4:stoch", dryrun.Plan("gpipe", data=2, schedule="1f1b-fused"), optax.adam(1e-3)),
+    ("aqsgd+maxabs:2:stoch", "maxabs:4:stoch", dict(executor="gpipe", data_parallel=2, schedule="1f1b-fused"),
+     optax.adam(1e-3)),
 ])
-def test_sharded_executor_compiles_for_a_tpu_slice_and_its_collectives_send_the_counted_bytes(fwd, bwd, plan,
+def test_sharded_executor_compiles_for_a_tpu_slice_and_its_collectives_send_the_counted_bytes(fwd, bwd, settings,
                                                                                               optimizer):
-  report = dryrun.compile_for(targets.target("v5e-8"), _mlp(fwd, bwd), optimizer, MLP_BATCH, plan, steps=("train",))
+  target = targets.target("v5e-8")
+  plan = config.ExecutorConfig(stages=4, microbatches=2, **settings)
+  executor = config.executor_for(plan, targets.compile_only_devices(target))
+  report = dryrun.compile_for(target, executor, _mlp(fwd, bwd), optimizer, MLP_BATCH, steps=("train",))
   assert report.fits and report.steps[0].flops.matmul > 0 and report.steps[0].traffic_bytes > 0
   sent, counted = report.steps[0].collectives, report.counted
-  ways = ("fwd", "bwd", "data") if plan.grad_scheme is not None else ("fwd", "bwd")
+  ways = ("fwd", "bwd", "data") if executor.grad_scheme is not None else ("fwd", "bwd")
   assert {k: sent[k] for k in ways} == {k: counted[k] for k in ways} and "(equal)" in report.text()
 
 
@@ -95,7 +99,7 @@ def test_sharded_executor_compiles_for_a_tpu_slice_and_its_collectives_send_the_
 def test_cli_compiles_tiny_gpt2_for_one_tpu_chip(capsys):
   """The experiment CLI's --compile-for: abstract state and batch (no text read), the simulate executor on
   v5e-1, the memory/FLOPs/time table, exit status 0 when it fits."""
-  common.main(gpt2_wikitext.EXPERIMENT, ["--preset", "aqsgd-fw2-bw4", "--block-size", "32", "--batch-size", "4",
+  cli.main(gpt2_wikitext.EXPERIMENT, ["--preset", "aqsgd-fw2-bw4", "--block-size", "32", "--batch-size", "4",
                                          "--train-examples", "64", "--compile-for", "v5e-1"])
   out = capsys.readouterr().out
   assert "--compile-for v5e-1: run aqsgd-fw2-bw4" in out and "tokens (4, 32) int32" in out
@@ -108,20 +112,23 @@ def test_cli_compiles_tiny_gpt2_for_one_tpu_chip(capsys):
 def test_a_run_that_does_not_fit_is_reported_with_what_would_help(monkeypatch, capsys):
   """ResNet18 width 8 on one v5e chip with AQ-SGD tables for 1,000,000 examples (57 GB): does not fit, and
   the report names host buffers; an MLP's tables in host memory fit. The CLI exits 1 for such a report."""
-  config = common.resolve(resnet_cifar10.EXPERIMENT, common.parser_for(resnet_cifar10.EXPERIMENT).parse_args(
-      ["--recipe", "tiny", "--width", "8", "--batch-size", "8", "--fwd", "aqsgd+quant:2", "--bwd", "quant:4",
-       "--train-examples", "1000000"]))
-  pipe, optimizer, batch, _ = resnet_cifar10.EXPERIMENT.abstract(config)
-  report = dryrun.compile_for(targets.target("v5e-1"), pipe, optimizer, batch, steps=("train",))
+  run = config.resolve(resnet_cifar10.EXPERIMENT, recipe="tiny", width=8, batch_size=8, fwd="aqsgd+quant:2",
+                       bwd="quant:4", train_examples=1000000)
+  pipe, optimizer, batch, _ = resnet_cifar10.EXPERIMENT.abstract(run)
+  v5e = targets.target("v5e-1")
+  device = config.executor_for(run.executor, targets.compile_only_devices(v5e))
+  report = dryrun.compile_for(v5e, device, pipe, optimizer, batch, steps=("train",))
   assert not report.fits and report.peak_bytes > 50 * 2**30 and report.aqsgd_table_bytes > 50 * 2**30
   assert re.search(r"does not fit: needs [\d.]+ GiB of 16 GiB HBM per device, [\d.]+ GiB missing.*; try: "
-                   r"--aqsgd-buffers host", report.text())
-  host = dryrun.compile_for(targets.target("v5e-1"), _mlp("aqsgd+quant:2", "quant:4"), optax.adam(1e-3),
-                            MLP_BATCH, dryrun.Plan(aqsgd_buffers="host"), steps=("train",))
+                   r"--aqsgd-buffers host", cli.dry_run_text(report, run))
+  host = config.executor_for(config.ExecutorConfig(aqsgd_buffers="host", stages=4, microbatches=2),
+                             targets.compile_only_devices(v5e), batch_size=16)
+  host = dryrun.compile_for(v5e, host, _mlp("aqsgd+quant:2", "quant:4"), optax.adam(1e-3), MLP_BATCH,
+                            steps=("train",))
   assert host.fits and host.aqsgd_table_bytes == 2 * 3 * 16 * 32 * 2  # one batch's rows, 2 ends x 3 boundaries
-  monkeypatch.setattr(common, "compile_run", lambda exp, config: report)
+  monkeypatch.setattr(cli, "compile_run", lambda exp, config: report)
   with pytest.raises(SystemExit) as status:
-    common.main(resnet_cifar10.EXPERIMENT, ["--compile-for", "v5e-1"])
+    cli.main(resnet_cifar10.EXPERIMENT, ["--compile-for", "v5e-1"])
   assert status.value.code == 1
 
 
@@ -131,13 +138,13 @@ def test_a_run_that_does_not_fit_is_reported_with_what_would_help(monkeypatch, c
     ("Allocation (size=65536000000) would exceed memory (size=17179869184) :: #allocation1038 [shape = "
      "'f16[1000000,32,32,8]{2,1,3,0:T(8,128)(2,1)}', space=hbm, size = 0xffffffffffffffff]", 65536000000)])
 def test_the_peak_of_a_step_the_compiler_refused_is_read_from_its_message(message, needed):
-  report = dryrun.DryRun(targets.target("v5e-1"), None, "", (), {}, 0, message)
+  report = dryrun.DryRun(targets.target("v5e-1"), "", (), {}, (), 0, message)
   assert report.peak_bytes == needed and not report.fits
 
 
 def test_bad_target_is_one_error_line_listing_the_valid_ones():
   with pytest.raises(SystemExit, match=r"^error: unknown target 'v5e-3'; choose one of v5e-1, v5e-4, v5e-8, "):
-    common.main(gpt2_wikitext.EXPERIMENT, ["--compile-for", "v5e-3"])
+    cli.main(gpt2_wikitext.EXPERIMENT, ["--compile-for", "v5e-3"])
 
 
 def test_gpu_targets_compile_where_the_cuda_plugin_is_installed():
@@ -147,8 +154,10 @@ def test_gpu_targets_compile_where_the_cuda_plugin_is_installed():
                       "(pip install jax-cuda12-pjrt==<jax version> and a ptxas)")
   pipe = jaxcomp.Pipeline(mlp_stages(32, 4, 2), jaxcomp.parse_boundary("maxabs:4", "topk:0.25:q8"),
                           jaxcomp.losses.classification, "x", microbatches=2)
-  report = dryrun.compile_for(targets.target("h100-8"), pipe, optax.adam(1e-3), MLP_BATCH, dryrun.Plan("gpipe"),
-                              steps=("train",))
+  h100 = targets.target("h100-8")
+  executor = config.executor_for(config.ExecutorConfig(executor="gpipe", stages=2, microbatches=2),
+                                 targets.compile_only_devices(h100))
+  report = dryrun.compile_for(h100, executor, pipe, optax.adam(1e-3), MLP_BATCH, steps=("train",))
   assert report.fits and "(equal)" in report.text()
 
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from experiments import gpt2_wikitext, report, resnet_cifar10
-from experiments.common import RUN_DEFAULTS, main
+from experiments import config
+from experiments.cli import main
 
 RESNET_TINY = ["--steps", "2", "--width", "8", "--batch-size", "10", "--train-examples", "40",
                "--eval-examples", "20", "--no-progress"]
@@ -79,8 +80,8 @@ def test_list_presets_shows_each_paper_row_and_the_bytes_it_sends(capsys):
   main(gpt2_wikitext.EXPERIMENT, ["--list-presets", "--batch-size", "4", "--block-size", "32", "--microbatches", "2"])
   lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
   assert set(gpt2_wikitext.PRESETS) <= set(lines)
-  config = {**RUN_DEFAULTS, **gpt2_wikitext.RECIPES["tiny"], "batch_size": 4, "block_size": 32, "microbatches": 2}
-  pipe, _, batch, _ = gpt2_wikitext.abstract(config)
+  run = config.resolve(gpt2_wikitext.EXPERIMENT, batch_size=4, block_size=32, microbatches=2)
+  pipe, _, batch, _ = gpt2_wikitext.abstract(run)
   for preset, (loss, ppl) in paper.GPT2.items():
     spec = gpt2_wikitext.PRESETS[preset]
     sent = simulate.wire_bytes_per_step(
@@ -328,7 +329,7 @@ def test_report_table_and_plot(tmp_path):
 def test_jaxcomp_warnings_are_one_line_in_the_clis(capsys):
   import io
 
-  from experiments.common import one_line_warning
+  from experiments.cli import one_line_warning
   from jaxcomp.runtime import train
   ours, theirs = io.StringIO(), io.StringIO()
   one_line_warning(UserWarning("the checkpoint of epoch 2 is corrupt;\n  trying the previous"), UserWarning,
@@ -340,7 +341,7 @@ def test_jaxcomp_warnings_are_one_line_in_the_clis(capsys):
 
 def test_resuming_a_run_recorded_before_its_defaults_were_stored(tmp_path):
   """Results written before RunDefaults existed lack those keys: they compare as the defaults they ran with."""
-  from experiments.common import check_resumed_config
+  from experiments.config import RUN_DEFAULTS, check_resumed_config
   from jaxcomp.runtime import results
   old = {"fwd": "quant:4", "bwd": "quant:8", "lr": 0.01}
   results.write(tmp_path, "r", old, [])

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcomp.models import resnet
-from jaxcomp.parallel import flops
+from jaxcomp.analysis import flops
 
 F32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
 

@@ -49,8 +49,8 @@ def test_pareto_and_domination():
 def test_seeds_run_separately_and_the_table_compares_means(tmp_path):
   args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path, outliers=None)
   assert frontier.run_name("fp32", 0) == "fp32" and frontier.run_name("fp32", 2) == "fp32-seed2"
-  argv = frontier.run_argv("fp32", args, 2)
-  assert argv[argv.index("--seed") + 1] == "2" and argv[argv.index("--run-name") + 1] == "fp32-seed2"
+  run = frontier.run_config("fp32", args, 2)
+  assert run.training.seed == 2 and run.output.run_name == "fp32-seed2"
 
   def row(method, seed, nbytes, loss):
     return {"method": method, "seed": seed, "fwd": "none", "bwd": "none", "warmup_epochs": 0, "bytes_fwd": nbytes / 2,
@@ -83,8 +83,8 @@ def test_list_methods_names_every_method_with_its_specs(capsys):
 def test_outlier_model_runs_carry_the_flag_and_keep_their_own_folder(tmp_path):
   args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path,
                             outliers="4:64:1024")
-  argv = frontier.run_argv("tile64-fw3-bw4", args)
-  assert argv[argv.index("--outliers") + 1] == "4:64:1024"
+  run = frontier.run_config("tile64-fw3-bw4", args)
+  assert run.options.outliers == "4:64:1024" and run.record()["outliers"] == "4:64:1024"
   (tmp_path / "results").mkdir()
   (tmp_path / "results" / "fp32.json").write_text(json.dumps(
       {"config": {"outliers": "4:64:1024"}, "history": [{"step": 4}]}))

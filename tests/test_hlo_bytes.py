@@ -5,8 +5,9 @@ import optax
 import pytest
 
 import jaxcomp
+from jaxcomp.analysis import hlo_bytes
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import hlo_bytes, simulate
+from jaxcomp.parallel import simulate
 
 # A TPU-style program (no known_trip_count annotation; async collective-permute; the loop counter's
 # start copied into the loop tuple), written by hand: a 4-iteration loop whose body sends f32[8,128].

@@ -9,7 +9,7 @@ import pytest
 
 import jaxcomp
 from experiments import gpt2_wikitext
-from experiments.common import main
+from experiments.cli import main
 from jaxcomp import pipeline
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
@@ -59,6 +59,8 @@ def test_host_buffers_are_bit_identical_to_device_tables(tmp_path, prefetch, mem
   for t, (ids, mode) in enumerate(zip(ID_SEQUENCE, MODES)):
     next_ids = ID_SEQUENCE[t + 1] if t + 1 < len(ID_SEQUENCE) and MODES[t + 1] == mode else None
     state, _ = wrapped[mode](state, _batch(ids), next_ids)
+  for step in wrapped.values():
+    step.close()
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), state.params,
                expected.params)
   for b, link in enumerate(expected.links):

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from experiments import gpt2_wikitext
-from experiments.common import main
+from experiments.cli import main
 from jaxcomp.runtime.lock import FolderInUseError, FolderLock
 
 HOLD = ("import sys, time; from jaxcomp.runtime.lock import FolderLock; FolderLock(sys.argv[1], 'x').acquire(); "

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxcomp.parallel import netsim, schedule
-from jaxcomp.parallel.netsim import Event, Exchange, simulate_step
+from jaxcomp.analysis import netsim
+from jaxcomp.analysis.netsim import Event, Exchange, simulate_step
+from jaxcomp.parallel import schedule
 
 # With bandwidth_bps = 8, sending n bytes takes n seconds: hand timelines stay readable.
 BW8 = 8.0
@@ -359,52 +360,21 @@ def test_throughput_rejects_bad_samples_and_empty_step():
     netsim.throughput(8, empty)
 
 
-# --- sweep and table -----------------------------------------------------------------------
+# --- bandwidths and exchanges ------------------------------------------------------------------
 
 # 125 MB takes 1 s at 1 Gbps and 10 s at 100 Mbps; 12.5 MB a tenth of that.
 CONFIGS = {"big": ([125e6], [125e6]), "small": ([12.5e6], [12.5e6])}
 
 
-def test_sweep_rows_match_individual_simulations():
-  rows = netsim.sweep([1e9, 100e6], CONFIGS, [1, 1], [1, 1], 1, samples_per_step=12)
-  assert [(r.config, r.bandwidth_bps) for r in rows] == [
-      ("big", 1e9), ("big", 100e6), ("small", 1e9), ("small", 100e6),
-  ]
+def test_step_times_over_bandwidths_and_with_an_exchange():
+  def rows(**kw):
+    return [simulate_step([1, 1], [1, 1], fwd, bwd, 1, bw, **kw) for fwd, bwd in CONFIGS.values() for bw in (1e9, 100e6)]
   # compute 4 s + one message each way
-  assert [r.makespan_s for r in rows] == pytest.approx([6, 24, 4.2, 6])
-  assert [r.samples_per_s for r in rows] == pytest.approx([2, 0.5, 12 / 4.2, 2])
+  assert [tl.makespan for tl in rows()] == pytest.approx([6, 24, 4.2, 6])
+  assert [netsim.throughput(12, tl) for tl in rows()] == pytest.approx([2, 0.5, 12 / 4.2, 2])
   # an exchange of 12.5 MB per stage adds 0.1 s / 1 s after stage 0, the last to finish
-  rows = netsim.sweep([1e9, 100e6], CONFIGS, [1, 1], [1, 1], 1, samples_per_step=12,
-                      exchange=Exchange([12.5e6, 12.5e6], 1), schedule="1f1b")
-  assert [r.makespan_s for r in rows] == pytest.approx([6.1, 25, 4.3, 7])
-
-
-def test_sweep_rejects_empty_inputs():
-  with pytest.raises(ValueError, match="configs"):
-    netsim.sweep([1e9], {}, [1], [1], 1, samples_per_step=1)
-  with pytest.raises(ValueError, match="bandwidths_bps"):
-    netsim.sweep([], CONFIGS, [1, 1], [1, 1], 1, samples_per_step=1)
-  with pytest.raises(ValueError, match=r"config 'bad': bwd_bytes\[0\].*-1"):
-    netsim.sweep([1e9], {"bad": ([1], [-1])}, [1, 1], [1, 1], 1, samples_per_step=1)
-
-
-def test_render_markdown_with_speedups():
-  rows = netsim.sweep([1e9, 100e6], CONFIGS, [1, 1], [1, 1], 1, samples_per_step=12)
-  assert netsim.render_markdown(rows, baseline="big") == "\n".join([
-      "| config | 1 Gbps | 100 Mbps |",
-      "|---|---:|---:|",
-      "| big | 2.00 (1.0x) | 0.50 (1.0x) |",
-      "| small | 2.86 (1.4x) | 2.00 (4.0x) |",
-  ])
-  assert netsim.render_markdown(rows).splitlines()[3] == "| small | 2.86 | 2.00 |"
-
-
-def test_render_markdown_rejects_unknown_baseline_and_missing_cells():
-  rows = netsim.sweep([1e9, 100e6], CONFIGS, [1, 1], [1, 1], 1, samples_per_step=12)
-  with pytest.raises(ValueError, match="baseline 'fp32'"):
-    netsim.render_markdown(rows, baseline="fp32")
-  with pytest.raises(ValueError, match="'small' at 100 Mbps"):
-    netsim.render_markdown(rows[:-1])
+  exchanged = rows(exchange=Exchange([12.5e6, 12.5e6], 1), schedule="1f1b")
+  assert [tl.makespan for tl in exchanged] == pytest.approx([6.1, 25, 4.3, 7])
 
 
 @pytest.mark.parametrize(

@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 
 import jaxcomp
+from jaxcomp.analysis import hlo_bytes, targets
 from jaxcomp.compress import codecs
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.compress.spec import parse_codec
-from jaxcomp.parallel import hlo_bytes
-from jaxcomp.runtime import targets
 
 tpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                          reason="libtpu is not installed (pip install -e .[test] brings it on Linux x86-64)")

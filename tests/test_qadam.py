@@ -8,6 +8,7 @@ import optax
 import pytest
 
 import jaxcomp
+from jaxcomp.analysis import dryrun
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.parallel import layout, sharded, simulate
 from jaxcomp.parallel.qadam import QuantizedAdam
@@ -91,9 +92,9 @@ def test_quantized_adam_exchange_bytes_match_the_hlo():
   sent, predicted = {}, {}
   for scheme in ("none", "ef+quant:4"):
     pipe, ex, state = _qadam_setup(scheme, opt)
-    sent[scheme] = ex.collective_bytes(ex.compiled_text(pipe, opt, state, BATCH))["data"]
+    sent[scheme] = dryrun.collective_bytes(ex, pipe, opt, state, BATCH)["data"]
     predicted[scheme] = ex.wire_bytes_per_step(pipe, BATCH)["data"]
-  warm = ex.collective_bytes(ex.compiled_text(pipe, opt, state, BATCH, Mode.WARMUP))
+  warm = dryrun.collective_bytes(ex, pipe, opt, state, BATCH, Mode.WARMUP)
   assert sent == predicted
   assert warm["data"] == 0  # warm-up: a dense all-reduce, no all-gather
   row = state.params.shape[1]

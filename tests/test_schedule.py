@@ -40,6 +40,5 @@ def test_an_unrolled_tick_holds_only_the_stages_busy_at_it():
     pipe = mlp_pipe("none", "none", stages=mlp_stages(16, 2, S), m=1)
     ex = sharded.ShardedExecutor(sharded.make_mesh(S, 1))
     state = ex.state_shapes(pipe, optax.sgd(0.1), BATCH)
-    step = ex.build_step(pipe, optax.sgd(0.1), Mode.TRAIN, True, state, BATCH)
-    dots[S] = step.trace(state, BATCH).lower().as_text().count("dot_general")
+    dots[S] = ex.trace_step(pipe, optax.sgd(0.1), Mode.TRAIN, state, BATCH).lower().as_text().count("dot_general")
   assert dots[8] - dots[4] == 2 * (dots[4] - dots[2]), dots

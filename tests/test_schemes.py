@@ -176,3 +176,26 @@ class SchemePropertiesTest(chex.TestCase):
       delivered.append(x_hat)
     if isinstance(sender, schemes.EFState):
       chex.assert_trees_all_close(sum(delivered) + sender.error, sum(xs), atol=1e-4)
+
+  @parameterized.parameters(*range(len(SCHEME_CASES)))
+  def test_state_fed_back_compiles_once(self, i):
+    """As optax checks an optimizer: the states a step returns go into the next call of the same jitted step,
+    which must not trace again, in fp32 and bf16 messages, warm-up steps (dense, AQ-SGD records) included: a
+    state whose pytree structure, shapes or dtypes drift from what init made would retrace."""
+    make, codec = SCHEME_CASES[i]
+    scheme = make(codec)
+    for dtype in (jnp.float32, jnp.bfloat16):
+      for warmup in (False, True):
+        chex.clear_trace_counter()
+
+        @jax.jit
+        @chex.assert_max_traces(n=1)
+        def step(x, sender, receiver, key):
+          payload, sender = scheme.warmup_send(x, sender) if warmup else scheme.send(x, sender, key)
+          x_hat, receiver = (scheme.warmup_receive if warmup else scheme.receive)(payload, receiver)
+          return x_hat, sender, receiver
+
+        sender = scheme.init_sender(ROWS, FEAT, dtype)
+        receiver = scheme.init_receiver(ROWS, FEAT, dtype)
+        for n, x in enumerate(_xs(3, seed=10 * i)):
+          _, sender, receiver = step(x.astype(dtype), sender, receiver, jax.random.key(n))

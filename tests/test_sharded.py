@@ -8,6 +8,7 @@ import optax
 import pytest
 
 import jaxcomp
+from jaxcomp.analysis import dryrun
 from jaxcomp.compress import bottleneck
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
@@ -79,7 +80,7 @@ def test_first_visit_step_sends_dense_activations_and_compressed_gradients():
   pipe, opt = mlp_pipe("aqsgd+quant:2", "quant:4"), optax.sgd(0.1)
   ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages))
   flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
-  sent = ex.collective_bytes(ex.compiled_text(pipe, opt, flat, BATCH, Mode.FIRST_VISIT))
+  sent = dryrun.collective_bytes(ex, pipe, opt, flat, BATCH, Mode.FIRST_VISIT)
   dense, train = (simulate.wire_bytes_per_step(pipe, BATCH, m) for m in (Mode.WARMUP, Mode.TRAIN))
   assert sent == {"fwd": dense["fwd"], "bwd": train["bwd"], "data": 0}
 
@@ -146,7 +147,7 @@ def test_program_size_does_not_grow_with_microbatches(name):
     pipe = mlp_pipe("quant:4", "quant:8", stages=mlp_stages(16, 2, 2), m=m)
     ex = sharded.ShardedExecutor(sharded.make_mesh(2), schedule=name)
     state = ex.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
-    return ex.compiled_text(pipe, optax.sgd(0.1), state, BATCH).count("collective-permute")
+    return ex.trace_step(pipe, optax.sgd(0.1), Mode.TRAIN, state, BATCH).lower().compile().as_text().count("collective-permute")
   assert permutes(8) == permutes(4)
 
 
@@ -157,7 +158,7 @@ def test_stage_remat_saves_less_than_no_remat():
   for remat in ("stage", "none"):
     ex = sharded.ShardedExecutor(sharded.make_mesh(4), remat=remat)
     state = ex.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
-    temp[remat] = ex.lowered(pipe, optax.sgd(0.1), state, BATCH).compile().memory_analysis().temp_size_in_bytes
+    temp[remat] = ex.trace_step(pipe, optax.sgd(0.1), Mode.TRAIN, state, BATCH).lower().compile().memory_analysis().temp_size_in_bytes
   assert temp["stage"] < temp["none"]
 
 
@@ -201,7 +202,7 @@ def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages, m, sche
   opt = optax.sgd(0.1)
   ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages), schedule=schedule)
   flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
-  sent = ex.collective_bytes(ex.compiled_text(pipe, opt, flat, BATCH))
+  sent = dryrun.collective_bytes(ex, pipe, opt, flat, BATCH)
   expected = jaxcomp.wire_bytes_per_step(pipe, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   assert sent == {**expected, "data": 0}
 
@@ -213,7 +214,7 @@ def test_learned_bottleneck_sends_rank_wide_messages_in_the_compiled_program(spe
   pipe = _bottleneck_pipe(spec)
   opt = optax.sgd(0.1)
   ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages))
-  sent = ex.collective_bytes(ex.compiled_text(pipe, opt, ex.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH))
+  sent = dryrun.collective_bytes(ex, pipe, opt, ex.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   fwd, bwd = pipe.boundary.wire_bytes((16 // 4, 4), jnp.float32)  # a microbatch of 4 examples, r = 4
   tied = {"tied": 3 * 2 * 16 * 4 * 4} if spec.startswith("subspace") else {}  # 3 boundaries, both ways, fp32
   assert sent == {"fwd": 3 * 4 * fwd, "bwd": 3 * 4 * bwd, "data": 0, **tied}  # 3 boundaries x 4 microbatches
@@ -228,7 +229,7 @@ def test_quantized_bytes_are_a_fraction_of_fp32():
   for name in ("none", "quant:4", "quant:2"):
     pipe = mlp_pipe(name, name, m=2)
     flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
-    sent[name] = ex.collective_bytes(ex.compiled_text(pipe, opt, flat, BATCH))
+    sent[name] = dryrun.collective_bytes(ex, pipe, opt, flat, BATCH)
   messages = 3 * 2  # boundaries x microbatches
   for direction in ("fwd", "bwd"):
     dense = sent["none"][direction]
@@ -247,7 +248,7 @@ def test_compressed_data_parallel_gradients():
   states, sent = {}, {}
   for name, ex in executors.items():
     state = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
-    sent[name] = ex.collective_bytes(ex.compiled_text(pipe, opt, state, BATCH))
+    sent[name] = dryrun.collective_bytes(ex, pipe, opt, state, BATCH)
     step = ex.make_train_step(pipe, opt)
     for _ in range(3):
       state, metrics = step(state, BATCH)
@@ -288,7 +289,7 @@ def test_clear_errors():
 def test_step_work_does_not_grow_with_the_aqsgd_table(executor):
   """Only a batch's rows of the per-example tables are touched: the compiled step's flops are
   the same for 16 and 4096 examples (writing rows back under autodiff used to cost O(table))."""
-  ex = simulate if executor == "simulate" else sharded.ShardedExecutor(sharded.make_mesh(3))
+  ex = simulate.Simulate() if executor == "simulate" else sharded.ShardedExecutor(sharded.make_mesh(3))
 
   def flops(num_examples):
     pipe = jaxcomp.Pipeline(mlp_stages(64, 2, 3), jaxcomp.parse_boundary("aqsgd+quant:2", "quant:4",
@@ -296,9 +297,7 @@ def test_step_work_does_not_grow_with_the_aqsgd_table(executor):
                             jaxcomp.losses.classification, "x", microbatches=2)
     opt = optax.sgd(0.1)
     state = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
-    step = (simulate.make_train_step(pipe, opt) if executor == "simulate"
-            else ex.build_step(pipe, opt, Mode.TRAIN, True, state, BATCH))
-    cost = step.lower(state, BATCH).compile().cost_analysis()
+    cost = ex.trace_step(pipe, opt, Mode.TRAIN, state, BATCH).lower().compile().cost_analysis()
     return (cost[0] if isinstance(cost, list) else cost)["flops"]
 
   assert flops(4096) == flops(16)

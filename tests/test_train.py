@@ -1,5 +1,6 @@
 """The training driver: bit-identical resume (device or host AQ-SGD tables), NaN stop, warm start, result files."""
 import json
+import threading
 
 import chex
 import flax.linen as nn
@@ -48,7 +49,8 @@ def _fit(tmp, epochs, resume=False, data=None, pipe=None, executor=simulate.Simu
 
 def _host(tables_dir=None):
   """A new host-buffered executor (fresh zero tables, as in a new process)."""
-  return hostbuffer.HostBuffered.for_pipeline(_pipe(), _data().example_batch, tables_dir)
+  batch = _data().example_batch
+  return hostbuffer.HostBuffered(hostbuffer.HostTables.for_pipeline(_pipe(), batch, tables_dir), len(batch["id"]))
 
 
 def _assert_same_as_device(state, history, host, device_run):
@@ -116,6 +118,20 @@ def test_resumed_host_buffered_run_is_bit_identical(tmp_path, device_run, memmap
   _assert_same_as_device(state, history, host, device_run)
   if memmap:
     np.testing.assert_array_equal(np.load(tables_dir / "boundary1.npy"), host.tables.tables[1])
+
+
+def test_a_host_buffered_run_leaves_no_prefetch_thread(tmp_path, monkeypatch):
+  """train.fit closes the steps it made when the run ends, also when it stops at a NaN: their prefetch threads
+  end though the steps themselves are still referenced (here by the test)."""
+  made, make = [], hostbuffer.HostBuffered.make_train_step
+  monkeypatch.setattr(hostbuffer.HostBuffered, "make_train_step", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
+  before = set(threading.enumerate())
+  prefetching = lambda: [t for t in set(threading.enumerate()) - before if t.name.startswith(hostbuffer.PREFETCH_THREAD)]
+  _fit(tmp_path / "a", 2, executor=_host())
+  assert len(made) == 2 and not prefetching()
+  with pytest.raises(train.NonFiniteLossError):
+    _fit(tmp_path / "b", 2, data=_data(poison_epoch=1), executor=_host())
+  assert len(made) == 4 and not prefetching()
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcomp.arguments import is_number
 from jaxcomp.compress import packing
 from jaxcomp.compress.codecs import Codec, MaxAbsQuant, Payload, compiled
 
@@ -52,7 +53,7 @@ class TokenAdaptive(Codec):
   def __post_init__(self):
     if not 2 <= self.low < self.high <= 16:
       raise ValueError(f"adaptive bit widths need 2 <= low < high <= 16, got low={self.low}, high={self.high}")
-    if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) or not 0 < self.fraction < 1:
+    if not is_number(self.fraction) or not 0 < self.fraction < 1:
       raise ValueError(f"adaptive fraction of high-bit tokens must be in (0, 1), got {self.fraction!r}")
     self.quantizer(self.low, 2)  # validates group, scale_dtype, grid and clip
 

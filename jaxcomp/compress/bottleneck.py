@@ -29,6 +29,8 @@ import re
 import jax
 import jax.numpy as jnp
 
+from jaxcomp.arguments import is_integer
+
 DOWN, UP = "bottleneck_down", "bottleneck_up"  # the parameters' names in a stage's params dict
 KINDS = ("proj", "subspace")
 
@@ -42,7 +44,7 @@ class Bottleneck:
   def __post_init__(self):
     if self.kind not in KINDS:
       raise ValueError(f"bottleneck kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
-    if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+    if not is_integer(self.rank) or self.rank < 1:
       raise ValueError(f"bottleneck rank must be a positive integer, got {self.rank!r}")
 
   def encoder(self, w):

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcomp.arguments import is_integer
+
 
 def as_bits(x):
   """A float array as the unsigned integers of its bit pattern (same width); others unchanged.
@@ -237,6 +239,6 @@ def expand(packed_RxF8: jnp.ndarray, f: int, values_RxK: jnp.ndarray) -> jnp.nda
 
 def check_bits(bits) -> int:
   """Validates a code width: an int in 1..16."""
-  if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 16:
+  if not is_integer(bits) or not 1 <= bits <= 16:
     raise ValueError(f"bits must be an integer in 1..16, got {bits!r}")
   return int(bits)

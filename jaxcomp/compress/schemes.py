@@ -17,6 +17,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxcomp.arguments import is_integer
 from jaxcomp.compress import codecs
 
 _IDENTITY = codecs.Identity()
@@ -167,7 +168,7 @@ class AQSGD(Scheme):
 
   def __post_init__(self):
     super().__post_init__()
-    if isinstance(self.num_examples, bool) or not isinstance(self.num_examples, int) or self.num_examples < 1:
+    if not is_integer(self.num_examples) or self.num_examples < 1:
       raise ValueError(f"AQ-SGD needs num_examples >= 1 (size of the training set), got {self.num_examples!r}")
 
   def buffer_bytes(self, row_shape) -> int:

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcomp.arguments import is_integer
 from jaxcomp.pipeline import FlaxStage
 
 
@@ -167,7 +168,7 @@ class GPT2Stage(nn.Module):
 def block_splits(n_layer: int, num_stages: int, cuts=None) -> list[tuple[int, int]]:
   """(first block, block count) per stage. `cuts` = last block index of every stage but the last;
   by default blocks split evenly (GPT-2 small, 4 stages: cuts after blocks 2, 5, 8)."""
-  if isinstance(num_stages, bool) or not isinstance(num_stages, int) or not 1 <= num_stages <= n_layer:
+  if not is_integer(num_stages) or not 1 <= num_stages <= n_layer:
     raise ValueError(f"num_stages must be an integer in 1..{n_layer} (n_layer), got {num_stages!r}")
   if cuts is None:
     sizes = [n_layer // num_stages + (s < n_layer % num_stages) for s in range(num_stages)]

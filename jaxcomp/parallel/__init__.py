@@ -1,2 +1,3 @@
 """Executing a pipeline: one device (simulate) or stages across devices (sharded: GPipe / 1F1B
-schedules, data parallelism), and what its compiled program sends, computes and costs."""
+schedules, data parallelism), the compressed `ppermute` the sharded executor sends with, and AQ-SGD
+tables in host memory."""

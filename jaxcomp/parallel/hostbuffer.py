@@ -16,7 +16,6 @@ fresh values (the read-after-write hazard), so the prefetched rows are never sta
 """
 import concurrent.futures
 import dataclasses
-import os
 import pathlib
 import shutil
 
@@ -72,7 +71,7 @@ def device_summary(pipe: pipeline.Pipeline, batch) -> str:
 def free_bytes(directory=None) -> int:
   """Free host RAM, or free disk space where `directory` is (or would be created)."""
   if directory is None:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return pipeline.free_host_bytes()
   existing = pathlib.Path(directory).absolute()
   while not existing.exists():
     existing = existing.parent
@@ -108,6 +107,12 @@ class HostTables:
                                                shape=(num_examples, *r))
                      for b, r in enumerate(row_shapes)]
 
+  @classmethod
+  def for_pipeline(cls, pipe: pipeline.Pipeline, batch, directory=None) -> "HostTables":
+    """New tables for `pipe`'s AQ-SGD boundaries and batches like `batch` (the size check first)."""
+    fwd = _aqsgd(pipe)
+    return cls(fwd.num_examples, table_rows(pipe, batch), fwd.buffer_dtype, directory)
+
   def gather(self, ids) -> list[np.ndarray]:
     return [t[ids] for t in self.tables]
 
@@ -125,17 +130,21 @@ def _with_rows(state, rows):
   return state._replace(links=links)
 
 
+PREFETCH_THREAD = "aqsgd-prefetch"  # the name of a HostBufferedStep's thread
+
+
 class HostBufferedStep:
   """Wraps a (simulate-layout) train step so AQ-SGD rows come from and go back to `tables`.
 
   Called as step(state, batch, next_ids): `next_ids` (the next batch's "id", or None) are
-  gathered ahead while the device runs; `takes_next_ids` tells train.fit to pass them.
+  gathered ahead while the device runs, by a thread that `close` ends; `takes_next_ids` tells
+  train.fit to pass them.
   """
   takes_next_ids = True
 
   def __init__(self, step, tables: HostTables, prefetch: bool = True):
     self.step, self.tables, self.prefetch = step, tables, prefetch
-    self.pool = concurrent.futures.ThreadPoolExecutor(1) if prefetch else None
+    self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=PREFETCH_THREAD) if prefetch else None
     self.pending = None  # (ids, rows) gathered ahead for the next batch
 
   def __call__(self, state, batch, next_ids=None):
@@ -161,36 +170,38 @@ class HostBufferedStep:
     return state, metrics
 
   def close(self):
+    """Ends the prefetch thread (`train.fit` calls it when a run ends)."""
     if self.pool:
       self.pool.shutdown()
 
 
+@dataclasses.dataclass(frozen=True)
 class HostBuffered(simulate.Simulate):
   """The executor protocol of `simulate` with the AQ-SGD tables in `tables` instead of the train state.
 
   The caller's pipeline (AQSGD over N examples) runs on the device as AQSGD over the B rows
   of one batch; every train step is a HostBufferedStep. Evaluation never reads the tables.
   `host_state` (the tables) is what train.fit saves with each checkpoint and restores on resume.
-  `tables` start as given: one new HostTables per run.
+  `tables` start as given: one new HostTables per run (`HostTables.for_pipeline`); without them
+  (None) the executor's programs are traced and compiled (dry runs), not run.
   """
 
-  def __init__(self, tables: HostTables, batch_size: int, prefetch: bool = True):
-    self.tables, self.batch_size, self.prefetch = tables, batch_size, prefetch
-
-  @classmethod
-  def for_pipeline(cls, pipe: pipeline.Pipeline, batch, directory=None, prefetch: bool = True):
-    """New tables for `pipe`'s AQ-SGD boundaries and batches like `batch`; HostTables's check first."""
-    fwd = _aqsgd(pipe)
-    tables = HostTables(fwd.num_examples, table_rows(pipe, batch), fwd.buffer_dtype, directory)
-    return cls(tables, len(batch["id"]), prefetch)
+  tables: HostTables | None
+  batch_size: int
+  prefetch: bool = True
 
   @property
-  def host_state(self) -> list[np.ndarray]:
-    return self.tables.tables
+  def host_state(self) -> list[np.ndarray] | None:
+    return None if self.tables is None else self.tables.tables
+
+  def _device(self, pipe: pipeline.Pipeline) -> pipeline.Pipeline:
+    return device_pipeline(pipe, self.batch_size)
 
   def init_state(self, pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None):
     """`simulate.init_state` of the device pipeline; ValueError if `pipe` or `batch` do not match the tables."""
-    state = simulate.init_state(device_pipeline(pipe, self.batch_size), optimizer, rng, batch, params)
+    if self.tables is None:
+      raise ValueError("HostBuffered without tables traces and compiles steps only; give it HostTables to train")
+    state = super().init_state(self._device(pipe), optimizer, rng, batch, params)
     expected = [(len(t), *t.shape[1:]) for t in self.tables.tables]
     got = [(pipe.boundary.fwd.num_examples, *link.fwd_send.buffer.shape[1:]) for link in state.links]
     if got != expected or len(batch["id"]) != self.batch_size:
@@ -199,11 +210,19 @@ class HostBuffered(simulate.Simulate):
     return state
 
   def make_train_step(self, pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation, mode: Mode = Mode.TRAIN):
-    return HostBufferedStep(simulate.make_train_step(device_pipeline(pipe, self.batch_size), optimizer, mode),
-                            self.tables, self.prefetch)
+    return HostBufferedStep(super().make_train_step(self._device(pipe), optimizer, mode), self.tables, self.prefetch)
 
   def make_eval_step(self, pipe: pipeline.Pipeline, compressed: bool):
-    return simulate.make_eval_step(device_pipeline(pipe, self.batch_size), compressed)
+    return super().make_eval_step(self._device(pipe), compressed)
 
   def wire_bytes_per_step(self, pipe: pipeline.Pipeline, batch, mode: Mode = Mode.TRAIN) -> dict[str, int]:
-    return simulate.wire_bytes_per_step(device_pipeline(pipe, self.batch_size), batch, mode)
+    return super().wire_bytes_per_step(self._device(pipe), batch, mode)
+
+  def state_shapes(self, pipe, optimizer, batch):
+    return super().state_shapes(self._device(pipe), optimizer, batch)
+
+  def trace_step(self, pipe, optimizer, mode, state, batch):
+    return super().trace_step(self._device(pipe), optimizer, mode, state, batch)
+
+  def describe(self) -> str:
+    return super().describe() + ", AQ-SGD tables in host memory"

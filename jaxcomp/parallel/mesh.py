@@ -2,6 +2,8 @@
 import jax
 
 STAGE, DATA = "stage", "data"
+# the jax.named_scope of the tied-parameter exchange's collective-permutes (`analysis.hlo_bytes` counts them apart)
+TIED = "tied_exchange"
 
 
 def make_mesh(num_stages: int, data: int = 1, devices=None) -> jax.sharding.Mesh:

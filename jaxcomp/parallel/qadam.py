@@ -18,6 +18,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxcomp.arguments import is_number
+
 
 class QuantizedAdamState(NamedTuple):
   """Adam's moments and step counts; `nu` and `nu_count` stop changing after warm-up."""
@@ -28,7 +30,7 @@ class QuantizedAdamState(NamedTuple):
 
 
 def _check_decay(name, value):
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+  if not is_number(value) or not 0.0 <= value < 1.0:
     raise ValueError(f"QuantizedAdam {name} must be in [0, 1), got {value!r}")
 
 
@@ -50,10 +52,9 @@ class QuantizedAdam:
     _check_decay("b2", self.b2)
     for name in ("eps", "weight_decay"):
       value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+      if not is_number(value) or value < 0:
         raise ValueError(f"QuantizedAdam {name} must be a number >= 0, got {value!r}")
-    if not callable(self.learning_rate) and (isinstance(self.learning_rate, bool)
-                                             or not isinstance(self.learning_rate, (int, float))):
+    if not callable(self.learning_rate) and not is_number(self.learning_rate):
       raise ValueError(f"QuantizedAdam learning_rate must be a number or a schedule, got {self.learning_rate!r}")
 
   def init(self, params) -> QuantizedAdamState:

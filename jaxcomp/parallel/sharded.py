@@ -22,12 +22,12 @@ from jax.sharding import PartitionSpec as P
 from jaxcomp import pipeline
 from jaxcomp.compress import schemes
 from jaxcomp.compress.boundary import LinkState, Mode
-from jaxcomp.parallel import dataparallel, hlo_bytes, layout, schedule
+from jaxcomp.parallel import dataparallel, layout, schedule
 from jaxcomp.parallel.mesh import DATA, STAGE, make_mesh
 from jaxcomp.parallel.state_layout import StateLayout, abstract_state
 
 SCHEDULES = schedule.SCHEDULES
-__all__ = ["DATA", "GPipe", "SCHEDULES", "STAGE", "ShardedExecutor", "make_mesh"]
+__all__ = ["DATA", "SCHEDULES", "STAGE", "ShardedExecutor", "make_mesh"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +130,7 @@ class ShardedExecutor(pipeline.Executor):
 
   def state_shapes(self, pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation, batch):
     """ShapeDtypeStructs, with their shardings, of what `init_state` returns, traced abstractly: nothing
-    is allocated and no memory is checked (for compiling ahead of time for a target, `jaxcomp.runtime.dryrun`)."""
+    is allocated and no memory is checked (executor protocol)."""
     self._check(pipe, optimizer)
     lay, key = self.layout(pipe, optimizer, batch), jax.random.key(0)
     shapes = jax.eval_shape(lay.initializer(self.mesh, jax.random.key_impl(key)), jax.random.key_data(key))
@@ -169,18 +169,25 @@ class ShardedExecutor(pipeline.Executor):
     params = layout.FlatRows(abstract_state(pipe, optimizer, self.local_batch(batch)).params)
     return dataparallel.exchange_bytes(self.grad_scheme, params.size, self.num_stages, self.data, dense)
 
-  def collective_bytes(self, hlo_text: str) -> dict[str, int]:
-    """Bytes the collectives of a compiled program of this mesh send per call: fwd, bwd, data (`hlo_bytes`)."""
-    return hlo_bytes.collective_bytes(hlo_text, self.num_stages)
+  def collective_ways(self, mode: Mode = Mode.TRAIN) -> tuple[str, ...]:
+    """Executor protocol: the pipeline's messages each way, and the data-parallel exchange when it is
+    compressed (all-gathers; the dense mean of warm-up and of `grad_scheme=None` is an all-reduce)."""
+    compressed = self.grad_scheme is not None and self.data > 1 and mode is not Mode.WARMUP
+    return ("fwd", "bwd", "data") if compressed else ("fwd", "bwd")
 
-  def compiled_text(self, pipe, optimizer, state, batch, mode: Mode = Mode.TRAIN) -> str:
-    """HLO of the compiled train step for this batch shape (for wire accounting)."""
-    return self.lowered(pipe, optimizer, state, batch, mode).compile().as_text()
+  def describe(self) -> str:
+    return f"sharded: {self.num_stages} stages x {self.data} data, schedule {self.schedule}"
 
-  def lowered(self, pipe, optimizer, state, batch, mode: Mode = Mode.TRAIN):
-    """The lowered train step (`.compile()`, `.compile().memory_analysis()`, ...)."""
+  def batch_shapes(self, batch):
+    """Executor protocol: `batch` split over the mesh's `data` axis."""
+    sharding = NamedSharding(self.mesh, P(DATA))
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), batch)
+
+  def trace_step(self, pipe, optimizer, mode: Mode, state, batch):
+    """Executor protocol: the jitted step of `mode` for this batch shape, traced."""
+    optimizer = optimizer if mode.trains else None
     self._check(pipe, optimizer)
-    return self.build_step(pipe, optimizer, mode, True, state, batch).lower(state, batch)
+    return self._step(self.layout(pipe, optimizer, batch), optimizer, mode, mode.trains, state).trace(state, batch)
 
   def _cached(self, pipe, optimizer, mode, train):
     cache = {}
@@ -195,10 +202,6 @@ class ShardedExecutor(pipeline.Executor):
       return cache[key](state, batch)
 
     return step
-
-  def build_step(self, pipe, optimizer, mode, train, state, batch):
-    """The jitted step for this batch shape (state and batch give the shapes)."""
-    return self._step(self.layout(pipe, optimizer, batch), optimizer, mode, train, state)
 
   def _step(self, lay: StateLayout, optimizer, mode, train, state):
     pipe, local = lay.pipe, lay.local_batch
@@ -249,5 +252,3 @@ class ShardedExecutor(pipeline.Executor):
                            out_specs=(state_specs, P()) if train else P(), check_vma=False)
     return jax.jit(mapped, donate_argnums=0 if train else ())
 
-
-GPipe = ShardedExecutor  # the name it had when GPipe was its only schedule

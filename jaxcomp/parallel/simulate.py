@@ -4,8 +4,12 @@ Microbatches run one after another through all stages; boundary b between stage 
 compresses the forward activation and, via its custom_vjp, the backward gradient. Numerics
 (keys, state rows, microbatch order) match the sharded GPipe executor exactly.
 """
+import dataclasses
+from typing import Any
+
 import jax
 import optax
+from jax.sharding import SingleDeviceSharding
 
 from jaxcomp import pipeline
 from jaxcomp.compress.boundary import LinkState, Mode
@@ -102,8 +106,11 @@ def make_eval_step(pipe: pipeline.Pipeline, compressed: bool):
   return jax.jit(step)
 
 
+@dataclasses.dataclass(frozen=True)
 class Simulate(pipeline.Executor):
-  """This module's functions as an `Executor` object; its state is the simulate layout itself."""
+  """This module's functions as an `Executor` object; its state is the simulate layout itself. `device`
+  is where a dry run places its state and batch (None: the default device)."""
+  device: Any = dataclasses.field(default=None, kw_only=True)
 
   def init_state(self, pipe, optimizer, rng, batch, params=None):
     return init_state(pipe, optimizer, rng, batch, params)
@@ -116,3 +123,21 @@ class Simulate(pipeline.Executor):
 
   def wire_bytes_per_step(self, pipe, batch, mode: Mode = Mode.TRAIN):
     return wire_bytes_per_step(pipe, batch, mode)
+
+  def _placed(self, tree):
+    sharding = SingleDeviceSharding(self.device or jax.devices()[0])
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
+
+  def state_shapes(self, pipe, optimizer, batch):
+    return self._placed(jax.eval_shape(lambda b: pipeline.init_state(pipe, optimizer, jax.random.key(0), b), batch))
+
+  def batch_shapes(self, batch):
+    return self._placed(batch)
+
+  def trace_step(self, pipe, optimizer, mode, state, batch):
+    step = make_train_step(pipe, optimizer, mode) if mode.trains else make_eval_step(
+        pipe, mode is Mode.EVAL_COMPRESSED)
+    return step.trace(state, batch)
+
+  def describe(self) -> str:
+    return "simulate: one device"

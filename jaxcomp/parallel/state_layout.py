@@ -22,8 +22,8 @@ from jax.sharding import PartitionSpec as P
 
 from jaxcomp import pipeline
 from jaxcomp.compress.boundary import LinkState
-from jaxcomp.parallel import hlo_bytes, layout
-from jaxcomp.parallel.mesh import DATA, STAGE
+from jaxcomp.parallel import layout
+from jaxcomp.parallel.mesh import DATA, STAGE, TIED
 from jaxcomp.parallel.qadam import QuantizedAdam
 
 _OWNER = {"fwd_send": 0, "bwd_recv": 0, "fwd_recv": 1, "bwd_send": 1}  # boundary of stage s: s - offset
@@ -31,9 +31,9 @@ _OWNER = {"fwd_send": 0, "bwd_recv": 0, "fwd_recv": 1, "bwd_send": 1}  # boundar
 
 def exchange_tied(segment, pairs):
   """`segment` sent between the stages of `pairs` ((source, target) on the stage axis; zeros where
-  nothing arrives), under the scope `hlo_bytes.TIED` that names these collectives in the compiled
+  nothing arrives), under the scope `mesh.TIED` that names these collectives in the compiled
   program."""
-  with jax.named_scope(hlo_bytes.TIED):
+  with jax.named_scope(TIED):
     return jax.lax.ppermute(segment, STAGE, pairs)
 
 

@@ -1,2 +1,1 @@
-"""Running experiments: the train loop, checkpoints, results, locks, multi-host start-up, and dry
-runs compiled for an accelerator target."""
+"""Running experiments: the train loop, checkpoints, results, locks and multi-host start-up."""

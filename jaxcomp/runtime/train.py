@@ -400,10 +400,15 @@ def fit(pipe: pipeline.Pipeline, optimizer, executor: pipeline.Executor, data: D
 
   `on_epoch(history)` runs on process 0 only."""
   run = start(pipe, optimizer, executor, data, cfg, rng, initial_params)
-  for epoch in range(run.start_epoch, cfg.epochs):
-    if cfg.steps is not None and run.global_step >= cfg.steps:
-      break
-    record(run, epoch, run_epoch(run, epoch), on_epoch)
+  try:
+    for epoch in range(run.start_epoch, cfg.epochs):
+      if cfg.steps is not None and run.global_step >= cfg.steps:
+        break
+      record(run, epoch, run_epoch(run, epoch), on_epoch)
+  finally:  # steps that hold resources (a host-buffered step's prefetch thread) release them, however the run ends
+    for step in run.steps.values():
+      if hasattr(step, "close"):
+        step.close()
   if run.ckpt:
     run.ckpt.close()
   return run.state, run.history

@@ -58,11 +58,11 @@ duration grows: more bandwidth or fewer bytes never slow a step.
 from __future__ import annotations
 
 import math
-import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+from jaxcomp.arguments import is_integer
 from jaxcomp.parallel import schedule as schedule_mod
 
 Kind = Literal["fwd", "bwd", "send_fwd", "send_bwd", "exchange", "update"]
@@ -125,14 +125,6 @@ class Timeline:
     return seconds
 
 
-@dataclass(frozen=True)
-class SweepRow:
-  config: str
-  bandwidth_bps: float
-  makespan_s: float
-  samples_per_s: float
-
-
 def _check_time(name: str, value: float) -> None:
   if not (math.isfinite(value) and value >= 0):
     raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -144,7 +136,7 @@ def _check_bandwidth(bandwidth_bps: float) -> None:
 
 
 def _check_count(name: str, value: int, least: int) -> None:
-  if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
+  if not is_integer(value) or value < least:
     raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
 
 
@@ -302,66 +294,9 @@ def throughput(samples_per_step: float, timeline: Timeline) -> float:
   return samples_per_step / timeline.makespan
 
 
-def sweep(
-    bandwidths_bps: Sequence[float],
-    configs: Mapping[str, tuple[Sequence[float], Sequence[float]]],
-    fwd_s: Sequence[float],
-    bwd_s: Sequence[float],
-    microbatches: int,
-    latency_s: float = 0.0,
-    *,
-    samples_per_step: float,
-    exchange: Exchange | None = None,
-    schedule: str = "gpipe",
-) -> list[SweepRow]:
-  """Simulate every ``(config, bandwidth)`` pair; ``configs`` maps a name to
-  ``(fwd_bytes, bwd_bytes)``. Rows come config-major, in the given orders."""
-  if not configs:
-    raise ValueError("configs must name at least one (fwd_bytes, bwd_bytes) pair")
-  if len(bandwidths_bps) == 0:
-    raise ValueError("bandwidths_bps must list at least one bandwidth")
-  rows = []
-  for name, (fwd_bytes, bwd_bytes) in configs.items():
-    for bandwidth in bandwidths_bps:
-      try:
-        timeline = simulate_step(fwd_s, bwd_s, fwd_bytes, bwd_bytes, microbatches, bandwidth, latency_s,
-                                 exchange, schedule)
-      except ValueError as err:
-        raise ValueError(f"config {name!r}: {err}") from err
-      rows.append(SweepRow(name, bandwidth, timeline.makespan, throughput(samples_per_step, timeline)))
-  return rows
-
-
 def format_bandwidth(bandwidth_bps: float) -> str:
   """``10e9 -> '10 Gbps'``, ``300e6 -> '300 Mbps'``."""
   for scale, unit in ((1e9, "Gbps"), (1e6, "Mbps"), (1e3, "kbps")):
     if bandwidth_bps >= scale:
       return f"{bandwidth_bps / scale:g} {unit}"
   return f"{bandwidth_bps:g} bps"
-
-
-def render_markdown(rows: Sequence[SweepRow], baseline: str | None = None) -> str:
-  """Markdown table of samples/s: one row per config, one column per bandwidth.
-
-  With ``baseline`` (a config name), each cell also shows the speedup over it.
-  """
-  configs = list(dict.fromkeys(r.config for r in rows))
-  bandwidths = list(dict.fromkeys(r.bandwidth_bps for r in rows))
-  cell = {(r.config, r.bandwidth_bps): r.samples_per_s for r in rows}
-  if baseline is not None and baseline not in configs:
-    raise ValueError(f"baseline {baseline!r} is not one of the configs {configs}")
-  lines = [
-      "| config | " + " | ".join(format_bandwidth(b) for b in bandwidths) + " |",
-      "|---|" + "---:|" * len(bandwidths),
-  ]
-  for name in configs:
-    cells = []
-    for bw in bandwidths:
-      if (name, bw) not in cell:
-        raise ValueError(f"no row for config {name!r} at {format_bandwidth(bw)}")
-      text = f"{cell[name, bw]:.2f}"
-      if baseline is not None:
-        text += f" ({cell[name, bw] / cell[baseline, bw]:.1f}x)"
-      cells.append(text)
-    lines.append(f"| {name} | " + " | ".join(cells) + " |")
-  return "\n".join(lines)

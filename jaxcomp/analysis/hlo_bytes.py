@@ -14,10 +14,11 @@ import re
 
 import numpy as np
 
+from jaxcomp.parallel.mesh import TIED
+
 _ARRAY = re.compile(r"(pred|[suf]\d+|bf16|f8e4m3fn|f8e5m2|f8e4m3fnuz|f8e5m2fnuz|f8e4m3b11fnuz|f8e4m3|f8e3m4)"
                     r"\[([\d,]*)\]")
 _BYTES = {"pred": 1, "bf16": 2}
-TIED = "tied_exchange"  # the jax.named_scope of the tied-parameter exchange's collective-permutes
 _LAID_OUT = re.compile(_ARRAY.pattern + r"(?:\{([^}]*)\})?")
 _ARRAY_TEXT = re.compile(r"(?:pred|[suf]\d+|bf16|f8\w*)\[[\d,]*\]")
 _LAID_OUT_TEXT = re.compile(r"(?:pred|[suf]\d+|bf16|f8\w*)\[[\d,]*\](?:\{[^}]*\})?")
