@@ -50,18 +50,19 @@ ENTRY %main (x: f32[4], w: f32[4,4]) -> f32[4] {
 
 
 def test_compute_between_each_start_and_its_own_done_is_counted():
-  """`early` is in flight across a fusion and a call holding a dot (2); `late`, started after it and done at once,
+  """`early` is in flight across a fusion and a call holding a dot (2, one a matrix multiply); `late`, started after it and done at once,
   across nothing (0: not the 2 ops before `early`'s done); the fill tick's permute across a bitcast only (0); a
   synchronous permute overlaps nothing."""
   found = {p.name: p for p in overlap.permutes(SCHEDULED)}
   assert {n: p.compute_between for n, p in found.items()} == {"early": 2, "late": 0, "fill": 0, "tied": 1, "sync": 0}
+  assert {n: p.matmuls_between for n, p in found.items()} == {"early": 1, "late": 0, "fill": 0, "tied": 0, "sync": 0}
   assert {n for n, p in found.items() if p.in_loop} == {"early", "late"}
   assert {n for n, p in found.items() if p.tied} == {"tied"}
 
 
 def test_the_summary_counts_boundary_permutes_in_the_tick_loop_and_the_unrolled_ticks_apart():
   summary = overlap.overlap(SCHEDULED)
-  assert summary == overlap.Overlap(loop_overlapped=1, loop=2, unrolled_overlapped=0, unrolled=2)
+  assert summary == overlap.Overlap(loop_overlapped=1, loop_matmul=1, loop=2, unrolled_overlapped=0, unrolled_matmul=0, unrolled=2)
   assert summary.text().startswith("overlap: 1 of 2 boundary permutes have compute between start and done")
 
 
@@ -71,4 +72,4 @@ def test_cpu_collectives_block_so_nothing_overlaps():
   step = jax.jit(jax.shard_map(lambda x: jnp.tanh(jax.lax.ppermute(x, "s", [(i, i + 1) for i in range(3)]) @ x.T) @ x,
                                mesh=mesh, in_specs=P("s"), out_specs=P("s")))
   x = jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=NamedSharding(mesh, P("s")))
-  assert overlap.overlap(step.trace(x).lower().compile().as_text()) == overlap.Overlap(0, 0, 0, 1)
+  assert overlap.overlap(step.trace(x).lower().compile().as_text()) == overlap.Overlap(0, 0, 0, 0, 0, 1)
