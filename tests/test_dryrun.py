@@ -205,3 +205,17 @@ def test_a_topk_mask_packs_and_unpacks_for_tpu_without_a_minor_axis_of_its_bits(
   assert pack.temp_bytes < 32 * r * f  # [R, F/8, 8] as uint32 on 128 lanes: 64 bytes per bit; gathers: 16
   ranks = dryrun.compile_op(target, "ranks", lambda p: packing.mask_ranks(p, f), jax.ShapeDtypeStruct((r, f // 8), jnp.uint8))
   assert ranks.traffic_bytes < 32 * r * f  # 1.7 GB (272 bytes per position) through views or 32-bit gathers; 69 MB
+
+
+@tpu
+def test_a_tpu_pipeline_reports_which_boundary_permutes_overlap_compute():
+  """8 microbatches on 4 stages: the steady ticks are a loop and fill and drain are unrolled; every boundary
+  permute of the compiled TPU program is an async start/done pair the reader finds in one of the two."""
+  target = targets.target("v5e-4")
+  executor = config.executor_for(config.ExecutorConfig(executor="gpipe", stages=4, microbatches=8),
+                                 targets.compile_only_devices(target))
+  report = dryrun.compile_for(target, executor, _mlp("maxabs:4", "maxabs:8", microbatches=8), optax.adam(1e-3),
+                              MLP_BATCH, steps=("train",))
+  found = report.steps[0].overlap
+  assert found.loop > 0 and found.unrolled > 0 and found.loop_overlapped <= found.loop
+  assert found.text() in report.text()

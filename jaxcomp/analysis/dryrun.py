@@ -17,7 +17,8 @@ through its contract alone (`pipeline.Executor`): the train state and the batch 
   time     an estimate, not a measurement: max(FLOPs / the chip's published peak for the
            operand type, traffic / its HBM bandwidth);
 and the bytes the target's compiled collectives send (`hlo_bytes.collective_bytes`) next to
-what the boundaries count (`Executor.wire_bytes_per_step`). A report states facts (what fits, how
+what the boundaries count (`Executor.wire_bytes_per_step`), and how many boundary messages the compiled
+train step sends while it computes (`overlap.overlap`). A report states facts (what fits, how
 much the AQ-SGD tables take); what to change is the caller's to say (`DryRun.text(advice)`).
 """
 import dataclasses
@@ -30,7 +31,7 @@ import optax
 from jax.sharding import SingleDeviceSharding
 
 from jaxcomp import pipeline
-from jaxcomp.analysis import flops, hlo_bytes, targets
+from jaxcomp.analysis import flops, hlo_bytes, overlap, targets
 from jaxcomp.compress import schemes
 from jaxcomp.compress.boundary import LinkState, Mode
 from jaxcomp.parallel.mesh import STAGE
@@ -48,6 +49,7 @@ class Step:
   flops: flops.Flops
   traffic_bytes: int
   collectives: dict  # bytes the compiled collectives send per step, all devices: fwd, bwd, data
+  overlap: overlap.Overlap  # boundary permutes with compute scheduled between start and done
 
   @property
   def peak_bytes(self) -> int:
@@ -114,6 +116,8 @@ class DryRun:
                    f"({'compute' if train.compute_s(chip) >= train.memory_s(chip) else 'memory'}-bound) - an "
                    f"estimate from {chip.name}'s published peaks ({chip.source}), not a measurement")
       lines.append("wire bytes per train step: " + self.wire_text())
+      if self.compared:
+        lines.append(train.overlap.text())
     return "\n".join(lines)
 
   def wire_text(self) -> str:
@@ -143,7 +147,7 @@ def compile_step(name, trace, platform: str, num_stages: int | None = None):
   memory, text = compiled.memory_analysis(), compiled.as_text()
   return Step(name, seconds, memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.alias_size_in_bytes,
               memory.temp_size_in_bytes, flops.count(traced.jaxpr, platform), hlo_bytes.memory_bytes(text),
-              hlo_bytes.collective_bytes(text, num_stages)), compiled
+              hlo_bytes.collective_bytes(text, num_stages), overlap.overlap(text)), compiled
 
 
 def _stages(executor: pipeline.Executor) -> int | None:
