@@ -5,7 +5,8 @@ import jax.numpy as jnp
 from jax import P
 from jax.sharding import NamedSharding
 
-from jaxcomp.analysis import hlo_bytes, overlap
+from jaxcomp.analysis import overlap
+from jaxcomp.parallel.mesh import TIED
 
 SCHEDULED = """HloModule step, is_scheduled=true
 
@@ -46,7 +47,7 @@ ENTRY %main (x: f32[4], w: f32[4,4]) -> f32[4] {
   %sync = f32[4]{0} collective-permute(%g), channel_id=5, source_target_pairs={{0,1}}, metadata={op_name="jit(step)/shard_map/ppermute"}
   ROOT %r = f32[4]{0} add(%sync, %fill.done)
 }
-""".replace("TIED_SCOPE", hlo_bytes.TIED)
+""".replace("TIED_SCOPE", TIED)
 
 
 def test_compute_between_each_start_and_its_own_done_is_counted():

@@ -8,7 +8,7 @@ ones that hold a matrix multiply (a dot or convolution, at any depth) are a stag
 small elementwise fusions a codec or a buffer update leaves. A synchronous `collective-permute` (XLA:CPU,
 whose collectives block) overlaps nothing.
 
-A boundary message is a permute the pipeline issues (not the tied-parameter exchange, `hlo_bytes.TIED`); it is
+A boundary message is a permute the pipeline issues (not the tied-parameter exchange, `mesh.TIED`); it is
 in the tick loop when it was traced inside a loop body (JAX's `while/body` scope in its metadata: the scanned
 steady ticks), else in the unrolled fill and drain ticks.
 """
@@ -16,6 +16,7 @@ import dataclasses
 import re
 
 from jaxcomp.analysis import hlo_bytes
+from jaxcomp.parallel.mesh import TIED
 
 COMPUTE = frozenset({"fusion", "convolution", "dot", "custom-call"})
 MATMUL = frozenset({"convolution", "dot"})
@@ -83,7 +84,7 @@ def permutes(hlo_text: str) -> list[Permute]:
         continue
       scope = _SCOPE.search(inst.line)
       scope = scope.group(1) if scope else ""
-      found.append(Permute(computation, inst.name, "/while/body/" in scope, f"/{hlo_bytes.TIED}/" in scope,
+      found.append(Permute(computation, inst.name, "/while/body/" in scope, f"/{TIED}/" in scope,
                            len(between), sum(map(has_matmul, between))))
   return found
 
