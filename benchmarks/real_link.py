@@ -649,7 +649,7 @@ def main(argv=None):
 
   def stop(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
-  for sig in (signal.SIGTERM, signal.SIGHUP):
+  for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGINT too: a background job inherits it ignored
     signal.signal(sig, stop)
   folder = pathlib.Path(args.keep) if args.keep else pathlib.Path(tempfile.mkdtemp(prefix="real_link"))
   rows, details = [], {}
