@@ -30,7 +30,13 @@ each checkpoint it reads its htb class counters. From the marks of all processes
 - steady-state steps/s: the CLI's own figure for the epoch (its first, compiling step excluded);
 - netsim's steps/s for the same setting (`netsim_steps_per_s`), from the stage, codec and update
   times each process measures of its own stage after training (same core, the executor's own
-  stage programs; processes that share a core take turns).
+  stage programs; processes that share a core take turns), against steps/s measured beside them
+  (`replayed_steps_per_s`): after training the processes run the epoch's recorded train steps again
+  (as the driver's loop does: the step, its loss read back, the finiteness check), alternating with
+  the op timing for `--rounds` rounds; both are medians over the rounds. This shared machine's speed
+  drifts by up to a third from one minute to the next (one stage's backward measured 0.25 s and 0.41 s
+  in one run), so netsim is checked against steps timed in the same minutes as its inputs, not the
+  epoch's figure from a minute before.
 The rows are the last epoch's, and for a method with a dense warm-up epoch (AQ-SGD) that
 epoch's too (`METHOD (warm-up)`). After the op timing each process also measures, alone, the
 bytes of one `train.all_finite`, one scalar all-reduce and one second of idling.
@@ -57,6 +63,7 @@ RATE = re.compile(r"(?P<value>\d+(?:\.\d+)?)(?P<unit>bit|kbit|mbit|gbit)", re.IG
 CLASS_SENT = re.compile(r"class htb 1:(\d+) .*?\n\s*Sent (\d+) bytes")
 UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 WORKER_TIMEOUT_S = 1800
+REPLAYED_STEPS = 4  # timed steps per round of the replay
 
 
 def rate_bps(rate: str) -> float:
@@ -175,13 +182,17 @@ class Marks:
 
   def __init__(self):
     self.events, self.epoch_steps = [], 0
+    self.epoch_calls = []  # per epoch: (train step, its arguments after the state) per step, to replay them
     self.trained = None  # (pipe, optimizer, executor, batch, final state) once training ends
 
   def mark(self, label: str):
     self.events.append({"label": label, "t": time.time(), "sent": {str(j): n for j, n in class_bytes().items()}})
 
-  def step(self, mode: str):
+  def step(self, mode: str, step, args: tuple):
     self.epoch_steps += 1
+    if self.epoch_steps == 1:
+      self.epoch_calls.append([])
+    self.epoch_calls[-1].append((step, args))
     if self.epoch_steps <= 2:  # an epoch's first step, and where its steady steps start
       self.mark(f"step:{mode}")
 
@@ -204,7 +215,7 @@ class MarkedSteps:
     step = self.executor.make_train_step(pipe, optimizer, mode)
 
     def marked(*args):
-      self.marks.step(mode.value)
+      self.marks.step(mode.value, step, args[1:])
       return step(*args)
     marked.__dict__.update(step.__dict__)  # e.g. takes_next_ids
     return marked
@@ -284,6 +295,21 @@ def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict
   return out
 
 
+def replayed_steps_per_s(calls: list, state, steps: int):
+  """Steps/s of `steps` recorded train steps (`Marks.epoch_calls`) run again from `state` as the driver's loop
+  runs them (the step, its loss read back, `train.all_finite` on the new parameters), after one untimed
+  step that every process enters together: (steps/s, the new state)."""
+  from jaxcomp.runtime import train
+  begin = None
+  for step, args in calls[: steps + 1]:
+    state, metrics = step(state, *args)
+    float(metrics["loss"])
+    bool(train.all_finite(state.params))
+    begin = begin or time.perf_counter()
+  timed = len(calls[: steps + 1]) - 1
+  return (timed / (time.perf_counter() - begin) if timed else None), state
+
+
 def probe_bytes(executor, state, calls: int = 50, idle_s: float = 3.0) -> dict:
   """Bytes this process sends per call of what a step does besides its messages, each alone: the driver's
   `train.all_finite` on the sharded parameters, a scalar all-reduce over the stages (a step has two: its loss
@@ -318,6 +344,7 @@ def worker(argv):
   parser.add_argument("--hostname", required=True)
   parser.add_argument("--marks", required=True)
   parser.add_argument("--time-ops", type=int, default=0, metavar="REPEATS")
+  parser.add_argument("--rounds", type=int, default=3, help="rounds of replayed steps and op timing")
   parser.add_argument("--turn", type=int, default=0, help="when to time, among the processes of one core")
   parser.add_argument("--turns", type=int, default=1, help="processes per core")
   args, run_flags = parser.parse_known_args(argv)
@@ -331,13 +358,22 @@ def worker(argv):
     cli.main(gpt2_wikitext.EXPERIMENT, [a for a in run_flags if a != "--"])
     marks.mark("end")
     if args.time_ops and marks.trained:
-      import jax
       from jax.experimental import multihost_utils
-      for turn in range(args.turns):
-        if turn == args.turn:
-          out["times"] = stage_seconds(*marks.trained, repeats=args.time_ops)
-        multihost_utils.sync_global_devices(f"timed {turn}")
-      out["probe"] = probe_bytes(marks.trained[2], marks.trained[4])
+      pipe, optimizer, executor, batch, state = marks.trained
+      calls = marks.epoch_calls
+      # the last epoch's steps, and the first epoch's where its step differs (a dense warm-up)
+      epochs = sorted({0, len(calls) - 1}) if calls[0][0][0] is not calls[-1][0][0] else [len(calls) - 1]
+      out["rounds"] = []
+      for r in range(args.rounds):
+        replayed = {}
+        for e in epochs:
+          replayed[str(e)], state = replayed_steps_per_s(calls[e], state, REPLAYED_STEPS)
+        for turn in range(args.turns):
+          if turn == args.turn:
+            times = stage_seconds(pipe, optimizer, executor, batch, state, repeats=args.time_ops)
+          multihost_utils.sync_global_devices(f"timed {r} {turn}")
+        out["rounds"].append({"replayed_steps_per_s": replayed, "times": times})
+      out["probe"] = probe_bytes(executor, state)
       marks.mark("timed")
   finally:
     pathlib.Path(args.marks).write_text(json.dumps({"marks": marks.events, **out}))
@@ -363,7 +399,10 @@ class Run:
   def __init__(self, name: str, recorded: list[dict], history: list[dict], sent: dict, wall_s: float):
     self.name, self.history, self.sent, self.wall_s = name, history, sent, wall_s
     self.marks = [r["marks"] for r in recorded]  # per process
-    self.times = [r["times"] for r in recorded if "times" in r]  # per process: its stage's op times
+    # per round: each process's op times of its stage, and process 0's replayed steps/s per epoch
+    self.rounds = [{"times": [r["rounds"][k]["times"] for r in recorded],
+                    "replayed_steps_per_s": recorded[0]["rounds"][k]["replayed_steps_per_s"]}
+                   for k in range(len(recorded[0].get("rounds", [])))]
     self.probe = {k: sum(r["probe"][k] for r in recorded) for k in recorded[0].get("probe", {})}  # all processes
 
 
@@ -389,7 +428,8 @@ def run_method(net: Network, name: str, args, folder: pathlib.Path) -> Run:
       logs.append(open(folder / f"process{i}.log", "w"))
       cmd = ["ip", "netns", "exec", net.namespace(i), "unshare", "--uts", "taskset", "-c", str(i % cores),
              sys.executable, "-m", "benchmarks.real_link", "--worker", "--hostname", address(i),
-             "--marks", str(folder / f"marks{i}.json"), "--time-ops", str(args.repeats), "--turn", str(i // cores),
+             "--marks", str(folder / f"marks{i}.json"), "--time-ops", str(args.repeats), "--rounds", str(args.rounds),
+             "--turn", str(i // cores),
              "--turns", str(-(-processes // cores)), "--", *cli, "--process-id", str(i)]
       procs.append(subprocess.Popen(cmd, env=env, stdout=logs[-1], stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + WORKER_TIMEOUT_S
@@ -467,15 +507,16 @@ class Accounting:
     return (self.total - self.step_bytes) / len(self.epochs)
 
 
-def netsim_steps_per_s(run: Run, record: dict, link_bytes: float, args) -> float:
+def netsim_steps_per_s(times: list[dict], record: dict, link_bytes: float, args) -> float:
   """netsim's steps/s for one epoch of the run: each stage's forward and backward with the codec work of its
-  ends (none in a dense warm-up epoch) and its update, as the processes measured them (replicas averaged);
+  ends (none in a dense warm-up epoch) and its update, as the processes measured them (`times`: one round's,
+  per process; replicas averaged);
   each message's counted bytes, and the tied-parameter exchange's, scaled by the epoch's link bytes / counted
   bytes (headers, ACKs, the scalar collectives); each link direction at `--rate`, no latency."""
   from jaxcomp.analysis import netsim
   stages, m, d = args.stages, args.microbatches, args.data_parallel
   dense = record["mode"] == "warmup"
-  per_stage = [[t for t in run.times if t["stage"] == s] for s in range(stages)]
+  per_stage = [[t for t in times if t["stage"] == s] for s in range(stages)]
   mean = lambda s, pick: sum(pick(t) for t in per_stage[s]) / len(per_stage[s])
   codec = lambda s, side, way: 0.0 if dense else mean(s, lambda t: t.get(side, {}).get(way, 0.0))
   fwd_s = [mean(s, lambda t: t["fwd"]) + codec(s, "sender", "fwd") + codec(s, "receiver", "fwd") for s in range(stages)]
@@ -505,14 +546,17 @@ def rows_of(run: Run, acc: Accounting, args) -> list[dict]:
   """The JSON rows of one method: its last epoch, and its warm-up epoch when it has one."""
   rows = []
   epochs = [0, len(run.history) - 1] if run.history[0]["mode"] == "warmup" and len(run.history) > 1 else [-1]
+  median = lambda values: sorted(values)[len(values) // 2]
   for e in epochs:
-    record = run.history[e]
+    record, e = run.history[e], e % len(run.history)
+    netsim = [netsim_steps_per_s(r["times"], record, acc.epochs[e]["step"], args) for r in run.rounds]
+    replayed = [r["replayed_steps_per_s"].get(str(e)) for r in run.rounds]
     rows.append({"method": run.name + (" (warm-up)" if record["mode"] == "warmup" else ""), "rate": args.rate,
                  "stages": args.stages, "steps_per_s": record["steps_per_s"], "x_fp32": None,
                  "link_bytes_per_step": acc.epochs[e]["step"], "counted_bytes_per_step": counted_bytes(record),
                  "other_link_bytes_per_epoch": acc.other_per_epoch,
-                 "netsim_steps_per_s": netsim_steps_per_s(run, record, acc.epochs[e]["step"], args) if run.times
-                 else None})
+                 "netsim_steps_per_s": median(netsim) if netsim else None,
+                 "replayed_steps_per_s": median(replayed) if replayed and None not in replayed else None})
   return rows
 
 
@@ -526,14 +570,15 @@ def with_x_fp32(rows: list[dict]) -> list[dict]:
 def render(rows: list[dict], details: dict[str, Accounting]) -> str:
   """The rows as a markdown table; with `details` ({method: (Run, Accounting)}) also what the links carried
   besides train steps and the probes' bytes."""
-  lines = ["| link | stages | method | steps/s | x fp32 | netsim steps/s | netsim / measured | link B/step "
-           "| counted B/step | link / counted | other link B/epoch |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  lines = ["| link | stages | method | steps/s | x fp32 | replayed steps/s | netsim steps/s | netsim / replayed "
+           "| link B/step | counted B/step | link / counted | other link B/epoch |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  number = lambda v, spec: "" if v is None else format(v, spec)
   for r in rows:
-    netsim = r["netsim_steps_per_s"]
+    netsim, replayed = r["netsim_steps_per_s"], r.get("replayed_steps_per_s")
     lines.append(f"| {r['rate']} | {r['stages']} | {r['method']} | {r['steps_per_s']:.3f} "
-                 f"| {'' if r['x_fp32'] is None else format(r['x_fp32'], '.2f')} "
-                 f"| {'' if netsim is None else format(netsim, '.3f')} "
-                 f"| {'' if netsim is None else format(netsim / r['steps_per_s'], '.2f')} "
+                 f"| {number(r['x_fp32'], '.2f')} | {number(replayed, '.3f')} | {number(netsim, '.3f')} "
+                 f"| {'' if None in (netsim, replayed) else format(netsim / replayed, '.2f')} "
                  f"| {r['link_bytes_per_step']:,.0f} | {r['counted_bytes_per_step']:,} "
                  f"| {r['link_bytes_per_step'] / r['counted_bytes_per_step']:.3f} | {r['other_link_bytes_per_epoch']:,.0f} |")
   if not details:
@@ -572,7 +617,9 @@ def main(argv=None):
   parser.add_argument("--eval-examples", type=int, default=32)
   parser.add_argument("--microbatches", type=int, default=1)
   parser.add_argument("--repeats", type=int, default=5, help="timed runs per op (netsim's stage and codec times); "
-                      "0: no op timing (no netsim column) and no probe")
+                      "0: no op timing (no netsim column), no replay and no probe")
+  parser.add_argument("--rounds", type=int, default=3, help="rounds of replayed train steps and op timing "
+                      "(netsim's inputs and the steps/s beside them, medians over the rounds)")
   parser.add_argument("--json", help="write the rows here")
   parser.add_argument("--merge", nargs="+", metavar="JSON", help="run nothing: the rows of these --json files (e.g. "
                       "one method per run) as one table, x fp32 from the fp32 row of each rate and stage count")
@@ -602,7 +649,7 @@ def main(argv=None):
 
   def stop(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
-  for sig in (signal.SIGTERM, signal.SIGHUP):
+  for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGINT too: a background job inherits it ignored
     signal.signal(sig, stop)
   folder = pathlib.Path(args.keep) if args.keep else pathlib.Path(tempfile.mkdtemp(prefix="real_link"))
   rows, details = [], {}
