@@ -1,4 +1,6 @@
-"""Every benchmark runs end to end at toy sizes and prints its table (numbers are not asserted)."""
+"""Every benchmark runs end to end at toy sizes and prints its table (its figures are not asserted; the error
+bounds of quantizer_error are checked against brute force)."""
+import itertools
 import json
 import re
 
@@ -115,3 +117,18 @@ def test_quantizer_error_outlier_tensors_and_recorded_activations(tmp_path, caps
     assert f"**{title}" in out
   assert out.count("| grouped / per channel (`maxabs:B:group=8` / `maxabs:B`) | ") == 4
   assert "| `maxabs:B:group=8:grid=auto:clip=mse` | " in out
+
+
+def test_quantizer_error_lower_bounds_per_group():
+  """The free-levels bound is exact 1-D k-means (brute force over every split of 8 sorted values into 4
+  runs, each decoded to its mean) and lies below the best uniform grid, which lies below a midrise grid at r = 1."""
+  x = np.random.default_rng(0).normal(size=(3, 2, 16)).astype(np.float32)
+  rows = np.sort(x.astype(np.float64).reshape(-1, 8), 1)
+  brute = sum(min(sum(((part - part.mean()) ** 2).sum() for part in np.split(row, cuts))
+                  for cuts in itertools.combinations(range(1, 8), 3)) for row in rows)
+  free = quantizer_error.free_levels_error(x, 2, 8)
+  np.testing.assert_allclose(free, brute / (rows ** 2).sum(), rtol=1e-9)
+  uniform = quantizer_error.best_uniform_error(x, 2, 8)
+  s = np.abs(rows).max(1, keepdims=True)
+  midrise = (2 * np.clip(np.floor(rows / s * 1.5), -2, 1) + 1) * s / 3
+  assert free < uniform <= ((midrise - rows) ** 2).sum() / (rows ** 2).sum()
