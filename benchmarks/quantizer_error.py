@@ -16,7 +16,9 @@ round trip alone, `hadamard+none`), both defaults with stochastic rounding (one 
 bounds of any code with one scale per group (the least error of a symmetric uniform grid of any
 scale, either grid, per group; and of 2^B free levels per group, exact 1-D k-means), and ratios:
 grouped over per-channel error (defaults of both, and each bound over the per-channel default), and
-each default over the better of the zero and midrise grids (at the default clip).
+each default over the better of the zero and midrise grids (at the default clip); and the defaults'
+error averaged over channels (each channel's relative MSE, so a small channel counts as much as an
+outlier channel, as it does to a next layer that rescales its channels).
 Relative MSE = mean (x_hat - x)^2 / mean x^2; bias = mean(x_hat - x) / mean|x|.
 Inputs: ReLU(N(0,1)) [100,8,8,256] (NHWC: [100,256,8,8] NCHW with one scale per channel),
 N(0,1) [8,128,768] (one scale per feature), the same with 4 random features times 50 ("outliers",
@@ -105,10 +107,24 @@ def free_levels_error(x: np.ndarray, bits: int, group: int, chunk: int = 512) ->
   return float(total / (rows ** 2).sum())
 
 
+def channel_error(x: np.ndarray, x_hat: np.ndarray) -> float:
+  """Mean over channels (the last axis) of each channel's relative MSE: every channel weighs the same,
+  however large, as for a next layer that rescales its channels (a model's outlier channels)."""
+  x64 = x.astype(np.float64).reshape(-1, x.shape[-1])
+  d = np.asarray(x_hat, np.float64).reshape(x64.shape) - x64
+  energy = (x64 ** 2).sum(0)
+  return float(np.mean((d ** 2).sum(0)[energy > 0] / energy[energy > 0]))
+
+
+def decoded(codec_spec: str, x: np.ndarray, bits: int) -> np.ndarray:
+  """x through `codec_spec` with {b} set to `bits`; ValueError where no such codec exists."""
+  codec = spec.parse_codec(codec_spec.format(b=bits))
+  return np.asarray(jax.jit(codec)(x, jax.random.key(0)))  # the key: stochastic rounding's
+
+
 def codec_error(codec_spec: str, x: np.ndarray, bits: int) -> tuple[float, float]:
   """(relative MSE, bias) of `codec_spec` with {b} set to `bits`; ValueError where no such codec exists."""
-  codec = spec.parse_codec(codec_spec.format(b=bits))
-  return errors(x, np.asarray(jax.jit(codec)(x, jax.random.key(0))))  # the key: stochastic rounding's
+  return errors(x, decoded(codec_spec, x, bits))
 
 
 GRIDS = (*codecs.MAXABS_GRIDS, codecs.AUTO_GRID)
@@ -150,6 +166,9 @@ def table(name: str, x: np.ndarray, clip_ratio: float, bits, group: int | None =
               lambda b: best_uniform_error(x, b, group) / mse(channel, b),
               f"per {group} features, 2^B free levels (exact k-means) / `maxabs:B`":
               lambda b: free_levels_error(x, b, group) / mse(channel, b)}
+    for codec_spec in (channel, grouped, f"{channel}:stoch", f"{grouped}:stoch"):
+      ratios[f"`{codec_spec.replace('{b}', 'B')}`, mean of each channel's relative MSE"] = (
+          lambda b, s=codec_spec: channel_error(x, decoded(s, x, b)))
     for row, fn in ratios.items():
       lines.append(f"| {row} | " + " | ".join(_ratio_cell(fn, b) for b in bits) + " |")
   return "\n".join(lines)

@@ -113,10 +113,11 @@ def test_quantizer_error_outlier_tensors_and_recorded_activations(tmp_path, caps
   quantizer_error.main(["--relu-shape", "4,2,2,8", "--gauss-shape", "2,4,16", "--bits", "2", "--group", "8",
                         "--recorded", str(tmp_path / "rec.npz")])
   out = capsys.readouterr().out
-  for title in ("N(0,1), 4 features x 50", "1000 at token 0 in two of them", "rec.npz: fwd_0"):
+  for title in ("N(0,1), 4 features x 50", "N(0,1), 4 features x 50, 1000 at token 0 in two of them", "rec.npz: fwd_0"):
     assert f"**{title}" in out
   assert out.count("| grouped / per channel (`maxabs:B:group=8` / `maxabs:B`) | ") == 4
   assert "| `maxabs:B:group=8:grid=auto:clip=mse` | " in out
+  assert out.count("| `maxabs:B:group=8:stoch`, mean of each channel's relative MSE | ") == 4
 
 
 def test_quantizer_error_lower_bounds_per_group():
@@ -132,3 +133,11 @@ def test_quantizer_error_lower_bounds_per_group():
   s = np.abs(rows).max(1, keepdims=True)
   midrise = (2 * np.clip(np.floor(rows / s * 1.5), -2, 1) + 1) * s / 3
   assert free < uniform <= ((midrise - rows) ** 2).sum() / (rows ** 2).sum()
+
+
+def test_quantizer_error_channel_average_weighs_every_channel_the_same():
+  """Zeroing a small channel beside a channel 50x larger: 1/2 averaged over channels, 1/2501 pooled."""
+  x = np.stack([np.full(6, 50.0), np.ones(6)], -1).reshape(2, 3, 2)
+  x_hat = x * np.array([1.0, 0.0])
+  assert quantizer_error.channel_error(x, x_hat) == 0.5
+  assert quantizer_error.errors(x, x_hat)[0] == 1 / 2501
