@@ -12,9 +12,13 @@
   (`clip=mse`).
 The Gaussian, the tensors with outliers and the recorded ones add the same with one scale per
 `--group` features of each token (`maxabs:B:group=G`), the Hadamard rotation before it (and its
-round trip alone, `hadamard+none`), both defaults with stochastic rounding (one draw), and three
-ratios: grouped over per-channel error (defaults of both), and each default over the better of the
-zero and midrise grids (at the default clip).
+round trip alone, `hadamard+none`), both defaults with stochastic rounding (one draw), two lower
+bounds of any code with one scale per group (the least error of a symmetric uniform grid of any
+scale, either grid, per group; and of 2^B free levels per group, exact 1-D k-means), and ratios:
+grouped over per-channel error (defaults of both, and each bound over the per-channel default), and
+each default over the better of the zero and midrise grids (at the default clip); and the defaults'
+error averaged over channels (each channel's relative MSE, so a small channel counts as much as an
+outlier channel, as it does to a next layer that rescales its channels).
 Relative MSE = mean (x_hat - x)^2 / mean x^2; bias = mean(x_hat - x) / mean|x|.
 Inputs: ReLU(N(0,1)) [100,8,8,256] (NHWC: [100,256,8,8] NCHW with one scale per channel),
 N(0,1) [8,128,768] (one scale per feature), the same with 4 random features times 50 ("outliers",
@@ -57,10 +61,70 @@ def errors(x: np.ndarray, x_hat: np.ndarray) -> tuple[float, float]:
   return float(np.mean(d ** 2) / np.mean(x.astype(np.float64) ** 2)), float(d.mean() / np.abs(x).mean())
 
 
+def groups_of(x: np.ndarray, group: int) -> np.ndarray:
+  """[N / group, group] float64: `group` consecutive features of each token per row."""
+  return x.astype(np.float64).reshape(-1, x.shape[-1]).reshape(-1, group)
+
+
+def best_uniform_error(x: np.ndarray, bits: int, group: int, ratios=np.linspace(0.02, 1.0, 197)) -> float:
+  """Relative MSE of the best symmetric uniform grid per group: scale r max|x| for the best r of
+  `ratios`, the zero or the midrise grid, nearest rounding (a lower bound of `maxabs:B:group=G` under
+  every grid and clip rule, to the ratios' resolution)."""
+  rows = groups_of(x, group)
+  top = np.abs(rows).max(1, keepdims=True)
+  top = np.where(top > 0, top, 1.0)
+  levels, codes = 2 ** (bits - 1) - 1, 2 ** bits - 1
+  best = np.full(rows.shape[0], np.inf)
+  for r in ratios:
+    s = r * top
+    zero = np.clip(np.round(rows / s * levels), -levels, levels) * s / levels
+    cell = np.clip(np.floor(rows / s * codes / 2), -(codes + 1) / 2, (codes - 1) / 2)
+    for x_hat in (zero, (2 * cell + 1) * s / codes):
+      best = np.minimum(best, ((x_hat - rows) ** 2).sum(1))
+  return float(best.sum() / (rows ** 2).sum())
+
+
+def free_levels_error(x: np.ndarray, bits: int, group: int, chunk: int = 512) -> float:
+  """Relative MSE of the best 2^B levels chosen freely per group (exact 1-D k-means by dynamic
+  programming over the sorted values): a lower bound of any B-bit code with one codebook per group,
+  whatever side information it sends."""
+  rows = np.sort(groups_of(x, group), 1)
+  k, n = 2 ** bits, rows.shape[1]
+  if k >= n:
+    return 0.0
+  first, last = np.arange(n)[:, None], np.arange(n)[None, :]
+  total = 0.0
+  for part in np.split(rows, range(chunk, len(rows), chunk)):
+    sums = np.concatenate([np.zeros((len(part), 1)), np.cumsum(part, 1)], 1)
+    squares = np.concatenate([np.zeros((len(part), 1)), np.cumsum(part ** 2, 1)], 1)
+    s, q = sums[:, last + 1] - sums[:, first], squares[:, last + 1] - squares[:, first]
+    cost = np.where(last >= first, q - s * s / np.maximum(last - first + 1, 1), np.inf)  # SSE of part[i..j]
+    best = cost[:, 0, :]  # one level for values 0..j
+    for _ in range(k - 1):  # best[j] with one more level: the last level covers i..j
+      before = np.concatenate([np.full((len(part), 1), np.inf), best[:, :-1]], 1)
+      best = np.minimum(best, np.min(before[:, :, None] + cost, 1))
+    total += best[:, -1].sum()
+  return float(total / (rows ** 2).sum())
+
+
+def channel_error(x: np.ndarray, x_hat: np.ndarray) -> float:
+  """Mean over channels (the last axis) of each channel's relative MSE: every channel weighs the same,
+  however large, as for a next layer that rescales its channels (a model's outlier channels)."""
+  x64 = x.astype(np.float64).reshape(-1, x.shape[-1])
+  d = np.asarray(x_hat, np.float64).reshape(x64.shape) - x64
+  energy = (x64 ** 2).sum(0)
+  return float(np.mean((d ** 2).sum(0)[energy > 0] / energy[energy > 0]))
+
+
+def decoded(codec_spec: str, x: np.ndarray, bits: int) -> np.ndarray:
+  """x through `codec_spec` with {b} set to `bits`; ValueError where no such codec exists."""
+  codec = spec.parse_codec(codec_spec.format(b=bits))
+  return np.asarray(jax.jit(codec)(x, jax.random.key(0)))  # the key: stochastic rounding's
+
+
 def codec_error(codec_spec: str, x: np.ndarray, bits: int) -> tuple[float, float]:
   """(relative MSE, bias) of `codec_spec` with {b} set to `bits`; ValueError where no such codec exists."""
-  codec = spec.parse_codec(codec_spec.format(b=bits))
-  return errors(x, np.asarray(jax.jit(codec)(x, jax.random.key(0))))  # the key: stochastic rounding's
+  return errors(x, decoded(codec_spec, x, bits))
 
 
 GRIDS = (*codecs.MAXABS_GRIDS, codecs.AUTO_GRID)
@@ -97,7 +161,14 @@ def table(name: str, x: np.ndarray, clip_ratio: float, bits, group: int | None =
     ratios = {f"grouped / per channel (`maxabs:B:group={group}` / `maxabs:B`)":
               lambda b: mse(grouped, b) / mse(channel, b),
               "per channel: `maxabs:B` / better of `grid=zero`, `grid=midrise`": lambda b: better(channel, b),
-              "grouped: default / better of the two grids": lambda b: better(grouped, b)}
+              "grouped: default / better of the two grids": lambda b: better(grouped, b),
+              f"per {group} features, best uniform grid (any clip, either grid) / `maxabs:B`":
+              lambda b: best_uniform_error(x, b, group) / mse(channel, b),
+              f"per {group} features, 2^B free levels (exact k-means) / `maxabs:B`":
+              lambda b: free_levels_error(x, b, group) / mse(channel, b)}
+    for codec_spec in (channel, grouped, f"{channel}:stoch", f"{grouped}:stoch"):
+      ratios[f"`{codec_spec.replace('{b}', 'B')}`, mean of each channel's relative MSE"] = (
+          lambda b, s=codec_spec: channel_error(x, decoded(s, x, b)))
     for row, fn in ratios.items():
       lines.append(f"| {row} | " + " | ".join(_ratio_cell(fn, b) for b in bits) + " |")
   return "\n".join(lines)

@@ -1,4 +1,6 @@
-"""Every benchmark runs end to end at toy sizes and prints its table (numbers are not asserted)."""
+"""Every benchmark runs end to end at toy sizes and prints its table (its figures are not asserted; the error
+bounds of quantizer_error are checked against brute force)."""
+import itertools
 import json
 import re
 
@@ -111,7 +113,31 @@ def test_quantizer_error_outlier_tensors_and_recorded_activations(tmp_path, caps
   quantizer_error.main(["--relu-shape", "4,2,2,8", "--gauss-shape", "2,4,16", "--bits", "2", "--group", "8",
                         "--recorded", str(tmp_path / "rec.npz")])
   out = capsys.readouterr().out
-  for title in ("N(0,1), 4 features x 50", "1000 at token 0 in two of them", "rec.npz: fwd_0"):
+  for title in ("N(0,1), 4 features x 50", "N(0,1), 4 features x 50, 1000 at token 0 in two of them", "rec.npz: fwd_0"):
     assert f"**{title}" in out
   assert out.count("| grouped / per channel (`maxabs:B:group=8` / `maxabs:B`) | ") == 4
   assert "| `maxabs:B:group=8:grid=auto:clip=mse` | " in out
+  assert out.count("| `maxabs:B:group=8:stoch`, mean of each channel's relative MSE | ") == 4
+
+
+def test_quantizer_error_lower_bounds_per_group():
+  """The free-levels bound is exact 1-D k-means (brute force over every split of 8 sorted values into 4
+  runs, each decoded to its mean) and lies below the best uniform grid, which lies below a midrise grid at r = 1."""
+  x = np.random.default_rng(0).normal(size=(3, 2, 16)).astype(np.float32)
+  rows = np.sort(x.astype(np.float64).reshape(-1, 8), 1)
+  brute = sum(min(sum(((part - part.mean()) ** 2).sum() for part in np.split(row, cuts))
+                  for cuts in itertools.combinations(range(1, 8), 3)) for row in rows)
+  free = quantizer_error.free_levels_error(x, 2, 8)
+  np.testing.assert_allclose(free, brute / (rows ** 2).sum(), rtol=1e-9)
+  uniform = quantizer_error.best_uniform_error(x, 2, 8)
+  s = np.abs(rows).max(1, keepdims=True)
+  midrise = (2 * np.clip(np.floor(rows / s * 1.5), -2, 1) + 1) * s / 3
+  assert free < uniform <= ((midrise - rows) ** 2).sum() / (rows ** 2).sum()
+
+
+def test_quantizer_error_channel_average_weighs_every_channel_the_same():
+  """Zeroing a small channel beside a channel 50x larger: 1/2 averaged over channels, 1/2501 pooled."""
+  x = np.stack([np.full(6, 50.0), np.ones(6)], -1).reshape(2, 3, 2)
+  x_hat = x * np.array([1.0, 0.0])
+  assert quantizer_error.channel_error(x, x_hat) == 0.5
+  assert quantizer_error.errors(x, x_hat)[0] == 1 / 2501
