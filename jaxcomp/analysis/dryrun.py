@@ -144,10 +144,10 @@ def compile_step(name, trace, platform: str, num_stages: int | None = None):
   traced = trace()
   compiled = traced.lower().compile()
   seconds = time.perf_counter() - start
-  memory, text = compiled.memory_analysis(), compiled.as_text()
+  memory, module = compiled.memory_analysis(), hlo_bytes.Module(compiled.as_text())  # parsed once, read three times
   return Step(name, seconds, memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.alias_size_in_bytes,
-              memory.temp_size_in_bytes, flops.count(traced.jaxpr, platform), hlo_bytes.memory_bytes(text),
-              hlo_bytes.collective_bytes(text, num_stages), overlap.overlap(text)), compiled
+              memory.temp_size_in_bytes, flops.count(traced.jaxpr, platform), hlo_bytes.memory_bytes(module),
+              hlo_bytes.collective_bytes(module, num_stages), overlap.overlap(module)), compiled
 
 
 def _stages(executor: pipeline.Executor) -> int | None:

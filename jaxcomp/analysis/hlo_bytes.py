@@ -164,6 +164,12 @@ class Module:
     return element
 
 
+def parsed(hlo: "str | Module") -> Module:
+  """`hlo` as a `Module`: compiled HLO text is parsed, a `Module` passes through (parse a program once, then
+  read its bytes, traffic and overlap from the one parse)."""
+  return hlo if isinstance(hlo, Module) else Module(hlo)
+
+
 @dataclasses.dataclass
 class Executions:
   """How often each computation runs per call, and which run under a loop of unknown trip count."""
@@ -214,7 +220,7 @@ def _start_parts(type_text: str) -> tuple[str, str]:
   return parts[0], parts[min(1, len(parts) - 1)]
 
 
-def collective_bytes(hlo_text: str, num_stages: int | None = None) -> dict[str, int]:
+def collective_bytes(hlo: "str | Module", num_stages: int | None = None) -> dict[str, int]:
   """Bytes the collectives of a compiled program send per call, summed over all devices.
 
   Devices are numbered as a (data, stage) mesh lists them: d * num_stages + s. Each
@@ -225,9 +231,9 @@ def collective_bytes(hlo_text: str, num_stages: int | None = None) -> dict[str, 
   `TIED` is the tied-parameter exchange (`tied`, a key present only when the program has one).
   Each all-gather over a group of n also counts as `data`: every member's operand (result / n)
   to the n-1 others. All-reduces are not counted. A collective in a loop of unknown trip count is
-  a ValueError.
+  a ValueError. `hlo`: the compiled program's text, or its `Module`.
   """
-  module = Module(hlo_text)
+  module = parsed(hlo)
   runs = executions(module)
   totals = {"fwd": 0, "bwd": 0, "data": 0}
   for name, times in runs.counts.items():
@@ -303,15 +309,15 @@ def _instruction_traffic(module: Module, computation: str, inst: Instruction) ->
   return read + write
 
 
-def memory_bytes(hlo_text: str) -> int:
+def memory_bytes(hlo: "str | Module") -> int:
   """Bytes one call reads and writes in device memory (`device_memory_bytes`: tile-padded, HBM only),
   per top-level instruction: its operands and result, as XLA's cost analysis counts them; a fusion at
   its boundary, where an operand only sliced inside (dynamic-slice, gather: a scanned layer's weights,
   a table's rows) counts the slices and a result updated in place (dynamic-update-slice, scatter)
   counts the update; an async start its operand and result. Loop bodies x trip count (once where
   unknown), the costliest branch of a conditional. On a loop-free CPU program this is XLA's own
-  "bytes accessed" within 1%."""
-  module = Module(hlo_text)
+  "bytes accessed" within 1%. `hlo`: the compiled program's text, or its `Module`."""
+  module = parsed(hlo)
   memo: dict[str, int] = {}
 
   def inst_bytes(computation, inst):

@@ -52,9 +52,10 @@ class Overlap:
             f"{self.unrolled_overlapped} of {self.unrolled}, {self.unrolled_matmul} a matrix multiply)")
 
 
-def permutes(hlo_text: str) -> list[Permute]:
-  """Every collective-permute of a compiled program, with the compute scheduled between its start and done."""
-  module = hlo_bytes.Module(hlo_text)
+def permutes(hlo: "str | hlo_bytes.Module") -> list[Permute]:
+  """Every collective-permute of a compiled program (its text or `hlo_bytes.Module`), with the compute scheduled
+  between its start and done."""
+  module = hlo_bytes.parsed(hlo)
   held: dict[tuple[str, frozenset], bool] = {}
 
   def holds(computation: str, ops: frozenset) -> bool:
@@ -89,8 +90,8 @@ def permutes(hlo_text: str) -> list[Permute]:
   return found
 
 
-def overlap(hlo_text: str) -> Overlap:
+def overlap(hlo: "str | hlo_bytes.Module") -> Overlap:
   """How many of a program's boundary permutes have compute between start and done (`Overlap`)."""
-  boundary = [p for p in permutes(hlo_text) if not p.tied]
+  boundary = [p for p in permutes(hlo) if not p.tied]
   count = lambda ps: (sum(p.compute_between > 0 for p in ps), sum(p.matmuls_between > 0 for p in ps), len(ps))
   return Overlap(*count([p for p in boundary if p.in_loop]), *count([p for p in boundary if not p.in_loop]))
