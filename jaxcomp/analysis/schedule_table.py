@@ -1,0 +1,74 @@
+"""Each schedule's ticks, bubble and stashed inputs, read from its table (docs/executors.md).
+
+    python -m jaxcomp.analysis.schedule_table [--sizes 4x8,4x16,8x16]
+
+The bubble is the fraction of device time spent idle when every F takes 1, every BW 2 (a B or a W 1)
+and messages take no time: 1 - (time in ops) / (devices x makespan), the makespan netsim's timeline
+of the table over free links. GPipe's and 1F1B's is (S-1)/(M+S-1).
+"""
+import argparse
+import math
+from typing import NamedTuple
+
+from jaxcomp.analysis import netsim
+from jaxcomp.parallel import schedules
+
+DEFAULT_SIZES = ((4, 8), (4, 16), (8, 16))
+
+
+def bubble_fraction(table: schedules.Schedule) -> float:
+  """Idle fraction of device time (module docstring)."""
+  S = table.num_devices
+  timeline = netsim.simulate_step([1.0] * S, [2.0] * S, [0.0] * (S - 1), [0.0] * (S - 1), table.microbatches,
+                                  math.inf, schedule=table)
+  busy = sum(e.end - e.start for e in timeline.events if e.kind in ("fwd", "bwd"))
+  return 1.0 - busy / (S * timeline.makespan)
+
+
+class Row(NamedTuple):
+  """One schedule at S stages and M microbatches, read from its table."""
+  schedule: str
+  stages: int
+  microbatches: int
+  ticks: int
+  bubble: float
+  formula: float  # (S-1)/(M+S-1)
+  peak_stashed: tuple[int, ...]  # per stage, the most microbatch inputs held at once
+
+
+def row(name: str, stages: int, microbatches: int) -> Row:
+  table = schedules.build(name, stages, microbatches)
+  return Row(name, stages, microbatches, table.ticks, bubble_fraction(table),
+             (stages - 1) / (microbatches + stages - 1), schedules.peak_in_flight(table))
+
+
+def markdown(rows: list[Row]) -> str:
+  """The rows as a markdown table."""
+  lines = ["| schedule | S | M | ticks | bubble (table) | (S-1)/(M+S-1) | peak stashed inputs per stage |",
+           "|---|---:|---:|---:|---:|---:|---|"]
+  for r in rows:
+    lines.append(f"| `{r.schedule}` | {r.stages} | {r.microbatches} | {r.ticks} | {r.bubble:.4f} | {r.formula:.4f} "
+                 f"| {', '.join(map(str, r.peak_stashed))} |")
+  return "\n".join(lines)
+
+
+def parse_sizes(text: str) -> tuple[tuple[int, int], ...]:
+  """'4x8,8x16' -> ((4, 8), (8, 16))."""
+  try:
+    sizes = tuple(tuple(int(n) for n in item.split("x")) for item in text.split(","))
+  except ValueError:
+    sizes = ()
+  if not sizes or any(len(size) != 2 or min(size) < 1 for size in sizes):
+    raise argparse.ArgumentTypeError(f"--sizes takes SxM pairs of positive integers, e.g. 4x8,8x16; got {text!r}")
+  return sizes
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--sizes", type=parse_sizes, default=DEFAULT_SIZES, help="SxM pairs, e.g. 4x8,4x16,8x16")
+  args = parser.parse_args(argv)
+  print(markdown([row(name, S, M) for name in schedules.SCHEDULES for S, M in args.sizes]))
+
+
+if __name__ == "__main__":
+  main()
