@@ -26,7 +26,7 @@ def test_tables_have_their_ticks_bubble_and_messages(name, ticks):
     for M in range(1, 10):
       t = schedules.build(name, S, M)
       assert t.ticks == ticks(S, M)
-      assert schedule_table.bubble_fraction(t) == pytest.approx((S - 1) / (M + S - 1), abs=1e-12)
+      assert schedules.bubble_fraction(t) == pytest.approx((S - 1) / (M + S - 1), abs=1e-12)
       sent = [msg for tick in range(t.ticks) for msg in schedules.messages(t, tick)]
       assert sorted((msg.forward, msg.boundary, msg.microbatch) for msg in sent) == sorted(
           (fwd, b, m) for fwd in (False, True) for b in range(S - 1) for m in range(M))

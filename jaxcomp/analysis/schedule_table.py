@@ -2,27 +2,15 @@
 
     python -m jaxcomp.analysis.schedule_table [--sizes 4x8,4x16,8x16]
 
-The bubble is the fraction of device time spent idle when every F takes 1, every BW 2 (a B or a W 1)
-and messages take no time: 1 - (time in ops) / (devices x makespan), the makespan netsim's timeline
-of the table over free links. GPipe's and 1F1B's is (S-1)/(M+S-1).
+The bubble is `schedules.bubble_fraction`: the idle fraction of device time when every F takes 1,
+every BW 2 (a B or a W 1) and messages none. GPipe's and 1F1B's is (S-1)/(M+S-1).
 """
 import argparse
-import math
 from typing import NamedTuple
 
-from jaxcomp.analysis import netsim
 from jaxcomp.parallel import schedules
 
 DEFAULT_SIZES = ((4, 8), (4, 16), (8, 16))
-
-
-def bubble_fraction(table: schedules.Schedule) -> float:
-  """Idle fraction of device time (module docstring)."""
-  S = table.num_devices
-  timeline = netsim.simulate_step([1.0] * S, [2.0] * S, [0.0] * (S - 1), [0.0] * (S - 1), table.microbatches,
-                                  math.inf, schedule=table)
-  busy = sum(e.end - e.start for e in timeline.events if e.kind in ("fwd", "bwd"))
-  return 1.0 - busy / (S * timeline.makespan)
 
 
 class Row(NamedTuple):
@@ -38,7 +26,7 @@ class Row(NamedTuple):
 
 def row(name: str, stages: int, microbatches: int) -> Row:
   table = schedules.build(name, stages, microbatches)
-  return Row(name, stages, microbatches, table.ticks, bubble_fraction(table),
+  return Row(name, stages, microbatches, table.ticks, schedules.bubble_fraction(table),
              (stages - 1) / (microbatches + stages - 1), schedules.peak_in_flight(table))
 
 

@@ -19,6 +19,7 @@ from typing import Literal, NamedTuple
 Kind = Literal["F", "B", "W", "BW"]
 KINDS = ("F", "B", "W", "BW")
 BACKWARDS = ("B", "BW")  # the ops that send an input gradient
+OP_TIME = {"F": 1.0, "B": 1.0, "W": 1.0, "BW": 2.0}  # a backward costs about two forwards
 
 
 class Op(NamedTuple):
@@ -219,3 +220,14 @@ def peak_in_flight(schedule: Schedule) -> tuple[int, ...]:
 def stash_slots(schedule: Schedule) -> int:
   """Slots of a ring buffer for inputs awaiting their backward: the most any device holds at once."""
   return max(peak_in_flight(schedule))
+
+
+def bubble_fraction(schedule: Schedule, op_time: dict[str, float] = OP_TIME) -> float:
+  """The fraction of device time idle when an op of kind k takes op_time[k] and messages take none:
+  each device runs its ops in its order, each once the device is free and its `inputs` have ended;
+  1 - (time in ops) / (D x makespan). GPipe's and 1F1B's is (S-1)/(M+S-1)."""
+  end, free = {}, [0.0] * schedule.num_devices
+  for op, (_, d, _) in sorted(positions(schedule).items(), key=lambda item: item[1]):
+    start = max([free[d], *(end[need] for need in inputs(op, schedule.num_chunks) if need in end)])
+    end[op] = free[d] = start + op_time[op.kind]
+  return 1.0 - sum(op_time[op.kind] for op in end) / (schedule.num_devices * max(end.values()))
