@@ -117,4 +117,47 @@ def test_schedule_table_prints_the_docs_rows(capsys):
   out = capsys.readouterr().out.splitlines()
   assert out[2:] == ["| `gpipe` | 4 | 8 | 22 | 0.2727 | 0.2727 | 8, 8, 8, 8 |",
                      "| `1f1b` | 4 | 8 | 22 | 0.2727 | 0.2727 | 4, 3, 2, 1 |",
-                     "| `1f1b-fused` | 4 | 8 | 14 | 0.2727 | 0.2727 | 7, 5, 3, 1 |"]
+                     "| `1f1b-fused` | 4 | 8 | 14 | 0.2727 | 0.2727 | 7, 5, 3, 1 |",
+                     "| `interleaved:2` | 4 | 8 | 38 | 0.1579 | 0.1579 | 11, 9, 7, 5 |"]
+
+
+def test_interleaved_has_its_bubble_and_runs_on_a_ring():
+  """V chunks per device, chunk c on device c mod S: bubble (S-1)/(VM+S-1), one op per device per tick, the
+  last device's chunks send on to device 0."""
+  for S in (1, 2, 3, 4):
+    for V in (1, 2, 3):
+      for M in (S, 2 * S, 3 * S):
+        t = schedules.build(f"interleaved:{V}", S, M)
+        assert (t.num_devices, t.num_chunks) == (S, S * V)
+        assert schedules.bubble_fraction(t) == pytest.approx((S - 1) / (V * M + S - 1), abs=1e-12), (S, V, M)
+        assert all(len(ops) <= 1 for row in t.ops for ops in row)
+  t = schedules.interleaved(4, 4, 2)
+  ring = [msg for tick in range(t.ticks) for msg in schedules.messages(t, tick) if msg.boundary == 3]
+  assert sorted((msg.forward, msg.sender, msg.receiver, msg.microbatch) for msg in ring) == [
+      *((False, 0, 3, m) for m in range(4)), *((True, 3, 0, m) for m in range(4))]
+
+
+def test_interleaved_runs_megatrons_order():
+  """Device 0 of S=4, V=2, M=8: (S-1)*2 + (V-1)*S = 10 forwards (microbatches 0-3 on chunk 0, then on chunk 4,
+  then 4-5 on chunk 0), then a forward and a backward in turn, the backwards from the last chunk."""
+  order = schedules.device_order(schedules.interleaved(4, 8, 2), 0)
+  assert order[:14] == (*(F(0, m) for m in range(4)), *(F(4, m) for m in range(4)), F(0, 4), F(0, 5),
+                        F(0, 6), BW(4, 0), F(0, 7), BW(4, 1))
+
+
+def test_interleaved_refuses_microbatches_not_a_multiple_of_the_stages():
+  with pytest.raises(ValueError, match=r"multiple of the stages, got M=6 for S=4 \(use M = 8\)"):
+    schedules.build("interleaved:2", 4, 6)
+
+
+def test_no_executor_runs_interleaved_yet():
+  t = schedules.interleaved(2, 2, 2)
+  with pytest.raises(ValueError, match="the sharded executor runs one chunk per device; schedule 'interleaved:2' has 4"):
+    schedule.timing_of(t)
+  with pytest.raises(ValueError, match="netsim needs one chunk on each of the 2 stages"):
+    simulate_step([1.0, 1.0], [1.0, 1.0], [0.0], [0.0], 2, math.inf, schedule=t)
+
+
+def test_orders_that_wait_on_each_other_are_refused():
+  with pytest.raises(ValueError, match=r"every device waits at tick 0, on \['BW\(0, 0\)', 'F\(1, 0\)'\]"):
+    schedules.as_soon_as_ready("crossed", 2, 1, [[BW(0, 0), F(0, 0)], [F(1, 0), BW(1, 0)]])

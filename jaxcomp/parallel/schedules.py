@@ -107,14 +107,64 @@ def one_f_one_b_fused(num_stages: int, microbatches: int) -> Schedule:
   return place("1f1b-fused", S, M, fused_backward(S, M, lambda s, m: m + s, lambda s, m: m + 2 * S - 2 - s))
 
 
+def as_soon_as_ready(name: str, num_chunks: int, microbatches: int, orders: list[list[Op]]) -> Schedule:
+  """The table that runs each device's `orders[d]` in order, one op per tick, each op at the first tick
+  after its `inputs` ran (messages there the next tick). A ValueError if the orders wait on each other."""
+  ops, placed = set().union(*orders), {}
+  rows, position = [[] for _ in orders], [0] * len(orders)
+  while any(p < len(order) for p, order in zip(position, orders)):
+    tick, ready = len(rows[0]), []
+    for d, order in enumerate(orders):
+      op = order[position[d]] if position[d] < len(order) else None
+      if op is not None and all(need in placed for need in inputs(op, num_chunks) if need in ops):
+        ready.append((d, op))
+    if not ready:
+      raise ValueError(f"schedule {name!r}: every device waits at tick {tick}, on "
+                       f"{[str(order[p]) for p, order in zip(position, orders) if p < len(order)]}")
+    for row in rows:
+      row.append(())
+    for d, op in ready:
+      rows[d][tick], placed[op] = (op,), tick
+      position[d] += 1
+  return Schedule(name, num_chunks, microbatches, tuple(map(tuple, rows)))
+
+
+def interleaved(num_stages: int, microbatches: int, chunks_per_device: int) -> Schedule:
+  """Interleaved 1F1B (Narayanan et al. 2021, Megatron-LM): V chunks per device, chunk c on device c mod S
+  (its activation goes on to device (c+1) mod S: a ring). Device d's k-th forward is chunk (k mod SV) // S
+  of its device on microbatch S (k // SV) + k mod S (backwards take the chunks in reverse): (S-d-1)*2 +
+  (V-1)*S forwards first, then one F and one BW in turn, then the remaining BWs; `as_soon_as_ready` places
+  them. Needs M a multiple of S. Bubble (S-1)/(VM+S-1) (F 1, BW 2)."""
+  S, M, V = num_stages, microbatches, chunks_per_device
+  if min(S, M, V) < 1:
+    raise ValueError(f"interleaved 1F1B needs S, M, V >= 1, got S={S}, M={M}, V={V}")
+  if M % S:
+    raise ValueError(f"interleaved 1F1B needs the microbatches a multiple of the stages, got M={M} for S={S} "
+                     f"(use M = {M + S - M % S})")
+
+  def order(d):
+    def op(kind, k):
+      group, r = divmod(k, S * V)
+      return Op(kind, (r // S if kind == "F" else V - 1 - r // S) * S + d, group * S + r % S)
+    total = V * M
+    warmup = min(total, (S - d - 1) * 2 + (V - 1) * S)
+    steady = [o for k in range(total - warmup) for o in (op("F", warmup + k), op("BW", k))]
+    return [op("F", k) for k in range(warmup)] + steady + [op("BW", k) for k in range(total - warmup, total)]
+  return as_soon_as_ready(f"interleaved:{V}", S * V, M, [order(d) for d in range(S)])
+
+
 BUILDERS = {"gpipe": gpipe, "1f1b": one_f_one_b, "1f1b-fused": one_f_one_b_fused}
 SCHEDULES = tuple(BUILDERS)
 
 
 def build(name: str, num_stages: int, microbatches: int) -> Schedule:
-  """The table of schedule `name` (one of SCHEDULES) for S stages and M microbatches."""
+  """The table of schedule `name` for S stages and M microbatches: one of SCHEDULES (the sharded executor
+  runs these), or "interleaved:V" (a table only: no executor runs it yet)."""
+  kind, _, chunks = name.partition(":")
+  if kind == "interleaved" and chunks.isdigit():
+    return interleaved(num_stages, microbatches, int(chunks))
   if name not in BUILDERS:
-    raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {name!r}")
+    raise ValueError(f"schedule must be one of {list(SCHEDULES)} or interleaved:V, got {name!r}")
   return BUILDERS[name](num_stages, microbatches)
 
 
