@@ -35,7 +35,7 @@ def row(name: str, stages: int, microbatches: int) -> Row:
 
 def markdown(rows: list[Row]) -> str:
   """The rows as a markdown table."""
-  lines = ["| schedule | S | M | ticks | bubble (table) | (S-1)/(VM+S-1) | peak stashed inputs per stage |",
+  lines = ["| schedule | S | M | ticks | bubble (table) | (S-1)/(VM+S-1) | peak stashed inputs per device |",
            "|---|---:|---:|---:|---:|---:|---|"]
   for r in rows:
     lines.append(f"| `{r.schedule}` | {r.stages} | {r.microbatches} | {r.ticks} | {r.bubble:.4f} | {r.formula:.4f} "
