@@ -68,7 +68,7 @@ class Schedule:
     return chunk % self.num_devices
 
 
-def place(name: str, num_devices: int, microbatches: int, ticks: dict[Op, int]) -> Schedule:
+def at_ticks(name: str, num_devices: int, microbatches: int, ticks: dict[Op, int]) -> Schedule:
   """The one-chunk-per-device table that runs each op of `ticks` at its tick (F before BW in a tick)."""
   total = max(ticks.values()) + 1
   ops = [[[] for _ in range(total)] for _ in range(num_devices)]
@@ -90,27 +90,27 @@ def gpipe(num_stages: int, microbatches: int) -> Schedule:
   """Every forward, then every backward: F(s, m) at tick m + s, BW(s, m) at m + M + 2S-2 - s
   (2M+2S-2 ticks, M inputs stashed per stage)."""
   S, M = num_stages, microbatches
-  return place("gpipe", S, M, fused_backward(S, M, lambda s, m: m + s, lambda s, m: m + M + 2 * S - 2 - s))
+  return at_ticks("gpipe", S, M, fused_backward(S, M, lambda s, m: m + s, lambda s, m: m + M + 2 * S - 2 - s))
 
 
 def one_f_one_b(num_stages: int, microbatches: int) -> Schedule:
   """PipeDream-flush, one op per device per tick: F(s, m) at 2m + s, BW(s, m) at 2m + 2S-1 - s
   (2M+2S-2 ticks, min(M, S-s) inputs stashed on stage s)."""
   S, M = num_stages, microbatches
-  return place("1f1b", S, M, fused_backward(S, M, lambda s, m: 2 * m + s, lambda s, m: 2 * m + 2 * S - 1 - s))
+  return at_ticks("1f1b", S, M, fused_backward(S, M, lambda s, m: 2 * m + s, lambda s, m: 2 * m + 2 * S - 1 - s))
 
 
 def one_f_one_b_fused(num_stages: int, microbatches: int) -> Schedule:
   """1F1B with a forward and a backward per tick: F(s, m) at m + s, BW(s, m) at m + 2S-2 - s
   (M+2S-2 ticks, min(M, 2(S-s)-1) inputs stashed on stage s)."""
   S, M = num_stages, microbatches
-  return place("1f1b-fused", S, M, fused_backward(S, M, lambda s, m: m + s, lambda s, m: m + 2 * S - 2 - s))
+  return at_ticks("1f1b-fused", S, M, fused_backward(S, M, lambda s, m: m + s, lambda s, m: m + 2 * S - 2 - s))
 
 
 def as_soon_as_ready(name: str, num_chunks: int, microbatches: int, orders: list[list[Op]]) -> Schedule:
   """The table that runs each device's `orders[d]` in order, one op per tick, each op at the first tick
   after its `inputs` ran (messages there the next tick). A ValueError if the orders wait on each other."""
-  ops, placed = set().union(*orders), {}
+  ops, placed = set().union(*orders), set()
   rows, position = [[] for _ in orders], [0] * len(orders)
   while any(p < len(order) for p, order in zip(position, orders)):
     tick, ready = len(rows[0]), []
@@ -124,7 +124,8 @@ def as_soon_as_ready(name: str, num_chunks: int, microbatches: int, orders: list
     for row in rows:
       row.append(())
     for d, op in ready:
-      rows[d][tick], placed[op] = (op,), tick
+      rows[d][tick] = (op,)
+      placed.add(op)
       position[d] += 1
   return Schedule(name, num_chunks, microbatches, tuple(map(tuple, rows)))
 
