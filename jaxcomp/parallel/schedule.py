@@ -34,6 +34,7 @@ from jaxcomp.parallel import layout, permute, schedules
 from jaxcomp.parallel.mesh import DATA, STAGE
 
 REMAT = ("stage", "none")
+SCHEDULES = schedules.SCHEDULES  # the tables this executor runs (those `timing_of` fits)
 
 
 class Timing(NamedTuple):

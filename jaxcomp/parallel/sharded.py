@@ -26,7 +26,7 @@ from jaxcomp.parallel import dataparallel, layout, schedule, schedules
 from jaxcomp.parallel.mesh import DATA, STAGE, make_mesh
 from jaxcomp.parallel.state_layout import StateLayout, abstract_state
 
-SCHEDULES = schedules.SCHEDULES
+SCHEDULES = schedule.SCHEDULES
 __all__ = ["DATA", "SCHEDULES", "STAGE", "ShardedExecutor", "make_mesh"]
 
 
