@@ -31,7 +31,7 @@ from jaxcomp import pipeline
 from jaxcomp.analysis import dryrun, netsim, targets
 from jaxcomp.compress import spec
 from jaxcomp.models import gpt2
-from jaxcomp.parallel import dataparallel, schedule
+from jaxcomp.parallel import dataparallel, schedules
 
 # The stateless quantizer of the frontier table (docs/frontier.md) with the fewest bytes among those that learn
 # (192 B/token, eval loss 2.617 vs fp32's 2.576).
@@ -229,7 +229,7 @@ def method_rows(name, fwd_s, bwd_s, per_message, exchanges, args) -> list[Row]:
 def main(argv=None):
   parser = gpt2_parser(__doc__, microbatches=4, models=("tiny", "small", "medium", "large", "xl"), seq=None)
   parser.add_argument("--stages", type=int, default=4)
-  parser.add_argument("--schedule", choices=schedule.SCHEDULES, default="gpipe")
+  parser.add_argument("--schedule", choices=schedules.SCHEDULES, default="gpipe")
   parser.add_argument("--data-parallel", type=int, default=2, help="replicas of the pipeline (D)")
   parser.add_argument("--dp-scheme", default="ef+quant:4", help="QuantizedAdam's first-moment compression")
   parser.add_argument("--latency-ms", type=float, default=1.0)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from jaxcomp.analysis import netsim
 from jaxcomp.analysis.netsim import Event, Exchange, simulate_step
-from jaxcomp.parallel import schedule
+from jaxcomp.parallel import schedule, schedules
 
 # With bandwidth_bps = 8, sending n bytes takes n seconds: hand timelines stay readable.
 BW8 = 8.0
@@ -20,14 +20,15 @@ def _sorted(events):
 
 
 def executor_orders(name, num_stages, microbatches):
-  """Each stage's ops as the executor runs them, tick by tick (`schedule.run_explicit`): at a
-  tick, `explicit_tick` runs the stage's forward (if `busy`), then its backward."""
-  prog = SimpleNamespace(timing=schedule.timing(name, num_stages, microbatches),
+  """Each stage's ops as the executor runs them, tick by tick (`schedule.run_explicit`, with the traced
+  ticks' rule `schedule.timing_of` reads off the table): at a tick, `explicit_tick` runs the stage's
+  forward (if `busy`), then its backward."""
+  prog = SimpleNamespace(timing=schedule.timing_of(schedules.build(name, num_stages, microbatches)),
                          pipe=SimpleNamespace(num_stages=num_stages, microbatches=microbatches))
   orders = []
   for s in range(num_stages):
     ops = []
-    for tick in range(schedule.total_ticks(prog)):
+    for tick in range(prog.timing.stride * (microbatches - 1) + schedule.backward_tick(prog, 0) + 1):
       for kind, offset in (("fwd", s), ("bwd", schedule.backward_tick(prog, s))):
         if schedule.busy(prog, tick, offset):
           ops.append((kind, schedule.microbatch(prog, tick, offset)))
@@ -45,7 +46,7 @@ def simulated_orders(timeline, num_stages):
 # --- the executor's schedule -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", schedule.SCHEDULES)
+@pytest.mark.parametrize("name", schedules.SCHEDULES)
 def test_each_stage_runs_the_executors_order(name):
   for s_count in range(1, 9):
     for m_count in range(1, 20):
@@ -62,7 +63,7 @@ def test_each_stage_runs_the_executors_order(name):
 def test_schedules_differ_where_the_executor_differs():
   # 3 stages, 3 microbatches, stage 1: GPipe runs every forward first, 1F1B interleaves,
   # 1f1b-fused's tick 3 holds forward 2 and backward 0 (forward first).
-  tl = {n: simulate_step([1.0] * 3, [1.0] * 3, [0, 0], [0, 0], 3, BW8, schedule=n) for n in schedule.SCHEDULES}
+  tl = {n: simulate_step([1.0] * 3, [1.0] * 3, [0, 0], [0, 0], 3, BW8, schedule=n) for n in schedules.SCHEDULES}
   assert simulated_orders(tl["gpipe"], 3)[1] == [("fwd", 0), ("fwd", 1), ("fwd", 2), ("bwd", 0), ("bwd", 1), ("bwd", 2)]
   assert simulated_orders(tl["1f1b"], 3)[1] == [("fwd", 0), ("fwd", 1), ("bwd", 0), ("fwd", 2), ("bwd", 1), ("bwd", 2)]
   assert simulated_orders(tl["1f1b-fused"], 3)[1] == simulated_orders(tl["gpipe"], 3)[1]
@@ -169,7 +170,7 @@ def test_transfer_time():
 # --- closed form ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", schedule.SCHEDULES)
+@pytest.mark.parametrize("name", schedules.SCHEDULES)
 @pytest.mark.parametrize("stages,microbatches", [(2, 2), (2, 1), (3, 5), (4, 8), (8, 3)])
 @pytest.mark.parametrize("t_f,t_b", [(1.0, 2.0), (2.0, 1.0)])
 def test_uniform_stages_without_communication_give_gpipe_formula(name, stages, microbatches, t_f, t_b):
@@ -198,7 +199,7 @@ def pipelines(draw):
       bandwidth_bps=draw(st.floats(1.0, 1e5)),
       latency_s=draw(_time),
       exchange=exchange,
-      schedule=draw(st.sampled_from(schedule.SCHEDULES)),
+      schedule=draw(st.sampled_from(schedules.SCHEDULES)),
   )
 
 

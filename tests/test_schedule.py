@@ -1,11 +1,11 @@
-"""jaxcomp.parallel.schedule: what each schedule holds and when each stage runs."""
+"""jaxcomp.parallel.schedules / schedule: what each schedule's table holds and what its program compiles to."""
 import optax
 import pytest
 
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import schedule as sched
-from jaxcomp.parallel import sharded
+from jaxcomp.parallel import schedules, sharded
+from jaxcomp.parallel.schedules import Op
 from pipeline_cases import BATCH, mlp_pipe
 
 
@@ -18,17 +18,18 @@ def test_schedule_holds_at_most_its_inputs_per_stage(name, most):
   its gradient reaches s the tick after s+1; 1f1b runs one op per stage per tick."""
   for S in range(1, 9):
     for M in range(1, 20):
-      pipe = mlp_pipe("quant:4", "quant:8", stages=mlp_stages(16, 2, S), m=M)
-      prog = sched.Program(pipe, None, None, [], Mode.TRAIN, True, None, sched.timing(name, S, M))
-      ticks = range(sched.total_ticks(prog))
-      assert [max(sched.in_flight(prog, s, t) for t in ticks) for s in range(S)] == [most(s, S, M) for s in range(S)]
-      stride = prog.timing.stride
+      table = schedules.build(name, S, M)
+      ticks = range(table.ticks)
+      assert [max(schedules.in_flight(table, s, t) for t in ticks) for s in range(S)] == [most(s, S, M) for s in range(S)]
+      assert schedules.peak_in_flight(table) == tuple(most(s, S, M) for s in range(S))
+      tick = {op: t for op, (t, _, _) in schedules.positions(table).items()}
       for s in range(S - 1):
-        assert sched.backward_tick(prog, s) == sched.backward_tick(prog, s + 1) + 1 > s + 1
+        for m in range(M):
+          assert tick[Op("F", s + 1, m)] == tick[Op("F", s, m)] + 1
+          assert tick[Op("BW", s, m)] == tick[Op("BW", s + 1, m)] + 1 > tick[Op("F", s, m)]
       if name == "1f1b":
-        assert not any(sched.busy(prog, t, s) and sched.busy(prog, t, sched.backward_tick(prog, s))
-                       for t in ticks for s in range(S))
-        assert len(ticks) == stride * (M + S - 1)
+        assert all(len(ops) <= 1 for row in table.ops for ops in row)
+        assert len(ticks) == 2 * (M + S - 1)
 
 
 def test_an_unrolled_tick_holds_only_the_stages_busy_at_it():

@@ -1,6 +1,6 @@
 """Timeline of one pipelined training step over slow links, on the executor's schedule.
 
-No JAX computation (the schedule's tick rule comes from `jaxcomp.parallel.schedule`). It turns
+No JAX computation (the schedule is its table, `jaxcomp.parallel.schedules`). It turns
 per-stage compute times and exact per-boundary wire bytes into a step time at a given
 link bandwidth and latency: AQ-SGD's Table 2 (throughput vs bandwidth) from single-machine
 figures.
@@ -13,13 +13,15 @@ stage ``b + 1``. Per microbatch, stage ``s`` spends ``fwd_s[s]`` seconds on its 
 message of ``fwd_bytes[b]`` bytes forward (activation) and one of ``bwd_bytes[b]`` backward
 (activation gradient).
 
-Stages. Stage ``s`` runs one op at a time, in the order the executor runs them: the
-schedule's ``Timing(stride, lag)`` (`schedule.timing`) puts microbatch ``m``'s forward at
-tick ``stride*m + s`` and its backward at tick ``stride*m + lag - s``; a stage's ops run by
-tick. Under ``1f1b-fused`` a tick can hold a forward and a backward: the forward runs first,
-then the backward (as `schedule.explicit_tick`). The ticks fix only the order: an op starts
-as soon as its stage is free and its input has arrived (asynchronous sends; the SPMD
-executor, which also waits for each tick's collectives, can only be slower).
+Stages. Stage ``s`` runs one op at a time, in the order the executor runs them: the order of
+device ``s``'s row of the schedule's table (`schedules.device_order`: by tick, and within a tick
+in the table's order; under ``1f1b-fused`` a tick holds F(s, m) and then BW(s, m'), as
+`schedule.explicit_tick` runs them). An ``F`` op is a ``fwd`` event, a ``BW`` op a ``bwd`` event.
+The ticks fix only the order: an op starts as soon as its stage is free and its input has
+arrived. With ``overlap_sends`` (the default) sends are asynchronous: a stage goes on computing
+while its message crosses the link. Without, a stage sends before its next op (compute, then
+send, then the next op), as the SPMD executor's ticks are written today (which also waits for
+each tick's collectives, so it can only be slower).
 
 Links. One link per direction per boundary (full duplex: the two directions are
 independent). A message occupies its link direction for ``latency_s + 8 * bytes /
@@ -32,6 +34,7 @@ has ended and the link direction is free::
     bwd(s, m).start      = max(stage s free, send_bwd(s, m).end)    # s = S-1: after fwd(S-1, m)
     send_bwd(b, m).start = max(link b bwd free, bwd(b+1, m).end)
     end = start + duration
+    stage s free = its last op's end (its last message's end without overlap_sends)
 
 Data-parallel exchange (`Exchange`). With ``D`` replicas of the pipeline, the replicas of
 stage ``s`` exchange its weight gradient (or QuantizedAdam's first moment) once per step.
@@ -63,7 +66,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from jaxcomp.arguments import is_integer
-from jaxcomp.parallel import schedule as schedule_mod
+from jaxcomp.parallel import schedules
 
 Kind = Literal["fwd", "bwd", "send_fwd", "send_bwd", "exchange", "update"]
 
@@ -158,9 +161,17 @@ def _check_bytes(name: str, values: Sequence[float], count: int, per: str) -> No
       raise ValueError(f"{name}[{i}] must be a finite number of bytes >= 0, got {v!r}")
 
 
-def _check_schedule(name: str) -> None:
-  if name not in schedule_mod.SCHEDULES:
-    raise ValueError(f"schedule must be one of {list(schedule_mod.SCHEDULES)}, got {name!r}")
+def _check_schedule(schedule: str | schedules.Schedule, num_stages: int, microbatches: int) -> None:
+  if isinstance(schedule, schedules.Schedule):
+    if (schedule.num_devices, schedule.num_chunks, schedule.microbatches) != (num_stages, num_stages, microbatches):
+      raise ValueError(f"schedule {schedule.name!r} has {schedule.num_chunks} chunks on {schedule.num_devices} "
+                       f"devices and {schedule.microbatches} microbatches; netsim needs one chunk on each of the "
+                       f"{num_stages} stages and {microbatches} microbatches")
+    split = [op for d in range(num_stages) for op in schedules.device_order(schedule, d) if op.kind in ("B", "W")]
+    if split:
+      raise ValueError(f"schedule {schedule.name!r} runs {split[0]}: netsim times F and fused BW ops only")
+  elif schedule not in schedules.SCHEDULES:
+    raise ValueError(f"schedule must be one of {list(schedules.SCHEDULES)}, got {schedule!r}")
 
 
 def transfer_time(nbytes: float, bandwidth_bps: float, latency_s: float, messages: int = 1) -> float:
@@ -173,16 +184,11 @@ def transfer_time(nbytes: float, bandwidth_bps: float, latency_s: float, message
   return messages * latency_s + 8.0 * nbytes / bandwidth_bps
 
 
-def _stage_orders(schedule: str, num_stages: int, microbatches: int) -> list[list[tuple[Kind, int]]]:
-  """Each stage's ops ``("fwd" | "bwd", microbatch)`` in the executor's order: by tick, a
-  tick's forward before its backward (module docstring)."""
-  stride, lag = schedule_mod.timing(schedule, num_stages, microbatches)
-
-  def order(s):
-    tick = {("fwd", m): (stride * m + s, 0) for m in range(microbatches)}
-    tick.update({("bwd", m): (stride * m + lag - s, 1) for m in range(microbatches)})
-    return sorted(tick, key=tick.get)
-  return [order(s) for s in range(num_stages)]
+def _stage_orders(table: schedules.Schedule) -> list[list[tuple[Kind, int]]]:
+  """Each stage's ops ``("fwd" | "bwd", microbatch)`` in its row's order (module docstring)."""
+  kinds = {"F": "fwd", "BW": "bwd"}
+  return [[(kinds[op.kind], op.microbatch) for op in schedules.device_order(table, s)]
+          for s in range(table.num_devices)]
 
 
 def simulate_step(
@@ -194,16 +200,18 @@ def simulate_step(
     bandwidth_bps: float,
     latency_s: float = 0.0,
     exchange: Exchange | None = None,
-    schedule: str = "gpipe",
+    schedule: str | schedules.Schedule = "gpipe",
     update_s: Sequence[float] | None = None,
+    overlap_sends: bool = True,
 ) -> Timeline:
-  """Event timeline of one step on `schedule` (one of `schedule.SCHEDULES`; rule in the
-  module docstring).
+  """Event timeline of one step on `schedule` (a table, or the name of one of `schedules.SCHEDULES`;
+  rule in the module docstring).
 
   ``fwd_s``/``bwd_s``: per-stage compute seconds per microbatch (length ``S``).
   ``fwd_bytes``/``bwd_bytes``: per-link bytes per microbatch (length ``S - 1``).
   ``exchange``: the data-parallel exchange (``sent_bytes`` per stage), or None.
   ``update_s``: per-stage seconds of the optimizer step that ends the step, or None.
+  ``overlap_sends``: whether a stage computes while its messages cross (else it waits for each to leave).
   """
   _check_stage_times(fwd_s, bwd_s)
   num_stages = len(fwd_s)
@@ -212,7 +220,8 @@ def simulate_step(
   _check_count("microbatches", microbatches, 1)
   _check_bandwidth(bandwidth_bps)
   _check_time("latency_s", latency_s)
-  _check_schedule(schedule)
+  _check_schedule(schedule, num_stages, microbatches)
+  table = schedules.build(schedule, num_stages, microbatches) if isinstance(schedule, str) else schedule
   if exchange is not None:
     _check_bytes("exchange.sent_bytes", exchange.sent_bytes, num_stages, "stages")
     _check_count("exchange.messages", exchange.messages, 0)
@@ -246,7 +255,7 @@ def simulate_step(
   # Evaluate each stage's ops in its order; a stage waits (is skipped) until its next op's
   # input has been evaluated. Messages are evaluated with their producer, so each link
   # direction is FIFO in production order.
-  orders = _stage_orders(schedule, num_stages, microbatches)
+  orders = _stage_orders(table)
   position = [0] * num_stages
   while any(p < len(o) for p, o in zip(position, orders)):
     progressed = False
@@ -261,10 +270,12 @@ def simulate_step(
         if 0 <= link < num_stages - 1:
           message = "send_" + kind
           run((message, link, m), (message, link), [(kind, s, m)], transfer[message][link])
+          if not overlap_sends:
+            last[("stage", s)] = (message, link, m)
         position[s] += 1
         progressed = True
     if not progressed:
-      raise RuntimeError(f"schedule {schedule!r} deadlocks at stage positions {position}")
+      raise RuntimeError(f"schedule {table.name!r} deadlocks at stage positions {position}")
   events = tuple(evaluated.values())
 
   # Stage s is done when its last op has ended and its last messages (link s-1 backward,

@@ -1,7 +1,10 @@
-"""The pipeline schedules of one stage device, as a few named functions.
+"""A schedule's table (`jaxcomp.parallel.schedules`) run on one stage device.
 
-A schedule is a `Timing`: stage s runs microbatch m forward at tick stride*m + s and
-backward at tick stride*m + lag - s (`busy`, `microbatch`). At its forward tick a stage runs
+The table says what runs when: every static part of the program (the ticks, which boundaries carry a
+message at a tick, which stages' bodies a tick's switch holds, the stash slots) is read from it. A
+traced tick (inside a `lax.scan`) computes which microbatch this device runs with the table's
+`Timing`, read off the table and checked against it (`timing_of`): stage s runs microbatch m forward
+at tick stride*m + s and backward at tick stride*m + lag - s (`busy`, `microbatch`). At its forward tick a stage runs
 on the input it received, then every boundary b with a microbatch at that tick moves the
 encoded payload from stage b to b+1 with the op of `jaxcomp.ppermute` (`permute`, along
 `link_perm(b)`); backwards likewise send gradients from b+1 to b. A bubble tick runs the no-op
@@ -11,7 +14,7 @@ ticks that repeat the same plan period after period are one `lax.scan`, so the p
 (and compile time) does not grow with M.
 
 Two ways to get the backward pass:
-- `run_explicit` (every `SCHEDULES` timing, below): a stage stashes its input at its forward, and at
+- `run_explicit` (every schedule of `schedules.SCHEDULES`, below): a stage stashes its input at its forward, and at
   its backward tick runs its vjp on it (rematerialised) and the boundary's
   `backward_half`; the weight gradient is accumulated in the loop.
 - `run_gpipe`: the forward ticks only (eval steps, and GPipe with `remat="none"`), whose
@@ -27,32 +30,44 @@ import jax.numpy as jnp
 from jaxcomp import pipeline
 from jaxcomp.compress import boundary as boundary_mod
 from jaxcomp.compress.boundary import LinkState, Mode
-from jaxcomp.parallel import layout, permute
+from jaxcomp.parallel import layout, permute, schedules
 from jaxcomp.parallel.mesh import DATA, STAGE
 
 REMAT = ("stage", "none")
+SCHEDULES = schedules.SCHEDULES  # the tables this executor runs (those `timing_of` fits)
 
 
 class Timing(NamedTuple):
   """Stage s runs microbatch m forward at tick stride*m + s and backward at tick stride*m + lag - s."""
-  stride: int = 1
-  lag: int = 0
+  stride: int
+  lag: int
 
 
-# The explicit schedules of S stages and M microbatches, the one list of them:
-#   gpipe: every forward, then every backward (M inputs stashed per stage, 2M+2S-2 ticks);
-#   1f1b: PipeDream-flush, one op per stage per tick, forwards every 2nd tick (S-s inputs stashed
-#     on stage s, 2M+2S-2 ticks);
-#   1f1b-fused: a forward and a backward per stage per tick (2(S-s)-1 inputs, M+2S-2 ticks).
-TIMINGS = {"gpipe": lambda s, m: Timing(1, m + 2 * s - 2),
-           "1f1b": lambda s, m: Timing(2, 2 * s - 1),
-           "1f1b-fused": lambda s, m: Timing(1, 2 * s - 2)}
-SCHEDULES = tuple(TIMINGS)
-
-
-def timing(name: str, num_stages: int, microbatches: int) -> Timing:
-  """The `Timing` of schedule `name` (one of SCHEDULES)."""
-  return TIMINGS[name](num_stages, microbatches)
+def timing_of(table: schedules.Schedule) -> Timing:
+  """The `Timing` of a table the executor runs: stride = the ticks between stage 0's first two
+  forwards (1 with one microbatch), lag = its first backward's tick. Every op of the table must be
+  where the timing puts it (one chunk per device, fused BW backwards, a tick's F before its BW;
+  each message is then used the tick after it is sent): else a ValueError naming the first op that
+  is not."""
+  S, M = table.num_devices, table.microbatches
+  if table.num_chunks != S:
+    raise ValueError(f"the sharded executor runs one chunk per device; schedule {table.name!r} has "
+                     f"{table.num_chunks} chunks on {S} devices")
+  where = schedules.positions(table)
+  split = [op for op in where if op.kind not in ("F", "BW")]
+  if split:
+    raise ValueError(f"the sharded executor runs F and fused BW ops; schedule {table.name!r} runs {min(split)}")
+  f, bw = lambda s, m: schedules.Op("F", s, m), lambda s, m: schedules.Op("BW", s, m)
+  stride = where[f(0, 1)][0] - where[f(0, 0)][0] if M > 1 else 1
+  rule = Timing(stride, where[bw(0, 0)][0])
+  placed = {**{f(s, m): stride * m + s for s in range(S) for m in range(M)},
+            **{bw(s, m): stride * m + rule.lag - s for s in range(S) for m in range(M)}}
+  for op, (t, d, i) in sorted(where.items(), key=lambda item: item[1]):
+    if placed.get(op) != t or (op.kind == "F" and i > 0):
+      raise ValueError(f"the sharded executor runs F(s, m) at tick stride*m + s and BW(s, m) at "
+                       f"stride*m + lag - s ({rule}), a tick's F first; schedule {table.name!r} runs {op} "
+                       f"at tick {t}, position {i}")
+  return rule
 
 
 def link_perm(b: int) -> permute.Perm:
@@ -60,13 +75,16 @@ def link_perm(b: int) -> permute.Perm:
   return ((b, b + 1),)
 
 
-def phases(num_stages: int, microbatches: int) -> tuple[range, range, range]:
-  """(fill, steady, drain) ticks of `run_gpipe` (stride 1); in steady ticks every stage and
-  boundary is busy."""
-  total = microbatches + num_stages - 1
-  if microbatches < num_stages:
-    return range(total), range(0), range(total, total)
-  return range(num_stages - 1), range(num_stages - 1, microbatches), range(microbatches, total)
+def phases(prog) -> tuple[range, range, range]:
+  """(fill, steady, drain) forward ticks of `run_gpipe` (stride 1), read from the table: in steady
+  ticks every stage runs a forward (and every boundary sends); fill and drain are the forward ticks
+  before and after."""
+  table = prog.table
+  forward = [t for t in range(table.ticks) if schedules.running(table, t, ("F",))]
+  steady = [t for t in forward if len(schedules.running(table, t, ("F",))) == table.num_devices]
+  if not steady:
+    return range(len(forward)), range(0), range(len(forward), len(forward))
+  return range(steady[0]), range(steady[0], steady[-1] + 1), range(steady[-1] + 1, forward[-1] + 1)
 
 
 def busy(prog, tick, offset):
@@ -91,9 +109,9 @@ def global_microbatch(prog, m):
   return jax.lax.axis_index(DATA) * prog.pipe.microbatches + m
 
 
-def boundaries_at(prog, tick: int, offset=lambda b: b) -> tuple[int, ...]:
-  """The boundaries b whose op at `offset(b)` carries a microbatch at a (static) tick."""
-  return tuple(b for b in range(prog.pipe.num_stages - 1) if busy(prog, tick, offset(b)))
+def boundaries_at(prog, tick: int, forward: bool = True) -> tuple[int, ...]:
+  """The boundaries that carry an activation (`forward`) or a gradient at a (static) tick, by the table."""
+  return tuple(sorted(msg.boundary for msg in schedules.messages(prog.table, tick) if msg.forward == forward))
 
 
 class StepInputs(NamedTuple):
@@ -114,7 +132,8 @@ class Program(NamedTuple):
   mode: Mode
   train: bool
   metrics: Any  # the last stage's metric structure (ShapeDtypeStructs)
-  timing: Timing = Timing()  # `run_gpipe`: stride 1
+  table: schedules.Schedule  # the schedule (`run_gpipe` runs its forward ticks)
+  timing: Timing  # `timing_of(table)`: the traced ticks' rule
 
   @property
   def width(self) -> int:
@@ -152,13 +171,14 @@ def zero_metrics(prog: Program):
   return jax.tree.map(lambda m: jnp.zeros(m.shape, jnp.float32), prog.metrics)
 
 
-def stage_switch(prog: Program, tick, offset, branch, idle, *operands):
-  """This device's stage s runs `branch(s)` when its op (microbatch m at tick stride*m + offset(s)) is
-  busy at `tick`, else `idle`. At a static tick only the stages busy then are branches of the program:
+def stage_switch(prog: Program, tick, kind: str, branch, idle, *operands):
+  """This device's stage s runs `branch(s)` when it runs an op of `kind` ("F" or "BW") at `tick`, else
+  `idle`. At a static tick only the stages the table runs then are branches of the program:
   an unrolled tick holds min(M, S) stage bodies, not S (GPipe with M=1 compiles S bodies, as simulate)."""
   s_count, s = prog.pipe.num_stages, jax.lax.axis_index(STAGE)
+  offset = (lambda j: j) if kind == "F" else (lambda j: backward_tick(prog, j))
   stages = (list(range(s_count)) if not isinstance(tick, int)
-            else [j for j in range(s_count) if busy(prog, tick, offset(j))])
+            else [op.chunk for op in schedules.running(prog.table, tick, (kind,))])
   position = jnp.asarray([stages.index(j) if j in stages else len(stages) for j in range(s_count)], jnp.int32)
   index = jnp.where(busy(prog, tick, offset(s)), position[s], len(stages))
   return jax.lax.switch(index, [branch(j) for j in stages] + [idle], *operands)
@@ -170,7 +190,7 @@ def stage_step(prog: Program, inp: StepInputs, tick, ms_row, x_buf):
   m = clipped_microbatch(prog, jnp.asarray(tick, jnp.int32), s)
   mb = jax.tree.map(lambda a: a[m], inp.mbs)
   rng = pipeline.stage_key(inp.step_key, global_microbatch(prog, m), s)
-  return stage_switch(prog, tick, lambda j: j, lambda j: stage_branch(prog, j), bubble(prog),
+  return stage_switch(prog, tick, "F", lambda j: stage_branch(prog, j), bubble(prog),
                       inp.params_row, ms_row, x_buf, mb, rng)
 
 
@@ -239,13 +259,13 @@ def run_gpipe(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, st
   """The M+S-1 forward ticks (stride 1) on this device: fill and drain unrolled, the steady
   ticks scanned (differentiable: its autodiff is GPipe's backward)."""
   assert prog.timing.stride == 1, prog.timing
-  s_count, m_count = prog.pipe.num_stages, prog.pipe.microbatches
+  s_count = prog.pipe.num_stages
   mb_size = microbatch_size(mbs)
   carry = Carry(jnp.zeros((mb_size, prog.width), prog.act_dtype), ms_row, tuple(fwd_tables),
                 jnp.zeros((), jnp.float32), zero_metrics(prog))
   inp = StepInputs(params_row, tuple(bwd_tables), mbs, step_key)
   tick = lambda t, c, bs: tick_step(prog, inp, t, bs, c)
-  fill, steady, drain = phases(s_count, m_count)
+  fill, steady, drain = phases(prog)
   for t in fill:
     carry = tick(t, carry, boundaries_at(prog, t))
   if len(steady):
@@ -258,12 +278,14 @@ def run_gpipe(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, st
 
 
 def make_program(pipe: pipeline.Pipeline, template: pipeline.TrainState, local_batch, mode: Mode, train: bool,
-                 timing: Timing = Timing()) -> Program:
-  """The schedule's static layout for one data shard's batch `local_batch` (shapes only)."""
+                 table: schedules.Schedule | None = None) -> Program:
+  """The schedule's static layout for one data shard's batch `local_batch` (shapes only); `table`
+  defaults to GPipe's (the forward ticks `run_gpipe` runs)."""
+  table = table or schedules.gpipe(pipe.num_stages, pipe.microbatches)
   mb = pipeline.microbatch_shapes(local_batch, pipe.microbatches)
   shapes = pipeline.boundary_shapes(pipe, template.params, template.model_state, mb[pipe.input_key])
   prog = Program(pipe, layout.FlatRows(template.params), layout.FlatRows(template.model_state), shapes,
-                 mode, train, None, timing)
+                 mode, train, None, table, timing_of(table))
   last = pipe.num_stages - 1
   x_buf = jax.ShapeDtypeStruct((mb[pipe.input_key].shape[0], prog.width), prog.act_dtype)
 
@@ -290,37 +312,24 @@ def backward_tick(prog: Program, stage):
   return prog.timing.lag - stage
 
 
-def total_ticks(prog: Program) -> int:
-  """Ticks until stage 0's last backward."""
-  return prog.timing.stride * (prog.pipe.microbatches - 1) + backward_tick(prog, 0) + 1
-
-
-def in_flight(prog: Program, stage: int, tick: int) -> int:
-  """Microbatches whose input `stage` holds at `tick` (from its forward tick to its backward tick)."""
-  stride = prog.timing.stride
-  return sum(stride * m + stage <= tick <= stride * m + backward_tick(prog, stage)
-             for m in range(prog.pipe.microbatches))
-
-
 def stash_slots(prog: Program) -> int:
-  """Ring-buffer slots for inputs awaiting their backward: the most any stage holds at once
-  (microbatch m uses slot m % slots; its stage holds consecutive microbatches)."""
-  return max(in_flight(prog, s, t) for s in range(prog.pipe.num_stages) for t in range(total_ticks(prog)))
+  """Ring-buffer slots for inputs awaiting their backward (`schedules.stash_slots`; microbatch m uses
+  slot m % slots: a stage holds consecutive microbatches)."""
+  return schedules.stash_slots(prog.table)
 
 
 def tick_plan(prog: Program, tick: int) -> tuple:
-  """(forward boundaries, backward boundaries, any stage forward, any stage backward) at a tick."""
-  stages = range(prog.pipe.num_stages)
-  return (boundaries_at(prog, tick), boundaries_at(prog, tick, lambda b: backward_tick(prog, b + 1)),
-          any(busy(prog, tick, s) for s in stages), any(busy(prog, tick, backward_tick(prog, s)) for s in stages))
+  """(forward boundaries, backward boundaries, any stage forward, any stage backward) at a tick, by the table."""
+  return (boundaries_at(prog, tick), boundaries_at(prog, tick, forward=False),
+          bool(schedules.running(prog.table, tick, ("F",))), bool(schedules.running(prog.table, tick, ("BW",))))
 
 
 def segments(prog: Program) -> list[tuple[range, tuple]]:
   """(period starts, the period's plans): consecutive periods with equal plans form one run."""
   stride = prog.timing.stride
   runs = []
-  for start in range(0, total_ticks(prog), stride):
-    plans = tuple(tick_plan(prog, t) for t in range(start, start + stride))
+  for start in range(0, prog.table.ticks, stride):
+    plans = tuple(tick_plan(prog, t) for t in range(start, min(start + stride, prog.table.ticks)))
     if runs and runs[-1][1] == plans:
       runs[-1] = (range(runs[-1][0].start, start + 1, stride), plans)
     else:
@@ -354,7 +363,7 @@ def stage_backward(prog: Program, inp: StepInputs, tick, stash, g_buf, grad_sum)
   m = clipped_microbatch(prog, tick, backward_tick(prog, s))
   slot = m % stash_slots(prog)
   mb = jax.tree.map(lambda a: a[m], inp.mbs)
-  return stage_switch(prog, tick, lambda j: backward_tick(prog, j), lambda j: stage_grads(prog, j), no_grads,
+  return stage_switch(prog, tick, "BW", lambda j: stage_grads(prog, j), no_grads,
                       inp.params_row, stash.model_state[slot], stash.x_buf[slot], mb,
                       pipeline.stage_key(inp.step_key, global_microbatch(prog, m), s), g_buf, inp.scale, grad_sum)
 

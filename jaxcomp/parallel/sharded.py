@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from jaxcomp import pipeline
 from jaxcomp.compress import schemes
 from jaxcomp.compress.boundary import LinkState, Mode
-from jaxcomp.parallel import dataparallel, layout, schedule
+from jaxcomp.parallel import dataparallel, layout, schedule, schedules
 from jaxcomp.parallel.mesh import DATA, STAGE, make_mesh
 from jaxcomp.parallel.state_layout import StateLayout, abstract_state
 
@@ -41,7 +41,7 @@ class ShardedExecutor(pipeline.Executor):
   Padding has zero gradient, moments and (masked) exchanged momentum, so it stays exactly zero.
   Ties and clipping apply to each replica's local gradient after warm-up (the mean gradient is
   never formed), to the mean one during warm-up.
-  `schedule` (`schedule.timing`): "gpipe" (all forwards, then all backwards: M microbatch
+  `schedule` (a table of `schedules.SCHEDULES`): "gpipe" (all forwards, then all backwards: M microbatch
   inputs saved per stage), "1f1b" (PipeDream-flush: one forward or backward per stage per
   tick, at most S inputs saved whatever M) or "1f1b-fused" (a forward and a backward per
   stage per tick: at most 2S-1 inputs, half of 1f1b's ticks); all send the same bytes and
@@ -207,8 +207,8 @@ class ShardedExecutor(pipeline.Executor):
     pipe, local = lay.pipe, lay.local_batch
     m_count, scale = pipe.microbatches, 1 / (pipe.microbatches * self.data)
     explicit = train and self.remat == "stage"
-    timing = schedule.timing(self.schedule, self.num_stages, m_count) if explicit else schedule.Timing()
-    prog = schedule.make_program(pipe, lay.template, local, mode, train, timing)
+    table = schedules.build(self.schedule if explicit else "gpipe", self.num_stages, m_count)
+    prog = schedule.make_program(pipe, lay.template, local, mode, train, table)
     exchange = dataparallel.exchange_for(optimizer, self.grad_scheme, warmup=mode is Mode.WARMUP)
     total = lambda v: jax.lax.pmean(jax.lax.psum(v, STAGE), DATA)
     mine = lambda tree: jax.tree.map(lambda a: a[0], tree)  # this device's block

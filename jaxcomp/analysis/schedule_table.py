@@ -1,0 +1,79 @@
+"""Each schedule's ticks, bubble and stashed inputs, read from its table (docs/executors.md).
+
+    python -m jaxcomp.analysis.schedule_table [--sizes 4x8,4x16,8x16] [--chunks 2,4]
+
+The bubble is `schedules.bubble_fraction`: the idle fraction of device time when every F takes 1,
+every BW 2 (a B or a W 1) and messages none. GPipe's and 1F1B's is (S-1)/(M+S-1), interleaved 1F1B's
+with V chunks per device (S-1)/(VM+S-1) (`--chunks`: the V of its rows).
+"""
+import argparse
+from typing import NamedTuple
+
+from jaxcomp.parallel import schedules
+
+DEFAULT_SIZES = ((4, 8), (4, 16), (8, 16))
+DEFAULT_CHUNKS = (2,)
+
+
+class Row(NamedTuple):
+  """One schedule at S stages and M microbatches, read from its table."""
+  schedule: str
+  stages: int
+  microbatches: int
+  ticks: int
+  bubble: float
+  formula: float  # (S-1)/(VM+S-1), V = 1 but for interleaved:V
+  peak_stashed: tuple[int, ...]  # per stage, the most microbatch inputs held at once
+
+
+def row(name: str, stages: int, microbatches: int) -> Row:
+  table = schedules.build(name, stages, microbatches)
+  chunks = table.num_chunks // table.num_devices
+  return Row(name, stages, microbatches, table.ticks, schedules.bubble_fraction(table),
+             (stages - 1) / (chunks * microbatches + stages - 1), schedules.peak_in_flight(table))
+
+
+def markdown(rows: list[Row]) -> str:
+  """The rows as a markdown table."""
+  lines = ["| schedule | S | M | ticks | bubble (table) | (S-1)/(VM+S-1) | peak stashed inputs per device |",
+           "|---|---:|---:|---:|---:|---:|---|"]
+  for r in rows:
+    lines.append(f"| `{r.schedule}` | {r.stages} | {r.microbatches} | {r.ticks} | {r.bubble:.4f} | {r.formula:.4f} "
+                 f"| {', '.join(map(str, r.peak_stashed))} |")
+  return "\n".join(lines)
+
+
+def parse_sizes(text: str) -> tuple[tuple[int, int], ...]:
+  """'4x8,8x16' -> ((4, 8), (8, 16))."""
+  try:
+    sizes = tuple(tuple(int(n) for n in item.split("x")) for item in text.split(","))
+  except ValueError:
+    sizes = ()
+  if not sizes or any(len(size) != 2 or min(size) < 1 for size in sizes):
+    raise argparse.ArgumentTypeError(f"--sizes takes SxM pairs of positive integers, e.g. 4x8,8x16; got {text!r}")
+  return sizes
+
+
+def parse_chunks(text: str) -> tuple[int, ...]:
+  """'2,4' -> (2, 4); '' -> () (no interleaved rows)."""
+  items = [item for item in text.split(",") if item]
+  if not all(item.isdigit() and int(item) >= 1 for item in items):
+    raise argparse.ArgumentTypeError(f"--chunks takes positive integers V, e.g. 2,4 (or nothing); got {text!r}")
+  return tuple(int(item) for item in items)
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--sizes", type=parse_sizes, default=DEFAULT_SIZES, help="SxM pairs, e.g. 4x8,4x16,8x16")
+  parser.add_argument("--chunks", type=parse_chunks, default=DEFAULT_CHUNKS,
+                      help="the V of interleaved:V rows, e.g. 2,4 ('' for none)")
+  args = parser.parse_args(argv)
+  names = [*schedules.SCHEDULES, *(f"interleaved:{v}" for v in args.chunks)]
+  try:
+    print(markdown([row(name, S, M) for name in names for S, M in args.sizes]))
+  except ValueError as e:
+    parser.error(str(e))
+
+
+if __name__ == "__main__":
+  main()

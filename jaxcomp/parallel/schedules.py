@@ -1,0 +1,284 @@
+"""A pipeline schedule is a table: for each device and tick, the ops it runs (the one source).
+
+The model's stages are cut into `num_chunks` chunks in order, chunk c placed on device c % D (D
+devices; today one chunk per device, so chunk = stage = device). The ops, on microbatch m:
+
+  F(c, m)   chunk c's forward;
+  B(c, m)   its input gradient;   W(c, m)  its weight gradient;
+  BW(c, m)  B and W as one op (one vjp of the chunk: the executor's backward).
+
+`Schedule.ops[d][t]` holds the ops device d runs at tick t, in the order it runs them. The messages
+are implied: F(c, m) with c < C-1 sends its activation over boundary c to chunk c+1's device; B or
+BW(c, m) with c > 0 sends its input gradient over boundary c-1 to chunk c-1's device. A message sent
+at tick t is there from tick t+1. Ticks, messages, stashed inputs and each device's op order are
+read from the table by the functions below; `validate` says whether a table is legal.
+"""
+import dataclasses
+from typing import Literal, NamedTuple
+
+Kind = Literal["F", "B", "W", "BW"]
+KINDS = ("F", "B", "W", "BW")
+BACKWARDS = ("B", "BW")  # the ops that send an input gradient
+OP_TIME = {"F": 1.0, "B": 1.0, "W": 1.0, "BW": 2.0}  # a backward costs about two forwards
+
+
+class Op(NamedTuple):
+  """One op of a schedule: `kind` of chunk `chunk` on microbatch `microbatch`."""
+  kind: Kind
+  chunk: int
+  microbatch: int
+
+  def __str__(self) -> str:
+    return f"{self.kind}({self.chunk}, {self.microbatch})"
+
+
+class Message(NamedTuple):
+  """What an op sends: an activation (`forward`, chunk b to b+1) or an input gradient (b+1 to b) over
+  boundary `boundary`, for `microbatch`, from device `sender` to `receiver`, at the end of `tick`."""
+  forward: bool
+  boundary: int
+  microbatch: int
+  sender: int
+  receiver: int
+  tick: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """`ops[d][t]`: the ops device d runs at tick t, in order (every device has the same ticks).
+  Checked by `validate` when built."""
+  name: str
+  num_chunks: int
+  microbatches: int
+  ops: tuple[tuple[tuple[Op, ...], ...], ...]
+
+  def __post_init__(self):
+    validate(self)
+
+  @property
+  def num_devices(self) -> int:
+    return len(self.ops)
+
+  @property
+  def ticks(self) -> int:
+    return len(self.ops[0])
+
+  def device(self, chunk: int) -> int:
+    """The device chunk `chunk` runs on: chunk mod D."""
+    return chunk % self.num_devices
+
+
+def at_ticks(name: str, num_devices: int, microbatches: int, ticks: dict[Op, int]) -> Schedule:
+  """The one-chunk-per-device table that runs each op of `ticks` at its tick (F before BW in a tick)."""
+  total = max(ticks.values()) + 1
+  ops = [[[] for _ in range(total)] for _ in range(num_devices)]
+  for op in sorted(ticks, key=lambda op: (ticks[op], KINDS.index(op.kind))):
+    ops[op.chunk][ticks[op]].append(op)
+  return Schedule(name, num_devices, microbatches, tuple(tuple(map(tuple, row)) for row in ops))
+
+
+def fused_backward(num_stages: int, microbatches: int, forward_tick, backward_tick) -> dict[Op, int]:
+  """F(s, m) at forward_tick(s, m) and BW(s, m) at backward_tick(s, m) for every stage and microbatch."""
+  ticks = {}
+  for s in range(num_stages):
+    for m in range(microbatches):
+      ticks[Op("F", s, m)], ticks[Op("BW", s, m)] = forward_tick(s, m), backward_tick(s, m)
+  return ticks
+
+
+def gpipe(num_stages: int, microbatches: int) -> Schedule:
+  """Every forward, then every backward: F(s, m) at tick m + s, BW(s, m) at m + M + 2S-2 - s
+  (2M+2S-2 ticks, M inputs stashed per stage)."""
+  S, M = num_stages, microbatches
+  return at_ticks("gpipe", S, M, fused_backward(S, M, lambda s, m: m + s, lambda s, m: m + M + 2 * S - 2 - s))
+
+
+def one_f_one_b(num_stages: int, microbatches: int) -> Schedule:
+  """PipeDream-flush, one op per device per tick: F(s, m) at 2m + s, BW(s, m) at 2m + 2S-1 - s
+  (2M+2S-2 ticks, min(M, S-s) inputs stashed on stage s)."""
+  S, M = num_stages, microbatches
+  return at_ticks("1f1b", S, M, fused_backward(S, M, lambda s, m: 2 * m + s, lambda s, m: 2 * m + 2 * S - 1 - s))
+
+
+def one_f_one_b_fused(num_stages: int, microbatches: int) -> Schedule:
+  """1F1B with a forward and a backward per tick: F(s, m) at m + s, BW(s, m) at m + 2S-2 - s
+  (M+2S-2 ticks, min(M, 2(S-s)-1) inputs stashed on stage s)."""
+  S, M = num_stages, microbatches
+  return at_ticks("1f1b-fused", S, M, fused_backward(S, M, lambda s, m: m + s, lambda s, m: m + 2 * S - 2 - s))
+
+
+def as_soon_as_ready(name: str, num_chunks: int, microbatches: int, orders: list[list[Op]]) -> Schedule:
+  """The table that runs each device's `orders[d]` in order, one op per tick, each op at the first tick
+  after its `inputs` ran (messages there the next tick). A ValueError if the orders wait on each other."""
+  ops, placed = set().union(*orders), set()
+  rows, position = [[] for _ in orders], [0] * len(orders)
+  while any(p < len(order) for p, order in zip(position, orders)):
+    tick, ready = len(rows[0]), []
+    for d, order in enumerate(orders):
+      op = order[position[d]] if position[d] < len(order) else None
+      if op is not None and all(need in placed for need in inputs(op, num_chunks) if need in ops):
+        ready.append((d, op))
+    if not ready:
+      raise ValueError(f"schedule {name!r}: every device waits at tick {tick}, on "
+                       f"{[str(order[p]) for p, order in zip(position, orders) if p < len(order)]}")
+    for row in rows:
+      row.append(())
+    for d, op in ready:
+      rows[d][tick] = (op,)
+      placed.add(op)
+      position[d] += 1
+  return Schedule(name, num_chunks, microbatches, tuple(map(tuple, rows)))
+
+
+def interleaved(num_stages: int, microbatches: int, chunks_per_device: int) -> Schedule:
+  """Interleaved 1F1B (Narayanan et al. 2021, Megatron-LM): V chunks per device, chunk c on device c mod S
+  (its activation goes on to device (c+1) mod S: a ring). Device d's k-th forward is chunk (k mod SV) // S
+  of its device on microbatch S (k // SV) + k mod S (backwards take the chunks in reverse): (S-d-1)*2 +
+  (V-1)*S forwards first, then one F and one BW in turn, then the remaining BWs; `as_soon_as_ready` places
+  them. Needs M a multiple of S. Bubble (S-1)/(VM+S-1) (F 1, BW 2)."""
+  S, M, V = num_stages, microbatches, chunks_per_device
+  if min(S, M, V) < 1:
+    raise ValueError(f"interleaved 1F1B needs S, M, V >= 1, got S={S}, M={M}, V={V}")
+  if M % S:
+    raise ValueError(f"interleaved 1F1B needs the microbatches a multiple of the stages, got M={M} for S={S} "
+                     f"(use M = {M + S - M % S})")
+
+  def order(d):
+    def op(kind, k):
+      group, r = divmod(k, S * V)
+      return Op(kind, (r // S if kind == "F" else V - 1 - r // S) * S + d, group * S + r % S)
+    total = V * M
+    warmup = min(total, (S - d - 1) * 2 + (V - 1) * S)
+    steady = [o for k in range(total - warmup) for o in (op("F", warmup + k), op("BW", k))]
+    return [op("F", k) for k in range(warmup)] + steady + [op("BW", k) for k in range(total - warmup, total)]
+  return as_soon_as_ready(f"interleaved:{V}", S * V, M, [order(d) for d in range(S)])
+
+
+BUILDERS = {"gpipe": gpipe, "1f1b": one_f_one_b, "1f1b-fused": one_f_one_b_fused}
+SCHEDULES = tuple(BUILDERS)
+
+
+def build(name: str, num_stages: int, microbatches: int) -> Schedule:
+  """The table of schedule `name` for S stages and M microbatches: one of SCHEDULES (the sharded executor
+  runs these), or "interleaved:V" (a table only: no executor runs it yet)."""
+  kind, _, chunks = name.partition(":")
+  if kind == "interleaved" and chunks.isdigit():
+    return interleaved(num_stages, microbatches, int(chunks))
+  if name not in BUILDERS:
+    raise ValueError(f"schedule must be one of {list(SCHEDULES)} or interleaved:V, got {name!r}")
+  return BUILDERS[name](num_stages, microbatches)
+
+
+def positions(schedule: Schedule) -> dict[Op, tuple[int, int, int]]:
+  """Every op's (tick, device, index within its tick)."""
+  return {op: (t, d, i) for d, row in enumerate(schedule.ops) for t, tick in enumerate(row)
+          for i, op in enumerate(tick)}
+
+
+def device_order(schedule: Schedule, device: int) -> tuple[Op, ...]:
+  """The ops of `device` in the order it runs them (by tick, then within the tick)."""
+  return tuple(op for tick in schedule.ops[device] for op in tick)
+
+
+def running(schedule: Schedule, tick: int, kinds: tuple[str, ...]) -> tuple[Op, ...]:
+  """The ops of `kinds` any device runs at `tick`, by device."""
+  return tuple(op for row in schedule.ops for op in row[tick] if op.kind in kinds)
+
+
+def messages(schedule: Schedule, tick: int) -> tuple[Message, ...]:
+  """The messages sent at the end of `tick`: each F of a chunk before the last, each B or BW after the first."""
+  out = []
+  for op in running(schedule, tick, ("F", *BACKWARDS)):
+    forward = op.kind == "F"
+    if (forward and op.chunk < schedule.num_chunks - 1) or (not forward and op.chunk > 0):
+      to = op.chunk + 1 if forward else op.chunk - 1
+      out.append(Message(forward, min(op.chunk, to), op.microbatch, schedule.device(op.chunk),
+                         schedule.device(to), tick))
+  return tuple(out)
+
+
+def inputs(op: Op, num_chunks: int) -> tuple[Op, ...]:
+  """What `op` needs to have run: F(c, m) the activation of F(c-1, m); a backward its own F(c, m) and
+  the gradient of chunk c+1's B or BW (the last chunk: its loss, in F(c, m)); W(c, m) its B(c, m)."""
+  c, m = op.chunk, op.microbatch
+  if op.kind == "F":
+    return (Op("F", c - 1, m),) if c > 0 else ()
+  if op.kind == "W":
+    return (Op("B", c, m),)
+  return (Op("F", c, m),) + ((Op("B", c + 1, m), Op("BW", c + 1, m)) if c < num_chunks - 1 else ())
+
+
+def validate(schedule: Schedule) -> None:
+  """A legal table: devices of equal ticks, each op on its chunk's device; every microbatch's ops
+  exactly once (F, and BW or B and W, per chunk); each op after its `inputs` (on the same device
+  earlier in its order; on another device at an earlier tick, its message then there). Else one
+  ValueError naming the schedule and the op."""
+  name, C, M = schedule.name, schedule.num_chunks, schedule.microbatches
+  if not schedule.ops or len({len(row) for row in schedule.ops}) != 1:
+    raise ValueError(f"schedule {name!r}: every device needs the same number of ticks, got "
+                     f"{[len(row) for row in schedule.ops]}")
+  seen = {}
+  for d, row in enumerate(schedule.ops):
+    for t, tick in enumerate(row):
+      for i, op in enumerate(tick):
+        if op.kind not in KINDS or not (0 <= op.chunk < C and 0 <= op.microbatch < M):
+          raise ValueError(f"schedule {name!r}: {op} at device {d} tick {t} is not an op of {C} chunks "
+                           f"and {M} microbatches (kinds {KINDS})")
+        if schedule.device(op.chunk) != d:
+          raise ValueError(f"schedule {name!r}: {op} runs on device {d}, but chunk {op.chunk} lives on "
+                           f"device {schedule.device(op.chunk)}")
+        if op in seen:
+          raise ValueError(f"schedule {name!r}: {op} runs twice (ticks {seen[op][0]} and {t})")
+        seen[op] = (t, d, i)
+  for c in range(C):
+    for m in range(M):
+      split = Op("B", c, m) in seen or Op("W", c, m) in seen
+      for kind in ("F", *(("B", "W") if split else ("BW",))):
+        if Op(kind, c, m) not in seen:
+          raise ValueError(f"schedule {name!r}: {Op(kind, c, m)} never runs")
+      if split and Op("BW", c, m) in seen:
+        raise ValueError(f"schedule {name!r}: {Op('BW', c, m)} runs beside its split B and W")
+  for op, (t, d, i) in seen.items():
+    for need in inputs(op, C):
+      if need in seen:
+        t_in, d_in, i_in = seen[need]
+        if (t_in, i_in) >= (t, i) if d_in == d else t_in >= t:
+          raise ValueError(f"schedule {name!r}: {op} at device {d} tick {t} runs before its input {need} "
+                           f"(device {d_in} tick {t_in}{', sent at its end' if d_in != d else ''})")
+
+
+def held(schedule: Schedule, device: int) -> list[tuple[int, int]]:
+  """(first, last) tick `device` holds each microbatch input of its chunks: from its F to its last backward op."""
+  where = positions(schedule)
+  return [(where[Op("F", c, m)][0],
+           max(where[op][0] for op in (Op("BW", c, m), Op("B", c, m), Op("W", c, m)) if op in where))
+          for c in range(device, schedule.num_chunks, schedule.num_devices) for m in range(schedule.microbatches)]
+
+
+def in_flight(schedule: Schedule, device: int, tick: int) -> int:
+  """Microbatch inputs `device` holds at `tick`."""
+  return sum(first <= tick <= last for first, last in held(schedule, device))
+
+
+def peak_in_flight(schedule: Schedule) -> tuple[int, ...]:
+  """Per device, the most microbatch inputs it holds at once."""
+  def peak(spans):
+    starts, ends = sorted(first for first, _ in spans), sorted(last for _, last in spans)
+    return max(sum(first <= t for first in starts) - sum(last < t for last in ends) for t in starts)
+  return tuple(peak(held(schedule, d)) for d in range(schedule.num_devices))
+
+
+def stash_slots(schedule: Schedule) -> int:
+  """Slots of a ring buffer for inputs awaiting their backward: the most any device holds at once."""
+  return max(peak_in_flight(schedule))
+
+
+def bubble_fraction(schedule: Schedule, op_time: dict[str, float] = OP_TIME) -> float:
+  """The fraction of device time idle when an op of kind k takes op_time[k] and messages take none:
+  each device runs its ops in its order, each once the device is free and its `inputs` have ended;
+  1 - (time in ops) / (D x makespan). GPipe's and 1F1B's is (S-1)/(M+S-1)."""
+  end, free = {}, [0.0] * schedule.num_devices
+  for op, (_, d, _) in sorted(positions(schedule).items(), key=lambda item: item[1]):
+    start = max([free[d], *(end[need] for need in inputs(op, schedule.num_chunks) if need in end)])
+    end[op] = free[d] = start + op_time[op.kind]
+  return 1.0 - sum(op_time[op.kind] for op in end) / (schedule.num_devices * max(end.values()))

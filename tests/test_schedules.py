@@ -1,0 +1,163 @@
+"""jaxcomp.parallel.schedules: a schedule is a table; what is read from it, and which tables are legal.
+Pure Python: no program is traced here."""
+import math
+
+import pytest
+
+from jaxcomp.analysis import schedule_table
+from jaxcomp.analysis.netsim import simulate_step
+from jaxcomp.parallel import schedule, schedules
+from jaxcomp.parallel.schedules import Message, Op, Schedule
+
+F, B, W, BW = (lambda c, m, kind=kind: Op(kind, c, m) for kind in ("F", "B", "W", "BW"))
+
+
+def table(*rows, chunks=None, microbatches=1):
+  """A schedule from rows of ticks, each tick an op or a tuple of ops (None: idle)."""
+  as_tick = lambda ops: () if ops is None else (ops,) if isinstance(ops, Op) else tuple(ops)
+  return Schedule("planted", chunks or len(rows), microbatches, tuple(tuple(map(as_tick, row)) for row in rows))
+
+
+@pytest.mark.parametrize("name, ticks", [("gpipe", lambda S, M: 2 * M + 2 * S - 2),
+                                         ("1f1b", lambda S, M: 2 * M + 2 * S - 2),
+                                         ("1f1b-fused", lambda S, M: M + 2 * S - 2)])
+def test_tables_have_their_ticks_bubble_and_messages(name, ticks):
+  for S in range(1, 7):
+    for M in range(1, 10):
+      t = schedules.build(name, S, M)
+      assert t.ticks == ticks(S, M)
+      assert schedules.bubble_fraction(t) == pytest.approx((S - 1) / (M + S - 1), abs=1e-12)
+      sent = [msg for tick in range(t.ticks) for msg in schedules.messages(t, tick)]
+      assert sorted((msg.forward, msg.boundary, msg.microbatch) for msg in sent) == sorted(
+          (fwd, b, m) for fwd in (False, True) for b in range(S - 1) for m in range(M))
+
+
+def test_messages_follow_from_the_ops():
+  """F of a chunk before the last sends its activation on; BW of a chunk after the first sends its gradient back."""
+  t = schedules.build("1f1b-fused", 2, 1)
+  assert t.ops == (((F(0, 0),), (), (BW(0, 0),)), ((), (F(1, 0), BW(1, 0)), ()))
+  assert [schedules.messages(t, tick) for tick in range(t.ticks)] == [
+      (Message(True, 0, 0, 0, 1, 0),), (Message(False, 0, 0, 1, 0, 1),), ()]
+  assert schedules.device_order(t, 1) == (F(1, 0), BW(1, 0))
+
+
+def test_the_executors_timing_is_read_off_the_table():
+  for S in range(1, 6):
+    for M in range(2, 8):
+      assert schedule.timing_of(schedules.gpipe(S, M)) == (1, M + 2 * S - 2)
+      assert schedule.timing_of(schedules.one_f_one_b(S, M)) == (2, 2 * S - 1)
+      assert schedule.timing_of(schedules.one_f_one_b_fused(S, M)) == (1, 2 * S - 2)
+
+
+def test_the_executor_refuses_a_table_its_timing_does_not_give():
+  """A legal table whose backwards run in reverse microbatch order is no stride*m + lag - s."""
+  reversed_backwards = table((F(0, 0), F(0, 1), BW(0, 1), BW(0, 0)), microbatches=2)
+  with pytest.raises(ValueError, match=r"runs BW\(0, 1\) at tick 2, position 0"):
+    schedule.timing_of(reversed_backwards)
+  split = table((F(0, 0), B(0, 0), W(0, 0)))
+  with pytest.raises(ValueError, match=r"runs F and fused BW ops; schedule 'planted' runs B\(0, 0\)"):
+    schedule.timing_of(split)
+
+
+def test_a_legal_split_table_with_two_chunks_per_device():
+  t = table((F(0, 0), None, None, B(0, 0), W(0, 0)), (None, F(1, 0), B(1, 0), W(1, 0), None), chunks=2)
+  assert schedules.messages(t, 2) == (Message(False, 0, 0, 1, 0, 2),)
+  assert [schedules.in_flight(t, 1, tick) for tick in range(5)] == [0, 1, 1, 1, 0]
+  assert schedules.stash_slots(t) == 1
+  wrapped = table((F(0, 0), None, F(2, 0), BW(2, 0), None, BW(0, 0)), (None, F(1, 0), None, None, BW(1, 0), None),
+                  chunks=3)
+  assert schedules.messages(wrapped, 1) == (Message(True, 1, 0, 1, 0, 1),)  # chunk 1 (device 1) to chunk 2 (device 0)
+  assert schedules.peak_in_flight(wrapped) == (2, 1)
+
+
+@pytest.mark.parametrize("rows, kwargs, message", [
+    (((BW(0, 0), F(0, 0)),), {}, r"BW\(0, 0\) at device 0 tick 0 runs before its input F\(0, 0\)"),
+    (((F(0, 0), W(0, 0), B(0, 0)),), {}, r"W\(0, 0\) at device 0 tick 1 runs before its input B\(0, 0\)"),
+    (((F(0, 0), [B(1, 0), BW(0, 0)]), (F(1, 0), None)), {}, None),  # B(1, 0) on device 0: placed on the wrong device
+    (((F(0, 0), None, BW(0, 0)), (F(1, 0), BW(1, 0), None)), {},
+     r"F\(1, 0\) at device 1 tick 0 runs before its input F\(0, 0\) \(device 0 tick 0, sent at its end\)"),
+    (((F(0, 0), None, BW(0, 0), None), (None, F(1, 0), None, BW(1, 0))), {},
+     r"BW\(0, 0\) at device 0 tick 2 runs before its input BW\(1, 0\) \(device 1 tick 3"),
+    (((F(0, 0), BW(0, 0), F(0, 0)),), {}, r"F\(0, 0\) runs twice \(ticks 0 and 2\)"),
+    (((F(0, 0),),), {}, r"BW\(0, 0\) never runs"),
+    (((F(0, 0), B(0, 0)),), {}, r"W\(0, 0\) never runs"),
+    (((F(0, 0), B(0, 0), W(0, 0), BW(0, 0)),), {}, r"BW\(0, 0\) runs beside its split B and W"),
+    (((F(0, 0), BW(0, 0)),), dict(microbatches=2), r"F\(0, 1\) never runs"),
+    (((F(0, 3), BW(0, 3)),), {}, r"F\(0, 3\) at device 0 tick 0 is not an op of 1 chunks and 1 microbatches"),
+    (((F(0, 0), BW(0, 0)), (None,)), dict(chunks=1), r"every device needs the same number of ticks, got \[2, 1\]"),
+])
+def test_validate_names_the_illegal_op(rows, kwargs, message):
+  with pytest.raises(ValueError, match=message or r"B\(1, 0\) runs on device 0, but chunk 1 lives on device 1"):
+    table(*rows, **kwargs)
+
+
+def test_netsim_runs_the_table_and_sends_overlap_or_not():
+  """Two stages, two microbatches, GPipe, 1 s ops, 2 s messages: stage 0's second forward runs while
+  its first message crosses (makespan 12) or after it has left (14; hand timelines)."""
+  args = ([1.0, 1.0], [1.0, 1.0], [2.0], [2.0], 2, 8.0)
+  by_name = simulate_step(*args, schedule="gpipe")
+  assert simulate_step(*args, schedule=schedules.gpipe(2, 2)) == by_name
+  waiting = simulate_step(*args, schedule="gpipe", overlap_sends=False)
+  start = lambda tl, kind, s, m: next(e.start for e in tl.events if (e.kind, e.index, e.microbatch) == (kind, s, m))
+  assert (by_name.makespan, start(by_name, "fwd", 0, 1)) == (12.0, 1.0)
+  assert (waiting.makespan, start(waiting, "fwd", 0, 1)) == (14.0, 3.0)
+
+
+def test_netsim_refuses_a_table_it_cannot_time():
+  args = ([1.0, 1.0], [1.0, 1.0], [2.0], [2.0], 2, math.inf)
+  with pytest.raises(ValueError, match=r"schedule 'gpipe' has 3 chunks on 3 devices and 2 microbatches; netsim "
+                                       r"needs one chunk on each of the 2 stages"):
+    simulate_step(*args, schedule=schedules.gpipe(3, 2))
+  with pytest.raises(ValueError, match=r"runs B\(0, 0\): netsim times F and fused BW ops only"):
+    simulate_step([1.0], [1.0], [], [], 1, math.inf, schedule=table((F(0, 0), B(0, 0), W(0, 0))))
+
+
+def test_schedule_table_prints_the_docs_rows(capsys):
+  schedule_table.main(["--sizes", "4x8"])
+  out = capsys.readouterr().out.splitlines()
+  assert out[2:] == ["| `gpipe` | 4 | 8 | 22 | 0.2727 | 0.2727 | 8, 8, 8, 8 |",
+                     "| `1f1b` | 4 | 8 | 22 | 0.2727 | 0.2727 | 4, 3, 2, 1 |",
+                     "| `1f1b-fused` | 4 | 8 | 14 | 0.2727 | 0.2727 | 7, 5, 3, 1 |",
+                     "| `interleaved:2` | 4 | 8 | 38 | 0.1579 | 0.1579 | 11, 9, 7, 5 |"]
+
+
+def test_interleaved_has_its_bubble_and_runs_on_a_ring():
+  """V chunks per device, chunk c on device c mod S: bubble (S-1)/(VM+S-1), one op per device per tick, the
+  last device's chunks send on to device 0."""
+  for S in (1, 2, 3, 4):
+    for V in (1, 2, 3):
+      for M in (S, 2 * S, 3 * S):
+        t = schedules.build(f"interleaved:{V}", S, M)
+        assert (t.num_devices, t.num_chunks) == (S, S * V)
+        assert schedules.bubble_fraction(t) == pytest.approx((S - 1) / (V * M + S - 1), abs=1e-12), (S, V, M)
+        assert all(len(ops) <= 1 for row in t.ops for ops in row)
+  t = schedules.interleaved(4, 4, 2)
+  ring = [msg for tick in range(t.ticks) for msg in schedules.messages(t, tick) if msg.boundary == 3]
+  assert sorted((msg.forward, msg.sender, msg.receiver, msg.microbatch) for msg in ring) == [
+      *((False, 0, 3, m) for m in range(4)), *((True, 3, 0, m) for m in range(4))]
+
+
+def test_interleaved_runs_megatrons_order():
+  """Device 0 of S=4, V=2, M=8: (S-1)*2 + (V-1)*S = 10 forwards (microbatches 0-3 on chunk 0, then on chunk 4,
+  then 4-5 on chunk 0), then a forward and a backward in turn, the backwards from the last chunk."""
+  order = schedules.device_order(schedules.interleaved(4, 8, 2), 0)
+  assert order[:14] == (*(F(0, m) for m in range(4)), *(F(4, m) for m in range(4)), F(0, 4), F(0, 5),
+                        F(0, 6), BW(4, 0), F(0, 7), BW(4, 1))
+
+
+def test_interleaved_refuses_microbatches_not_a_multiple_of_the_stages():
+  with pytest.raises(ValueError, match=r"multiple of the stages, got M=6 for S=4 \(use M = 8\)"):
+    schedules.build("interleaved:2", 4, 6)
+
+
+def test_no_executor_runs_interleaved_yet():
+  t = schedules.interleaved(2, 2, 2)
+  with pytest.raises(ValueError, match="the sharded executor runs one chunk per device; schedule 'interleaved:2' has 4"):
+    schedule.timing_of(t)
+  with pytest.raises(ValueError, match="netsim needs one chunk on each of the 2 stages"):
+    simulate_step([1.0, 1.0], [1.0, 1.0], [0.0], [0.0], 2, math.inf, schedule=t)
+
+
+def test_orders_that_wait_on_each_other_are_refused():
+  with pytest.raises(ValueError, match=r"every device waits at tick 0, on \['BW\(0, 0\)', 'F\(1, 0\)'\]"):
+    schedules.as_soon_as_ready("crossed", 2, 1, [[BW(0, 0), F(0, 0)], [F(1, 0), BW(1, 0)]])
