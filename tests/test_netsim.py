@@ -427,10 +427,10 @@ def test_interleaved_table_uses_each_chunks_times_and_the_ring():
   t = schedules.interleaved(S, M, V)
   free = simulate_step([1.0] * 4, [2.0] * 4, [0.0] * 3, [0.0] * 3, M, math.inf, schedule=t)
   assert free.makespan == pytest.approx(3 * V * M / (1 - schedules.bubble_fraction(t)))
-  tl = simulate_step([1.0, 1.0, 5.0, 1.0], [2.0] * 4, [8.0] * 3, [8.0] * 3, M, 64.0, schedule=t)
+  tl = simulate_step([1.0, 1.0, 5.0, 1.0], [2.0] * 4, [8.0] * 3, [8.0] * 3, M, 8.0, schedule=t)
   ev = {(e.kind, e.index, e.microbatch): e for e in tl.events}
   assert all(ev["fwd", 2, m].end - ev["fwd", 2, m].start == 5.0 for m in range(M))
   assert all(ev["fwd", 2, m].start >= ev["send_fwd", 1, m].end for m in range(M))
   link0 = sorted((ev["send_fwd", b, m].start, ev["send_fwd", b, m].end) for b in (0, 2) for m in range(M))
-  assert all(end - start == 1.0 for start, end in link0)
+  assert all(end - start == 8.0 for start, end in link0)
   assert all(later[0] >= earlier[1] for earlier, later in zip(link0, link0[1:]))  # one message at a time
