@@ -16,7 +16,7 @@ message of ``fwd_bytes[b]`` bytes forward (activation) and one of ``bwd_bytes[b]
 Stages. Stage ``s`` runs one op at a time, in the order the executor runs them: the order of
 device ``s``'s row of the schedule's table (`schedules.device_order`: by tick, and within a tick
 in the table's order; under ``1f1b-fused`` a tick holds F(s, m) and then BW(s, m'), as
-`schedule.explicit_tick` runs them). An ``F`` op is a ``fwd`` event, a ``BW`` op a ``bwd`` event.
+`schedule.explicit_tick` runs them). An ``F`` op is a ``fwd`` event, a ``BW`` op a ``bwd`` event (``B``, ``W``: below).
 The ticks fix only the order: an op starts as soon as its stage is free and its input has
 arrived. With ``overlap_sends`` (the default) sends are asynchronous: a stage goes on computing
 while its message crosses the link. Without, a stage sends before its next op (compute, then
