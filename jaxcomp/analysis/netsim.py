@@ -16,8 +16,8 @@ message of ``fwd_bytes[b]`` bytes forward (activation) and one of ``bwd_bytes[b]
 Stages. Stage ``s`` runs one op at a time, in the order the executor runs them: the order of
 device ``s``'s row of the schedule's table (`schedules.device_order`: by tick, and within a tick
 in the table's order; under ``1f1b-fused`` a tick holds F(s, m) and then BW(s, m'), as
-`schedule.explicit_tick` runs them). An ``F`` op is a ``fwd`` event, a ``BW`` op a ``bwd`` event (``B``, ``W``: below).
-The ticks fix only the order: an op starts as soon as its stage is free and its input has
+`schedule.explicit_tick` runs them). An ``F`` op is a ``fwd`` event, a ``BW`` op a ``bwd`` event
+(``B``, ``W``: below). The ticks fix only the order: an op starts as soon as its stage is free and its input has
 arrived. With ``overlap_sends`` (the default) sends are asynchronous: a stage goes on computing
 while its message crosses the link. Without, a stage sends before its next op (compute, then
 send, then the next op), as the SPMD executor's ticks are written today (which also waits for
@@ -131,8 +131,8 @@ class Timeline:
   def critical_seconds(self) -> dict[str, float]:
     """Seconds of the critical path spent in ``compute`` (forwards, backwards), on a ``link``
     and in an ``exchange``: they sum to the makespan, and say which term dominates the step."""
-    terms = {"fwd": "compute", "bwd": "compute", "bwd_input": "compute", "bwd_weight": "compute", "send_fwd": "link", "send_bwd": "link", "exchange": "exchange",
-             "update": "compute"}
+    terms = {**dict.fromkeys(COMPUTE.values(), "compute"), "send_fwd": "link", "send_bwd": "link",
+             "exchange": "exchange", "update": "compute"}
     seconds = dict.fromkeys(("compute", "link", "exchange"), 0.0)
     for e in self.critical_path:
       seconds[terms[e.kind]] += e.end - e.start
@@ -241,7 +241,8 @@ def simulate_step(
     _check_count("exchange.messages", exchange.messages, 0)
   if update_s is not None:
     if len(update_s) != num_stages:
-      raise ValueError(f"update_s has {len(update_s)} entries but the schedule has {num_stages} devices (one per device)")
+      raise ValueError(f"update_s has {len(update_s)} entries but the schedule has {num_stages} devices "
+                       f"(one per device)")
     for i, v in enumerate(update_s):
       _check_time(f"update_s[{i}]", v)
 
