@@ -384,3 +384,54 @@ def test_step_times_over_bandwidths_and_with_an_exchange():
 )
 def test_format_bandwidth(bps, text):
   assert netsim.format_bandwidth(bps) == text
+
+
+# --- split backwards and chunks -----------------------------------------------------------
+
+
+def test_zero_bubble_h1_is_no_slower_than_1f1b_when_b_plus_w_is_the_backward():
+  """Same fwd_s, bwd_s and bytes: ZB-H1's table (B + W = bwd_s) never takes longer than 1F1B's, with
+  uniform or uneven stages, free or slow links, and is shorter with the uniform stages and free links."""
+  rng = random.Random(39)
+  for S, M in ((2, 4), (4, 8), (4, 16), (8, 16)):
+    for trial in range(4):
+      uniform = trial == 0
+      f = [1.0] * S if uniform else [rng.uniform(0.5, 1.5) for _ in range(S)]
+      b = [2.0] * S if uniform else [rng.uniform(1.0, 3.0) for _ in range(S)]
+      nbytes = [0.0] * (S - 1) if trial < 2 else [rng.uniform(0, 1e3) for _ in range(S - 1)]
+      args = (f, b, nbytes, nbytes, M, 8e3)
+      zb = simulate_step(*args, schedule=schedules.build("zb-h1", S, M)).makespan
+      ref = simulate_step(*args, schedule="1f1b").makespan
+      assert zb <= ref + 1e-9, (S, M, trial)
+      if uniform:
+        assert zb == pytest.approx((3 * M + S - 1) * 1.0) and ref == pytest.approx((M + S - 1) * 3.0)
+
+
+def test_split_backward_times_and_messages():
+  """B takes input_grad_share of the backward and sends the gradient as it ends; W the rest, after it."""
+  t = schedules.build("zb-h1", 2, 1)
+  tl = simulate_step([1.0, 1.0], [4.0, 4.0], [0.0], [0.0], 1, math.inf, schedule=t, input_grad_share=0.25)
+  ev = {(e.kind, e.index, e.microbatch): e for e in tl.events}
+  assert (ev["bwd_input", 1, 0].start, ev["bwd_input", 1, 0].end) == (2.0, 3.0)
+  assert ev["send_bwd", 0, 0].start == 3.0 and ev["bwd_input", 0, 0].start == 3.0
+  assert (ev["bwd_weight", 1, 0].start, ev["bwd_weight", 1, 0].end) == (3.0, 6.0)
+  assert tl.makespan == 7.0 and tl.critical_seconds()["compute"] == 7.0
+  with pytest.raises(ValueError, match=r"input_grad_share must be in \[0, 1\].*got 1.5"):
+    simulate_step([1.0], [1.0], [], [], 1, math.inf, schedule=schedules.build("zb-h1", 1, 1), input_grad_share=1.5)
+
+
+def test_interleaved_table_uses_each_chunks_times_and_the_ring():
+  """Chunk c's times; boundary b crosses link b mod S (boundary 1: device 1 to device 0, the wrap-around),
+  boundaries 0 and 2 share link 0. With free links and uniform chunks the step is the table's (F 1, BW 2)."""
+  S, V, M = 2, 2, 4
+  t = schedules.interleaved(S, M, V)
+  free = simulate_step([1.0] * 4, [2.0] * 4, [0.0] * 3, [0.0] * 3, M, math.inf, schedule=t)
+  assert free.makespan == pytest.approx(3 * V * M / (1 - schedules.bubble_fraction(t)))
+  tl = simulate_step([1.0, 1.0, 5.0, 1.0], [2.0] * 4, [8.0] * 3, [8.0] * 3, M, 8.0, schedule=t)
+  ev = {(e.kind, e.index, e.microbatch): e for e in tl.events}
+  assert all(ev["fwd", 2, m].end - ev["fwd", 2, m].start == 5.0 for m in range(M))
+  assert all(ev["fwd", 2, m].start >= ev["send_fwd", 1, m].end for m in range(M))
+  link0 = sorted((ev["send_fwd", b, m].start, ev["send_fwd", b, m].end) for b in (0, 2) for m in range(M))
+  assert all(end - start == 8.0 for start, end in link0)
+  assert all(later[0] >= earlier[1] for earlier, later in zip(link0, link0[1:]))  # one message at a time
+  assert sum(tl.critical_seconds().values()) == pytest.approx(tl.makespan)

@@ -16,12 +16,21 @@ message of ``fwd_bytes[b]`` bytes forward (activation) and one of ``bwd_bytes[b]
 Stages. Stage ``s`` runs one op at a time, in the order the executor runs them: the order of
 device ``s``'s row of the schedule's table (`schedules.device_order`: by tick, and within a tick
 in the table's order; under ``1f1b-fused`` a tick holds F(s, m) and then BW(s, m'), as
-`schedule.explicit_tick` runs them). An ``F`` op is a ``fwd`` event, a ``BW`` op a ``bwd`` event.
-The ticks fix only the order: an op starts as soon as its stage is free and its input has
+`schedule.explicit_tick` runs them). An ``F`` op is a ``fwd`` event, a ``BW`` op a ``bwd`` event
+(``B``, ``W``: below). The ticks fix only the order: an op starts as soon as its stage is free and its input has
 arrived. With ``overlap_sends`` (the default) sends are asynchronous: a stage goes on computing
 while its message crosses the link. Without, a stage sends before its next op (compute, then
 send, then the next op), as the SPMD executor's ticks are written today (which also waits for
 each tick's collectives, so it can only be slower).
+
+Split backwards and chunks. A table may split a backward into ``B`` (a ``bwd_input`` event: the
+input gradient, which sends the gradient upstream) and ``W`` (a ``bwd_weight`` event: the weight
+gradient, after its ``B``, sending nothing); B takes ``input_grad_share`` of the chunk's ``bwd_s`` and
+W the rest (half each by default). A table may place several chunks on a device (interleaved: chunk
+``c`` on device ``c mod D``): ``fwd_s``/``bwd_s`` then give each chunk's times, the byte lists each
+boundary's, and boundary ``b`` crosses device ``b mod D``'s link to the next device on the ring (the
+last device's to device 0 included), shared by the boundaries on it; exchanges and updates are per
+device. One chunk per device, none of this changes a timeline.
 
 Links. One link per direction per boundary (full duplex: the two directions are
 independent). A message occupies its link direction for ``latency_s + 8 * bytes /
@@ -68,7 +77,8 @@ from typing import Literal, NamedTuple
 from jaxcomp.arguments import is_integer
 from jaxcomp.parallel import schedules
 
-Kind = Literal["fwd", "bwd", "send_fwd", "send_bwd", "exchange", "update"]
+Kind = Literal["fwd", "bwd", "bwd_input", "bwd_weight", "send_fwd", "send_bwd", "exchange", "update"]
+COMPUTE = {"F": "fwd", "BW": "bwd", "B": "bwd_input", "W": "bwd_weight"}  # a table's op kind -> its event kind
 
 # The bandwidths of AQ-SGD's Table 2.
 DEFAULT_BANDWIDTHS_BPS = (10e9, 1e9, 500e6, 300e6, 100e6)
@@ -85,8 +95,9 @@ class Exchange(NamedTuple):
 class Event:
   """One compute op, one message, one stage's data-parallel exchange or its optimizer update.
 
-  ``index`` is the stage for ``fwd``/``bwd``/``exchange``/``update`` and the link ``b`` (stage ``b`` to
-  ``b + 1``) for ``send_fwd``/``send_bwd``; ``microbatch`` is -1 for an ``exchange`` or ``update``. Times
+  ``index`` is the chunk (the stage, one chunk per device) for ``fwd``/``bwd``/``bwd_input``/``bwd_weight``,
+  the device for ``exchange``/``update`` and the boundary ``b`` (chunk ``b`` to ``b + 1``) for
+  ``send_fwd``/``send_bwd``; ``microbatch`` is -1 for an ``exchange`` or ``update``. Times
   are seconds from the start of the step.
   """
   kind: Kind
@@ -120,8 +131,8 @@ class Timeline:
   def critical_seconds(self) -> dict[str, float]:
     """Seconds of the critical path spent in ``compute`` (forwards, backwards), on a ``link``
     and in an ``exchange``: they sum to the makespan, and say which term dominates the step."""
-    terms = {"fwd": "compute", "bwd": "compute", "send_fwd": "link", "send_bwd": "link", "exchange": "exchange",
-             "update": "compute"}
+    terms = {**dict.fromkeys(COMPUTE.values(), "compute"), "send_fwd": "link", "send_bwd": "link",
+             "exchange": "exchange", "update": "compute"}
     seconds = dict.fromkeys(("compute", "link", "exchange"), 0.0)
     for e in self.critical_path:
       seconds[terms[e.kind]] += e.end - e.start
@@ -161,15 +172,12 @@ def _check_bytes(name: str, values: Sequence[float], count: int, per: str) -> No
       raise ValueError(f"{name}[{i}] must be a finite number of bytes >= 0, got {v!r}")
 
 
-def _check_schedule(schedule: str | schedules.Schedule, num_stages: int, microbatches: int) -> None:
+def _check_schedule(schedule: str | schedules.Schedule, num_chunks: int, microbatches: int) -> None:
   if isinstance(schedule, schedules.Schedule):
-    if (schedule.num_devices, schedule.num_chunks, schedule.microbatches) != (num_stages, num_stages, microbatches):
+    if (schedule.num_chunks, schedule.microbatches) != (num_chunks, microbatches):
       raise ValueError(f"schedule {schedule.name!r} has {schedule.num_chunks} chunks on {schedule.num_devices} "
-                       f"devices and {schedule.microbatches} microbatches; netsim needs one chunk on each of the "
-                       f"{num_stages} stages and {microbatches} microbatches")
-    split = [op for d in range(num_stages) for op in schedules.device_order(schedule, d) if op.kind in ("B", "W")]
-    if split:
-      raise ValueError(f"schedule {schedule.name!r} runs {split[0]}: netsim times F and fused BW ops only")
+                       f"devices and {schedule.microbatches} microbatches; netsim was given times for "
+                       f"{num_chunks} chunks (fwd_s, one entry per chunk) and {microbatches} microbatches")
   elif schedule not in schedules.SCHEDULES:
     raise ValueError(f"schedule must be one of {list(schedules.SCHEDULES)}, got {schedule!r}")
 
@@ -184,11 +192,10 @@ def transfer_time(nbytes: float, bandwidth_bps: float, latency_s: float, message
   return messages * latency_s + 8.0 * nbytes / bandwidth_bps
 
 
-def _stage_orders(table: schedules.Schedule) -> list[list[tuple[Kind, int]]]:
-  """Each stage's ops ``("fwd" | "bwd", microbatch)`` in its row's order (module docstring)."""
-  kinds = {"F": "fwd", "BW": "bwd"}
-  return [[(kinds[op.kind], op.microbatch) for op in schedules.device_order(table, s)]
-          for s in range(table.num_devices)]
+def _device_orders(table: schedules.Schedule) -> list[list[tuple[Kind, int, int]]]:
+  """Each device's ops ``(event kind, chunk, microbatch)`` in its row's order (module docstring)."""
+  return [[(COMPUTE[op.kind], op.chunk, op.microbatch) for op in schedules.device_order(table, d)]
+          for d in range(table.num_devices)]
 
 
 def simulate_step(
@@ -203,37 +210,46 @@ def simulate_step(
     schedule: str | schedules.Schedule = "gpipe",
     update_s: Sequence[float] | None = None,
     overlap_sends: bool = True,
+    input_grad_share: float = 0.5,
 ) -> Timeline:
   """Event timeline of one step on `schedule` (a table, or the name of one of `schedules.SCHEDULES`;
   rule in the module docstring).
 
-  ``fwd_s``/``bwd_s``: per-stage compute seconds per microbatch (length ``S``).
-  ``fwd_bytes``/``bwd_bytes``: per-link bytes per microbatch (length ``S - 1``).
-  ``exchange``: the data-parallel exchange (``sent_bytes`` per stage), or None.
-  ``update_s``: per-stage seconds of the optimizer step that ends the step, or None.
+  ``fwd_s``/``bwd_s``: per-chunk compute seconds per microbatch (length ``C``: the stages, one chunk
+  per device; interleaved tables: chunk c's times).
+  ``fwd_bytes``/``bwd_bytes``: per-boundary bytes per microbatch (length ``C - 1``).
+  ``exchange``: the data-parallel exchange (``sent_bytes`` per device), or None.
+  ``update_s``: per-device seconds of the optimizer step that ends the step, or None.
   ``overlap_sends``: whether a stage computes while its messages cross (else it waits for each to leave).
+  ``input_grad_share``: in a table with split backwards, B(c, m) takes ``input_grad_share * bwd_s[c]``
+  and W(c, m) the rest (default: half each; B + W = the fused backward).
   """
   _check_stage_times(fwd_s, bwd_s)
-  num_stages = len(fwd_s)
-  _check_bytes("fwd_bytes", fwd_bytes, num_stages - 1, "links")
-  _check_bytes("bwd_bytes", bwd_bytes, num_stages - 1, "links")
+  num_chunks = len(fwd_s)
+  _check_bytes("fwd_bytes", fwd_bytes, num_chunks - 1, "links")
+  _check_bytes("bwd_bytes", bwd_bytes, num_chunks - 1, "links")
   _check_count("microbatches", microbatches, 1)
   _check_bandwidth(bandwidth_bps)
   _check_time("latency_s", latency_s)
-  _check_schedule(schedule, num_stages, microbatches)
-  table = schedules.build(schedule, num_stages, microbatches) if isinstance(schedule, str) else schedule
+  if not 0 <= input_grad_share <= 1:  # also rejects NaN
+    raise ValueError(f"input_grad_share must be in [0, 1] (B's share of the backward), got {input_grad_share!r}")
+  _check_schedule(schedule, num_chunks, microbatches)
+  table = schedules.build(schedule, num_chunks, microbatches) if isinstance(schedule, str) else schedule
+  num_stages = table.num_devices
   if exchange is not None:
     _check_bytes("exchange.sent_bytes", exchange.sent_bytes, num_stages, "stages")
     _check_count("exchange.messages", exchange.messages, 0)
   if update_s is not None:
     if len(update_s) != num_stages:
-      raise ValueError(f"update_s has {len(update_s)} entries but fwd_s has {num_stages} (one per stage)")
+      raise ValueError(f"update_s has {len(update_s)} entries but the schedule has {num_stages} devices "
+                       f"(one per device)")
     for i, v in enumerate(update_s):
       _check_time(f"update_s[{i}]", v)
 
   transfer = {"send_fwd": [transfer_time(n, bandwidth_bps, latency_s) for n in fwd_bytes],
               "send_bwd": [transfer_time(n, bandwidth_bps, latency_s) for n in bwd_bytes]}
-  compute = {"fwd": fwd_s, "bwd": bwd_s}
+  compute = {"fwd": fwd_s, "bwd": bwd_s, "bwd_input": [input_grad_share * t for t in bwd_s],
+             "bwd_weight": [(1 - input_grad_share) * t for t in bwd_s]}
   evaluated: dict[tuple, Event] = {}  # (kind, index, microbatch) -> its event
   cause: dict[tuple, tuple | None] = {}  # what an event waited for last (None: started at t = 0)
   last: dict[tuple, tuple] = {}  # resource -> its last event's key
@@ -246,41 +262,44 @@ def simulate_step(
     evaluated[key] = Event(*key, start, start + duration)
     last[resource] = key
 
-  def input_key(kind, s, m):
+  def input_key(kind, c, m):
     """The op or message whose end this op waits for (None: its input is there at t = 0)."""
     if kind == "fwd":
-      return ("send_fwd", s - 1, m) if s > 0 else None
-    return ("send_bwd", s, m) if s < num_stages - 1 else ("fwd", s, m)
+      return ("send_fwd", c - 1, m) if c > 0 else None
+    if kind == "bwd_weight":
+      return ("bwd_input", c, m)
+    return ("send_bwd", c, m) if c < num_chunks - 1 else ("fwd", c, m)
 
-  # Evaluate each stage's ops in its order; a stage waits (is skipped) until its next op's
+  # Evaluate each device's ops in its order; a device waits (is skipped) until its next op's
   # input has been evaluated. Messages are evaluated with their producer, so each link
-  # direction is FIFO in production order.
-  orders = _stage_orders(table)
+  # direction is FIFO in production order. Boundary b crosses link b mod D (device b mod D to
+  # the next on the ring): one chunk per device, link b.
+  orders = _device_orders(table)
   position = [0] * num_stages
   while any(p < len(o) for p, o in zip(position, orders)):
     progressed = False
     for s, order in enumerate(orders):
       while position[s] < len(order):
-        kind, m = order[position[s]]
-        needs = input_key(kind, s, m)
+        kind, c, m = order[position[s]]
+        needs = input_key(kind, c, m)
         if needs is not None and needs not in evaluated:
           break
-        run((kind, s, m), ("stage", s), [needs], compute[kind][s])
-        link = {"fwd": s, "bwd": s - 1}[kind]
-        if 0 <= link < num_stages - 1:
-          message = "send_" + kind
-          run((message, link, m), (message, link), [(kind, s, m)], transfer[message][link])
+        run((kind, c, m), ("stage", s), [needs], compute[kind][c])
+        boundary = {"fwd": c, "bwd": c - 1, "bwd_input": c - 1}.get(kind, -1)
+        if 0 <= boundary < num_chunks - 1:
+          message = "send_fwd" if kind == "fwd" else "send_bwd"
+          run((message, boundary, m), (message, boundary % num_stages), [(kind, c, m)], transfer[message][boundary])
           if not overlap_sends:
-            last[("stage", s)] = (message, link, m)
+            last[("stage", s)] = (message, boundary, m)
         position[s] += 1
         progressed = True
     if not progressed:
       raise RuntimeError(f"schedule {table.name!r} deadlocks at stage positions {position}")
   events = tuple(evaluated.values())
 
-  # Stage s is done when its last op has ended and its last messages (link s-1 backward,
+  # Device s is done when its last op has ended and its last messages (link s-1 mod D backward,
   # link s forward) have left.
-  done = lambda s: [last[("stage", s)], last.get(("send_bwd", s - 1)), last.get(("send_fwd", s))]
+  done = lambda s: [last[("stage", s)], last.get(("send_bwd", (s - 1) % num_stages)), last.get(("send_fwd", s))]
   if exchange is not None:
     for s, n in enumerate(exchange.sent_bytes):
       run(("exchange", s, -1), ("exchange", s), done(s), transfer_time(n, bandwidth_bps, latency_s, exchange.messages))

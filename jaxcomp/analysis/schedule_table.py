@@ -3,8 +3,9 @@
     python -m jaxcomp.analysis.schedule_table [--sizes 4x8,4x16,8x16] [--chunks 2,4]
 
 The bubble is `schedules.bubble_fraction`: the idle fraction of device time when every F takes 1,
-every BW 2 (a B or a W 1) and messages none. GPipe's and 1F1B's is (S-1)/(M+S-1), interleaved 1F1B's
-with V chunks per device (S-1)/(VM+S-1) (`--chunks`: the V of its rows).
+every BW 2 (a B or a W 1) and messages none. Its formula: GPipe's and 1F1B's (S-1)/(M+S-1), interleaved
+1F1B's with V chunks per device (S-1)/(VM+S-1) (`--chunks`: the V of its rows), ZB-H1's (S-1)/(3M+S-1);
+each row also gives the table's bubble over 1F1B's at the same S and M.
 """
 import argparse
 from typing import NamedTuple
@@ -22,24 +23,33 @@ class Row(NamedTuple):
   microbatches: int
   ticks: int
   bubble: float
-  formula: float  # (S-1)/(VM+S-1), V = 1 but for interleaved:V
+  formula: float  # FORMULAS[schedule]
+  over_1f1b: float  # bubble / 1F1B's bubble at the same S and M
   peak_stashed: tuple[int, ...]  # per stage, the most microbatch inputs held at once
+
+
+def formula(name: str, stages: int, microbatches: int, chunks: int) -> float:
+  """The bubble's closed form: (S-1)/(kM+S-1), k = 3 for ZB-H1 (F, B, W of 1 unit), else the V chunks per device."""
+  k = 3 if name == "zb-h1" else chunks
+  return (stages - 1) / (k * microbatches + stages - 1)
 
 
 def row(name: str, stages: int, microbatches: int) -> Row:
   table = schedules.build(name, stages, microbatches)
-  chunks = table.num_chunks // table.num_devices
-  return Row(name, stages, microbatches, table.ticks, schedules.bubble_fraction(table),
-             (stages - 1) / (chunks * microbatches + stages - 1), schedules.peak_in_flight(table))
+  bubble = schedules.bubble_fraction(table)
+  baseline = schedules.bubble_fraction(schedules.one_f_one_b(stages, microbatches))
+  return Row(name, stages, microbatches, table.ticks, bubble,
+             formula(name, stages, microbatches, table.num_chunks // table.num_devices),
+             bubble / baseline if baseline else 1.0, schedules.peak_in_flight(table))
 
 
 def markdown(rows: list[Row]) -> str:
   """The rows as a markdown table."""
-  lines = ["| schedule | S | M | ticks | bubble (table) | (S-1)/(VM+S-1) | peak stashed inputs per device |",
-           "|---|---:|---:|---:|---:|---:|---|"]
+  lines = ["| schedule | S | M | ticks | bubble (table) | formula | bubble / 1F1B's | peak stashed inputs per device |",
+           "|---|---:|---:|---:|---:|---:|---:|---|"]
   for r in rows:
     lines.append(f"| `{r.schedule}` | {r.stages} | {r.microbatches} | {r.ticks} | {r.bubble:.4f} | {r.formula:.4f} "
-                 f"| {', '.join(map(str, r.peak_stashed))} |")
+                 f"| {r.over_1f1b:.3f} | {', '.join(map(str, r.peak_stashed))} |")
   return "\n".join(lines)
 
 
@@ -68,7 +78,7 @@ def main(argv=None) -> None:
   parser.add_argument("--chunks", type=parse_chunks, default=DEFAULT_CHUNKS,
                       help="the V of interleaved:V rows, e.g. 2,4 ('' for none)")
   args = parser.parse_args(argv)
-  names = [*schedules.SCHEDULES, *(f"interleaved:{v}" for v in args.chunks)]
+  names = [*schedules.SCHEDULES, *schedules.TABLES_ONLY, *(f"interleaved:{v}" for v in args.chunks)]
   try:
     print(markdown([row(name, S, M) for name in names for S, M in args.sizes]))
   except ValueError as e:

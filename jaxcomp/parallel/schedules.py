@@ -154,19 +154,47 @@ def interleaved(num_stages: int, microbatches: int, chunks_per_device: int) -> S
   return as_soon_as_ready(f"interleaved:{V}", S * V, M, [order(d) for d in range(S)])
 
 
+def zero_bubble_h1(num_stages: int, microbatches: int) -> Schedule:
+  """ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): 1F1B's order of forwards and input
+  gradients, each backward split into B (its input gradient, sent upstream as soon as B ends) and W (its
+  weight gradient), stage s deferring its W by s microbatches to fill the bubbles. Device s runs
+  F(s, 0..w-1), w = min(M, S-s); then for j = 0..M-1: B(s, j), W(s, j-s) if j >= s, F(s, j+w) if any
+  is left; then the W's still owed. `as_soon_as_ready` places them, one op per tick.
+
+  Memory: W(s, m) runs before F(s, m+S), so a device holds at most min(M, S) inputs (from F to W) and
+  a ring of 1F1B's `stash_slots` = min(M, S) slots suffices: the peak of 1F1B's first stage, now on
+  every stage (stage s holds min(M, S) - min(M, S-s) more inputs than under 1F1B). With F, B and W of
+  1 unit and M >= S the bubble is (S-1)/(3M+S-1) (the paper's (S-1)(T_F+T_B-T_W) idle per device),
+  against 1F1B's (S-1)/(M+S-1): a third of it as M/S grows (more for M < S, still below 1F1B's)."""
+  S, M = num_stages, microbatches
+  if min(S, M) < 1:
+    raise ValueError(f"ZB-H1 needs S, M >= 1, got S={S}, M={M}")
+
+  def order(s):
+    warmup = min(M, S - s)
+    ops = [Op("F", s, m) for m in range(warmup)]
+    for j in range(M):
+      ops += [Op("B", s, j), *([Op("W", s, j - s)] if j >= s else []),
+              *([Op("F", s, j + warmup)] if j + warmup < M else [])]
+    return ops + [Op("W", s, m) for m in range(max(0, M - s), M)]
+  return as_soon_as_ready("zb-h1", S, M, [order(s) for s in range(S)])
+
+
 BUILDERS = {"gpipe": gpipe, "1f1b": one_f_one_b, "1f1b-fused": one_f_one_b_fused}
 SCHEDULES = tuple(BUILDERS)
+TABLES_ONLY = {"zb-h1": zero_bubble_h1}  # tables no executor runs yet (netsim and the bubble table read them)
 
 
 def build(name: str, num_stages: int, microbatches: int) -> Schedule:
   """The table of schedule `name` for S stages and M microbatches: one of SCHEDULES (the sharded executor
-  runs these), or "interleaved:V" (a table only: no executor runs it yet)."""
+  runs these), or "zb-h1" or "interleaved:V" (tables only: no executor runs them yet)."""
   kind, _, chunks = name.partition(":")
   if kind == "interleaved" and chunks.isdigit():
     return interleaved(num_stages, microbatches, int(chunks))
-  if name not in BUILDERS:
-    raise ValueError(f"schedule must be one of {list(SCHEDULES)} or interleaved:V, got {name!r}")
-  return BUILDERS[name](num_stages, microbatches)
+  builders = {**BUILDERS, **TABLES_ONLY}
+  if name not in builders:
+    raise ValueError(f"schedule must be one of {list(builders)} or interleaved:V, got {name!r}")
+  return builders[name](num_stages, microbatches)
 
 
 def positions(schedule: Schedule) -> dict[Op, tuple[int, int, int]]:
