@@ -1,11 +1,14 @@
 """Per-channel scaling around any codec: a scale per channel, then the inner codec's own scales.
 
-The sender measures c_f = max |x[..., f]| over every leading axis (finite entries; 1 where a channel
-has none or is all zero), sends c (one fp32 per feature of the last axis) beside C(x / c), and the
-receiver decodes x_hat = c * C^-1(C(x / c)). Inside, every channel has max |x / c| = 1, so a scale
-per token or per group of features (`maxabs:B:group=G`) no longer follows the few channels that are
-tens of times larger than the rest (outlier channels): with the inner codec's per-token scales the
-code has a scale along both axes. Non-finite entries pass to the inner codec unchanged (inf / c = inf).
+The sender measures c_f = sqrt(mean x[..., f]^2), the root mean square of each channel over every leading
+axis (finite entries; 1 where a channel has none or is all zero), sends c (one fp32 per feature of the
+last axis) beside C(x / c), and the receiver decodes x_hat = c * C^-1(C(x / c)). Inside, every channel
+has unit RMS, so a scale per token or per group of features (`maxabs:B:group=G`) no longer follows the
+few channels that are tens of times larger than the rest (outlier channels), while a token that is
+large in a channel (a massive activation) stays large there and sets only its own token's scale: with
+the inner codec's per-token scales the code has a scale along both axes. The RMS rather than the max:
+a channel's max is set by its massive tokens, and dividing by it would shrink the channel's other
+entries below the inner codec's step. Non-finite entries pass to the inner codec unchanged.
 """
 import dataclasses
 from typing import NamedTuple
@@ -25,15 +28,18 @@ class ChannelScaled(NamedTuple):
 
 
 def channel_scales(x) -> jax.Array:
-  """c_f = max over finite |x[..., f]| (float32 [F]), 1 where that is 0 or there is no finite entry."""
-  a = jnp.abs(x.astype(jnp.float32))
-  c = jnp.max(jnp.where(jnp.isfinite(a), a, 0.0), axis=tuple(range(x.ndim - 1)))
+  """c_f = sqrt(mean of x[..., f]^2 over the finite entries) (float32 [F]); 1 where that is 0 or there is
+  no finite entry."""
+  a = x.astype(jnp.float32)
+  finite = jnp.isfinite(a)
+  axes = tuple(range(x.ndim - 1))
+  c = jnp.sqrt(jnp.sum(jnp.where(finite, a * a, 0.0), axis=axes) / jnp.maximum(jnp.sum(finite, axis=axes), 1))
   return jnp.where(c > 0, c, 1.0)
 
 
 @dataclasses.dataclass(frozen=True)
 class ChannelScale(Codec):
-  """C'(x) = c * C(x / c), c the per-channel max |x| (sent: 4 bytes per feature); wire bytes are the
+  """C'(x) = c * C(x / c), c the per-channel RMS of x (sent: 4 bytes per feature); wire bytes are the
   inner codec's plus 4 F."""
   inner: Codec
 

@@ -9,7 +9,7 @@ maxabs grids: `zero` {-L..L} s/L, L = 2^(B-1)-1 (0 exact); `midrise` +-(2j-1) s/
 grid= / clip= a bit width takes its default (`codecs.maxabs_defaults`): 2 and 3 bits auto with clip=mse,
 4 bits auto unclipped, 5 bits and more the zero grid unclipped.
 Wrappers: hadamard[:BLOCK][:seed=S]+CODEC   (randomized Hadamard rotation around CODEC)
-          channel+CODEC   (each channel divided by its max |x| first, the scales sent: outlier channels)
+          channel+CODEC   (each channel divided by its RMS first, the scales sent: outlier channels)
 Schemes: plain (default) | ef | ef21 | efmixed | aqsgd;  backward only: reuse (TopK index reuse)
 Examples: `topk:0.1`, `topk:0.1:q8` (8-bit values), `quant:4`, `ef21+topk:0.1`, `aqsgd+maxabs:2:stoch`,
           `maxabs:2:clip=mse`, `reuse`,
