@@ -76,3 +76,10 @@ def test_a_massive_token_does_not_set_its_channels_scale():
     per_channel = channel_averaged_error(spec.parse_codec(f"maxabs:{bits}"), x)
     both = channel_averaged_error(spec.parse_codec(f"channel+maxabs:{bits}:group=64"), x)
     assert both < per_channel, (bits, both, per_channel)
+
+
+def test_a_boundary_spec_takes_the_wrapper_with_or_without_a_scheme():
+  from jaxcomp.compress import schemes
+  plain, ef = spec.parse_scheme("channel+maxabs:4:group=64:stoch"), spec.parse_scheme("ef+channel+maxabs:3:group=64")
+  assert isinstance(plain, schemes.Plain) and isinstance(plain.codec, channel_scale.ChannelScale)
+  assert isinstance(ef, schemes.EF) and isinstance(ef.codec, channel_scale.ChannelScale)

@@ -23,6 +23,7 @@ _SCHEMES = {"plain": schemes.Plain, "ef": schemes.EF, "ef21": schemes.EF21,
 _CASTS = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
 _CODECS = ("none", *_CASTS, "fp8:scaled", "quant", "maxabs", "topk", "randk", "adaptive", "hadamard+CODEC", "channel+CODEC")
 _SCALES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_WRAPPERS = ("hadamard", "channel")  # CODEC wrappers: `hadamard[:BLOCK]+CODEC`, `channel+CODEC`
 
 
 def _number(text, kind, spec):
@@ -95,7 +96,7 @@ def parse_codec(spec: str) -> codecs.Codec:
   if plus:
     if head == "channel":
       return channel_scale.ChannelScale(parse_codec(inner))
-    if head.split(":")[0] != "hadamard":
+    if head.split(":")[0] not in _WRAPPERS:
       raise ValueError(f"unknown codec wrapper {head!r} in {spec!r}; the wrappers are hadamard[:BLOCK]+CODEC "
                        "and channel+CODEC")
     return _hadamard(head, inner, spec)
@@ -139,7 +140,7 @@ def parse_scheme(spec: str, num_examples: int | None = None):
     return Reuse()
   first, plus, rest = text.partition("+")
   scheme_name, codec_text = (first, rest) if plus and first in _SCHEMES else ("plain", text)
-  if plus and first not in _SCHEMES and first.split(":")[0] != "hadamard":
+  if plus and first not in _SCHEMES and first.split(":")[0] not in _WRAPPERS:
     raise ValueError(f"unknown scheme {first!r} in {spec!r}; expected one of {list(_SCHEMES)}")
   codec = parse_codec(codec_text)
   if scheme_name == "aqsgd":
