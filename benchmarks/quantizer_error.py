@@ -165,8 +165,11 @@ def table(name: str, x: np.ndarray, clip_ratio: float, bits, group: int | None =
               f"per {group} features, best uniform grid (any clip, either grid) / `maxabs:B`":
               lambda b: best_uniform_error(x, b, group) / mse(channel, b),
               f"per {group} features, 2^B free levels (exact k-means) / `maxabs:B`":
-              lambda b: free_levels_error(x, b, group) / mse(channel, b)}
-    for codec_spec in (channel, grouped, f"{channel}:stoch", f"{grouped}:stoch"):
+              lambda b: free_levels_error(x, b, group) / mse(channel, b),
+              f"channel-scaled groups / per channel (`channel+maxabs:B:group={group}` / `maxabs:B`)":
+              lambda b: mse(f"channel+{grouped}", b) / mse(channel, b)}
+    for codec_spec in (channel, grouped, f"channel+{grouped}", f"{channel}:stoch", f"{grouped}:stoch",
+                       f"channel+{grouped}:stoch"):
       ratios[f"`{codec_spec.replace('{b}', 'B')}`, mean of each channel's relative MSE"] = (
           lambda b, s=codec_spec: channel_error(x, decoded(s, x, b)))
     for row, fn in ratios.items():

@@ -8,20 +8,22 @@ maxabs grids: `zero` {-L..L} s/L, L = 2^(B-1)-1 (0 exact); `midrise` +-(2j-1) s/
 (all 2^B codes, no 0); `auto` per scale the one of least error (flagged in the scale's sign bit). Without
 grid= / clip= a bit width takes its default (`codecs.maxabs_defaults`): 2 and 3 bits auto with clip=mse,
 4 bits auto unclipped, 5 bits and more the zero grid unclipped.
-Wrapper: hadamard[:BLOCK][:seed=S]+CODEC   (randomized Hadamard rotation around CODEC)
+Wrappers: hadamard[:BLOCK][:seed=S]+CODEC   (randomized Hadamard rotation around CODEC)
+          channel+CODEC   (each channel divided by its RMS first, the scales sent: outlier channels)
 Schemes: plain (default) | ef | ef21 | efmixed | aqsgd;  backward only: reuse (TopK index reuse)
 Examples: `topk:0.1`, `topk:0.1:q8` (8-bit values), `quant:4`, `ef21+topk:0.1`, `aqsgd+maxabs:2:stoch`,
           `maxabs:2:clip=mse`, `reuse`,
-          `hadamard+maxabs:3:group=64`, `adaptive:3:4:0.25:group=32`.
+          `hadamard+maxabs:3:group=64`, `channel+maxabs:3:group=64`, `adaptive:3:4:0.25:group=32`.
 """
-from jaxcomp.compress import adaptive, codecs, rotation, schemes, selection
+from jaxcomp.compress import adaptive, channel_scale, codecs, rotation, schemes, selection
 from jaxcomp.compress.boundary import Boundary, Reuse
 
 _SCHEMES = {"plain": schemes.Plain, "ef": schemes.EF, "ef21": schemes.EF21,
             "efmixed": schemes.EFMixed, "aqsgd": schemes.AQSGD}
 _CASTS = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
-_CODECS = ("none", *_CASTS, "fp8:scaled", "quant", "maxabs", "topk", "randk", "adaptive", "hadamard+CODEC")
+_CODECS = ("none", *_CASTS, "fp8:scaled", "quant", "maxabs", "topk", "randk", "adaptive", "hadamard+CODEC", "channel+CODEC")
 _SCALES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_WRAPPERS = ("hadamard", "channel")  # CODEC wrappers: `hadamard[:BLOCK]+CODEC`, `channel+CODEC`
 
 
 def _number(text, kind, spec):
@@ -92,8 +94,11 @@ def _hadamard(head: str, inner: str, spec: str) -> rotation.Hadamard:
 def parse_codec(spec: str) -> codecs.Codec:
   head, plus, inner = spec.strip().lower().partition("+")
   if plus:
-    if head.split(":")[0] != "hadamard":
-      raise ValueError(f"unknown codec wrapper {head!r} in {spec!r}; the only wrapper is hadamard[:BLOCK]+CODEC")
+    if head == "channel":
+      return channel_scale.ChannelScale(parse_codec(inner))
+    if head.split(":")[0] not in _WRAPPERS:
+      raise ValueError(f"unknown codec wrapper {head!r} in {spec!r}; the wrappers are hadamard[:BLOCK]+CODEC "
+                       "and channel+CODEC")
     return _hadamard(head, inner, spec)
   name, *args = head.split(":")
   options = set(args[1:])
@@ -135,7 +140,7 @@ def parse_scheme(spec: str, num_examples: int | None = None):
     return Reuse()
   first, plus, rest = text.partition("+")
   scheme_name, codec_text = (first, rest) if plus and first in _SCHEMES else ("plain", text)
-  if plus and first not in _SCHEMES and first.split(":")[0] != "hadamard":
+  if plus and first not in _SCHEMES and first.split(":")[0] not in _WRAPPERS:
     raise ValueError(f"unknown scheme {first!r} in {spec!r}; expected one of {list(_SCHEMES)}")
   codec = parse_codec(codec_text)
   if scheme_name == "aqsgd":
