@@ -83,3 +83,12 @@ def test_a_boundary_spec_takes_the_wrapper_with_or_without_a_scheme():
   plain, ef = spec.parse_scheme("channel+maxabs:4:group=64:stoch"), spec.parse_scheme("ef+channel+maxabs:3:group=64")
   assert isinstance(plain, schemes.Plain) and isinstance(plain.codec, channel_scale.ChannelScale)
   assert isinstance(ef, schemes.EF) and isinstance(ef.codec, channel_scale.ChannelScale)
+
+
+def test_huge_and_tiny_inputs_round_trip_finite():
+  """The RMS is taken of x / max|x|: squares of 1e37 overflow to inf, and an inf scale decoded to NaN."""
+  for scale in (1e37, 1e-30):
+    x = jax.random.normal(jax.random.key(0), (1, 8, 64)) * scale
+    y = spec.parse_codec("channel+maxabs:4:group=64")(x)
+    assert bool(jnp.all(jnp.isfinite(y))), scale
+    assert float(jnp.sum(((y - x) / scale) ** 2) / jnp.sum((x / scale) ** 2)) < 0.1, scale

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from jaxcomp.compress import packing
 from jaxcomp.compress.codecs import Codec, Payload, compiled
+from jaxcomp.compress.codecs.base import ratio
 
 
 class ChannelScaled(NamedTuple):
@@ -33,7 +34,9 @@ def channel_scales(x) -> jax.Array:
   a = x.astype(jnp.float32)
   finite = jnp.isfinite(a)
   axes = tuple(range(x.ndim - 1))
-  c = jnp.sqrt(jnp.sum(jnp.where(finite, a * a, 0.0), axis=axes) / jnp.maximum(jnp.sum(finite, axis=axes), 1))
+  top = jnp.max(jnp.where(finite, jnp.abs(a), 0.0), axis=axes)  # squares taken of a / top: no overflow
+  unit = ratio(jnp.where(finite, a, 0.0), top)
+  c = top * jnp.sqrt(jnp.sum(unit * unit, axis=axes) / jnp.maximum(jnp.sum(finite, axis=axes), 1))
   return jnp.where(c > 0, c, 1.0)
 
 
@@ -50,7 +53,7 @@ class ChannelScale(Codec):
   @compiled
   def encode(self, x, key=None) -> Payload:
     c = channel_scales(x)
-    inner = self.inner.encode((x.astype(jnp.float32) / c).astype(x.dtype), key)
+    inner = self.inner.encode(ratio(x.astype(jnp.float32), c).astype(x.dtype), key)  # exact for c > 2^126 too
     return Payload(ChannelScaled(inner, packing.as_bits(c)), tuple(x.shape), x.dtype)
 
   @compiled
