@@ -10,8 +10,9 @@
   the grid above; `grid=midrise`: +-(2j-1) s/(2^B-1), all 2^B codes; `grid=auto`: per scale the one
   of the two that errs least) with no clip, a fixed clip ratio and the per-scale MSE-optimal clip
   (`clip=mse`).
-The Gaussian, the tensors with outliers and the recorded ones add the same with one scale per
-`--group` features of each token (`maxabs:B:group=G`), the Hadamard rotation before it (and its
+The Gaussian, the tensors with outliers and the recorded ones add the same with `--group` features
+per scale (`maxabs:B:group=G`, by default per message the per-channel code or each channel's RMS times
+one scale per group, `scales=group` the groups alone, `scales=both` the latter always), the Hadamard rotation before it (and its
 round trip alone, `hadamard+none`), both defaults with stochastic rounding (one draw), two lower
 bounds of any code with one scale per group (the least error of a symmetric uniform grid of any
 scale, either grid, per group; and of 2^B free levels per group, exact 1-D k-means), and ratios:
@@ -139,6 +140,7 @@ def table(name: str, x: np.ndarray, clip_ratio: float, bits, group: int | None =
   if group is not None:
     specs += [f"maxabs:{{b}}:group={group}"] + [f"maxabs:{{b}}:group={group}:grid={grid}{clip}" for grid in GRIDS
                                                 for clip in ("", ":clip=1", ":clip=mse")]
+    specs += [f"maxabs:{{b}}:group={group}:scales={scales}" for scales in ("group", "both")]
     specs += [f"hadamard+maxabs:{{b}}:group={group}", "hadamard+none", "maxabs:{b}:stoch",
               f"maxabs:{{b}}:group={group}:stoch"]
   for codec_spec in specs:
@@ -166,10 +168,12 @@ def table(name: str, x: np.ndarray, clip_ratio: float, bits, group: int | None =
               lambda b: best_uniform_error(x, b, group) / mse(channel, b),
               f"per {group} features, 2^B free levels (exact k-means) / `maxabs:B`":
               lambda b: free_levels_error(x, b, group) / mse(channel, b),
-              f"channel-scaled groups / per channel (`channel+maxabs:B:group={group}` / `maxabs:B`)":
-              lambda b: mse(f"channel+{grouped}", b) / mse(channel, b)}
-    for codec_spec in (channel, grouped, f"channel+{grouped}", f"{channel}:stoch", f"{grouped}:stoch",
-                       f"channel+{grouped}:stoch"):
+              f"groups alone / per channel (`maxabs:B:group={group}:scales=group` / `maxabs:B`)":
+              lambda b: mse(f"{grouped}:scales=group", b) / mse(channel, b),
+              f"channel-scaled groups / per channel (`maxabs:B:group={group}:scales=both` / `maxabs:B`)":
+              lambda b: mse(f"{grouped}:scales=both", b) / mse(channel, b)}
+    for codec_spec in (channel, grouped, f"{grouped}:scales=group", f"{grouped}:scales=both", f"{channel}:stoch",
+                       f"{grouped}:stoch", f"{grouped}:scales=group:stoch", f"{grouped}:scales=both:stoch"):
       ratios[f"`{codec_spec.replace('{b}', 'B')}`, mean of each channel's relative MSE"] = (
           lambda b, s=codec_spec: channel_error(x, decoded(s, x, b)))
     for row, fn in ratios.items():

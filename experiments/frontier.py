@@ -37,7 +37,7 @@ METHODS = {  # name -> (forward spec, backward spec, warm-up epochs[, bottleneck
     "adapt34-bw4": ("adaptive:3:4:0.25", "hadamard+maxabs:4:group=64:stoch", 0),
     "tile16-fw3-bw4": ("maxabs:3:group=16", "maxabs:4:group=16:stoch", 0),
     "tile64-fw3-bw4": ("maxabs:3:group=64", "maxabs:4:group=64:stoch", 0),  # had-fw3-bw4 without rotation
-    "chan-tile64-fw3-bw4": ("channel+maxabs:3:group=64", "channel+maxabs:4:group=64:stoch", 0),  # scales both ways
+    "chan-tile64-fw3-bw4": ("maxabs:3:group=64:scales=both", "maxabs:4:group=64:scales=both:stoch", 0),  # scales both ways
     "had-fw2-bw3": ("hadamard+maxabs:2:group=64:stoch", "hadamard+maxabs:3:group=64:stoch", 0),
     "bf16": ("bf16", "bf16", 0),
     "fp8": ("fp8", "fp8", 0),

@@ -25,19 +25,19 @@ def test_groups_after_channel_scales_keep_the_small_channels(bits):
   """Per-token groups alone lose the 764 ordinary channels to the 4 outliers' scale (0.24-0.29 averaged over
   channels); divided by their channels' RMS first they keep them, better than one scale per channel."""
   x = outlier_activations()
-  grouped = channel_averaged_error(spec.parse_codec(f"maxabs:{bits}:group=64"), x)
+  grouped = channel_averaged_error(spec.parse_codec(f"maxabs:{bits}:group=64:scales=group"), x)
   per_channel = channel_averaged_error(spec.parse_codec(f"maxabs:{bits}"), x)
-  both = channel_averaged_error(spec.parse_codec(f"channel+maxabs:{bits}:group=64"), x)
+  both = channel_averaged_error(spec.parse_codec(f"channel+maxabs:{bits}:group=64:scales=group"), x)
   assert both < per_channel < grouped / 5, (both, per_channel, grouped)
 
 
 def test_the_scales_travel_and_are_counted():
-  codec = spec.parse_codec("channel+maxabs:3:group=64")
+  codec = spec.parse_codec("channel+maxabs:3:group=64:scales=group")
   x = outlier_activations()[:2]
   payload = codec.encode(x)
   assert set(payload.parts()) == {"inner", "scale"} and payload.arrays.scale.dtype == jnp.uint32
   assert codecs.nbytes(payload) == codec.wire_bytes(x.shape, x.dtype) == (
-      spec.parse_codec("maxabs:3:group=64").wire_bytes(x.shape, x.dtype) + 4 * 768)
+      spec.parse_codec("maxabs:3:group=64:scales=group").wire_bytes(x.shape, x.dtype) + 4 * 768)
   np.testing.assert_allclose(np.asarray(channel_scale.channel_scales(x)),
                              np.sqrt(np.mean(np.asarray(x, np.float64) ** 2, axis=(0, 1))), rtol=1e-5)
 
@@ -47,15 +47,15 @@ def test_non_finite_entries_decode_as_the_inner_codec_decodes_them():
   makes its whole group NaN there, as without the wrapper) and never turn a channel's scale non-finite."""
   x = outlier_activations()[:1, :4, :64]
   x = x.at[0, 1, 5].set(jnp.inf).at[0, 2, 6].set(jnp.nan).at[0, 3, 7].set(-jnp.inf)
-  y = spec.parse_codec("channel+maxabs:4:group=64")(x)
-  alone = spec.parse_codec("maxabs:4:group=64")(x)
+  y = spec.parse_codec("channel+maxabs:4:group=64:scales=group")(x)
+  alone = spec.parse_codec("maxabs:4:group=64:scales=group")(x)
   assert y[0, 1, 5] == jnp.inf and jnp.isnan(y[0, 2, 6]) and y[0, 3, 7] == -jnp.inf
   np.testing.assert_array_equal(np.isfinite(np.asarray(y)), np.isfinite(np.asarray(alone)))
   assert bool(jnp.all(jnp.isfinite(channel_scale.channel_scales(x))))
 
 
 def test_wrappers_nest_and_a_bad_one_is_named():
-  codec = spec.parse_codec("channel+hadamard+maxabs:4:group=16")
+  codec = spec.parse_codec("channel+hadamard+maxabs:4:group=16:scales=group")
   assert isinstance(codec, channel_scale.ChannelScale) and codec.inner.inner.group == 16
   x = outlier_activations()[:1, :8, :64]
   assert codec(x).shape == x.shape
@@ -74,13 +74,13 @@ def test_a_massive_token_does_not_set_its_channels_scale():
   x = jnp.asarray(x)
   for bits in (2, 3):
     per_channel = channel_averaged_error(spec.parse_codec(f"maxabs:{bits}"), x)
-    both = channel_averaged_error(spec.parse_codec(f"channel+maxabs:{bits}:group=64"), x)
+    both = channel_averaged_error(spec.parse_codec(f"channel+maxabs:{bits}:group=64:scales=group"), x)
     assert both < per_channel, (bits, both, per_channel)
 
 
 def test_a_boundary_spec_takes_the_wrapper_with_or_without_a_scheme():
   from jaxcomp.compress import schemes
-  plain, ef = spec.parse_scheme("channel+maxabs:4:group=64:stoch"), spec.parse_scheme("ef+channel+maxabs:3:group=64")
+  plain, ef = spec.parse_scheme("channel+maxabs:4:group=64:scales=group:stoch"), spec.parse_scheme("ef+channel+maxabs:3:group=64:scales=group")
   assert isinstance(plain, schemes.Plain) and isinstance(plain.codec, channel_scale.ChannelScale)
   assert isinstance(ef, schemes.EF) and isinstance(ef.codec, channel_scale.ChannelScale)
 
@@ -89,6 +89,6 @@ def test_huge_and_tiny_inputs_round_trip_finite():
   """The RMS is taken of x / max|x|: squares of 1e37 overflow to inf, and an inf scale decoded to NaN."""
   for scale in (1e37, 1e-30):
     x = jax.random.normal(jax.random.key(0), (1, 8, 64)) * scale
-    y = spec.parse_codec("channel+maxabs:4:group=64")(x)
+    y = spec.parse_codec("channel+maxabs:4:group=64:scales=group")(x)
     assert bool(jnp.all(jnp.isfinite(y))), scale
     assert float(jnp.sum(((y - x) / scale) ** 2) / jnp.sum((x / scale) ** 2)) < 0.1, scale

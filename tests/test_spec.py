@@ -3,7 +3,9 @@ import pytest
 from jaxcomp.compress import codecs, schemes, spec
 from jaxcomp.compress.adaptive import TokenAdaptive
 from jaxcomp.compress.boundary import Reuse
+from jaxcomp.compress.channel_scale import ChannelScale
 from jaxcomp.compress.rotation import Hadamard
+from jaxcomp.compress.scale_axes import ScaleAxes
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -68,15 +70,17 @@ def test_parse_boundary_validates_reuse():
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("maxabs:3:group=64", codecs.MaxAbsQuant(3, "group", group=64)),
-    ("maxabs:2:group=8:stoch:scale=bf16", codecs.MaxAbsQuant(2, "group", True, "bfloat16", group=8)),
-    ("maxabs:3:group=8:clip=mse", codecs.MaxAbsQuant(3, "group", clip="mse", group=8)),
-    ("hadamard+maxabs:3:group=64", Hadamard(codecs.MaxAbsQuant(3, "group", group=64))),
+    ("maxabs:3:group=64", ScaleAxes(codecs.MaxAbsQuant(3, "group", group=64))),
+    ("maxabs:3:group=64:scales=group", codecs.MaxAbsQuant(3, "group", group=64)),
+    ("maxabs:3:group=64:scales=both", ChannelScale(codecs.MaxAbsQuant(3, "group", group=64))),
+    ("maxabs:2:group=8:stoch:scale=bf16", ScaleAxes(codecs.MaxAbsQuant(2, "group", True, "bfloat16", group=8))),
+    ("maxabs:3:group=8:clip=mse", ScaleAxes(codecs.MaxAbsQuant(3, "group", clip="mse", group=8))),
+    ("hadamard+maxabs:3:group=64", Hadamard(ScaleAxes(codecs.MaxAbsQuant(3, "group", group=64)))),
     ("hadamard:32:seed=7+topk:0.1", Hadamard(codecs.TopK(0.1), 32, 7)),
     ("adaptive:3:4:0.25", TokenAdaptive(3, 4, 0.25)),
     ("adaptive:3:4:0.5:group=16:stoch:scale=bf16", TokenAdaptive(3, 4, 0.5, 16, True, "bfloat16")),
     ("hadamard+adaptive:3:4:0.25", Hadamard(TokenAdaptive(3, 4, 0.25))),
-    ("hadamard+maxabs:2:group=16:grid=midrise", Hadamard(codecs.MaxAbsQuant(2, "group", group=16, grid="midrise"))),
+    ("hadamard+maxabs:2:group=16:grid=midrise", Hadamard(ScaleAxes(codecs.MaxAbsQuant(2, "group", group=16, grid="midrise")))),
     ("adaptive:2:3:0.25:grid=midrise:stoch", TokenAdaptive(2, 3, 0.25, stochastic=True, grid="midrise")),
     ("adaptive:2:4:0.25:clip=0.9", TokenAdaptive(2, 4, 0.25, clip=0.9)),
 ])

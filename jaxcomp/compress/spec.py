@@ -1,13 +1,16 @@
 """One-line string specs for CLIs: `[scheme+]codec[:arg[:option...]]`.
 
 Codecs:  none | bf16 | fp16 | fp8 | fp8e5m2 | fp8[e5m2]:scaled[:tensor|channel] | quant:BITS[:stoch]
-         | maxabs:BITS[:tensor|channel|group=G][:stoch][:scale=fp32|bf16|fp16][:clip=RATIO|mse][:grid=zero|midrise|auto]
+         | maxabs:BITS[:tensor|channel|group=G[:scales=auto|both|group]][:stoch][:scale=fp32|bf16|fp16]
+                       [:clip=RATIO|mse][:grid=zero|midrise|auto]
          | topk:FRACTION[:row][:bf16|q8][:threshold|sort|approx] | randk:FRACTION[:row]
          | adaptive:LOW:HIGH:FRACTION[:group=G][:stoch][:grid=...][:clip=...]   (FRACTION of tokens in HIGH bits)
 maxabs grids: `zero` {-L..L} s/L, L = 2^(B-1)-1 (0 exact); `midrise` +-(2j-1) s/(2^B-1), j = 1..2^(B-1)
 (all 2^B codes, no 0); `auto` per scale the one of least error (flagged in the scale's sign bit). Without
 grid= / clip= a bit width takes its default (`codecs.maxabs_defaults`): 2 and 3 bits auto with clip=mse,
 4 bits auto unclipped, 5 bits and more the zero grid unclipped.
+maxabs group=G scales: `group` one per G features of each token; `both` each channel's RMS times those
+(= channel+maxabs:...:group=G); `auto` (default) per message `both` or one per channel, whichever errs less.
 Wrappers: hadamard[:BLOCK][:seed=S]+CODEC   (randomized Hadamard rotation around CODEC)
           channel+CODEC   (each channel divided by its RMS first, the scales sent: outlier channels)
 Schemes: plain (default) | ef | ef21 | efmixed | aqsgd;  backward only: reuse (TopK index reuse)
@@ -15,7 +18,7 @@ Examples: `topk:0.1`, `topk:0.1:q8` (8-bit values), `quant:4`, `ef21+topk:0.1`, 
           `maxabs:2:clip=mse`, `reuse`,
           `hadamard+maxabs:3:group=64`, `channel+maxabs:3:group=64`, `adaptive:3:4:0.25:group=32`.
 """
-from jaxcomp.compress import adaptive, channel_scale, codecs, rotation, schemes, selection
+from jaxcomp.compress import adaptive, channel_scale, codecs, rotation, scale_axes, schemes, selection
 from jaxcomp.compress.boundary import Boundary, Reuse
 
 _SCHEMES = {"plain": schemes.Plain, "ef": schemes.EF, "ef21": schemes.EF21,
@@ -24,6 +27,7 @@ _CASTS = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "fp8e5m
 _CODECS = ("none", *_CASTS, "fp8:scaled", "quant", "maxabs", "topk", "randk", "adaptive", "hadamard+CODEC", "channel+CODEC")
 _SCALES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _WRAPPERS = ("hadamard", "channel")  # CODEC wrappers: `hadamard[:BLOCK]+CODEC`, `channel+CODEC`
+_GROUP_SCALES = ("auto", "both", "group")  # maxabs group=G's scales= (docstring above)
 
 
 def _number(text, kind, spec):
@@ -67,17 +71,26 @@ def _grid_and_clip(name: str, settings: dict, spec: str) -> dict:
   return {"grid": settings.get("grid"), "clip": clip if clip in (None, "mse") else _number(clip, float, spec)}
 
 
-def _maxabs(bits: int, options: set, spec: str) -> codecs.MaxAbsQuant:
-  """maxabs options: tensor|channel|group=G, stoch, scale=fp32|bf16|fp16, clip=RATIO|mse, grid=zero|midrise."""
-  flags, settings = _settings("maxabs", options, {"tensor", "channel", "stoch"}, {"group", "scale", "clip", "grid"},
-                              spec)
+def _maxabs(bits: int, options: set, spec: str) -> codecs.Codec:
+  """maxabs options: tensor|channel|group=G (with scales=auto|both|group), stoch, scale=fp32|bf16|fp16,
+  clip=RATIO|mse, grid=zero|midrise|auto."""
+  flags, settings = _settings("maxabs", options, {"tensor", "channel", "stoch"},
+                              {"group", "scales", "scale", "clip", "grid"}, spec)
   group = settings.get("group")
   if group is not None and flags & {"tensor", "channel"}:
     raise ValueError(f"{spec!r}: group=G replaces tensor/channel scales; give one of them")
-  return codecs.MaxAbsQuant(bits, "group" if group is not None else "tensor" if "tensor" in flags else "channel",
-                            stochastic="stoch" in flags, scale_dtype=_scale_dtype("maxabs", settings, spec),
-                            group=None if group is None else _number(group, int, spec),
-                            **_grid_and_clip("maxabs", settings, spec))
+  scales = settings.get("scales", "auto")
+  if "scales" in settings and group is None:
+    raise ValueError(f"{spec!r}: scales={scales} chooses the axes of group=G's scales; add group=G or drop it")
+  if scales not in _GROUP_SCALES:
+    raise ValueError(f"bad maxabs option scales={scales!r} in {spec!r}; allowed: scales={'|'.join(_GROUP_SCALES)}")
+  codec = codecs.MaxAbsQuant(bits, "group" if group is not None else "tensor" if "tensor" in flags else "channel",
+                             stochastic="stoch" in flags, scale_dtype=_scale_dtype("maxabs", settings, spec),
+                             group=None if group is None else _number(group, int, spec),
+                             **_grid_and_clip("maxabs", settings, spec))
+  if group is None or scales == "group":
+    return codec
+  return channel_scale.ChannelScale(codec) if scales == "both" else scale_axes.ScaleAxes(codec)
 
 
 def _hadamard(head: str, inner: str, spec: str) -> rotation.Hadamard:
