@@ -8,7 +8,8 @@ Neither wins everywhere (docs/grids.md): G keeps the small channels beside outli
 each token on gradients; P fits each channel's own range on activations without outliers at 2-3 bits,
 where no per-token code can match it. The sender decodes both (nearest rounding) and sends G's message
 when its squared error ||x_hat - x||^2, summed over the tensor, is no more than P's, and P's otherwise; a
-byte says which. Both codes are B bits an entry, so the message has one size: the codes, F fp32 channel
+byte says which. With grid=auto, G is also tried on each fixed grid (its per-group grid is chosen on x / c,
+whose errors weigh the group's channels as x's do not), sent in grid=auto's form (the sign bits). Both codes are B bits an entry, so the message has one size: the codes, F fp32 channel
 words (P's scales or G's c), G's group scales (zeros under P) and the byte. The errors are summed over
 x / 2^E (2^E the power of two of max|x|), so the choice is the same for x and x * 2^k; a message with a
 non-finite entry takes P. The total error decides, not the mean over channels of each channel's relative
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 
 from jaxcomp.compress import packing
 from jaxcomp.compress.channel_scale import ChannelScale, ChannelScaled
-from jaxcomp.compress.codecs import Codec, MaxAbsQuant, Payload, compiled
+from jaxcomp.compress.codecs import AUTO_GRID, MAXABS_GRIDS, Codec, MaxAbsQuant, Payload, compiled
 from jaxcomp.compress.codecs.wire import Quantized
 
 
@@ -71,30 +72,44 @@ class ScaleAxes(Codec):
     """P's scales travel as fp32 words whatever their dtype (exact; the sign bit, grid=auto's choice, kept)."""
     return jnp.dtype(self.grouped.scale_dtype)
 
-  def _nearest(self, codec):
-    """The same code under nearest rounding (what the choice is measured with)."""
-    if isinstance(codec, ChannelScale):
-      return ChannelScale(dataclasses.replace(codec.inner, stochastic=False))
-    return dataclasses.replace(codec, stochastic=False)
+  def _candidates(self) -> list[Codec]:
+    """The codes the sender tries, G first (ties go to G): G; with grid=auto, G on each fixed grid too (G
+    picks a grid per group by its error on x / c, which weighs the group's channels unlike x's own error,
+    so a fixed grid can err less in x); P last."""
+    grids = [self.grouped]
+    if self.grouped.grid == AUTO_GRID:
+      grids += [dataclasses.replace(self.grouped, grid=grid) for grid in MAXABS_GRIDS]
+    return [ChannelScale(g) for g in grids] + [self.per_channel]
+
+  def _message(self, codec, payload):
+    """(codes, fp32 channel words, group scales as grid=auto reads them: midrise's sign bit set) of a candidate."""
+    if isinstance(codec, MaxAbsQuant):
+      channel = packing.from_bits(payload.arrays.scale, self._scale_dtype).astype(jnp.float32)
+      return payload.arrays.codes, packing.as_bits(channel), None
+    inner = payload.arrays.inner.arrays
+    groups = packing.from_bits(inner.scale, self._scale_dtype)
+    if codec.inner.grid == "midrise" and self.grouped.grid == AUTO_GRID:
+      groups = -groups
+    return inner.codes, payload.arrays.scale, packing.as_bits(groups)
 
   @compiled
   def encode(self, x, key=None) -> Payload:
-    p_codec, g_codec = self.per_channel, self.both_axes
-    p, g = p_codec.encode(x, key), g_codec.encode(x, key)
+    codecs = self._candidates()
+    sent = [c.encode(x, key) for c in codecs]
+    near = sent
     if self.grouped.stochastic:
-      p_near, g_near = self._nearest(p_codec).encode(x), self._nearest(g_codec).encode(x)
-    else:
-      p_near, g_near = p, g
+      near = [ChannelScale(dataclasses.replace(c.inner, stochastic=False)).encode(x) if isinstance(c, ChannelScale)
+              else dataclasses.replace(c, stochastic=False).encode(x) for c in codecs]
     x32 = x.astype(jnp.float32)
-    e_p = _squared_error(x32, p_codec.decode(p_near).astype(jnp.float32))
-    e_g = _squared_error(x32, g_codec.decode(g_near).astype(jnp.float32))
-    use_g = (e_g <= e_p) & jnp.all(jnp.isfinite(x32))
-    g_inner = g.arrays.inner.arrays
-    p_channel = packing.as_bits(packing.from_bits(p.arrays.scale, self._scale_dtype).astype(jnp.float32))
-    return Payload(AxisChosen(codes=jnp.where(use_g, g_inner.codes, p.arrays.codes),
-                              channel=jnp.where(use_g, g.arrays.scale, p_channel),
-                              groups=jnp.where(use_g, g_inner.scale, jnp.zeros_like(g_inner.scale)),
-                              grouped=use_g.astype(jnp.uint8)[None]), tuple(x.shape), x.dtype)
+    errors = jnp.stack([_squared_error(x32, c.decode(p).astype(jnp.float32)) for c, p in zip(codecs, near)])
+    errors = jnp.where(jnp.isfinite(errors), errors, jnp.inf)
+    pick = jnp.where(jnp.all(jnp.isfinite(x32)), jnp.argmin(errors), len(codecs) - 1)  # non-finite: P
+    parts = [self._message(c, p) for c, p in zip(codecs, sent)]
+    zeros = jnp.zeros_like(parts[0][2])
+    codes, channel, groups = (jnp.stack([part[i] if part[i] is not None else zeros for part in parts])[pick]
+                              for i in range(3))
+    return Payload(AxisChosen(codes, channel, groups, (pick < len(codecs) - 1).astype(jnp.uint8)[None]),
+                   tuple(x.shape), x.dtype)
 
   @compiled
   def decode(self, payload: Payload) -> jax.Array:
