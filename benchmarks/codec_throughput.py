@@ -5,7 +5,8 @@ Bandwidth of an op = (bytes it must read + bytes it must write) / time: encode r
 activation and writes the payload; decode reads the payload and writes the tensor. The copy
 bound is x + 1 over the same tensor (read + write). Ratios near 1 mean the codec runs at
 memory speed. `reuse` is TopK 10%'s backward with index reuse: the gradient's values at the
-forward's positions (`values_at`) and their scatter back (the positions are not sent). Times
+forward's positions (`values_at`, a compaction by the forward's mask) and their way back (`scatter`, the mask's
+expansion; the positions are not sent). Times
 are per call of calls run back to back (`common.pipelined_seconds`).
 """
 import argparse
@@ -33,7 +34,7 @@ def codec_seconds(text: str, x, repeats: int) -> tuple[float, float, int]:
   key = jax.random.key(1)
   if text == REUSE:
     topk = spec.parse_codec(REUSE_OF)
-    idx = jax.jit(lambda x: topk.indices(topk.encode(x, key)))(x)
+    idx = jax.jit(lambda x: topk.where(topk.encode(x, key)))(x)
     encode, decode = jax.jit(topk.values_at), jax.jit(topk.scatter)
     args = (x, idx)
     payload = encode(*args)

@@ -159,7 +159,7 @@ def codec_seconds(boundary, shape, clock: Clock):
   enc_f, dec_f, payload = scheme_seconds(boundary.fwd, x, clock)
   if boundary.reuse:
     topk = boundary.fwd.codec
-    idx = clock.output(topk.indices, payload)
+    idx = clock.output(topk.where, payload)
     enc_b = clock.seconds(topk.values_at, x, idx)
     dec_b = clock.seconds(topk.scatter, clock.output(topk.values_at, x, idx), idx)
   else:

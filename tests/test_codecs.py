@@ -350,18 +350,17 @@ def test_topk_chooses_cheaper_position_encoding_and_both_decode():
   assert not sparse.uses_mask(x.shape) and sparse.encode(x).arrays.indices is not None
   assert sparse.encode(x).arrays.indices.dtype == jnp.uint16
   for codec in (dense, sparse):
-    payload = codec.encode(x)
-    idx = np.sort(np.asarray(codec.indices(payload)), axis=1)
-    np.testing.assert_array_equal(idx, np.sort(np.asarray(codec.positions(x)), axis=1))
+    kept = [np.flatnonzero(row) for row in np.asarray(codec.decode(codec.encode(x)))]
+    np.testing.assert_array_equal(kept, np.sort(np.asarray(codec.positions(x)), axis=1))
 
 
 def test_topk_per_row_and_values_at_scatter():
   x = _x((2, 3, 20))
   codec = codecs.TopK(0.25, per="row")
   assert np.all(np.count_nonzero(np.asarray(codec(x)), axis=-1) == 5)
-  idx = codec.positions(x)
-  assert idx.shape == (6, 5)
-  np.testing.assert_array_equal(np.asarray(codec.scatter(codec.values_at(x, idx), idx)), np.asarray(codec(x)))
+  where = codec.where(codec.encode(x))
+  assert codec.positions(x).shape == (6, 5) and where.shape == (6, 3)  # 5 of 20 positions: a 3-byte mask per row
+  np.testing.assert_array_equal(np.asarray(codec.scatter(codec.values_at(x, where), where)), np.asarray(codec(x)))
 
 
 def test_randk_keeps_k_random_entries_decoded_from_seed():
@@ -551,7 +550,7 @@ def test_topk_value_formats_with_index_reuse(values):
   from jaxcomp.compress.boundary import Boundary, Reuse
   x, g = _x((4, 64), seed=1), _x((4, 64), seed=2)
   topk = codecs.TopK(0.25, values=values)
-  idx = topk.indices(topk.encode(x))
+  idx = topk.where(topk.encode(x))
   sent = topk.values_at(g, idx)
   link = Boundary(schemes.Plain(topk), Reuse())
   assert link.wire_bytes(x.shape, x.dtype) == (codecs.nbytes(topk.encode(x)), codecs.nbytes(sent))
@@ -597,13 +596,34 @@ def test_nan_and_inf_reach_the_decoded_message_under_jit(codec):
     assert not bool(jnp.all(jnp.isfinite(x_hat))), value
 
 
+@pytest.mark.parametrize("fraction", [0.25, 0.02])  # positions sent as a mask, as uint16 indices
+@pytest.mark.parametrize("values", ["native", "bf16"])
+def test_index_reuse_sends_the_gradient_at_the_forward_positions_bit_for_bit(fraction, values):
+  """What crosses back is g at the forward's positions in position order, exactly (signed zeros, subnormals and
+  the largest finite value included), in `value_bytes`; the receiver's tensor is g there and 0 elsewhere."""
+  x, g = _x((4, 256), seed=1), _x((4, 256), seed=2)
+  g = g.at[:, ::5].set(-0.0).at[:, 1::7].set(1e-40).at[1, 2::9].set(np.finfo(np.float32).max)
+  topk = codecs.TopK(fraction, values=values)
+  assert topk.uses_mask(x.shape) == (fraction == 0.25)
+  sent, dense = jax.jit(lambda x, g: (lambda w: (topk.values_at(g, w), topk.scatter(topk.values_at(g, w), w)))(
+      topk.where(topk.encode(x))))(x, g)
+  idx = np.sort(np.asarray(topk.positions(x)), axis=1)
+  at = np.take_along_axis(np.asarray(g), idx, axis=1).astype(jnp.bfloat16 if values == "bf16" else np.float32)
+  np.testing.assert_array_equal(np.asarray(sent.arrays.values).view(np.uint16 if values == "bf16" else np.uint32),
+                                at.view(np.uint16 if values == "bf16" else np.uint32))
+  assert codecs.nbytes(sent) == topk.value_bytes(x.shape, x.dtype)
+  expected = np.zeros((4, 256), np.float32)
+  np.put_along_axis(expected, idx, at.astype(np.float32), axis=1)
+  np.testing.assert_array_equal(np.asarray(dense).view(np.uint32), expected.view(np.uint32))
+
+
 def test_index_reuse_flags_a_non_finite_gradient_it_does_not_send():
   x, g = _x((4, 64), seed=1), _x((4, 64), seed=2)
   topk = codecs.TopK(0.25)
-  idx = topk.indices(topk.encode(x))
-  unsent = int(np.setdiff1d(np.arange(64), np.asarray(idx[2]))[0])
-  g_hat = topk.scatter(topk.values_at(g.at[2, unsent].set(np.nan), idx), idx)
-  g_hat, idx = np.asarray(g_hat), np.asarray(idx)
+  where = topk.where(topk.encode(x))
+  idx = np.sort(np.asarray(topk.positions(x)), axis=1)
+  unsent = int(np.setdiff1d(np.arange(64), idx[2])[0])
+  g_hat = np.asarray(topk.scatter(topk.values_at(g.at[2, unsent].set(np.nan), where), where))
   assert np.isnan(g_hat[2, idx[2]]).all() and np.isfinite(np.delete(g_hat, 2, axis=0)).all()
 
 

@@ -177,8 +177,9 @@ def forward_half(link: Boundary, mode: Mode, x, fs, fr, key, send_ok, recv_ok):
   """The forward half: y = fwd.receive(transport(fwd.send(x))) (dense in warm-up and
   first-visit steps: AQ-SGD then sets m(xi) = a).
 
-  Returns (y, fs', fr', idx): idx is (sender's, receiver's) TopK positions when the
-  backward reuses them (else None); an explicit backward passes it to `backward_half`."""
+  Returns (y, fs', fr', idx): idx is (sender's, receiver's) TopK positions, as the message carries them
+  (`TopK.where`: its mask or indices), when the backward reuses them (else None); an explicit backward passes it
+  to `backward_half`."""
   fwd, warm = link.fwd, mode.dense_forward
   send = fwd.warmup_send if warm else (lambda x, s: fwd.send(x, s, key))
   payload, fs = _run_if(send_ok, send, x, fs)
@@ -189,8 +190,8 @@ def forward_half(link: Boundary, mode: Mode, x, fs, fr, key, send_ok, recv_ok):
 
 
 def _reuse_positions(topk, payload, arrived):
-  """(sender's, receiver's) TopK positions of one forward message, for index reuse."""
-  return topk.indices(payload), topk.indices(arrived)
+  """(sender's, receiver's) TopK positions of one forward message, for index reuse, as the message carries them."""
+  return topk.where(payload), topk.where(arrived)
 
 
 def reuse_index_shapes(link: Boundary, x):

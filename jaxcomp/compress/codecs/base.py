@@ -89,14 +89,14 @@ class Positional(Protocol):
   """The sparse-codec extras: a codec whose message says where its values sit, so that a backward can send values
   alone at the forward message's positions (index reuse). TopK is one."""
 
-  def indices(self, payload: Payload) -> jax.Array:
-    """Positions [R, k] (int32) of the payload's values in their rows."""
+  def where(self, payload: Payload) -> jax.Array:
+    """Where the payload's values sit in their rows, in the form its message carries (TopK: a mask or indices)."""
 
-  def values_at(self, x, idx_RxK) -> Payload:
-    """x's values at known positions: a payload of values alone."""
+  def values_at(self, x, where) -> Payload:
+    """x's values at the positions `where` (as `where` gives them): a payload of values alone."""
 
-  def scatter(self, payload: Payload, idx_RxK) -> jax.Array:
-    """The dense tensor from values at known positions (the inverse of `values_at`)."""
+  def scatter(self, payload: Payload, where) -> jax.Array:
+    """The dense tensor from values at the positions `where` (the inverse of `values_at`)."""
 
   def value_bytes(self, shape, dtype) -> int:
     """Exact bytes of `values_at`'s payload."""

@@ -169,46 +169,47 @@ class TopK(Codec):
       return self.q8(k).wire_bytes((r, k), dtype)
     return r * k * (2 if self.values == "bf16" else np.dtype(dtype).itemsize)
 
-  def values_at(self, x, idx_RxK) -> Payload:
-    """The values of x at given per-row indices (index reuse: the receiver knows them)."""
+  def where(self, payload: Payload) -> jax.Array:
+    """Where the payload's values sit, as its message says it (what index reuse keeps of a forward message): the
+    packed mask [R, ceil(F/8)] (uint8) when `uses_mask`, else the indices [R, k] (uint16 or int32)."""
+    a = payload.arrays
+    return a.indices if a.indices is not None else a.mask
+
+  def values_at(self, x, where) -> Payload:
+    """The values of x at the positions `where` (as `where` gives them), in position order: a payload of values
+    alone (index reuse: the receiver knows the positions). A mask is compacted (`packing.compact`): no [R, k]
+    positions are kept between the forward and the backward, and no scatter decodes them."""
     r, f = _rows(x.shape, self.per)
     x_RxF = x.reshape(r, f)
-    values = _flag_nonfinite_rows(jnp.take_along_axis(x_RxF, idx_RxK, axis=1), x_RxF)
-    return Payload(self._pack_values(values), x.shape, x.dtype)
+    if self.uses_mask(x.shape):
+      picked = packing.compact(where, f, self.k(x.shape), x_RxF)
+    else:
+      picked = jnp.take_along_axis(x_RxF, where.astype(jnp.int32), axis=1)
+    return Payload(self._pack_values(_flag_nonfinite_rows(picked, x_RxF)), x.shape, x.dtype)
 
-  def scatter(self, payload: Payload, idx_RxK) -> jax.Array:
-    """Dense tensor from values at known indices: inverse of `values_at`."""
+  def scatter(self, payload: Payload, where) -> jax.Array:
+    """Dense tensor from values at the positions `where`, zero elsewhere: inverse of `values_at`."""
     _, f = _rows(payload.shape, self.per)
     values = self._unpack_values(payload.arrays, payload.dtype)
-    return _scatter_rows(values, idx_RxK, f).reshape(payload.shape)
+    if self.uses_mask(payload.shape):
+      return packing.expand(where, f, values).reshape(payload.shape)
+    return _scatter_rows(values, where.astype(jnp.int32), f).reshape(payload.shape)
 
   @compiled
   def encode(self, x, key=None):
     r, f = _rows(x.shape, self.per)
-    x_RxF = x.reshape(r, f)
     if self.uses_mask(x.shape):
-      mask = self._mask(x_RxF, self.k(x.shape))
-      values = self._pack_values(_flag_nonfinite_rows(packing.compact(mask, f, self.k(x.shape), x_RxF), x_RxF))
-      return Payload(values._replace(mask=mask), x.shape, x.dtype)
-    idx = self.positions(x)
-    values = self._pack_values(_flag_nonfinite_rows(jnp.take_along_axis(x_RxF, idx, axis=1), x_RxF))
-    return Payload(values._replace(indices=idx.astype(_index_dtype(f))), x.shape, x.dtype)
-
-  def indices(self, payload: Payload) -> jax.Array:
-    """Selected positions [R, k] (int32) recovered from a payload, either encoding."""
-    a = payload.arrays
-    if a.indices is not None:
-      return a.indices.astype(jnp.int32)
-    _, f = _rows(payload.shape, self.per)
-    return packing.compact(a.mask, f, a.values.shape[1])
+      where = self._mask(x.reshape(r, f), self.k(x.shape))
+      sent = {"mask": where}
+    else:
+      where = self.positions(x)
+      sent = {"indices": where.astype(_index_dtype(f))}
+    payload = self.values_at(x, where)
+    return dataclasses.replace(payload, arrays=payload.arrays._replace(**sent))
 
   @compiled
   def decode(self, payload):
-    if payload.arrays.indices is not None:
-      return self.scatter(payload, self.indices(payload))
-    _, f = _rows(payload.shape, self.per)
-    values = self._unpack_values(payload.arrays, payload.dtype)
-    return packing.expand(payload.arrays.mask, f, values).reshape(payload.shape)
+    return self.scatter(payload, self.where(payload))
 
   def wire_bytes(self, shape, dtype):
     r, f = _rows(shape, self.per)
