@@ -4,10 +4,12 @@ The table says what runs when: every static part of the program (the ticks, whic
 message at a tick, which stages' bodies a tick's switch holds, the stash slots) is read from it. A
 traced tick (inside a `lax.scan`) computes which microbatch this device runs with the table's
 `Timing`, read off the table and checked against it (`timing_of`): stage s runs microbatch m forward
-at tick stride*m + s and backward at tick stride*m + lag - s (`busy`, `microbatch`). At its forward tick a stage runs
-on the input it received, then every boundary b with a microbatch at that tick moves the
+at tick stride*m + hop*s and backward at tick stride*m + lag - hop*s (`busy`, `microbatch`). At its forward tick a
+stage runs on the input it received, then every boundary b with a microbatch at that tick moves the
 encoded payload from stage b to b+1 with the op of `jaxcomp.ppermute` (`permute`, along
-`link_perm(b)`); backwards likewise send gradients from b+1 to b. A bubble tick runs the no-op
+`link_perm(b)`); backwards likewise send gradients from b+1 to b. With overlapped sends (the table's hop 2,
+`overlapped_tick`) the payload is encoded at that tick, crosses during the next one while the stages compute,
+and is decoded at the tick after, where it is used. A bubble tick runs the no-op
 branch of the stage switch: no stage compute, nothing saved. The program knows statically
 which boundaries carry a microbatch at a tick (idle links issue no collective at all); runs of
 ticks that repeat the same plan period after period are one `lax.scan`, so the program's size
@@ -16,7 +18,7 @@ ticks that repeat the same plan period after period are one `lax.scan`, so the p
 Two ways to get the backward pass:
 - `run_explicit` (every schedule of `schedules.SCHEDULES`, below): a stage stashes its input at its forward, and at
   its backward tick runs its vjp on it (rematerialised) and the boundary's
-  `backward_half`; the weight gradient is accumulated in the loop.
+  `backward_half` (its halves apart with overlapped sends); the weight gradient is accumulated in the loop.
 - `run_gpipe`: the forward ticks only (eval steps, and GPipe with `remat="none"`), whose
   autodiff replays the ticks in reverse: each boundary op's custom_vjp rule sends the
   encoded gradient from b+1 to b, and every stage's internals are saved.
