@@ -15,6 +15,7 @@ from jaxcomp import pipeline
 from jaxcomp.compress.boundary import Reuse
 from jaxcomp.compress.schemes import AQSGD
 from jaxcomp.compress.spec import parse_boundary
+from jaxcomp.parallel import schedules
 from jaxcomp.runtime import checkpoint, train
 
 AT_LEAST = {**{k: 1 for k in ("epochs", "steps", "batch_size", "microbatches", "stages", "train_examples",
@@ -56,12 +57,14 @@ def check_executor(config):
   shards, m, batch_size = settings.data_parallel, settings.microbatches, config.training.batch_size
   if settings.executor == "simulate":
     defaults = {f.name: f.default for f in dataclasses.fields(settings)}
-    given = [f"--{k.replace('_', '-')} {getattr(settings, k)}" for k in ("schedule", "grad_compression",
-                                                                          "data_parallel")
+    flag = lambda k: f"--{k.replace('_', '-')}" + ("" if isinstance(defaults[k], bool) else f" {getattr(settings, k)}")
+    given = [flag(k) for k in ("schedule", "overlap", "grad_compression", "data_parallel")
              if getattr(settings, k) != defaults[k]]
     if given:
       raise ValueError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} --executor gpipe (the simulate "
                        "executor runs every stage in one program on one device): add --executor gpipe")
+  if settings.overlap:
+    schedules.check_overlap(settings.stages, m)
   if batch_size % (shards * m):
     raise ValueError(f"--batch-size {batch_size} does not split into {shards} data shard(s) x "
                      f"--microbatches {m} equal microbatches; use a multiple of {shards * m} (e.g. --batch-size "

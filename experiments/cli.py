@@ -81,6 +81,10 @@ def parser_for(exp: config.Experiment) -> argparse.ArgumentParser:
   parallel.add_argument("--schedule", choices=list(sharded.SCHEDULES),
                         help="gpipe executor's tick schedule: gpipe, 1f1b (at most S microbatch inputs per stage) or "
                              "1f1b-fused (at most 2S-1, fewer ticks)" + recipe_default(exp, "schedule"))
+  parallel.add_argument("--overlap", action="store_true",
+                        help="overlapped sends (gpipe executor): each boundary message crosses its link while the "
+                             "stages compute the next tick, decoded where it is used; S-1 more ticks each way, needs "
+                             "--microbatches >= 2 x --stages; the same numbers")
   parallel.add_argument("--compile-for", metavar="TARGET",
                         help="compile the run's steps for an accelerator and report memory, FLOPs, an estimated step "
                              "time and wire bytes; train nothing, read no data (exit 0: fits, 1: does not). TARGET: "

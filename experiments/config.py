@@ -29,6 +29,7 @@ class ExecutorConfig:
   """Where the stages run and how a batch is split (--executor, --schedule, --data-parallel, ...)."""
   executor: str = "simulate"  # simulate: every stage on one device; gpipe: stage s on device s (sharded)
   schedule: str = "gpipe"  # the sharded executor's tick schedule (`sharded.SCHEDULES`)
+  overlap: bool = False  # overlapped sends: each message crosses its link while the stages compute the next tick
   data_parallel: int = 1  # replicas of the pipeline (sharded)
   aqsgd_buffers: str = "device"  # AQ-SGD tables on the device, in host memory ("host") or memory-mapped (a folder)
   grad_compression: str | None = None  # the data-parallel weight-gradient exchange's scheme (None: the dense mean)
@@ -90,9 +91,10 @@ SECTIONS = {"executor": ExecutorConfig, "compression": CompressionConfig, "train
 RUN_DEFAULTS = {name: field.default for name in ("executor", "schedule", "data_parallel", "aqsgd_buffers",
                                                   "warmup_epochs", "grad_compression", "bottleneck")
                 for section in SECTIONS.values() for field in dataclasses.fields(section) if field.name == name}
-# may change when a run is resumed: where and how long it runs is not what it computes
+# may change when a run is resumed: where and how long it runs is not what it computes (overlapped sends
+# give the same numbers bitwise)
 RESUMABLE = ("epochs", "steps", "resume", "no_progress", "out", "coordinator", "num_processes", "process_id",
-             "compile_for", "train_only")
+             "compile_for", "train_only", "overlap")
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
@@ -187,7 +189,8 @@ def executor_for(settings: ExecutorConfig, devices=None, batch_size: int | None 
     return simulate.Simulate(device=device)
   grad = settings.grad_compression
   return sharded.ShardedExecutor(sharded.make_mesh(settings.stages, settings.data_parallel, devices),
-                                 parse_scheme(grad) if grad else None, schedule=settings.schedule)
+                                 parse_scheme(grad) if grad else None, schedule=settings.schedule,
+                                 overlap=settings.overlap)
 
 
 def check_resumed_config(record: dict, results_file: pathlib.Path):

@@ -43,9 +43,10 @@ def assert_trees_close(a, b, atol):
   chex.assert_trees_all_close(as_f32(a), as_f32(b), atol=atol, rtol=0)
 
 
-def compare_with_simulate(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.TRAIN,), atol=2e-6, schedule="gpipe"):
+def compare_with_simulate(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.TRAIN,), atol=2e-6, schedule="gpipe",
+                          overlap=False):
   sim_pipe = sim_pipe or pipe
-  ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages, data), schedule=schedule)
+  ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages, data), schedule=schedule, overlap=overlap)
   state = simulate.init_state(sim_pipe, opt, jax.random.key(1), BATCH)
   flat = ex.stack(pipe, opt, state, BATCH)
   for mode in modes:

@@ -44,9 +44,13 @@ def test_messages_follow_from_the_ops():
 def test_the_executors_timing_is_read_off_the_table():
   for S in range(1, 6):
     for M in range(2, 8):
-      assert schedule.timing_of(schedules.gpipe(S, M)) == (1, M + 2 * S - 2)
-      assert schedule.timing_of(schedules.one_f_one_b(S, M)) == (2, 2 * S - 1)
-      assert schedule.timing_of(schedules.one_f_one_b_fused(S, M)) == (1, 2 * S - 2)
+      assert schedule.timing_of(schedules.gpipe(S, M)) == schedule.Timing(1, M + 2 * S - 2)
+      assert schedule.timing_of(schedules.one_f_one_b(S, M)) == schedule.Timing(2, 2 * S - 1)
+      assert schedule.timing_of(schedules.one_f_one_b_fused(S, M)) == schedule.Timing(1, 2 * S - 2)
+      # overlapped sends: a message takes two ticks, F(s, m) at stride*m + 2s
+      assert schedule.timing_of(schedules.gpipe(S, M, 2)) == (1, M + 4 * S - 4, 2)
+      assert schedule.timing_of(schedules.one_f_one_b(S, M, 2)) == (2, 4 * S - 3, 2)
+      assert schedule.timing_of(schedules.one_f_one_b_fused(S, M, 2)) == (1, 4 * S - 4, 2)
 
 
 def test_the_executor_refuses_a_table_its_timing_does_not_give():
@@ -57,6 +61,39 @@ def test_the_executor_refuses_a_table_its_timing_does_not_give():
   split = table((F(0, 0), B(0, 0), W(0, 0)))
   with pytest.raises(ValueError, match=r"runs F and fused BW ops; schedule 'planted' runs B\(0, 0\)"):
     schedule.timing_of(split)
+
+
+@pytest.mark.parametrize("name", schedules.SCHEDULES)
+def test_overlapped_tables_take_two_ticks_a_message_and_s_minus_1_more_each_way(name):
+  """With overlapped sends every message is used two ticks after the op that sent it (it crosses during the
+  tick between), never sooner; the table is S-1 ticks longer each way, and its bubble with free messages is
+  the same."""
+  for S in range(1, 7):
+    for M in range(2 * S, 2 * S + 4):
+      plain, overlapped = schedules.build(name, S, M), schedules.build(name, S, M, overlap=True)
+      assert (overlapped.hop, overlapped.ticks) == (2, plain.ticks + 2 * (S - 1))
+      assert schedules.bubble_fraction(overlapped) == pytest.approx(schedules.bubble_fraction(plain), abs=1e-12)
+      tick = {op: t for op, (t, _, _) in schedules.positions(overlapped).items()}
+      for s in range(S - 1):
+        for m in range(M):
+          assert tick[F(s + 1, m)] == tick[F(s, m)] + 2 and tick[BW(s, m)] == tick[BW(s + 1, m)] + 2
+
+
+def test_overlap_needs_twice_as_many_microbatches_as_stages():
+  with pytest.raises(ValueError, match=r"need at least 2S microbatches per data shard: got M=7 for S=4 stages; use "
+                                       r"--microbatches 8 \(or more\), or drop --overlap"):
+    schedules.build("1f1b", 4, 7, overlap=True)
+  with pytest.raises(ValueError, match=r"overlapped sends run on the schedules \['gpipe', '1f1b', '1f1b-fused'\], "
+                                       r"got 'zb-h1'"):
+    schedules.build("zb-h1", 2, 4, overlap=True)
+
+
+def test_a_two_tick_hop_is_refused_where_a_message_is_used_the_next_tick():
+  rows = (((F(0, 0),), (), (), (BW(0, 0),)), ((), (F(1, 0), BW(1, 0)), (), ()))
+  Schedule("planted", 2, 1, rows)
+  with pytest.raises(ValueError, match=r"F\(1, 0\) at device 1 tick 1 runs before its input F\(0, 0\) \(device 0 "
+                                       r"tick 0, sent at its end, there at tick 2\)"):
+    Schedule("planted", 2, 1, rows, hop=2)
 
 
 def test_a_legal_split_table_with_two_chunks_per_device():

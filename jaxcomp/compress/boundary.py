@@ -173,6 +173,28 @@ def _run_if(ok, fun, value, state):
   return jax.lax.cond(ok, aligned(fun), aligned(skip), value, state)
 
 
+def forward_send(link: Boundary, mode: Mode, x, fs, key, send_ok):
+  """The sender's part of `forward_half`: (payload = fwd.send(x), fs'); the dense tensor in warm-up and
+  first-visit steps."""
+  fwd = link.fwd
+  send = fwd.warmup_send if mode.dense_forward else (lambda x, s: fwd.send(x, s, key))
+  return _run_if(send_ok, send, x, fs)
+
+
+def forward_receive(link: Boundary, mode: Mode, arrived, fr, recv_ok):
+  """The receiver's part of `forward_half`: (y = fwd.receive(arrived payload), fr') (AQ-SGD's warm-up and
+  first visit set m(xi) = a)."""
+  fwd = link.fwd
+  return _run_if(recv_ok, fwd.warmup_receive if mode.dense_forward else fwd.receive, arrived, fr)
+
+
+def reuse_positions(link: Boundary, mode: Mode, payload):
+  """The TopK positions of a forward payload (at either end of the link), as the message carries them
+  (`TopK.where`: its mask or indices), when the backward reuses them (else None): what `backward_send` and
+  `backward_receive` take."""
+  return link.fwd.codec.where(payload) if link.reuse and not mode.dense_forward else None
+
+
 def forward_half(link: Boundary, mode: Mode, x, fs, fr, key, send_ok, recv_ok):
   """The forward half: y = fwd.receive(transport(fwd.send(x))) (dense in warm-up and
   first-visit steps: AQ-SGD then sets m(xi) = a).
@@ -180,18 +202,11 @@ def forward_half(link: Boundary, mode: Mode, x, fs, fr, key, send_ok, recv_ok):
   Returns (y, fs', fr', idx): idx is (sender's, receiver's) TopK positions, as the message carries them
   (`TopK.where`: its mask or indices), when the backward reuses them (else None); an explicit backward passes it
   to `backward_half`."""
-  fwd, warm = link.fwd, mode.dense_forward
-  send = fwd.warmup_send if warm else (lambda x, s: fwd.send(x, s, key))
-  payload, fs = _run_if(send_ok, send, x, fs)
+  payload, fs = forward_send(link, mode, x, fs, key, send_ok)
   arrived = link.transport.forward(payload)
-  y, fr = _run_if(recv_ok, fwd.warmup_receive if warm else fwd.receive, arrived, fr)
-  idx = _reuse_positions(fwd.codec, payload, arrived) if link.reuse and not warm else None
-  return y, fs, fr, idx
-
-
-def _reuse_positions(topk, payload, arrived):
-  """(sender's, receiver's) TopK positions of one forward message, for index reuse, as the message carries them."""
-  return topk.where(payload), topk.where(arrived)
+  y, fr = forward_receive(link, mode, arrived, fr, recv_ok)
+  idx = reuse_positions(link, mode, payload)
+  return y, fs, fr, None if idx is None else (idx, reuse_positions(link, mode, arrived))
 
 
 def reuse_index_shapes(link: Boundary, x):
@@ -201,7 +216,33 @@ def reuse_index_shapes(link: Boundary, x):
   if not link.reuse:
     return None
   codec = link.fwd.codec
-  return jax.eval_shape(lambda x: (lambda p: _reuse_positions(codec, p, p))(codec.encode(x)), x)
+  return jax.eval_shape(lambda x: (lambda p: (codec.where(p), codec.where(p)))(codec.encode(x)), x)
+
+
+def backward_send(link: Boundary, mode: Mode, dy, bs, key, recv_ok, idx_arrived):
+  """The gradient sender's part of `backward_half` (the forward receiver): (payload = bwd.send(dy), bs'), dy
+  at the forward TopK positions `idx_arrived` under index reuse; bs' zero where not `recv_ok`."""
+  bwd_key = None if key is None else jax.random.fold_in(key, 1)
+  if mode.dense_backward(link.reuse):
+    payload, _ = _run_if(recv_ok, lambda g, s: (codecs.Identity().encode(g), s), dy, ())
+  elif link.reuse:
+    payload, _ = _run_if(recv_ok, lambda g, s: (link.fwd.codec.values_at(g, idx_arrived), s), dy, ())
+  else:
+    payload, bs = _run_if(recv_ok, lambda g, s: link.bwd.send(g, s, bwd_key), dy, bs)
+  return payload, _masked(recv_ok, bs)  # bs lives after the boundary (valid with the forward receive)
+
+
+def backward_receive(link: Boundary, mode: Mode, arrived, br, send_ok, idx_sent, dtype):
+  """The gradient receiver's part of `backward_half` (the forward sender): (dx = bwd.receive(arrived) in
+  `dtype`, br'), scattered to the forward TopK positions `idx_sent` under index reuse; br' zero where not
+  `send_ok`."""
+  if mode.dense_backward(link.reuse):
+    dx, _ = _run_if(send_ok, lambda p, s: (codecs.Identity().decode(p), s), arrived, ())
+  elif link.reuse:
+    dx, _ = _run_if(send_ok, lambda p, s: (link.fwd.codec.scatter(p, idx_sent), s), arrived, ())
+  else:
+    dx, br = _run_if(send_ok, link.bwd.receive, arrived, br)
+  return dx.astype(dtype), _masked(send_ok, br)  # br lives before the boundary
 
 
 def backward_half(link: Boundary, mode: Mode, dy, bs, br, key, send_ok, recv_ok, idx):
@@ -209,21 +250,10 @@ def backward_half(link: Boundary, mode: Mode, dy, bs, br, key, send_ok, recv_ok,
 
   The gradient is sent by the forward receiver and decoded by the forward sender. Returns
   (dx, bs', br'), each state zero on the devices that are not its end (see the module doc)."""
-  bwd_key = None if key is None else jax.random.fold_in(key, 1)
-  if mode.dense_backward(link.reuse):
-    identity = codecs.Identity()
-    payload, _ = _run_if(recv_ok, lambda g, s: (identity.encode(g), s), dy, ())
-    dx, _ = _run_if(send_ok, lambda p, s: (identity.decode(p), s), link.transport.backward(payload), ())
-  elif link.reuse:
-    idx_sent, idx_arrived = idx  # forward sender's positions, forward receiver's copy
-    topk = link.fwd.codec
-    payload, _ = _run_if(recv_ok, lambda g, s: (topk.values_at(g, idx_arrived), s), dy, ())
-    dx, _ = _run_if(send_ok, lambda p, s: (topk.scatter(p, idx_sent), s), link.transport.backward(payload), ())
-  else:
-    payload, bs = _run_if(recv_ok, lambda g, s: link.bwd.send(g, s, bwd_key), dy, bs)
-    dx, br = _run_if(send_ok, link.bwd.receive, link.transport.backward(payload), br)
-  # bs lives after the boundary (valid with the forward receive), br before it.
-  return dx.astype(dy.dtype), _masked(recv_ok, bs), _masked(send_ok, br)
+  idx_sent, idx_arrived = (None, None) if idx is None else idx  # forward sender's positions, receiver's copy
+  payload, bs = backward_send(link, mode, dy, bs, key, recv_ok, idx_arrived)
+  dx, br = backward_receive(link, mode, link.transport.backward(payload), br, send_ok, idx_sent, dy.dtype)
+  return dx, bs, br
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))

@@ -4,10 +4,12 @@ The table says what runs when: every static part of the program (the ticks, whic
 message at a tick, which stages' bodies a tick's switch holds, the stash slots) is read from it. A
 traced tick (inside a `lax.scan`) computes which microbatch this device runs with the table's
 `Timing`, read off the table and checked against it (`timing_of`): stage s runs microbatch m forward
-at tick stride*m + s and backward at tick stride*m + lag - s (`busy`, `microbatch`). At its forward tick a stage runs
-on the input it received, then every boundary b with a microbatch at that tick moves the
+at tick stride*m + hop*s and backward at tick stride*m + lag - hop*s (`busy`, `microbatch`). At its forward tick a
+stage runs on the input it received, then every boundary b with a microbatch at that tick moves the
 encoded payload from stage b to b+1 with the op of `jaxcomp.ppermute` (`permute`, along
-`link_perm(b)`); backwards likewise send gradients from b+1 to b. A bubble tick runs the no-op
+`link_perm(b)`); backwards likewise send gradients from b+1 to b. With overlapped sends (the table's hop 2,
+`overlapped_tick`) the payload is encoded at that tick, crosses during the next one while the stages compute,
+and is decoded at the tick after, where it is used. A bubble tick runs the no-op
 branch of the stage switch: no stage compute, nothing saved. The program knows statically
 which boundaries carry a microbatch at a tick (idle links issue no collective at all); runs of
 ticks that repeat the same plan period after period are one `lax.scan`, so the program's size
@@ -16,7 +18,7 @@ ticks that repeat the same plan period after period are one `lax.scan`, so the p
 Two ways to get the backward pass:
 - `run_explicit` (every schedule of `schedules.SCHEDULES`, below): a stage stashes its input at its forward, and at
   its backward tick runs its vjp on it (rematerialised) and the boundary's
-  `backward_half`; the weight gradient is accumulated in the loop.
+  `backward_half` (its halves apart with overlapped sends); the weight gradient is accumulated in the loop.
 - `run_gpipe`: the forward ticks only (eval steps, and GPipe with `remat="none"`), whose
   autodiff replays the ticks in reverse: each boundary op's custom_vjp rule sends the
   encoded gradient from b+1 to b, and every stage's internals are saved.
@@ -38,9 +40,11 @@ SCHEDULES = schedules.SCHEDULES  # the tables this executor runs (those `timing_
 
 
 class Timing(NamedTuple):
-  """Stage s runs microbatch m forward at tick stride*m + s and backward at tick stride*m + lag - s."""
+  """Stage s runs microbatch m forward at tick stride*m + hop*s and backward at tick stride*m + lag - hop*s
+  (`hop`: the ticks a message takes, the table's; 2 with overlapped sends)."""
   stride: int
   lag: int
+  hop: int = 1
 
 
 def timing_of(table: schedules.Schedule) -> Timing:
@@ -59,13 +63,13 @@ def timing_of(table: schedules.Schedule) -> Timing:
     raise ValueError(f"the sharded executor runs F and fused BW ops; schedule {table.name!r} runs {min(split)}")
   f, bw = lambda s, m: schedules.Op("F", s, m), lambda s, m: schedules.Op("BW", s, m)
   stride = where[f(0, 1)][0] - where[f(0, 0)][0] if M > 1 else 1
-  rule = Timing(stride, where[bw(0, 0)][0])
-  placed = {**{f(s, m): stride * m + s for s in range(S) for m in range(M)},
-            **{bw(s, m): stride * m + rule.lag - s for s in range(S) for m in range(M)}}
+  rule = Timing(stride, where[bw(0, 0)][0], table.hop)
+  placed = {**{f(s, m): stride * m + rule.hop * s for s in range(S) for m in range(M)},
+            **{bw(s, m): stride * m + rule.lag - rule.hop * s for s in range(S) for m in range(M)}}
   for op, (t, d, i) in sorted(where.items(), key=lambda item: item[1]):
     if placed.get(op) != t or (op.kind == "F" and i > 0):
-      raise ValueError(f"the sharded executor runs F(s, m) at tick stride*m + s and BW(s, m) at "
-                       f"stride*m + lag - s ({rule}), a tick's F first; schedule {table.name!r} runs {op} "
+      raise ValueError(f"the sharded executor runs F(s, m) at tick stride*m + hop*s and BW(s, m) at "
+                       f"stride*m + lag - hop*s ({rule}), a tick's F first; schedule {table.name!r} runs {op} "
                        f"at tick {t}, position {i}")
   return rule
 
@@ -176,7 +180,7 @@ def stage_switch(prog: Program, tick, kind: str, branch, idle, *operands):
   `idle`. At a static tick only the stages the table runs then are branches of the program:
   an unrolled tick holds min(M, S) stage bodies, not S (GPipe with M=1 compiles S bodies, as simulate)."""
   s_count, s = prog.pipe.num_stages, jax.lax.axis_index(STAGE)
-  offset = (lambda j: j) if kind == "F" else (lambda j: backward_tick(prog, j))
+  offset = (lambda j: forward_tick(prog, j)) if kind == "F" else (lambda j: backward_tick(prog, j))
   stages = (list(range(s_count)) if not isinstance(tick, int)
             else [op.chunk for op in schedules.running(prog.table, tick, (kind,))])
   position = jnp.asarray([stages.index(j) if j in stages else len(stages) for j in range(s_count)], jnp.int32)
@@ -187,7 +191,7 @@ def stage_switch(prog: Program, tick, kind: str, branch, idle, *operands):
 def stage_step(prog: Program, inp: StepInputs, tick, ms_row, x_buf):
   """This device's stage at `tick`: its microbatch, or the bubble branch when idle."""
   s = jax.lax.axis_index(STAGE)
-  m = clipped_microbatch(prog, jnp.asarray(tick, jnp.int32), s)
+  m = clipped_microbatch(prog, jnp.asarray(tick, jnp.int32), forward_tick(prog, s))
   mb = jax.tree.map(lambda a: a[m], inp.mbs)
   rng = pipeline.stage_key(inp.step_key, global_microbatch(prog, m), s)
   return stage_switch(prog, tick, "F", lambda j: stage_branch(prog, j), bubble(prog),
@@ -217,7 +221,7 @@ def forward_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, fwd_ta
   TopK positions sent or None). `differentiable`: the whole boundary op, whose custom_vjp sends
   the gradient back under autodiff (`run_gpipe`); else its forward half (`run_explicit`)."""
   s = jax.lax.axis_index(STAGE)
-  m, shape = microbatch(prog, tick, b), prog.shapes[b]
+  m, shape = microbatch(prog, tick, forward_tick(prog, b)), prog.shapes[b]
   fwd_rows, bwd_rows = _link_rows(prog, m, inp.mbs)
   (fs, fr), (bs, br) = fwd_tables, inp.bwd_tables
   y, key = layout.unpad(y_buf, shape), pipeline.link_key(inp.step_key, global_microbatch(prog, m), b)
@@ -307,9 +311,14 @@ def make_program(pipe: pipeline.Pipeline, template: pipeline.TrainState, local_b
 # collectives every period), the other periods are unrolled.
 
 
+def forward_tick(prog: Program, stage):
+  """Offset of a stage's forward: microbatch m's forward runs at tick stride*m + offset."""
+  return prog.timing.hop * stage
+
+
 def backward_tick(prog: Program, stage):
   """Offset of a stage's backward: microbatch m's backward runs at tick stride*m + offset."""
-  return prog.timing.lag - stage
+  return prog.timing.lag - prog.timing.hop * stage
 
 
 def stash_slots(prog: Program) -> int:
@@ -318,10 +327,30 @@ def stash_slots(prog: Program) -> int:
   return schedules.stash_slots(prog.table)
 
 
-def tick_plan(prog: Program, tick: int) -> tuple:
-  """(forward boundaries, backward boundaries, any stage forward, any stage backward) at a tick, by the table."""
-  return (boundaries_at(prog, tick), boundaries_at(prog, tick, forward=False),
-          bool(schedules.running(prog.table, tick, ("F",))), bool(schedules.running(prog.table, tick, ("BW",))))
+class Plan(NamedTuple):
+  """What a tick holds, read from the table: the boundaries whose activation (gradient) is sent at its end,
+  whether any stage runs a forward (backward) at it, and, with overlapped sends (`Timing.hop` 2), the
+  boundaries whose payload crosses its link during it (encoded the tick before) and those whose payload is
+  decoded at it (encoded two ticks before)."""
+  fwd_sends: tuple[int, ...]
+  bwd_sends: tuple[int, ...]
+  any_forward: bool
+  any_backward: bool
+  fwd_crossing: tuple[int, ...] = ()
+  bwd_crossing: tuple[int, ...] = ()
+  fwd_arriving: tuple[int, ...] = ()
+  bwd_arriving: tuple[int, ...] = ()
+
+
+def tick_plan(prog: Program, tick: int) -> Plan:
+  """The `Plan` of a (static) tick, by the table."""
+  plan = Plan(boundaries_at(prog, tick), boundaries_at(prog, tick, forward=False),
+              bool(schedules.running(prog.table, tick, ("F",))), bool(schedules.running(prog.table, tick, ("BW",))))
+  if prog.timing.hop == 1:  # a message crosses and is decoded at the end of the tick that sends it
+    return plan
+  sent = lambda ago, forward: boundaries_at(prog, tick - ago, forward) if tick >= ago else ()
+  return plan._replace(fwd_crossing=sent(1, True), bwd_crossing=sent(1, False),
+                       fwd_arriving=sent(2, True), bwd_arriving=sent(2, False))
 
 
 def segments(prog: Program) -> list[tuple[range, tuple]]:
@@ -376,6 +405,16 @@ class Stash(NamedTuple):
   indices: tuple
 
 
+class InFlight(NamedTuple):
+  """Overlapped sends: per boundary, the payload its sender encoded at the tick before (it crosses the link
+  during this tick) and the one that crossed during the tick before (its receiver decodes it at this
+  tick); the activations' and the gradients'. Payloads only: no dense tensor waits between ticks."""
+  fwd_sent: tuple
+  fwd_arrived: tuple
+  bwd_sent: tuple
+  bwd_arrived: tuple
+
+
 class ExplicitCarry(NamedTuple):
   x_buf: jax.Array  # activation received for the next forward
   g_buf: jax.Array  # gradient received for the next backward
@@ -386,18 +425,41 @@ class ExplicitCarry(NamedTuple):
   grads: jax.Array  # this stage's weight-gradient row, summed over microbatches
   loss_sum: jax.Array
   metric_sums: Any
+  in_flight: Any = ()  # `InFlight` with overlapped sends
+
+
+def stash_positions(prog: Program, carry: ExplicitCarry, b: int, m, positions, end: int | None = None):
+  """Boundary b's TopK positions of microbatch m (index reuse) written to its stash slot: the (sender's,
+  receiver's) pair, or the one `end` (0 sender, 1 receiver) given; none is None."""
+  if positions is None:
+    return carry
+  slot, old = m % stash_slots(prog), carry.stash.indices[b]
+  put = lambda bufs, new: jax.tree.map(lambda buf, n: buf.at[slot].set(n), bufs, new)
+  stored = put(old, positions) if end is None else tuple(put(part, positions) if i == end else part
+                                                         for i, part in enumerate(old))
+  indices = carry.stash.indices[:b] + (stored,) + carry.stash.indices[b + 1:]
+  return carry._replace(stash=carry.stash._replace(indices=indices))
+
+
+def stashed_positions(prog: Program, carry: ExplicitCarry, b: int, m):
+  """Boundary b's (sender's, receiver's) TopK positions of microbatch m for its backward, or None without
+  index reuse (or in a step whose forward is dense)."""
+  if not prog.pipe.boundary.reuse or prog.mode.dense_forward:
+    return None
+  return jax.tree.map(lambda buf: buf[m % stash_slots(prog)], carry.stash.indices[b])
 
 
 def stash_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, carry: ExplicitCarry):
   """`forward_exchange` (its forward half) of the explicit schedule, its TopK positions stashed for
   index reuse: (received activation, carry)."""
   x, tables, idx = forward_exchange(prog, inp, tick, b, y_buf, carry.fwd_tables, differentiable=False)
-  stash = carry.stash
-  if idx is not None:
-    slot = microbatch(prog, tick, b) % stash_slots(prog)
-    stored = jax.tree.map(lambda buf, new: buf.at[slot].set(new), stash.indices[b], idx)
-    stash = stash._replace(indices=stash.indices[:b] + (stored,) + stash.indices[b + 1:])
-  return x, carry._replace(fwd_tables=tables, stash=stash)
+  carry = stash_positions(prog, carry, b, microbatch(prog, tick, forward_tick(prog, b)), idx)
+  return x, carry._replace(fwd_tables=tables)
+
+
+def kept_rows(ok, table, rows, shape, new):
+  """The new state rows where `ok` (this device is their end), the table's rows elsewhere."""
+  return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, layout.gather_rows(table, rows, shape))
 
 
 def backward_exchange(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carry: ExplicitCarry):
@@ -408,47 +470,158 @@ def backward_exchange(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carr
   shape = prog.shapes[b]
   _, rows = _link_rows(prog, m, inp.mbs)
   bs_old, br_old = inp.bwd_tables
-  idx = None
-  if prog.pipe.boundary.reuse and not prog.mode.dense_forward:
-    idx = jax.tree.map(lambda buf: buf[m % stash_slots(prog)], carry.stash.indices[b])
   dx, bs_new, br_new = boundary_mod.backward_half(
       _boundary(prog, b), prog.mode, layout.unpad(dx_buf, shape),
       layout.gather_rows(bs_old, rows, shape), layout.gather_rows(br_old, rows, shape),
-      pipeline.link_key(inp.step_key, global_microbatch(prog, m), b), s == b, s == b + 1, idx)
+      pipeline.link_key(inp.step_key, global_microbatch(prog, m), b), s == b, s == b + 1,
+      stashed_positions(prog, carry, b, m))
   bs, br = carry.bwd_tables
-  keep = lambda ok, table, new: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new,
-                                             layout.gather_rows(table, rows, shape))
-  tables = (layout.put_rows(bs, rows, keep(s == b + 1, bs, bs_new)),
-            layout.put_rows(br, rows, keep(s == b, br, br_new)))
+  tables = (layout.put_rows(bs, rows, kept_rows(s == b + 1, bs, rows, shape, bs_new)),
+            layout.put_rows(br, rows, kept_rows(s == b, br, rows, shape, br_new)))
   return layout.pad(dx, prog.width, prog.act_dtype), carry._replace(bwd_tables=tables)
 
 
-def explicit_tick(prog: Program, inp: StepInputs, tick, plan, carry: ExplicitCarry) -> ExplicitCarry:
-  """One tick: this stage's forward (stashing its input), its backward, then the boundaries.
-  Work that no stage has at this tick (by `plan`) is left out of the program."""
-  fwd_bs, bwd_bs, any_forward, any_backward = plan
+def stage_ops(prog: Program, inp: StepInputs, tick, plan: Plan, carry: ExplicitCarry):
+  """This device's stage at `tick`: its forward on `carry.x_buf` (stashing that input), then its backward on
+  `carry.g_buf`: (carry, activation made, input gradient made). Work that no stage has at this tick (by
+  `plan`) is left out of the program."""
   s = jax.lax.axis_index(STAGE)
   y_buf = dx_buf = jnp.zeros_like(carry.x_buf)
-  if any_forward:
-    slot = clipped_microbatch(prog, tick, s) % stash_slots(prog)
-    forward_busy = busy(prog, tick, s)
+  if plan.any_forward:
+    slot = clipped_microbatch(prog, tick, forward_tick(prog, s)) % stash_slots(prog)
+    forward_busy = busy(prog, tick, forward_tick(prog, s))
     keep = lambda buf, new: buf.at[slot].set(jnp.where(forward_busy, new, buf[slot]))
     stash = carry.stash._replace(x_buf=keep(carry.stash.x_buf, carry.x_buf),
                                  model_state=keep(carry.stash.model_state, carry.model_state))
     y_buf, ms_row, loss, metrics = stage_step(prog, inp, tick, carry.model_state, carry.x_buf)
     carry = carry._replace(stash=stash, model_state=ms_row, loss_sum=carry.loss_sum + loss,
                            metric_sums=jax.tree.map(jnp.add, carry.metric_sums, metrics))
-  if any_backward:
+  if plan.any_backward:
     grads, dx_buf = stage_backward(prog, inp, tick, carry.stash, carry.g_buf, carry.grads)
     carry = carry._replace(grads=grads)
+  return carry, y_buf, dx_buf
+
+
+def explicit_tick(prog: Program, inp: StepInputs, tick, plan: Plan, carry: ExplicitCarry) -> ExplicitCarry:
+  """One tick: this stage's forward (stashing its input), its backward, then the boundaries."""
+  s = jax.lax.axis_index(STAGE)
+  carry, y_buf, dx_buf = stage_ops(prog, inp, tick, plan, carry)
   next_x, next_g = jnp.zeros_like(carry.x_buf), jnp.zeros_like(carry.g_buf)
-  for b in fwd_bs:
+  for b in plan.fwd_sends:
     x, carry = stash_exchange(prog, inp, tick, b, y_buf, carry)
     next_x = jnp.where(s == b + 1, x, next_x)
-  for b in bwd_bs:
+  for b in plan.bwd_sends:
     g, carry = backward_exchange(prog, inp, tick, b, dx_buf, carry)
     next_g = jnp.where(s == b, g, next_g)
   return carry._replace(x_buf=next_x, g_buf=next_g)
+
+
+# ---------------------------------------------------------------- overlapped sends
+# With `Timing.hop` 2 a boundary's message is encoded where it is made (tick t), crosses its link during
+# tick t+1 while both ends compute (its collective reads only the carry, so nothing of tick t+1 waits for
+# it), and is decoded where it is used (tick t+2). Each end's compression state moves at its own end:
+# the sender's rows at the encode, the receiver's at the decode, each by its own microbatch.
+
+
+def encode_forward(prog: Program, inp: StepInputs, tick, b: int, y_buf, carry: ExplicitCarry) -> ExplicitCarry:
+  """Stage b encodes the activation its forward made at `tick` (its forward-sender rows, and under index
+  reuse its TopK positions, stashed): the payload waits in `in_flight` to cross during the next tick."""
+  s, shape, link = jax.lax.axis_index(STAGE), prog.shapes[b], _boundary(prog, b)
+  m = microbatch(prog, tick, forward_tick(prog, b))
+  rows, _ = _link_rows(prog, m, inp.mbs)
+  fs, fr = carry.fwd_tables
+  payload, fs_new = boundary_mod.forward_send(link, prog.mode, layout.unpad(y_buf, shape),
+                                              layout.gather_rows(fs, rows, shape),
+                                              pipeline.link_key(inp.step_key, global_microbatch(prog, m), b), s == b)
+  carry = stash_positions(prog, carry, b, m, boundary_mod.reuse_positions(link, prog.mode, payload), end=0)
+  sent = carry.in_flight.fwd_sent[:b] + (payload,) + carry.in_flight.fwd_sent[b + 1:]
+  return carry._replace(fwd_tables=(layout.put_rows(fs, rows, fs_new), fr),
+                        in_flight=carry.in_flight._replace(fwd_sent=sent))
+
+
+def decode_forward(prog: Program, inp: StepInputs, tick, b: int, carry: ExplicitCarry):
+  """Stage b+1 decodes boundary b's payload that crossed during the tick before, for its forward at `tick`
+  (its forward-receiver rows, and under index reuse its copy of the TopK positions, stashed): (input, carry)."""
+  s, shape, link = jax.lax.axis_index(STAGE), prog.shapes[b], _boundary(prog, b)
+  m = microbatch(prog, tick, forward_tick(prog, b + 1))
+  rows, _ = _link_rows(prog, m, inp.mbs)
+  fs, fr = carry.fwd_tables
+  arrived = carry.in_flight.fwd_arrived[b]
+  x, fr_new = boundary_mod.forward_receive(link, prog.mode, arrived, layout.gather_rows(fr, rows, shape), s == b + 1)
+  carry = stash_positions(prog, carry, b, m, boundary_mod.reuse_positions(link, prog.mode, arrived), end=1)
+  return layout.pad(x, prog.width, prog.act_dtype), carry._replace(fwd_tables=(fs, layout.put_rows(fr, rows, fr_new)))
+
+
+def encode_backward(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carry: ExplicitCarry) -> ExplicitCarry:
+  """Stage b+1 encodes the input gradient its backward made at `tick` (its backward-sender rows): the
+  payload waits in `in_flight` to cross back during the next tick."""
+  s, shape, link = jax.lax.axis_index(STAGE), prog.shapes[b], _boundary(prog, b)
+  m = microbatch(prog, tick, backward_tick(prog, b + 1))
+  _, rows = _link_rows(prog, m, inp.mbs)
+  idx = stashed_positions(prog, carry, b, m)
+  payload, bs_new = boundary_mod.backward_send(link, prog.mode, layout.unpad(dx_buf, shape),
+                                               layout.gather_rows(inp.bwd_tables[0], rows, shape),
+                                               pipeline.link_key(inp.step_key, global_microbatch(prog, m), b),
+                                               s == b + 1, None if idx is None else idx[1])
+  bs, br = carry.bwd_tables
+  sent = carry.in_flight.bwd_sent[:b] + (payload,) + carry.in_flight.bwd_sent[b + 1:]
+  return carry._replace(bwd_tables=(layout.put_rows(bs, rows, kept_rows(s == b + 1, bs, rows, shape, bs_new)), br),
+                        in_flight=carry.in_flight._replace(bwd_sent=sent))
+
+
+def decode_backward(prog: Program, inp: StepInputs, tick, b: int, carry: ExplicitCarry):
+  """Stage b decodes boundary b's gradient payload that crossed back during the tick before, for its
+  backward at `tick` (its backward-receiver rows): (gradient, carry)."""
+  s, shape, link = jax.lax.axis_index(STAGE), prog.shapes[b], _boundary(prog, b)
+  m = microbatch(prog, tick, backward_tick(prog, b))
+  _, rows = _link_rows(prog, m, inp.mbs)
+  idx = stashed_positions(prog, carry, b, m)
+  dx, br_new = boundary_mod.backward_receive(link, prog.mode, carry.in_flight.bwd_arrived[b],
+                                             layout.gather_rows(inp.bwd_tables[1], rows, shape), s == b,
+                                             None if idx is None else idx[0], shape.dtype)
+  bs, br = carry.bwd_tables
+  tables = (bs, layout.put_rows(br, rows, kept_rows(s == b, br, rows, shape, br_new)))
+  return layout.pad(dx, prog.width, prog.act_dtype), carry._replace(bwd_tables=tables)
+
+
+def overlapped_tick(prog: Program, inp: StepInputs, tick, plan: Plan, carry: ExplicitCarry) -> ExplicitCarry:
+  """One tick with overlapped sends: the payloads encoded at the tick before cross their links, reading only
+  the carry (so the tick's compute runs while they are in flight); those that crossed during the tick before
+  are decoded for this tick's stage; the stage runs; what it made is encoded to cross during the next tick."""
+  s, flight = jax.lax.axis_index(STAGE), carry.in_flight
+  cross = lambda sent, arrived, crossing, move: tuple(
+      move(_boundary(prog, b).transport)(sent[b]) if b in crossing else arrived[b] for b in range(len(sent)))
+  fwd_arrived = cross(flight.fwd_sent, flight.fwd_arrived, plan.fwd_crossing, lambda t: t.forward)
+  bwd_arrived = cross(flight.bwd_sent, flight.bwd_arrived, plan.bwd_crossing, lambda t: t.backward)
+  x_buf, g_buf = jnp.zeros_like(carry.x_buf), jnp.zeros_like(carry.g_buf)
+  for b in plan.fwd_arriving:
+    x, carry = decode_forward(prog, inp, tick, b, carry)
+    x_buf = jnp.where(s == b + 1, x, x_buf)
+  for b in plan.bwd_arriving:
+    g, carry = decode_backward(prog, inp, tick, b, carry)
+    g_buf = jnp.where(s == b, g, g_buf)
+  carry, y_buf, dx_buf = stage_ops(prog, inp, tick, plan, carry._replace(x_buf=x_buf, g_buf=g_buf))
+  for b in plan.fwd_sends:
+    carry = encode_forward(prog, inp, tick, b, y_buf, carry)
+  for b in plan.bwd_sends:
+    carry = encode_backward(prog, inp, tick, b, dx_buf, carry)
+  flight = carry.in_flight._replace(fwd_arrived=fwd_arrived, bwd_arrived=bwd_arrived)
+  return carry._replace(x_buf=jnp.zeros_like(x_buf), g_buf=jnp.zeros_like(g_buf), in_flight=flight)
+
+
+def empty_in_flight(prog: Program, inp: StepInputs, carry: ExplicitCarry) -> InFlight:
+  """Zero payloads of every boundary, shaped as its codecs encode this program's activations."""
+  fwd, bwd = [], []
+  for b, shape in enumerate(prog.shapes):
+    link, key, x = _boundary(prog, b), pipeline.link_key(inp.step_key, 0, b), jnp.zeros(shape.shape, shape.dtype)
+    fwd_rows, bwd_rows = _link_rows(prog, 0, inp.mbs)
+    fs, bs = layout.gather_rows(carry.fwd_tables[0], fwd_rows, shape), layout.gather_rows(inp.bwd_tables[0], bwd_rows, shape)
+    idx = stashed_positions(prog, carry, b, 0)
+    fwd.append(jax.eval_shape(lambda: boundary_mod.forward_send(link, prog.mode, x, fs, key, True)[0]))
+    bwd.append(jax.eval_shape(lambda: boundary_mod.backward_send(link, prog.mode, x, bs, key, True,
+                                                                None if idx is None else idx[1])[0]))
+  zeros = lambda shapes: tuple(jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), tree) for tree in shapes)
+  return InFlight(zeros(fwd), zeros(fwd), zeros(bwd), zeros(bwd))
 
 
 def _index_shapes(prog: Program, b: int):
@@ -469,10 +642,13 @@ def run_explicit(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs,
   carry = ExplicitCarry(buf, buf, stash, ms_row, tuple(fwd_tables), jax.tree.map(jnp.zeros_like, tuple(bwd_tables)),
                         jnp.zeros_like(params_row), jnp.zeros((), jnp.float32), zero_metrics(prog))
   inp = StepInputs(params_row, tuple(bwd_tables), mbs, step_key, scale)
+  tick_fn = explicit_tick
+  if prog.timing.hop > 1:
+    carry, tick_fn = carry._replace(in_flight=empty_in_flight(prog, inp, carry)), overlapped_tick
 
   def period(carry, start, plans):
     for j, plan in enumerate(plans):
-      carry = explicit_tick(prog, inp, start + j, plan, carry)
+      carry = tick_fn(prog, inp, start + j, plan, carry)
     return carry
 
   for starts, plans in segments(prog):

@@ -10,7 +10,9 @@ devices; today one chunk per device, so chunk = stage = device). The ops, on mic
 `Schedule.ops[d][t]` holds the ops device d runs at tick t, in the order it runs them. The messages
 are implied: F(c, m) with c < C-1 sends its activation over boundary c to chunk c+1's device; B or
 BW(c, m) with c > 0 sends its input gradient over boundary c-1 to chunk c-1's device. A message sent
-at tick t is there from tick t+1. Ticks, messages, stashed inputs and each device's op order are
+at the end of tick t is there from tick t + `hop`: 1, or 2 with overlapped sends (it crosses its link
+during tick t+1, while both devices compute, and is used at tick t+2; MaxText's delayed activation
+forwarding: S-1 more ticks each way). Ticks, messages, stashed inputs and each device's op order are
 read from the table by the functions below; `validate` says whether a table is legal.
 """
 import dataclasses
@@ -45,12 +47,13 @@ class Message(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-  """`ops[d][t]`: the ops device d runs at tick t, in order (every device has the same ticks).
-  Checked by `validate` when built."""
+  """`ops[d][t]`: the ops device d runs at tick t, in order (every device has the same ticks); a message
+sent at the end of tick t is used from tick t + `hop` (2: overlapped sends). Checked by `validate` when built."""
   name: str
   num_chunks: int
   microbatches: int
   ops: tuple[tuple[tuple[Op, ...], ...], ...]
+  hop: int = 1
 
   def __post_init__(self):
     validate(self)
@@ -68,13 +71,13 @@ class Schedule:
     return chunk % self.num_devices
 
 
-def at_ticks(name: str, num_devices: int, microbatches: int, ticks: dict[Op, int]) -> Schedule:
+def at_ticks(name: str, num_devices: int, microbatches: int, ticks: dict[Op, int], hop: int = 1) -> Schedule:
   """The one-chunk-per-device table that runs each op of `ticks` at its tick (F before BW in a tick)."""
   total = max(ticks.values()) + 1
   ops = [[[] for _ in range(total)] for _ in range(num_devices)]
   for op in sorted(ticks, key=lambda op: (ticks[op], KINDS.index(op.kind))):
     ops[op.chunk][ticks[op]].append(op)
-  return Schedule(name, num_devices, microbatches, tuple(tuple(map(tuple, row)) for row in ops))
+  return Schedule(name, num_devices, microbatches, tuple(tuple(map(tuple, row)) for row in ops), hop)
 
 
 def fused_backward(num_stages: int, microbatches: int, forward_tick, backward_tick) -> dict[Op, int]:
@@ -86,25 +89,28 @@ def fused_backward(num_stages: int, microbatches: int, forward_tick, backward_ti
   return ticks
 
 
-def gpipe(num_stages: int, microbatches: int) -> Schedule:
-  """Every forward, then every backward: F(s, m) at tick m + s, BW(s, m) at m + M + 2S-2 - s
-  (2M+2S-2 ticks, M inputs stashed per stage)."""
-  S, M = num_stages, microbatches
-  return at_ticks("gpipe", S, M, fused_backward(S, M, lambda s, m: m + s, lambda s, m: m + M + 2 * S - 2 - s))
+def gpipe(num_stages: int, microbatches: int, hop: int = 1) -> Schedule:
+  """Every forward, then every backward: F(s, m) at tick m + hs, BW(s, m) at m + M + 2h(S-1) - hs, h = hop
+  (2M+2h(S-1) ticks, M inputs stashed per stage)."""
+  S, M, h = num_stages, microbatches, hop
+  return at_ticks("gpipe", S, M, fused_backward(S, M, lambda s, m: m + h * s,
+                                                lambda s, m: m + M + 2 * h * (S - 1) - h * s), h)
 
 
-def one_f_one_b(num_stages: int, microbatches: int) -> Schedule:
-  """PipeDream-flush, one op per device per tick: F(s, m) at 2m + s, BW(s, m) at 2m + 2S-1 - s
-  (2M+2S-2 ticks, min(M, S-s) inputs stashed on stage s)."""
-  S, M = num_stages, microbatches
-  return at_ticks("1f1b", S, M, fused_backward(S, M, lambda s, m: 2 * m + s, lambda s, m: 2 * m + 2 * S - 1 - s))
+def one_f_one_b(num_stages: int, microbatches: int, hop: int = 1) -> Schedule:
+  """PipeDream-flush, one op per device per tick: F(s, m) at 2m + hs, BW(s, m) at 2m + 2h(S-1)+1 - hs,
+  h = hop (2M+2h(S-1) ticks; min(M, S-s) inputs stashed on stage s for h = 1, about twice that for h = 2)."""
+  S, M, h = num_stages, microbatches, hop
+  return at_ticks("1f1b", S, M, fused_backward(S, M, lambda s, m: 2 * m + h * s,
+                                               lambda s, m: 2 * m + 2 * h * (S - 1) + 1 - h * s), h)
 
 
-def one_f_one_b_fused(num_stages: int, microbatches: int) -> Schedule:
-  """1F1B with a forward and a backward per tick: F(s, m) at m + s, BW(s, m) at m + 2S-2 - s
-  (M+2S-2 ticks, min(M, 2(S-s)-1) inputs stashed on stage s)."""
-  S, M = num_stages, microbatches
-  return at_ticks("1f1b-fused", S, M, fused_backward(S, M, lambda s, m: m + s, lambda s, m: m + 2 * S - 2 - s))
+def one_f_one_b_fused(num_stages: int, microbatches: int, hop: int = 1) -> Schedule:
+  """1F1B with a forward and a backward per tick: F(s, m) at m + hs, BW(s, m) at m + 2h(S-1) - hs, h = hop
+  (M+2h(S-1) ticks; min(M, 2(S-s)-1) inputs stashed on stage s for h = 1)."""
+  S, M, h = num_stages, microbatches, hop
+  return at_ticks("1f1b-fused", S, M, fused_backward(S, M, lambda s, m: m + h * s,
+                                                     lambda s, m: m + 2 * h * (S - 1) - h * s), h)
 
 
 def as_soon_as_ready(name: str, num_chunks: int, microbatches: int, orders: list[list[Op]]) -> Schedule:
@@ -183,12 +189,29 @@ def zero_bubble_h1(num_stages: int, microbatches: int) -> Schedule:
 BUILDERS = {"gpipe": gpipe, "1f1b": one_f_one_b, "1f1b-fused": one_f_one_b_fused}
 SCHEDULES = tuple(BUILDERS)
 TABLES_ONLY = {"zb-h1": zero_bubble_h1}  # tables no executor runs yet (netsim and the bubble table read them)
+OVERLAP_HOP = 2  # ticks a message takes with overlapped sends: it crosses during the tick after its op
 
 
-def build(name: str, num_stages: int, microbatches: int) -> Schedule:
+def check_overlap(num_stages: int, microbatches: int) -> None:
+  """Overlapped sends need M >= 2S: each message then takes two ticks, and with fewer microbatches the
+  pipeline never has every stage computing while every link carries a message (no steady ticks), so the
+  S-1 extra ticks each way cost more than the overlap can hide. A ValueError naming the values and the fix."""
+  if microbatches < 2 * num_stages:
+    raise ValueError(f"overlapped sends (--overlap) need at least 2S microbatches per data shard: got M="
+                     f"{microbatches} for S={num_stages} stages; use --microbatches {2 * num_stages} (or more), "
+                     "or drop --overlap")
+
+
+def build(name: str, num_stages: int, microbatches: int, overlap: bool = False) -> Schedule:
   """The table of schedule `name` for S stages and M microbatches: one of SCHEDULES (the sharded executor
-  runs these), or "zb-h1" or "interleaved:V" (tables only: no executor runs them yet)."""
+  runs these; `overlap`: with overlapped sends, `OVERLAP_HOP` ticks a message, M >= 2S), or "zb-h1" or
+  "interleaved:V" (tables only: no executor runs them yet)."""
   kind, _, chunks = name.partition(":")
+  if overlap:
+    if name not in BUILDERS:
+      raise ValueError(f"overlapped sends run on the schedules {list(BUILDERS)}, got {name!r}")
+    check_overlap(num_stages, microbatches)
+    return BUILDERS[name](num_stages, microbatches, OVERLAP_HOP)
   if kind == "interleaved" and chunks.isdigit():
     return interleaved(num_stages, microbatches, int(chunks))
   builders = {**BUILDERS, **TABLES_ONLY}
@@ -239,9 +262,12 @@ def inputs(op: Op, num_chunks: int) -> tuple[Op, ...]:
 def validate(schedule: Schedule) -> None:
   """A legal table: devices of equal ticks, each op on its chunk's device; every microbatch's ops
   exactly once (F, and BW or B and W, per chunk); each op after its `inputs` (on the same device
-  earlier in its order; on another device at an earlier tick, its message then there). Else one
+  earlier in its order; on another device at least `hop` ticks later, its message then there). Else one
   ValueError naming the schedule and the op."""
   name, C, M = schedule.name, schedule.num_chunks, schedule.microbatches
+  if schedule.hop not in (1, OVERLAP_HOP):
+    raise ValueError(f"schedule {name!r}: a message takes 1 tick (or {OVERLAP_HOP}: overlapped sends), got hop="
+                     f"{schedule.hop}")
   if not schedule.ops or len({len(row) for row in schedule.ops}) != 1:
     raise ValueError(f"schedule {name!r}: every device needs the same number of ticks, got "
                      f"{[len(row) for row in schedule.ops]}")
@@ -270,9 +296,11 @@ def validate(schedule: Schedule) -> None:
     for need in inputs(op, C):
       if need in seen:
         t_in, d_in, i_in = seen[need]
-        if (t_in, i_in) >= (t, i) if d_in == d else t_in >= t:
+        if (t_in, i_in) >= (t, i) if d_in == d else t_in + schedule.hop > t:
+          there = f", there at tick {t_in + schedule.hop}" if schedule.hop > 1 else ""
+          sent = f", sent at its end{there}" if d_in != d else ""
           raise ValueError(f"schedule {name!r}: {op} at device {d} tick {t} runs before its input {need} "
-                           f"(device {d_in} tick {t_in}{', sent at its end' if d_in != d else ''})")
+                           f"(device {d_in} tick {t_in}{sent})")
 
 
 def held(schedule: Schedule, device: int) -> list[tuple[int, int]]:

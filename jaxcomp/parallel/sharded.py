@@ -49,11 +49,16 @@ class ShardedExecutor(pipeline.Executor):
   `remat="stage"` (default) saves a stage's input per microbatch and recomputes the stage in
   its explicit backward (`schedule.run_explicit`); `remat="none"` (GPipe only) differentiates
   the forward schedule with autodiff, which saves every stage's internals.
+  `overlap=True` (train steps of any schedule, `remat="stage"`): overlapped sends, MaxText's delayed
+  activation forwarding: a payload encoded at tick t crosses its link during tick t+1 while the stages
+  compute, and is decoded at t+2 where it is used (`schedules.OVERLAP_HOP`; S-1 more ticks each way, M >= 2S
+  microbatches); the same bytes and numbers. Eval steps run without it.
   """
   mesh: jax.sharding.Mesh
   grad_scheme: Any = None
   remat: str = "stage"
   schedule: str = "gpipe"
+  overlap: bool = False
 
   def __post_init__(self):
     g = self.grad_scheme
@@ -66,6 +71,9 @@ class ShardedExecutor(pipeline.Executor):
     if self.schedule != "gpipe" and self.remat == "none":
       raise ValueError(f"the {self.schedule} schedule always recomputes a stage from its stashed input; "
                        "use remat='stage'")
+    if self.overlap and self.remat == "none":
+      raise ValueError("overlapped sends run the explicit backward (remat='stage'); remat='none' differentiates "
+                       "GPipe's forward ticks, whose messages cannot wait a tick: use remat='stage'")
 
   @property
   def num_stages(self) -> int:
@@ -79,6 +87,8 @@ class ShardedExecutor(pipeline.Executor):
     if pipe.num_stages != self.num_stages:
       raise ValueError(f"the model has {pipe.num_stages} stages but the mesh's stage axis has "
                        f"{self.num_stages} devices")
+    if self.overlap:
+      schedules.check_overlap(self.num_stages, pipe.microbatches)
     dataparallel.check_optimizer(optimizer, self.grad_scheme)
 
   def local_batch(self, batch):
@@ -176,7 +186,8 @@ class ShardedExecutor(pipeline.Executor):
     return ("fwd", "bwd", "data") if compressed else ("fwd", "bwd")
 
   def describe(self) -> str:
-    return f"sharded: {self.num_stages} stages x {self.data} data, schedule {self.schedule}"
+    return (f"sharded: {self.num_stages} stages x {self.data} data, schedule {self.schedule}"
+            + (", overlapped sends" if self.overlap else ""))
 
   def batch_shapes(self, batch):
     """Executor protocol: `batch` split over the mesh's `data` axis."""
@@ -207,7 +218,8 @@ class ShardedExecutor(pipeline.Executor):
     pipe, local = lay.pipe, lay.local_batch
     m_count, scale = pipe.microbatches, 1 / (pipe.microbatches * self.data)
     explicit = train and self.remat == "stage"
-    table = schedules.build(self.schedule if explicit else "gpipe", self.num_stages, m_count)
+    table = (schedules.build(self.schedule, self.num_stages, m_count, self.overlap) if explicit
+             else schedules.gpipe(self.num_stages, m_count))
     prog = schedule.make_program(pipe, lay.template, local, mode, train, table)
     exchange = dataparallel.exchange_for(optimizer, self.grad_scheme, warmup=mode is Mode.WARMUP)
     total = lambda v: jax.lax.pmean(jax.lax.psum(v, STAGE), DATA)
