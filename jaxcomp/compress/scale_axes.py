@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jaxcomp.compress import packing
 from jaxcomp.compress.channel_scale import ChannelScale, ChannelScaled
 from jaxcomp.compress.codecs import AUTO_GRID, MAXABS_GRIDS, Codec, MaxAbsQuant, Payload, compiled
+from jaxcomp.compress.codecs.quantizers import unit_scaled
 from jaxcomp.compress.codecs.wire import Quantized
 
 
@@ -38,13 +39,12 @@ class AxisChosen(NamedTuple):
 
 
 def _squared_error(x32, y32):
-  """||y - x||^2 summed, taken on x / 2^E and y / 2^E, 2^E the power of two of max|x| (exact, so no square
-  overflows or flushes to 0 at any magnitude; E kept within fp32's normal exponents)."""
+  """||y - x||^2 summed, taken on x / 2^E and y / 2^E, 2^E the power of two of max|x| (`unit_scaled`: exact, so
+  no square overflows or flushes to 0 at any magnitude)."""
   top = jnp.max(jnp.abs(x32))
-  e = jnp.clip(jnp.floor(jnp.log2(jnp.where(top > 0, top, 1.0))), -126, 126)  # 2^-e a normal number
-  unit = jnp.exp2(-e)
-  d_u = (y32 - x32) * unit
-  return jnp.sum(d_u * d_u)
+  x_u, _ = unit_scaled(x32, top)
+  y_u, _ = unit_scaled(y32, top)
+  return jnp.sum(jnp.square(y_u - x_u))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,7 +39,7 @@ def _power_of_two(k):
   return jax.lax.bitcast_convert_type((k + 127) << 23, jnp.float32)
 
 
-def _unit_scaled(x32, s, expand):
+def unit_scaled(x32, s, expand=lambda v: v):
   """(x, s) both times 2^-E, E the exponent of s (s = m 2^E, 1 <= m < 2; E = 0 for s = 0, inf or NaN): s / 2^E
   in [1, 2). Multiplying by a power of two is exact, and done in two halves so every factor is a normal fp32."""
   biased = (jax.lax.bitcast_convert_type(s, jnp.int32) >> 23) & 0xFF
@@ -226,12 +226,12 @@ class MaxAbsQuant(Codec):
   def _least_error(self, x32, s, ratios, offsets):
     """(ratio, offset) per scale whose grid, deterministically rounded, errs least in squared error.
 
-    The errors are summed over x / 2^E and s / 2^E, 2^E the power of two of s (`_unit_scaled`): exact
+    The errors are summed over x / 2^E and s / 2^E, 2^E the power of two of s (`unit_scaled`): exact
     rescalings, so the choice is the same for x and x * c at any magnitude (at fp32's extremes the squares
     of x itself would overflow to inf or flush to 0, and every candidate would tie). Ties take the first
     ratio, then the zero grid."""
     axes = self._reduce_axes(x32)
-    u, s_u = _unit_scaled(x32, s, self._expand)
+    u, s_u = unit_scaled(x32, s, self._expand)
 
     def errors(f):
       def error(r):
