@@ -341,7 +341,12 @@ GOOD = dict(
         (dict(microbatches=0), r"microbatches.*got 0"),
         (dict(microbatches=1.5), r"microbatches.*got 1\.5"),
         (dict(microbatches=True), r"microbatches.*got True"),
-        (dict(schedule="pipedream"), r"schedule must be one of \['gpipe', '1f1b', '1f1b-fused'\], got 'pipedream'"),
+        (dict(schedule="pipedream"), r"schedule must be one of \['gpipe', '1f1b', '1f1b-fused', 'zb-h1'\] or "
+                                     r"interleaved:V, got 'pipedream'"),
+        (dict(schedule="interleaved:3"), r"schedule 'interleaved:3' places 3 chunks on each device; netsim was given "
+                                         r"times for 2 chunks"),
+        (dict(schedule=schedules.gpipe(2, 2), ticks=True), r"schedule 'gpipe' has hop 1, so with ticks=True "
+                                                           r"overlap_sends must be False"),
         (dict(exchange=Exchange([1.0], 2)), r"exchange.sent_bytes has 1 entries but the pipeline has 2 stages"),
         (dict(exchange=Exchange([1.0, -2.0], 2)), r"exchange.sent_bytes\[1\].*-2\.0"),
         (dict(exchange=Exchange([1.0, 1.0], -1)), r"exchange.messages must be an integer >= 0, got -1"),
@@ -435,3 +440,69 @@ def test_interleaved_table_uses_each_chunks_times_and_the_ring():
   assert all(end - start == 8.0 for start, end in link0)
   assert all(later[0] >= earlier[1] for earlier, later in zip(link0, link0[1:]))  # one message at a time
   assert sum(tl.critical_seconds().values()) == pytest.approx(tl.makespan)
+
+
+# --- the executor's ticks (ticks=True) ------------------------------------------------------------
+
+
+def _starts(tl):
+  return {(e.kind, e.index, e.microbatch): (e.start, e.end) for e in tl.events}
+
+
+def test_every_table_by_name():
+  """The name path builds what `schedules.build` builds: every schedule (interleaved:V from C = S*V chunk
+  times), and with ticks and overlap_sends the overlapped (hop 2) table (dataflow: the hop-1 table)."""
+  rng = random.Random(7)
+  for name, chunks, overlap in (("gpipe", 4, False), ("1f1b-fused", 4, True), ("zb-h1", 4, False),
+                                ("interleaved:2", 8, False)):
+    times = [[rng.uniform(0.5, 2.0) for _ in range(chunks)] for _ in range(2)]
+    nbytes = [rng.uniform(1.0, 9.0) for _ in range(chunks - 1)]
+    args = (*times, nbytes, nbytes[::-1], 8, BW8)
+    for ticks in (False, True):
+      table, kw = schedules.build(name, 4, 8, ticks and overlap), dict(ticks=ticks, overlap_sends=ticks and overlap)
+      assert simulate_step(*args, schedule=name, **kw) == simulate_step(*args, schedule=table, **kw), (name, ticks)
+
+
+def test_plain_ticks_compute_then_send_then_wait():
+  """GPipe, 2 stages, 2 microbatches, stage 1's forward 3 s, messages 2 s. Tick 1 runs F(0, 1) (3-4) and
+  F(1, 0) (3-6); the message F(0, 1) made waits for stage 1 to end its tick (6-8, a collective needs both
+  ends), so F(1, 1) starts at 8; dataflow lets it cross at 4-6 and F(1, 1) start at 6."""
+  args = ([1.0, 3.0], [1.0, 1.0], [2.0], [2.0], 2, BW8)
+  ticks = _starts(simulate_step(*args, ticks=True, overlap_sends=False))
+  assert ticks["send_fwd", 0, 0] == (1.0, 3.0) and ticks["fwd", 0, 1] == (3.0, 4.0)
+  assert ticks["fwd", 1, 0] == (3.0, 6.0) and ticks["send_fwd", 0, 1] == (6.0, 8.0) and ticks["fwd", 1, 1] == (8.0, 11.0)
+  dataflow = _starts(simulate_step(*args, overlap_sends=False))
+  assert dataflow["send_fwd", 0, 1] == (4.0, 6.0) and dataflow["fwd", 1, 1] == (6.0, 9.0)
+
+
+def test_overlapped_ticks_cross_during_the_next_tick():
+  """GPipe with --overlap (hop 2), 2 stages, 4 microbatches, 1 s ops, 2 s messages (hand timeline): the
+  message made at tick t starts with tick t+1 and crosses while both stages compute it, and each stage
+  starts tick t+2 once it has crossed."""
+  tl = simulate_step([1.0, 1.0], [1.0, 1.0], [2.0], [2.0], 4, BW8, ticks=True, overlap_sends=True)
+  ev = _starts(tl)
+  assert [ev["send_fwd", 0, m] for m in range(4)] == [(1.0, 3.0), (3.0, 5.0), (5.0, 7.0), (7.0, 9.0)]
+  assert ev["fwd", 0, 1] == (1.0, 2.0) and ev["fwd", 0, 2] == ev["fwd", 1, 0] == (3.0, 4.0)
+  assert [ev["fwd", 1, m][0] for m in range(4)] == [3.0, 5.0, 7.0, 9.0]
+  assert [ev["send_bwd", 0, m] for m in range(4)] == [(11.0, 13.0), (13.0, 15.0), (15.0, 17.0), (17.0, 19.0)]
+  assert ev["bwd", 0, 0] == (13.0, 14.0) and ev["bwd", 0, 3] == (19.0, 20.0) and tl.makespan == 20.0
+
+
+@pytest.mark.parametrize("name", [*schedules.SCHEDULES, "zb-h1", "interleaved:2"])
+def test_ticks_are_never_faster_than_dataflow(name):
+  """For the same table, the executor's ticks only add waits to the dataflow timing with overlapping sends;
+  the ticks' critical path runs from 0 to the makespan without gaps. Random stages and links."""
+  rng = random.Random(name)
+  per_device = 2 if name.startswith("interleaved") else 1
+  for S, M in ((2, 4), (3, 6), (4, 8)):
+    overlaps = (False, True) if name in schedules.SCHEDULES else (False,)
+    for overlap in overlaps:
+      table, chunks = schedules.build(name, S, M, overlap), S * per_device
+      times = [[rng.uniform(0.1, 2.0) for _ in range(chunks)] for _ in range(2)]
+      nbytes = [[rng.uniform(0.0, 16.0) for _ in range(chunks - 1)] for _ in range(2)]
+      args = (*times, *nbytes, M, BW8, rng.uniform(0, 0.5))
+      tl = simulate_step(*args, schedule=table, ticks=True, overlap_sends=overlap, exchange=Exchange([4.0] * S, 1))
+      assert _at_least(tl.makespan, simulate_step(*args, schedule=table, exchange=Exchange([4.0] * S, 1)).makespan)
+      path = tl.critical_path
+      assert path[0].start == 0 and path[-1].end == tl.makespan
+      assert all(before.end == after.start for before, after in zip(path, path[1:]))

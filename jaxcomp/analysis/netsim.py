@@ -13,15 +13,32 @@ stage ``b + 1``. Per microbatch, stage ``s`` spends ``fwd_s[s]`` seconds on its 
 message of ``fwd_bytes[b]`` bytes forward (activation) and one of ``bwd_bytes[b]`` backward
 (activation gradient).
 
-Stages. Stage ``s`` runs one op at a time, in the order the executor runs them: the order of
-device ``s``'s row of the schedule's table (`schedules.device_order`: by tick, and within a tick
-in the table's order; under ``1f1b-fused`` a tick holds F(s, m) and then BW(s, m'), as
-`schedule.explicit_tick` runs them). An ``F`` op is a ``fwd`` event, a ``BW`` op a ``bwd`` event
-(``B``, ``W``: below). The ticks fix only the order: an op starts as soon as its stage is free and its input has
-arrived. With ``overlap_sends`` (the default) sends are asynchronous: a stage goes on computing
-while its message crosses the link. Without, a stage sends before its next op (compute, then
-send, then the next op), as the SPMD executor's ticks are written today (which also waits for
-each tick's collectives, so it can only be slower).
+Two timings of a table (``ticks``):
+
+Dataflow (``ticks=False``, the default): the table fixes each device's order only. Stage ``s`` runs
+one op at a time, in the order of device ``s``'s row (`schedules.device_order`: by tick, and within a
+tick in the table's order; under ``1f1b-fused`` a tick holds F(s, m) and then BW(s, m')); an op starts
+as soon as its stage is free and its input has arrived, and its message leaves as soon as the op
+ends. With ``overlap_sends=True`` a stage goes on computing while its message crosses; with ``False``
+it waits for its message to leave before its next op. No executor of this project runs so: it is a
+bound (for the same order, the tick timing below is never faster).
+
+Ticks (``ticks=True``): the sharded executor's timeline (`jaxcomp.parallel.schedule`). Device ``d``
+runs its ops of tick ``t`` one after another from ``ready[d][t]`` (``ready[d][0] = 0``); a collective
+couples only its two ends. ``overlap_sends`` is the executor's ``--overlap`` and picks the table (by
+name: ``schedules.build(name, S, M, overlap=overlap_sends)``; a table's ``hop`` must agree):
+
+- ``overlap_sends=False`` (hop 1, the executor without ``--overlap``): every tick is compute, then
+  send, then wait. A message of tick ``t`` (sender ``p``, receiver ``q``) starts when both ends have
+  computed their tick ``t`` (the collective needs both) and ``ready[d][t+1]`` is the end of ``d``'s
+  compute at ``t`` and of every message it sent or received at the end of ``t``;
+- ``overlap_sends=True`` (hop 2, ``--overlap``): the message an op makes at tick ``t`` crosses during
+  tick ``t+1``: it starts at ``max(ready[p][t+1], ready[q][t+1])`` while both ends compute, and
+  ``ready[d][t+2]`` is the end of ``d``'s compute at ``t+1`` and of the messages crossing to or from
+  ``d`` during ``t+1``.
+
+A device with no op at a tick still waits for its messages there. Encoding and decoding are in the
+ops' times (the caller's ``fwd_s``, ``bwd_s``), as the executor runs them inside its ticks.
 
 Split backwards and chunks. A table may split a backward into ``B`` (a ``bwd_input`` event: the
 input gradient, which sends the gradient upstream) and ``W`` (a ``bwd_weight`` event: the weight
@@ -45,10 +62,12 @@ has ended and the link direction is free::
     end = start + duration
     stage s free = its last op's end (its last message's end without overlap_sends)
 
+(dataflow timing; the tick timing adds the waits above).
+
 Data-parallel exchange (`Exchange`). With ``D`` replicas of the pipeline, the replicas of
 stage ``s`` exchange its weight gradient (or QuantizedAdam's first moment) once per step.
 Stage ``s``'s exchange starts when stage ``s`` has finished its last op and its last
-message has left (its gradient is complete then, and its network is idle: no overlap with
+message has left (under ticks: its last tick, messages included) (its gradient is complete then, and its network is idle: no overlap with
 pipeline traffic to count), and takes ``messages * latency_s + 8 * sent_bytes[s] /
 bandwidth_bps`` (ring collectives: a dense all-reduce is 2(D-1) messages carrying
 2(D-1)/D of the fp32 row; an all-gather of compressed messages is D-1 messages, see
@@ -172,14 +191,26 @@ def _check_bytes(name: str, values: Sequence[float], count: int, per: str) -> No
       raise ValueError(f"{name}[{i}] must be a finite number of bytes >= 0, got {v!r}")
 
 
-def _check_schedule(schedule: str | schedules.Schedule, num_chunks: int, microbatches: int) -> None:
+def table_of(schedule: str | schedules.Schedule, num_chunks: int, microbatches: int,
+             overlap: bool = False) -> schedules.Schedule:
+  """The table netsim runs: `schedule` itself (its chunks and microbatches must be the given ones), or the
+  table `schedules.build` makes of the name for `num_chunks` chunks (``interleaved:V``: V per device, so
+  num_chunks / V devices) and `microbatches`, with overlapped sends (hop 2) when `overlap`. A ValueError
+  naming the mismatch."""
   if isinstance(schedule, schedules.Schedule):
-    if (schedule.num_chunks, schedule.microbatches) != (num_chunks, microbatches):
-      raise ValueError(f"schedule {schedule.name!r} has {schedule.num_chunks} chunks on {schedule.num_devices} "
-                       f"devices and {schedule.microbatches} microbatches; netsim was given times for "
-                       f"{num_chunks} chunks (fwd_s, one entry per chunk) and {microbatches} microbatches")
-  elif schedule not in schedules.SCHEDULES:
-    raise ValueError(f"schedule must be one of {list(schedules.SCHEDULES)}, got {schedule!r}")
+    table = schedule
+  else:
+    kind, _, per_device = schedule.partition(":")
+    per_device = int(per_device) if kind == "interleaved" and per_device.isdigit() and int(per_device) else 1
+    if num_chunks % per_device:
+      raise ValueError(f"schedule {schedule!r} places {per_device} chunks on each device; netsim was given times "
+                       f"for {num_chunks} chunks (fwd_s, one entry per chunk), not a multiple of {per_device}")
+    table = schedules.build(schedule, num_chunks // per_device, microbatches, overlap)
+  if (table.num_chunks, table.microbatches) != (num_chunks, microbatches):
+    raise ValueError(f"schedule {table.name!r} has {table.num_chunks} chunks on {table.num_devices} "
+                     f"devices and {table.microbatches} microbatches; netsim was given times for "
+                     f"{num_chunks} chunks (fwd_s, one entry per chunk) and {microbatches} microbatches")
+  return table
 
 
 def transfer_time(nbytes: float, bandwidth_bps: float, latency_s: float, messages: int = 1) -> float:
@@ -192,10 +223,101 @@ def transfer_time(nbytes: float, bandwidth_bps: float, latency_s: float, message
   return messages * latency_s + 8.0 * nbytes / bandwidth_bps
 
 
-def _device_orders(table: schedules.Schedule) -> list[list[tuple[Kind, int, int]]]:
-  """Each device's ops ``(event kind, chunk, microbatch)`` in its row's order (module docstring)."""
-  return [[(COMPUTE[op.kind], op.chunk, op.microbatch) for op in schedules.device_order(table, d)]
-          for d in range(table.num_devices)]
+class _Events:
+  """Events evaluated so far, each with what it waited for last, and each resource's last event."""
+
+  def __init__(self):
+    self.evaluated: dict[tuple, Event] = {}  # (kind, index, microbatch) -> its event
+    self.cause: dict[tuple, tuple | None] = {}  # what an event waited for last (None: started at t = 0)
+    self.last: dict[tuple, tuple] = {}  # resource -> its last event's key
+
+  def run(self, key, resource, inputs, duration):
+    """Evaluate event `key` on `resource`: it starts when the resource's previous event and its inputs end."""
+    waits = [k for k in (self.last.get(resource), *inputs) if k is not None]
+    self.cause[key] = max(waits, key=lambda k: self.evaluated[k].end, default=None)
+    start = self.evaluated[self.cause[key]].end if self.cause[key] is not None else 0.0
+    self.evaluated[key] = Event(*key, start, start + duration)
+    self.last[resource] = key
+
+
+def _message_key(msg: schedules.Message) -> tuple[Kind, int, int]:
+  return ("send_fwd" if msg.forward else "send_bwd", msg.boundary, msg.microbatch)
+
+
+def _dataflow(ev: _Events, table: schedules.Schedule, compute, transfer, overlap_sends: bool) -> list[list]:
+  """Each device's ops in its order, each as soon as its stage is free and its input has arrived (module
+  docstring, Dataflow); per device, the events it has done when its last op and last message have ended."""
+  num_chunks, num_devices = table.num_chunks, table.num_devices
+
+  def input_key(kind, c, m):
+    """The op or message whose end this op waits for (None: its input is there at t = 0)."""
+    if kind == "fwd":
+      return ("send_fwd", c - 1, m) if c > 0 else None
+    if kind == "bwd_weight":
+      return ("bwd_input", c, m)
+    return ("send_bwd", c, m) if c < num_chunks - 1 else ("fwd", c, m)
+
+  # A device waits (is skipped) until its next op's input has been evaluated. Messages are evaluated with
+  # their producer, so each link direction is FIFO in production order. Boundary b crosses link b mod D
+  # (device b mod D to the next on the ring): one chunk per device, link b.
+  orders = [[(COMPUTE[op.kind], op.chunk, op.microbatch) for op in schedules.device_order(table, d)]
+            for d in range(num_devices)]
+  position = [0] * num_devices
+  while any(p < len(o) for p, o in zip(position, orders)):
+    progressed = False
+    for s, order in enumerate(orders):
+      while position[s] < len(order):
+        kind, c, m = order[position[s]]
+        needs = input_key(kind, c, m)
+        if needs is not None and needs not in ev.evaluated:
+          break
+        ev.run((kind, c, m), ("stage", s), [needs], compute[kind][c])
+        boundary = {"fwd": c, "bwd": c - 1, "bwd_input": c - 1}.get(kind, -1)
+        if 0 <= boundary < num_chunks - 1:
+          message = "send_fwd" if kind == "fwd" else "send_bwd"
+          ev.run((message, boundary, m), (message, boundary % num_devices), [(kind, c, m)], transfer[message][boundary])
+          if not overlap_sends:
+            ev.last[("stage", s)] = (message, boundary, m)
+        position[s] += 1
+        progressed = True
+    if not progressed:
+      raise RuntimeError(f"schedule {table.name!r} deadlocks at stage positions {position}")
+  # Device s is done when its last op has ended and its last messages (link s-1 mod D backward,
+  # link s forward) have left.
+  return [[ev.last[("stage", s)], ev.last.get(("send_bwd", (s - 1) % num_devices)), ev.last.get(("send_fwd", s))]
+          for s in range(num_devices)]
+
+
+def _ticks(ev: _Events, table: schedules.Schedule, compute, transfer) -> list[list]:
+  """The table tick by tick, as the sharded executor runs it (module docstring, Ticks); per device, the events
+  it has done when its last tick ends."""
+  num_devices = table.num_devices
+  pending = [[] for _ in range(num_devices)]  # messages a device waits for, beyond its last op, before its next op
+
+  def start(messages):
+    """Each message once both its ends are ready (their last op, and the messages they wait for, ended)."""
+    ready = [[ev.last.get(("stage", d)), *pending[d]] for d in range(num_devices)]
+    for msg in messages:
+      key = _message_key(msg)
+      ev.run(key, (key[0], msg.boundary % num_devices), ready[msg.sender] + ready[msg.receiver],
+             transfer[key[0]][msg.boundary])
+    return messages
+
+  made = ()  # overlapped sends: the messages made at the tick before, crossing during this one
+  for t in range(table.ticks):
+    crossing = start(made) if table.hop > 1 else ()
+    for d, row in enumerate(table.ops):
+      for op in row[t]:
+        kind = COMPUTE[op.kind]
+        ev.run((kind, op.chunk, op.microbatch), ("stage", d), pending[d], compute[kind][op.chunk])
+        pending[d] = []
+    made = schedules.messages(table, t)
+    if table.hop == 1:
+      crossing = start(made)
+    for msg in crossing:
+      pending[msg.sender].append(_message_key(msg))
+      pending[msg.receiver].append(_message_key(msg))
+  return [[ev.last.get(("stage", d)), *pending[d]] for d in range(num_devices)]
 
 
 def simulate_step(
@@ -211,16 +333,22 @@ def simulate_step(
     update_s: Sequence[float] | None = None,
     overlap_sends: bool = True,
     input_grad_share: float = 0.5,
+    ticks: bool = False,
 ) -> Timeline:
-  """Event timeline of one step on `schedule` (a table, or the name of one of `schedules.SCHEDULES`;
-  rule in the module docstring).
+  """Event timeline of one step on `schedule` (a table, or a name `schedules.build` knows: gpipe, 1f1b,
+  1f1b-fused, zb-h1, interleaved:V; rules in the module docstring).
 
   ``fwd_s``/``bwd_s``: per-chunk compute seconds per microbatch (length ``C``: the stages, one chunk
   per device; interleaved tables: chunk c's times).
   ``fwd_bytes``/``bwd_bytes``: per-boundary bytes per microbatch (length ``C - 1``).
   ``exchange``: the data-parallel exchange (``sent_bytes`` per device), or None.
   ``update_s``: per-device seconds of the optimizer step that ends the step, or None.
-  ``overlap_sends``: whether a stage computes while its messages cross (else it waits for each to leave).
+  ``ticks``: False: the dataflow timing (the table gives each device's order; by name, its table without
+  overlapped sends); True: the sharded executor's ticks.
+  ``overlap_sends``: dataflow: whether a stage computes while its messages cross (else it waits for each to
+  leave). Ticks: the executor's ``--overlap``: the hop-2 table (by name, ``schedules.build(..., overlap=True)``,
+  M >= 2S; a table given must have hop 2) whose messages cross during the next tick, else the hop-1 table,
+  each tick compute, then send, then wait.
   ``input_grad_share``: in a table with split backwards, B(c, m) takes ``input_grad_share * bwd_s[c]``
   and W(c, m) the rest (default: half each; B + W = the fused backward).
   """
@@ -233,8 +361,11 @@ def simulate_step(
   _check_time("latency_s", latency_s)
   if not 0 <= input_grad_share <= 1:  # also rejects NaN
     raise ValueError(f"input_grad_share must be in [0, 1] (B's share of the backward), got {input_grad_share!r}")
-  _check_schedule(schedule, num_chunks, microbatches)
-  table = schedules.build(schedule, num_chunks, microbatches) if isinstance(schedule, str) else schedule
+  table = table_of(schedule, num_chunks, microbatches, overlap=ticks and overlap_sends)
+  if ticks and overlap_sends != (table.hop > 1):
+    raise ValueError(f"schedule {table.name!r} has hop {table.hop}, so with ticks=True overlap_sends must be "
+                     f"{table.hop > 1} (the executor's --overlap runs the hop-2 table: "
+                     f"schedules.build(name, S, M, overlap=True)), got {overlap_sends}")
   num_stages = table.num_devices
   if exchange is not None:
     _check_bytes("exchange.sent_bytes", exchange.sent_bytes, num_stages, "stages")
@@ -250,69 +381,23 @@ def simulate_step(
               "send_bwd": [transfer_time(n, bandwidth_bps, latency_s) for n in bwd_bytes]}
   compute = {"fwd": fwd_s, "bwd": bwd_s, "bwd_input": [input_grad_share * t for t in bwd_s],
              "bwd_weight": [(1 - input_grad_share) * t for t in bwd_s]}
-  evaluated: dict[tuple, Event] = {}  # (kind, index, microbatch) -> its event
-  cause: dict[tuple, tuple | None] = {}  # what an event waited for last (None: started at t = 0)
-  last: dict[tuple, tuple] = {}  # resource -> its last event's key
-
-  def run(key, resource, inputs, duration):
-    """Evaluate event `key` on `resource`: it starts when the resource's previous event and its inputs end."""
-    waits = [k for k in (last.get(resource), *inputs) if k is not None]
-    cause[key] = max(waits, key=lambda k: evaluated[k].end, default=None)
-    start = evaluated[cause[key]].end if cause[key] is not None else 0.0
-    evaluated[key] = Event(*key, start, start + duration)
-    last[resource] = key
-
-  def input_key(kind, c, m):
-    """The op or message whose end this op waits for (None: its input is there at t = 0)."""
-    if kind == "fwd":
-      return ("send_fwd", c - 1, m) if c > 0 else None
-    if kind == "bwd_weight":
-      return ("bwd_input", c, m)
-    return ("send_bwd", c, m) if c < num_chunks - 1 else ("fwd", c, m)
-
-  # Evaluate each device's ops in its order; a device waits (is skipped) until its next op's
-  # input has been evaluated. Messages are evaluated with their producer, so each link
-  # direction is FIFO in production order. Boundary b crosses link b mod D (device b mod D to
-  # the next on the ring): one chunk per device, link b.
-  orders = _device_orders(table)
-  position = [0] * num_stages
-  while any(p < len(o) for p, o in zip(position, orders)):
-    progressed = False
-    for s, order in enumerate(orders):
-      while position[s] < len(order):
-        kind, c, m = order[position[s]]
-        needs = input_key(kind, c, m)
-        if needs is not None and needs not in evaluated:
-          break
-        run((kind, c, m), ("stage", s), [needs], compute[kind][c])
-        boundary = {"fwd": c, "bwd": c - 1, "bwd_input": c - 1}.get(kind, -1)
-        if 0 <= boundary < num_chunks - 1:
-          message = "send_fwd" if kind == "fwd" else "send_bwd"
-          run((message, boundary, m), (message, boundary % num_stages), [(kind, c, m)], transfer[message][boundary])
-          if not overlap_sends:
-            last[("stage", s)] = (message, boundary, m)
-        position[s] += 1
-        progressed = True
-    if not progressed:
-      raise RuntimeError(f"schedule {table.name!r} deadlocks at stage positions {position}")
-  events = tuple(evaluated.values())
-
-  # Device s is done when its last op has ended and its last messages (link s-1 mod D backward,
-  # link s forward) have left.
-  done = lambda s: [last[("stage", s)], last.get(("send_bwd", (s - 1) % num_stages)), last.get(("send_fwd", s))]
+  ev = _Events()
+  done = _ticks(ev, table, compute, transfer) if ticks else _dataflow(ev, table, compute, transfer, overlap_sends)
+  events = tuple(ev.evaluated.values())
   if exchange is not None:
     for s, n in enumerate(exchange.sent_bytes):
-      run(("exchange", s, -1), ("exchange", s), done(s), transfer_time(n, bandwidth_bps, latency_s, exchange.messages))
-  exchanges = tuple(evaluated.values())[len(events):]
+      ev.run(("exchange", s, -1), ("exchange", s), done[s],
+             transfer_time(n, bandwidth_bps, latency_s, exchange.messages))
+  exchanges = tuple(ev.evaluated.values())[len(events):]
   if update_s is not None:
     for s, t in enumerate(update_s):
-      run(("update", s, -1), ("update", s), [("exchange", s, -1)] if exchange is not None else done(s), t)
-  updates = tuple(evaluated.values())[len(events) + len(exchanges):]
+      ev.run(("update", s, -1), ("update", s), [("exchange", s, -1)] if exchange is not None else done[s], t)
+  updates = tuple(ev.evaluated.values())[len(events) + len(exchanges):]
 
-  path = [max(evaluated, key=lambda k: evaluated[k].end)]
-  while cause[path[-1]] is not None:
-    path.append(cause[path[-1]])
-  return Timeline(events, exchanges, tuple(evaluated[k] for k in reversed(path)), updates)
+  path = [max(ev.evaluated, key=lambda k: ev.evaluated[k].end)]
+  while ev.cause[path[-1]] is not None:
+    path.append(ev.cause[path[-1]])
+  return Timeline(events, exchanges, tuple(ev.evaluated[k] for k in reversed(path)), updates)
 
 
 def throughput(samples_per_step: float, timeline: Timeline) -> float:
