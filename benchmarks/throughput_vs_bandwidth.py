@@ -1,8 +1,8 @@
 """Training throughput vs link bandwidth (AQ-SGD Table 2), from stage and codec costs and netsim.
 
 `python -m benchmarks.throughput_vs_bandwidth [--model tiny|small|medium|large|xl] [--stages 4]
-    [--schedule gpipe|1f1b|1f1b-fused] [--data-parallel 2] [--dp-scheme ef+quant:4] [--methods fp32,aqsgd-fw3-bw6,...]
-    [--compile-for v5e-8]`
+    [--schedule gpipe,1f1b,1f1b-fused,zb-h1,interleaved:V] [--overlap [off|on|both]] [--data-parallel 2]
+    [--dp-scheme ef+quant:4] [--methods fp32,aqsgd-fw3-bw6,...] [--compile-for v5e-8]`
 
 For every method (its name in the frontier / GPT-2 presets), and again with QuantizedAdam's data-parallel exchange:
 1. a clock gives the method's `StageCosts` (seconds per microbatch: each stage's forward and backward, each
@@ -12,7 +12,14 @@ For every method (its name in the frontier / GPT-2 presets), and again with Quan
 2. bytes per message come from the boundary's `wire_bytes`, the data-parallel exchange of each stage from
    `dataparallel.exchange_bytes` (fp32 gradients: dense ring all-reduce; QuantizedAdam: all-gather of the
    compressed first moment, `--dp-scheme`);
-3. `jaxcomp.analysis.netsim` simulates one step on `--schedule` at each bandwidth.
+3. `jaxcomp.analysis.netsim` simulates one step at each bandwidth on each `--schedule` as the sharded executor
+   runs its table (`ticks=True`): without `--overlap` each tick computes, then sends, then waits; with it
+   (`on`, or `both` for each schedule with and without) a message crosses during the next tick (the hop-2 table,
+   M >= 2S; gpipe, 1f1b, 1f1b-fused). The stage and codec times are taken once and reused for every schedule:
+   `zb-h1` splits each backward into B = W = half of it (codecs included: netsim's `input_grad_share` 0.5);
+   `interleaved:V` cuts each stage into V chunks of 1/V of its compute, each of the S*V-1 chunk boundaries
+   sending the stage boundaries' message (every boundary must carry the same shape, as GPT-2's residual stream
+   does) with their codec times.
 `x fp32` is over fp32 with the dense exchange at the same bandwidth; the critical path's shares (compute / link
 / exchange) say which term dominates the step. AQ-SGD rows are its steady state (after the
 dense warm-up epoch), QuantizedAdam's after its dense warm-up. The paper's column holds its reported figures
@@ -214,22 +221,83 @@ def render(rows: list[Row], baseline: str = "fp32") -> str:
   return "\n".join(lines)
 
 
-def method_rows(name, fwd_s, bwd_s, per_message, exchanges, args) -> list[Row]:
-  """netsim's samples/s of one method at every bandwidth, with each data-parallel exchange."""
+def on_chunks(costs: StageCosts, per_message, chunks_per_device: int):
+  """(costs, bytes per message) of the S*V chunks of an interleaved table: each stage's forward and backward cut
+  into V chunks of 1/V of its time, each of the S*V-1 chunk boundaries with boundary 0's codec times and bytes
+  (every boundary carries the same shape: checked by `main`). V = 1: as they are."""
+  if chunks_per_device == 1:
+    return costs, per_message
+  cut = lambda times: tuple(t / chunks_per_device for t in times for _ in range(chunks_per_device))
+  n = len(costs.fwd_s) * chunks_per_device - 1
+  return (costs._replace(fwd_s=cut(costs.fwd_s), bwd_s=cut(costs.bwd_s), encode_s=(costs.encode_s[0],) * n,
+                         decode_s=(costs.decode_s[0],) * n), [per_message[0]] * n)
+
+
+def tables(names: str, overlap: str, stages: int, microbatches: int) -> tuple[list[schedules.Schedule], list[str]]:
+  """The tables of the comma-separated schedule `names`, each without overlapped sends (`overlap` off or both) and
+  with them (on or both). With both, a schedule that has no overlapped table is left out (the reasons returned);
+  otherwise `schedules.build`'s ValueError names the bad value."""
+  built, left_out = [], []
+  wanted = [name.strip() for name in names.split(",") if name.strip()]
+  if not wanted:
+    raise ValueError(f"--schedule names no schedule: got {names!r}")
+  for name in wanted:
+    if overlap in ("off", "both"):
+      built.append(schedules.build(name, stages, microbatches))
+    if overlap in ("on", "both"):
+      try:
+        built.append(schedules.build(name, stages, microbatches, overlap=True))
+      except ValueError as err:
+        if overlap == "on":
+          raise
+        left_out.append(f"{name}: {err}")
+  return built, left_out
+
+
+def label(table: schedules.Schedule) -> str:
+  return table.name + (" with overlapped sends" if table.hop > 1 else "")
+
+
+def method_rows(name, costs, per_message, exchanges, args, table) -> list[Row]:
+  """netsim's samples/s of one method on `table`, run as the executor runs it, at every bandwidth, with each
+  data-parallel exchange."""
+  costs, per_message = on_chunks(costs, per_message, table.num_chunks // table.num_devices)
+  fwd_s, bwd_s = op_seconds(costs)
   rows = []
   for suffix, ex in exchanges.items():
     for bw in netsim.DEFAULT_BANDWIDTHS_BPS:
       tl = netsim.simulate_step(fwd_s, bwd_s, [m[0] for m in per_message], [m[1] for m in per_message],
-                                args.microbatches, bw, args.latency_ms * 1e-3, ex, args.schedule)
+                                args.microbatches, bw, args.latency_ms * 1e-3, ex, table,
+                                overlap_sends=table.hop > 1, ticks=True)
       rows.append(Row(bw, name + suffix, netsim.throughput(args.batch * args.data_parallel, tl),
                       tl.critical_seconds()))
   return rows
 
 
+def render_schedules(results: dict[str, list[Row]], baseline: str = "fp32") -> str:
+  """`schedule | bandwidth | each method's samples/s (x baseline on that schedule)`: one row per schedule and
+  bandwidth."""
+  methods = list(dict.fromkeys(r.method for rows in results.values() for r in rows))
+  lines = ["| schedule | bandwidth | " + " | ".join(f"{m} samples/s" for m in methods) + " |",
+           "|---|---|" + "---:|" * len(methods)]
+  for name, rows in results.items():
+    rate = {(r.bandwidth_bps, r.method): r.samples_per_s for r in rows}
+    for bw in sorted({r.bandwidth_bps for r in rows}, reverse=True):
+      cells = [f"{rate[bw, m]:.2f}" + ("" if m == baseline else f" ({rate[bw, m] / rate[bw, baseline]:.2f}x)")
+               for m in methods]
+      lines.append(f"| {name} | {netsim.format_bandwidth(bw)} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
 def main(argv=None):
   parser = gpt2_parser(__doc__, microbatches=4, models=("tiny", "small", "medium", "large", "xl"), seq=None)
   parser.add_argument("--stages", type=int, default=4)
-  parser.add_argument("--schedule", choices=schedules.SCHEDULES, default="gpipe")
+  parser.add_argument("--schedule", default="gpipe",
+                      help="comma-separated schedules: gpipe, 1f1b, 1f1b-fused, zb-h1, interleaved:V (each from the "
+                      "same stage and codec times)")
+  parser.add_argument("--overlap", choices=("off", "on", "both"), nargs="?", const="on", default="off",
+                      help="the executor's overlapped sends (--overlap alone: on; both: each schedule without and, "
+                      "where it has an overlapped table, with)")
   parser.add_argument("--data-parallel", type=int, default=2, help="replicas of the pipeline (D)")
   parser.add_argument("--dp-scheme", default="ef+quant:4", help="QuantizedAdam's first-moment compression")
   parser.add_argument("--latency-ms", type=float, default=1.0)
@@ -246,6 +314,10 @@ def main(argv=None):
     parser.error(f"--data-parallel must be >= 1, got {args.data_parallel}")
   if args.stages < 2:
     parser.error(f"--stages must be >= 2 (links join stages), got {args.stages}")
+  try:
+    runs, left_out = tables(args.schedule, args.overlap, args.stages, args.microbatches)
+  except ValueError as err:
+    parser.error(f"--schedule {args.schedule} --overlap {args.overlap}: {err}")
   target = None
   if args.compile_for:
     try:
@@ -270,22 +342,27 @@ def main(argv=None):
   abstract = jax.eval_shape(lambda: pipeline.init_state(base, optax.sgd(0.0), jax.random.key(1), batch))
   microbatch = jax.tree.map(lambda a: a[0], pipeline.split_microbatches(batch, args.microbatches))
   shapes = pipeline.boundary_shapes(base, abstract.params, abstract.model_state, microbatch["tokens"])
+  if any(t.num_chunks > t.num_devices for t in runs) and len({(s.shape, s.dtype) for s in shapes}) > 1:
+    parser.error(f"interleaved schedules send each stage boundary's message on every chunk boundary; the stage "
+                 f"boundaries of this model differ ({shapes}): drop interleaved:V")
   rows_p = [sum(a.size for a in jax.tree.leaves(p)) for p in abstract.params]
-  exchanges = {"": exchange(None, rows_p, args.data_parallel),
-               QADAM: exchange(dp_scheme, rows_p, args.data_parallel)}
+  exchanges = {"": exchange(None, rows_p, args.data_parallel)}
+  if args.data_parallel > 1:  # one replica exchanges nothing: QuantizedAdam's rows would repeat fp32's
+    exchanges[QADAM] = exchange(dp_scheme, rows_p, args.data_parallel)
   costs_of = stage_costs(base, batch, Estimated(target) if target else Measured(args.repeats))
 
-  results, cost_lines, costs = [], [], {}
+  results, cost_lines, costs = {label(t): [] for t in runs}, [], {}
   for name, (fwd_text, bwd_text) in methods.items():
     boundary = spec.parse_boundary(fwd_text, bwd_text, num_examples=args.batch)
     costs[name] = c = costs_of(boundary)
     per_message = [boundary.wire_bytes(s.shape, s.dtype) for s in shapes]
     cost_lines.append(f"| {name} | `{fwd_text}` | `{bwd_text}` | {per_message[0][0]:,} | {per_message[0][1]:,} | "
                       + " | ".join(f"{t * 1e3:.4g}" for t in (*c.encode_s[0], *c.decode_s[0])) + " |")
-    results += method_rows(name, *op_seconds(c), per_message, exchanges, args)
+    for table in runs:
+      results[label(table)] += method_rows(name, c, per_message, exchanges, args, table)
 
   source = costs["fp32"].source
-  print(f"GPT-2 {args.model}, {args.stages} stages, schedule {args.schedule}, {args.microbatches} microbatches of "
+  print(f"GPT-2 {args.model}, {args.stages} stages, schedule {', '.join(results)}, {args.microbatches} microbatches of "
         f"{list(shapes[0].shape)} activations, {args.data_parallel} data-parallel replicas "
         f"(QuantizedAdam: `{args.dp_scheme}`), {args.latency_ms} ms latency")
   print(f"\nStage and codec times ({source}), ms per microbatch:")
@@ -295,10 +372,17 @@ def main(argv=None):
         "| decode fwd ms | decode bwd ms |")
   print("|---|---|---|---:|---:|---:|---:|---:|---:|")
   print("\n".join(cost_lines))
-  print("\nData-parallel bytes sent per stage device and step: dense", [round(b) for b in exchanges[""].sent_bytes],
-        "QuantizedAdam", [round(b) for b in exchanges[QADAM].sent_bytes])
-  print(f"\nTraining throughput, samples/s ({source}; netsim, {args.schedule}):\n")
-  print(render(results))
+  print("\nData-parallel bytes sent per stage device and step:", "; ".join(
+      f"{suffix.removeprefix(' + ') or 'dense'} {[round(b) for b in ex.sent_bytes]}" for suffix, ex in exchanges.items()))
+  for line in left_out:
+    print(f"\nNo overlapped table for {line}")
+  if len(results) == 1:
+    print(f"\nTraining throughput, samples/s ({source}; netsim, {', '.join(results)}):\n")
+    print(render(*results.values()))
+  else:
+    print(f"\nTraining throughput, samples/s, and x fp32 on the same schedule ({source}; netsim, each schedule's "
+          "table run as the executor runs it):\n")
+    print(render_schedules(results))
 
 
 if __name__ == "__main__":

@@ -76,6 +76,30 @@ def test_codec_work_goes_to_the_stage_that_does_it():
   assert bwd == pytest.approx([10 + 0.02, 20 + 0.2 + 0.04, 30 + 0.4])
 
 
+def test_throughput_schedules_with_and_without_overlap():
+  """--schedule LIST --overlap both: each table without overlapped sends and, where one exists, with (hop 2); a
+  schedule without one is left out with the reason; --overlap on for it is an error."""
+  built, left_out = throughput_vs_bandwidth.tables("gpipe, zb-h1,interleaved:2", "both", 4, 8)
+  assert [(t.name, t.hop) for t in built] == [("gpipe", 1), ("gpipe", 2), ("zb-h1", 1), ("interleaved:2", 1)]
+  assert [line.split(":")[0] for line in left_out] == ["zb-h1", "interleaved"]
+  assert [t.hop for t in throughput_vs_bandwidth.tables("1f1b", "on", 4, 8)[0]] == [2]
+  with pytest.raises(ValueError, match="overlapped sends run on the schedules"):
+    throughput_vs_bandwidth.tables("zb-h1", "on", 4, 8)
+
+
+def test_interleaved_chunks_cut_the_stage_times():
+  """interleaved:V: each stage's compute cut into V chunks of 1/V; every chunk boundary with boundary 0's codec
+  times and bytes; V = 1 leaves the costs as they are."""
+  costs = throughput_vs_bandwidth.StageCosts("test", fwd_s=(2.0, 4.0), bwd_s=(6.0, 8.0), encode_s=((0.1, 0.2),),
+                                             decode_s=((0.3, 0.4),))
+  chunked, messages = throughput_vs_bandwidth.on_chunks(costs, [(10, 20)], 2)
+  assert chunked.fwd_s == (1.0, 1.0, 2.0, 2.0) and chunked.bwd_s == (3.0, 3.0, 4.0, 4.0)
+  assert chunked.encode_s == ((0.1, 0.2),) * 3 and chunked.decode_s == ((0.3, 0.4),) * 3 and messages == [(10, 20)] * 3
+  assert throughput_vs_bandwidth.on_chunks(costs, [(10, 20)], 1) == (costs, [(10, 20)])
+  rows = {"gpipe": [throughput_vs_bandwidth.Row(1e9, m, rate, {}) for m, rate in (("fp32", 2.0), ("q", 5.0))]}
+  assert throughput_vs_bandwidth.render_schedules(rows).splitlines()[2] == "| gpipe | 1 Gbps | 2.00 | 5.00 (2.50x) |"
+
+
 def test_data_parallel_exchange_per_stage_device():
   dense = throughput_vs_bandwidth.exchange(None, [1000, 10], 4)
   assert dense == netsim.Exchange([2 * 3 / 4 * 4000, 2 * 3 / 4 * 40], 6)  # ring all-reduce of the fp32 row
