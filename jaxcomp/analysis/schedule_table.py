@@ -6,10 +6,17 @@ The bubble is `schedules.bubble_fraction`: the idle fraction of device time when
 every BW 2 (a B or a W 1) and messages none. Its formula: GPipe's and 1F1B's (S-1)/(M+S-1), interleaved
 1F1B's with V chunks per device (S-1)/(VM+S-1) (`--chunks`: the V of its rows), ZB-H1's (S-1)/(3M+S-1);
 each row also gives the table's bubble over 1F1B's at the same S and M.
+
+Rows `NAME --overlap` are the tables with overlapped sends (`schedules.build(..., overlap=True)`, hop 2: gpipe,
+1f1b, 1f1b-fused, where M >= 2S). The bubble above lets messages take no time, so a hop changes nothing in it;
+the last two columns are the idle fraction of device time when the table runs as the sharded executor runs it
+(`netsim.simulate_step(..., ticks=True)`: plain ticks compute, then send, then wait; overlapped ticks send while
+they compute), with messages that take no time and with messages that take as long as a stage's forward.
 """
 import argparse
 from typing import NamedTuple
 
+from jaxcomp.analysis import netsim
 from jaxcomp.parallel import schedules
 
 DEFAULT_SIZES = ((4, 8), (4, 16), (8, 16))
@@ -26,6 +33,7 @@ class Row(NamedTuple):
   formula: float  # FORMULAS[schedule]
   over_1f1b: float  # bubble / 1F1B's bubble at the same S and M
   peak_stashed: tuple[int, ...]  # per stage, the most microbatch inputs held at once
+  executor_idle: tuple[float, float]  # idle fraction under the executor's ticks, messages of 0 and of one forward
 
 
 def formula(name: str, stages: int, microbatches: int, chunks: int) -> float:
@@ -34,22 +42,35 @@ def formula(name: str, stages: int, microbatches: int, chunks: int) -> float:
   return (stages - 1) / (k * microbatches + stages - 1)
 
 
-def row(name: str, stages: int, microbatches: int) -> Row:
-  table = schedules.build(name, stages, microbatches)
+def executor_idle(table: schedules.Schedule, message: float) -> float:
+  """Idle fraction of device time when `table` runs tick by tick as the sharded executor runs it (netsim's
+  ticks), a stage's F taking 1 and its BW 2 (a chunk's 1/V of that) and a message `message`."""
+  chunks, per_device = table.num_chunks, table.num_chunks // table.num_devices
+  step = netsim.simulate_step([1.0 / per_device] * chunks, [2.0 / per_device] * chunks, [message] * (chunks - 1),
+                              [message] * (chunks - 1), table.microbatches, 8.0, schedule=table,
+                              overlap_sends=table.hop > 1, ticks=True)  # 8 bps: n bytes take n seconds
+  return 1.0 - 3.0 * table.microbatches / step.makespan
+
+
+def row(name: str, stages: int, microbatches: int, overlap: bool = False) -> Row:
+  table = schedules.build(name, stages, microbatches, overlap)
   bubble = schedules.bubble_fraction(table)
   baseline = schedules.bubble_fraction(schedules.one_f_one_b(stages, microbatches))
-  return Row(name, stages, microbatches, table.ticks, bubble,
+  return Row(name + (" --overlap" if overlap else ""), stages, microbatches, table.ticks, bubble,
              formula(name, stages, microbatches, table.num_chunks // table.num_devices),
-             bubble / baseline if baseline else 1.0, schedules.peak_in_flight(table))
+             bubble / baseline if baseline else 1.0, schedules.peak_in_flight(table),
+             (executor_idle(table, 0.0), executor_idle(table, 1.0)))
 
 
 def markdown(rows: list[Row]) -> str:
   """The rows as a markdown table."""
-  lines = ["| schedule | S | M | ticks | bubble (table) | formula | bubble / 1F1B's | peak stashed inputs per device |",
-           "|---|---:|---:|---:|---:|---:|---:|---|"]
+  lines = ["| schedule | S | M | ticks | bubble (table) | formula | bubble / 1F1B's | peak stashed inputs per device "
+           "| executor's ticks idle: messages 0 | messages of one F |",
+           "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
   for r in rows:
     lines.append(f"| `{r.schedule}` | {r.stages} | {r.microbatches} | {r.ticks} | {r.bubble:.4f} | {r.formula:.4f} "
-                 f"| {r.over_1f1b:.3f} | {', '.join(map(str, r.peak_stashed))} |")
+                 f"| {r.over_1f1b:.3f} | {', '.join(map(str, r.peak_stashed))} | {r.executor_idle[0]:.4f} "
+                 f"| {r.executor_idle[1]:.4f} |")
   return "\n".join(lines)
 
 
@@ -79,8 +100,10 @@ def main(argv=None) -> None:
                       help="the V of interleaved:V rows, e.g. 2,4 ('' for none)")
   args = parser.parse_args(argv)
   names = [*schedules.SCHEDULES, *schedules.TABLES_ONLY, *(f"interleaved:{v}" for v in args.chunks)]
+  overlapped = [(name, True, S, M) for name in schedules.SCHEDULES for S, M in args.sizes if M >= 2 * S]
   try:
-    print(markdown([row(name, S, M) for name in names for S, M in args.sizes]))
+    print(markdown([row(name, S, M) for name in names for S, M in args.sizes]
+                   + [row(name, S, M, overlap) for name, overlap, S, M in overlapped]))
   except ValueError as e:
     parser.error(str(e))
 
