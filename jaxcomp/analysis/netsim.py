@@ -67,8 +67,8 @@ has ended and the link direction is free::
 Data-parallel exchange (`Exchange`). With ``D`` replicas of the pipeline, the replicas of
 stage ``s`` exchange its weight gradient (or QuantizedAdam's first moment) once per step.
 Stage ``s``'s exchange starts when stage ``s`` has finished its last op and its last
-message has left (under ticks: its last tick, messages included) (its gradient is complete then, and its network is idle: no overlap with
-pipeline traffic to count), and takes ``messages * latency_s + 8 * sent_bytes[s] /
+message has left (under ticks: its last tick has ended, its messages included; its gradient is
+complete then, and its network is idle: no overlap with pipeline traffic to count), and takes ``messages * latency_s + 8 * sent_bytes[s] /
 bandwidth_bps`` (ring collectives: a dense all-reduce is 2(D-1) messages carrying
 2(D-1)/D of the fp32 row; an all-gather of compressed messages is D-1 messages, see
 `dataparallel.exchange_bytes`). Each stage's exchange involves only that stage's replicas,
