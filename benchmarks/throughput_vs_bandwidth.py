@@ -1,7 +1,7 @@
 """Training throughput vs link bandwidth (AQ-SGD Table 2), from stage and codec costs and netsim.
 
 `python -m benchmarks.throughput_vs_bandwidth [--model tiny|small|medium|large|xl] [--stages 4]
-    [--schedule gpipe|1f1b|1f1b-fused] [--data-parallel 2] [--dp-scheme ef+quant:4] [--methods fp32,aqsgd-fw3-bw6,...]
+    [--schedule gpipe|1f1b|1f1b-fused|zb-h1] [--data-parallel 2] [--dp-scheme ef+quant:4] [--methods fp32,aqsgd-fw3-bw6,...]
     [--compile-for v5e-8]`
 
 For every method (its name in the frontier / GPT-2 presets), and again with QuantizedAdam's data-parallel exchange:

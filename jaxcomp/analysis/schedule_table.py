@@ -78,7 +78,7 @@ def main(argv=None) -> None:
   parser.add_argument("--chunks", type=parse_chunks, default=DEFAULT_CHUNKS,
                       help="the V of interleaved:V rows, e.g. 2,4 ('' for none)")
   args = parser.parse_args(argv)
-  names = [*schedules.SCHEDULES, *schedules.TABLES_ONLY, *(f"interleaved:{v}" for v in args.chunks)]
+  names = [*schedules.SCHEDULES, *(f"interleaved:{v}" for v in args.chunks)]
   try:
     print(markdown([row(name, S, M) for name in names for S, M in args.sizes]))
   except ValueError as e:
