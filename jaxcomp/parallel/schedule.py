@@ -395,7 +395,7 @@ def runs(plans: list[Plan], period: int) -> list[tuple[range, tuple]]:
 def segments(prog: Program) -> list[tuple[range, tuple]]:
   """`runs` of the period whose program traces the fewest tick bodies (a run of one period unrolled, a
   longer one scanned: one period's bodies), the shortest such period: 1 for gpipe and 1f1b-fused, 2 for
-  1f1b (a forward tick, then a backward tick)."""
+  1f1b (a forward tick, then a backward tick), 3 for zb-h1 (B, W, F)."""
   plans = [tick_plan(prog, t) for t in range(prog.table.ticks)]
   traced = lambda cut: sum(len(block) for _, block in cut)
   return min((runs(plans, period) for period in range(1, len(plans) + 1)), key=traced)
