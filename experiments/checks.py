@@ -64,7 +64,7 @@ def check_executor(config):
       raise ValueError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} --executor gpipe (the simulate "
                        "executor runs every stage in one program on one device): add --executor gpipe")
   if settings.overlap:
-    schedules.check_overlap(settings.stages, m)
+    schedules.check_overlap(settings.schedule, settings.stages, m)
   if batch_size % (shards * m):
     raise ValueError(f"--batch-size {batch_size} does not split into {shards} data shard(s) x "
                      f"--microbatches {m} equal microbatches; use a multiple of {shards * m} (e.g. --batch-size "

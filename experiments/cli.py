@@ -79,10 +79,12 @@ def parser_for(exp: config.Experiment) -> argparse.ArgumentParser:
                         help="simulate: every stage on one device; gpipe: stage s on device s"
                              + recipe_default(exp, "executor"))
   parallel.add_argument("--schedule", choices=list(sharded.SCHEDULES),
-                        help="gpipe executor's tick schedule: gpipe, 1f1b (at most S microbatch inputs per stage) or "
-                             "1f1b-fused (at most 2S-1, fewer ticks)" + recipe_default(exp, "schedule"))
+                        help="gpipe executor's tick schedule: gpipe, 1f1b (at most S microbatch inputs per stage), "
+                             "1f1b-fused (at most 2S-1, fewer ticks) or zb-h1 (1F1B with the weight gradients "
+                             "deferred into the bubbles: about a third of its bubble, S inputs on every stage)"
+                             + recipe_default(exp, "schedule"))
   parallel.add_argument("--overlap", action="store_true",
-                        help="overlapped sends (gpipe executor): each boundary message crosses its link while the "
+                        help="overlapped sends (gpipe executor; schedules gpipe, 1f1b, 1f1b-fused): each boundary message crosses its link while the "
                              "stages compute the next tick, decoded where it is used; S-1 more ticks each way, needs "
                              "--microbatches >= 2 x --stages; the same numbers")
   parallel.add_argument("--compile-for", metavar="TARGET",

@@ -1,4 +1,4 @@
-"""Pipelines, a batch and helpers shared by the executor tests (test_sharded, test_qadam, test_schedule)."""
+"""Pipelines, a batch and helpers shared by the executor tests (test_sharded*, test_qadam, test_schedule)."""
 import chex
 import flax.linen as nn
 import jax
@@ -66,6 +66,21 @@ def compare_with_simulate(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.T
     g_eval = ex.make_eval_step(pipe, compressed)(flat, BATCH)
     np.testing.assert_allclose(float(g_eval["loss"]), float(sim_eval["loss"]), rtol=1e-5)
   return state
+
+
+def train_sharded(pipe, opt, modes=(Mode.TRAIN,), steps=2, data=1, **executor):
+  """Losses of `steps` train steps per mode on `ShardedExecutor(**executor)` from simulate's initial state, and
+  the state after, as simulate lays it out (its key as data)."""
+  ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages, data), **executor)
+  flat = ex.stack(pipe, opt, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
+  losses = []
+  for mode in modes:
+    step = ex.make_train_step(pipe, opt, mode)
+    for _ in range(steps):
+      flat, metrics = step(flat, BATCH)
+      losses.append(np.asarray(metrics["loss"]))
+  state = ex.unstack(pipe, opt, flat, BATCH)
+  return losses, state._replace(rng=jax.random.key_data(state.rng))
 
 
 def slow(*args):

@@ -2,6 +2,7 @@
 Pure Python: no program is traced here."""
 import math
 
+import numpy as np
 import pytest
 
 from jaxcomp.analysis import schedule_table
@@ -41,29 +42,53 @@ def test_messages_follow_from_the_ops():
   assert schedules.device_order(t, 1) == (F(1, 0), BW(1, 0))
 
 
-def test_the_executors_timing_is_read_off_the_table():
+def test_the_executors_lookups_are_read_off_the_table():
+  """Per tick and device the microbatch of each op kind (-1: none), per tick and boundary the microbatch sent
+  and the one taken in (the sending tick, or `hop` ticks later with overlapped sends), for every schedule."""
   for S in range(1, 6):
-    for M in range(2, 8):
-      assert schedule.timing_of(schedules.gpipe(S, M)) == schedule.Timing(1, M + 2 * S - 2)
-      assert schedule.timing_of(schedules.one_f_one_b(S, M)) == schedule.Timing(2, 2 * S - 1)
-      assert schedule.timing_of(schedules.one_f_one_b_fused(S, M)) == schedule.Timing(1, 2 * S - 2)
-      # overlapped sends: a message takes two ticks, F(s, m) at stride*m + 2s
-      assert schedule.timing_of(schedules.gpipe(S, M, 2)) == (1, M + 4 * S - 4, 2)
-      assert schedule.timing_of(schedules.one_f_one_b(S, M, 2)) == (2, 4 * S - 3, 2)
-      assert schedule.timing_of(schedules.one_f_one_b_fused(S, M, 2)) == (1, 4 * S - 4, 2)
+    for M in range(2 * S, 2 * S + 3):
+      for t in [schedules.build(name, S, M) for name in schedules.SCHEDULES] + [
+          schedules.build(name, S, M, overlap=True) for name in schedules.OVERLAP_SCHEDULES]:
+        lookup = schedule.lookup_of(t)
+        runs = {(op.kind, tick, d): op.microbatch for op, (tick, d, _) in schedules.positions(t).items()}
+        for kind, ops in lookup.ops.items():
+          assert {(kind, *where): int(m) for where, m in np.ndenumerate(ops) if m >= 0} == {
+              key: m for key, m in runs.items() if key[0] == kind}
+        msgs = [msg for tick in range(t.ticks) for msg in schedules.messages(t, tick)]
+        for forward in (True, False):
+          mine = [msg for msg in msgs if msg.forward == forward]
+          assert {where: int(m) for where, m in np.ndenumerate(lookup.sent[forward]) if m >= 0} == {
+              (msg.tick, msg.boundary): msg.microbatch for msg in mine}
+          taken_in = 0 if t.hop == 1 else t.hop
+          assert {where: int(m) for where, m in np.ndenumerate(lookup.received[forward]) if m >= 0} == {
+              (msg.tick + taken_in, msg.boundary): msg.microbatch for msg in mine}
 
 
-def test_the_executor_refuses_a_table_its_timing_does_not_give():
-  """A legal table whose backwards run in reverse microbatch order is no stride*m + lag - s."""
+def test_the_executors_rings_hold_what_the_table_keeps():
+  """The input ring has the table's stash slots for the fused schedules (a message is used the tick after it
+  arrives) and ZB-H1's (its inputs wait for W); the cotangent ring one slot, ZB-H1's one for each W that
+  waits (stage s defers s of them; the last stage's come from its loss)."""
+  for S in range(1, 6):
+    for M in range(1, 10):
+      for name in schedules.SCHEDULES:
+        t = schedules.build(name, S, M)
+        lookup = schedule.lookup_of(t)
+        assert lookup.stash_slots == schedules.stash_slots(t), (name, S, M)
+        assert lookup.grad_slots == (max(1, min(M, S - 1)) if name == "zb-h1" else 1), (name, S, M)
+
+
+def test_a_legal_table_in_any_order_runs_and_one_with_two_ops_of_a_kind_at_a_tick_does_not():
+  """Backwards in reverse microbatch order (no stride): microbatch 1's input waits in its ring slot
+  while 0's is used. Two forwards of one device at one tick (two messages on one link) are refused."""
   reversed_backwards = table((F(0, 0), F(0, 1), BW(0, 1), BW(0, 0)), microbatches=2)
-  with pytest.raises(ValueError, match=r"runs BW\(0, 1\) at tick 2, position 0"):
-    schedule.timing_of(reversed_backwards)
-  split = table((F(0, 0), B(0, 0), W(0, 0)))
-  with pytest.raises(ValueError, match=r"runs F and fused BW ops; schedule 'planted' runs B\(0, 0\)"):
-    schedule.timing_of(split)
+  assert schedule.lookup_of(reversed_backwards).ops["BW"][:, 0].tolist() == [-1, -1, 1, 0]
+  assert schedule.lookup_of(reversed_backwards).stash_slots == 2
+  with pytest.raises(ValueError, match=r"at most one op of each kind \(and not a B beside a BW\) per device per "
+                                       r"tick; schedule 'planted' runs F\(0, 0\), F\(0, 1\) on device 0 at tick 0"):
+    schedule.lookup_of(table(((F(0, 0), F(0, 1)), BW(0, 0), BW(0, 1)), microbatches=2))
 
 
-@pytest.mark.parametrize("name", schedules.SCHEDULES)
+@pytest.mark.parametrize("name", schedules.OVERLAP_SCHEDULES)
 def test_overlapped_tables_take_two_ticks_a_message_and_s_minus_1_more_each_way(name):
   """With overlapped sends every message is used two ticks after the op that sent it (it crosses during the
   tick between), never sooner; the table is S-1 ticks longer each way, and its bubble with free messages is
@@ -194,7 +219,7 @@ def test_interleaved_refuses_microbatches_not_a_multiple_of_the_stages():
 def test_no_executor_runs_interleaved_yet():
   t = schedules.interleaved(2, 2, 2)
   with pytest.raises(ValueError, match="the sharded executor runs one chunk per device; schedule 'interleaved:2' has 4"):
-    schedule.timing_of(t)
+    schedule.lookup_of(t)
 
 
 def test_orders_that_wait_on_each_other_are_refused():

@@ -12,29 +12,16 @@ from jaxcomp.analysis import dryrun
 from jaxcomp.compress import bottleneck
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import sharded, simulate
+from jaxcomp.parallel import schedules, sharded, simulate
 
-from pipeline_cases import BATCH, compare_with_simulate, mlp_pipe, slow
-
-
-def train(pipe, opt, schedule, overlap, modes, steps=2, data=1):
-  """Losses of `steps` train steps per mode from simulate's initial state, and the state after, as simulate lays it out."""
-  ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages, data), schedule=schedule, overlap=overlap)
-  flat = ex.stack(pipe, opt, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
-  losses = []
-  for mode in modes:
-    step = ex.make_train_step(pipe, opt, mode)
-    for _ in range(steps):
-      flat, metrics = step(flat, BATCH)
-      losses.append(np.asarray(metrics["loss"]))
-  state = ex.unstack(pipe, opt, flat, BATCH)
-  return losses, state._replace(rng=jax.random.key_data(state.rng))
+from pipeline_cases import BATCH, compare_with_simulate, mlp_pipe, slow, train_sharded
 
 
 def check_overlap(pipe, opt, schedule, modes=(Mode.TRAIN,), data=1, atol=2e-6, with_simulate=True):
   """Overlapped sends against the plain schedule (bitwise: the same arithmetic, op by op) and against simulate
   (`with_simulate`; the plain schedule equals simulate's numbers, test_sharded, so the default cases skip it)."""
-  plain, overlapped = (train(pipe, opt, schedule, overlap, modes, data=data) for overlap in (False, True))
+  plain, overlapped = (train_sharded(pipe, opt, modes, data=data, schedule=schedule, overlap=overlap)
+                        for overlap in (False, True))
   jax.tree.map(np.testing.assert_array_equal, overlapped, plain)
   if with_simulate and data == 1:
     compare_with_simulate(pipe, opt, 2, modes=modes, schedule=schedule, overlap=True, atol=atol)
@@ -55,7 +42,7 @@ def test_overlapped_sends_give_the_plain_schedules_numbers_bitwise():
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
-@pytest.mark.parametrize("fwd, bwd, schedule", [(*scheme, name) for scheme in SCHEMES for name in sharded.SCHEDULES])
+@pytest.mark.parametrize("fwd, bwd, schedule", [(*scheme, name) for scheme in SCHEMES for name in schedules.OVERLAP_SCHEDULES])
 def test_overlapped_sends_give_the_plain_schedules_and_simulates_numbers(fwd, bwd, schedule):
   """Quantizers, TopK with index reuse, EF, EF21, EF-mixed: losses, parameters, optimizer and link states after 2
   steps bitwise those without overlap, and simulate's."""
@@ -63,7 +50,7 @@ def test_overlapped_sends_give_the_plain_schedules_and_simulates_numbers(fwd, bw
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
-@pytest.mark.parametrize("fwd, bwd, schedule", [(*scheme, name) for scheme in SCHEMES for name in sharded.SCHEDULES])
+@pytest.mark.parametrize("fwd, bwd, schedule", [(*scheme, name) for scheme in SCHEMES for name in schedules.OVERLAP_SCHEDULES])
 def test_overlapped_sends_on_four_stages(fwd, bwd, schedule):
   check_overlap(mlp_pipe(fwd, bwd, m=8), optax.sgd(0.1, momentum=0.9), schedule)
 

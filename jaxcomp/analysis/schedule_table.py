@@ -99,8 +99,8 @@ def main(argv=None) -> None:
   parser.add_argument("--chunks", type=parse_chunks, default=DEFAULT_CHUNKS,
                       help="the V of interleaved:V rows, e.g. 2,4 ('' for none)")
   args = parser.parse_args(argv)
-  names = [*schedules.SCHEDULES, *schedules.TABLES_ONLY, *(f"interleaved:{v}" for v in args.chunks)]
-  overlapped = [(name, True, S, M) for name in schedules.SCHEDULES for S, M in args.sizes if M >= 2 * S]
+  names = [*schedules.SCHEDULES, *(f"interleaved:{v}" for v in args.chunks)]
+  overlapped = [(name, True, S, M) for name in schedules.OVERLAP_SCHEDULES for S, M in args.sizes if M >= 2 * S]
   try:
     print(markdown([row(name, S, M) for name in names for S, M in args.sizes]
                    + [row(name, S, M, overlap) for name, overlap, S, M in overlapped]))

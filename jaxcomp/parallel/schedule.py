@@ -1,24 +1,29 @@
 """A schedule's table (`jaxcomp.parallel.schedules`) run on one stage device.
 
 The table says what runs when: every static part of the program (the ticks, which boundaries carry a
-message at a tick, which stages' bodies a tick's switch holds, the stash slots) is read from it. A
-traced tick (inside a `lax.scan`) computes which microbatch this device runs with the table's
-`Timing`, read off the table and checked against it (`timing_of`): stage s runs microbatch m forward
-at tick stride*m + hop*s and backward at tick stride*m + lag - hop*s (`busy`, `microbatch`). At its forward tick a
-stage runs on the input it received, then every boundary b with a microbatch at that tick moves the
-encoded payload from stage b to b+1 with the op of `jaxcomp.ppermute` (`permute`, along
-`link_perm(b)`); backwards likewise send gradients from b+1 to b. With overlapped sends (the table's hop 2,
-`overlapped_tick`) the payload is encoded at that tick, crosses during the next one while the stages compute,
-and is decoded at the tick after, where it is used. A bubble tick runs the no-op
-branch of the stage switch: no stage compute, nothing saved. The program knows statically
-which boundaries carry a microbatch at a tick (idle links issue no collective at all); runs of
-ticks that repeat the same plan period after period are one `lax.scan`, so the program's size
-(and compile time) does not grow with M.
+message at a tick, which op kinds and stages' bodies a tick's switches hold, the stash slots) is read
+from it, and so is every traced one: `Lookup` holds, per tick and device, the microbatch of each op
+kind it runs, and per tick and boundary the microbatch of the message sent and of the one received
+(`op_at`, `message_at`), so a tick inside a `lax.scan` indexes them with its traced number. At its
+forward tick a stage runs on the input its ring holds for that microbatch (`Stash`: delivered when
+the message arrived, kept for the backward); then every boundary b with a message at that tick moves
+the encoded payload from stage b to b+1 with the op of `jaxcomp.ppermute` (`permute`, along
+`link_perm(b)`); backwards likewise send gradients from b+1 to b, into the receiver's gradient ring.
+A message may wait in its ring any number of ticks before its op runs, so any legal one-chunk-per-device
+table runs (`check_runnable`). With overlapped sends (the table's hop 2, `overlapped_tick`) the payload
+is encoded at that tick, crosses during the next one while the stages compute, and is decoded at the
+tick after. A bubble tick runs the no-op branch of the stage switch: no stage compute, nothing saved.
+The program knows statically which boundaries carry a message at a tick (idle links issue no collective
+at all); runs of ticks that repeat the same plans period after period are one `lax.scan` (`segments`),
+so the program's size (and compile time) does not grow with M.
 
 Two ways to get the backward pass:
-- `run_explicit` (every schedule of `schedules.SCHEDULES`, below): a stage stashes its input at its forward, and at
-  its backward tick runs its vjp on it (rematerialised) and the boundary's
-  `backward_half` (its halves apart with overlapped sends); the weight gradient is accumulated in the loop.
+- `run_explicit` (every schedule of `schedules.SCHEDULES`, below): a stage keeps its input from its forward,
+  and at its backward op runs its vjp on it (rematerialised) and the boundary's `backward_half` (its halves
+  apart with overlapped sends); the weight gradient is accumulated in the loop. A fused BW is one vjp over
+  (parameters, input); a split B is the vjp over the input only (its gradient sent at once) and W the vjp
+  over the parameters only, on the stashed input and the stashed output cotangent: each recomputes the
+  stage's forward (ZB-H1's W costs a forward more than its share of BW).
 - `run_gpipe`: the forward ticks only (eval steps, and GPipe with `remat="none"`), whose
   autodiff replays the ticks in reverse: each boundary op's custom_vjp rule sends the
   encoded gradient from b+1 to b, and every stage's internals are saved.
@@ -28,6 +33,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxcomp import pipeline
 from jaxcomp.compress import boundary as boundary_mod
@@ -36,42 +42,94 @@ from jaxcomp.parallel import layout, permute, schedules
 from jaxcomp.parallel.mesh import DATA, STAGE
 
 REMAT = ("stage", "none")
-SCHEDULES = schedules.SCHEDULES  # the tables this executor runs (those `timing_of` fits)
+SCHEDULES = schedules.SCHEDULES  # the tables this executor runs (`check_runnable`)
 
 
-class Timing(NamedTuple):
-  """Stage s runs microbatch m forward at tick stride*m + hop*s and backward at tick stride*m + lag - hop*s
-  (`hop`: the ticks a message takes, the table's; 2 with overlapped sends)."""
-  stride: int
-  lag: int
-  hop: int = 1
+class Lookup(NamedTuple):
+  """A table read once for traced ticks: `ops[kind][t, d]` the microbatch of the op of `kind` device d runs
+  at tick t, `sent[forward][t, b]` the microbatch whose activation (`forward`) or gradient crosses boundary b
+  from the end of tick t, `received[forward][t, b]` the one its receiver takes in at tick t (the end of the
+  sending tick; with overlapped sends the start of the tick `hop` later); -1 where there is none. The rings
+  a device keeps microbatches in: `stash_slots` (inputs, their model state and TopK positions, from their
+  arrival to their last use), `grad_slots` (output cotangents, from their arrival to the last backward op)."""
+  ops: dict
+  sent: dict
+  received: dict
+  stash_slots: int
+  grad_slots: int
 
 
-def timing_of(table: schedules.Schedule) -> Timing:
-  """The `Timing` of a table the executor runs: stride = the ticks between stage 0's first two
-  forwards (1 with one microbatch), lag = its first backward's tick. Every op of the table must be
-  where the timing puts it (one chunk per device, fused BW backwards, a tick's F before its BW;
-  each message is then used the tick after it is sent): else a ValueError naming the first op that
-  is not."""
-  S, M = table.num_devices, table.microbatches
-  if table.num_chunks != S:
+def check_runnable(table: schedules.Schedule) -> None:
+  """The executor runs a table with one chunk per device where a device runs at most one op of each kind,
+  and not both a B and a BW, per tick (one message per boundary each way per tick). Else a ValueError."""
+  if table.num_chunks != table.num_devices:
     raise ValueError(f"the sharded executor runs one chunk per device; schedule {table.name!r} has "
-                     f"{table.num_chunks} chunks on {S} devices")
-  where = schedules.positions(table)
-  split = [op for op in where if op.kind not in ("F", "BW")]
-  if split:
-    raise ValueError(f"the sharded executor runs F and fused BW ops; schedule {table.name!r} runs {min(split)}")
-  f, bw = lambda s, m: schedules.Op("F", s, m), lambda s, m: schedules.Op("BW", s, m)
-  stride = where[f(0, 1)][0] - where[f(0, 0)][0] if M > 1 else 1
-  rule = Timing(stride, where[bw(0, 0)][0], table.hop)
-  placed = {**{f(s, m): stride * m + rule.hop * s for s in range(S) for m in range(M)},
-            **{bw(s, m): stride * m + rule.lag - rule.hop * s for s in range(S) for m in range(M)}}
-  for op, (t, d, i) in sorted(where.items(), key=lambda item: item[1]):
-    if placed.get(op) != t or (op.kind == "F" and i > 0):
-      raise ValueError(f"the sharded executor runs F(s, m) at tick stride*m + hop*s and BW(s, m) at "
-                       f"stride*m + lag - hop*s ({rule}), a tick's F first; schedule {table.name!r} runs {op} "
-                       f"at tick {t}, position {i}")
-  return rule
+                     f"{table.num_chunks} chunks on {table.num_devices} devices")
+  for d, row in enumerate(table.ops):
+    for t, tick in enumerate(row):
+      kinds = [op.kind for op in tick]
+      if len(set(kinds)) < len(kinds) or {"B", "BW"} <= set(kinds):
+        raise ValueError(f"the sharded executor runs at most one op of each kind (and not a B beside a BW) per "
+                         f"device per tick; schedule {table.name!r} runs {', '.join(map(str, tick))} on device "
+                         f"{d} at tick {t}")
+
+
+# When, within tick t, the executor touches a microbatch's rings: (t, phase).
+DECODE, FORWARD, INPUT_GRAD, WEIGHT_GRAD, SEND_FORWARD, SEND_BACKWARD = range(6)
+PHASE = {"F": FORWARD, "B": INPUT_GRAD, "BW": INPUT_GRAD, "W": WEIGHT_GRAD}
+
+
+def ring_slots(spans) -> int:
+  """The fewest slots k of a ring that holds item m in slot m % k over its span: `spans` maps a device to
+  (m, first, last) triples (ordered (tick, phase)); two items a device holds at once need distinct slots."""
+  def fits(k):
+    return all(m % k != n % k or last < start or end < first
+               for items in spans.values() for i, (m, first, last) in enumerate(items)
+               for n, start, end in items[:i])
+  return next(k for k in range(1, max([len(items) for items in spans.values()] + [1]) + 1) if fits(k))
+
+
+def lookup_of(table: schedules.Schedule) -> Lookup:
+  """The `Lookup` of a table the executor runs (`check_runnable`)."""
+  check_runnable(table)
+  T, C, hop = table.ticks, table.num_chunks, table.hop
+  ops = {kind: np.full((T, table.num_devices), -1, np.int32) for kind in schedules.KINDS}
+  no_messages = lambda: {forward: np.full((T, C - 1), -1, np.int32) for forward in (True, False)}
+  sent, received = no_messages(), no_messages()
+  at = {}  # op -> (tick, phase); ("recv", forward, receiving chunk, m) -> when its message is taken in
+  for op, (t, d, _) in schedules.positions(table).items():
+    ops[op.kind][t, d] = op.microbatch
+    at[op] = (t, PHASE[op.kind])
+  for t in range(T):
+    for msg in schedules.messages(table, t):
+      arrival = (t, SEND_FORWARD if msg.forward else SEND_BACKWARD) if hop == 1 else (t + hop, DECODE)
+      sent[msg.forward][t, msg.boundary] = msg.microbatch
+      received[msg.forward][arrival[0], msg.boundary] = msg.microbatch
+      at[("recv", msg.forward, msg.boundary + (1 if msg.forward else 0), msg.microbatch)] = arrival
+  inputs, grads = {}, {}
+  for c in range(C):
+    for m in range(table.microbatches):
+      backward = [at[schedules.Op(k, c, m)] for k in ("B", "BW") if schedules.Op(k, c, m) in at][0]
+      last = max(at[op] for op in (schedules.Op(k, c, m) for k in ("B", "W", "BW")) if op in at)
+      # an input is held from its arrival (or forward) until its last backward op and the gradient send
+      # that reads its TopK positions; an output cotangent from its arrival until the last backward op
+      first = at.get(("recv", True, c, m), at[schedules.Op("F", c, m)])
+      inputs.setdefault(c, []).append((m, first, max(last, (backward[0], SEND_BACKWARD))))
+      if c < C - 1:
+        grads.setdefault(c, []).append((m, at[("recv", False, c, m)], last))
+  return Lookup(ops, sent, received, ring_slots(inputs), ring_slots(grads))
+
+
+def op_at(prog, tick, kind: str, device):
+  """(whether `device` runs an op of `kind` at `tick`, its microbatch: 0 when it runs none)."""
+  m = jnp.asarray(prog.lookup.ops[kind])[tick, device]
+  return m >= 0, jnp.maximum(m, 0)
+
+
+def message_at(prog, tick, b: int, forward: bool, received: bool = False):
+  """The microbatch of boundary b's activation (`forward`) or gradient sent at the end of `tick`, or
+  (`received`) taken in by its receiver at `tick` (the plan says there is one)."""
+  return jnp.asarray((prog.lookup.received if received else prog.lookup.sent)[forward])[tick, b]
 
 
 def link_perm(b: int) -> permute.Perm:
@@ -89,22 +147,6 @@ def phases(prog) -> tuple[range, range, range]:
   if not steady:
     return range(len(forward)), range(0), range(len(forward), len(forward))
   return range(steady[0]), range(steady[0], steady[-1] + 1), range(steady[-1] + 1, forward[-1] + 1)
-
-
-def busy(prog, tick, offset):
-  """Whether an op that runs microbatch m at tick stride*m + offset has one at `tick`."""
-  since, stride = tick - offset, prog.timing.stride
-  return (since >= 0) & (since % stride == 0) & (since < stride * prog.pipe.microbatches)
-
-
-def microbatch(prog, tick, offset):
-  """The microbatch of that op at `tick` (when it is `busy`)."""
-  return (tick - offset) // prog.timing.stride
-
-
-def clipped_microbatch(prog, tick, offset):
-  """`microbatch`, kept in range for the idle devices of a tick."""
-  return jnp.clip(microbatch(prog, tick, offset), 0, prog.pipe.microbatches - 1)
 
 
 def global_microbatch(prog, m):
@@ -137,7 +179,7 @@ class Program(NamedTuple):
   train: bool
   metrics: Any  # the last stage's metric structure (ShapeDtypeStructs)
   table: schedules.Schedule  # the schedule (`run_gpipe` runs its forward ticks)
-  timing: Timing  # `timing_of(table)`: the traced ticks' rule
+  lookup: Lookup  # `lookup_of(table)`: what traced ticks read
 
   @property
   def width(self) -> int:
@@ -176,22 +218,21 @@ def zero_metrics(prog: Program):
 
 
 def stage_switch(prog: Program, tick, kind: str, branch, idle, *operands):
-  """This device's stage s runs `branch(s)` when it runs an op of `kind` ("F" or "BW") at `tick`, else
+  """This device's stage s runs `branch(s)` when it runs an op of `kind` (F, B, W or BW) at `tick`, else
   `idle`. At a static tick only the stages the table runs then are branches of the program:
   an unrolled tick holds min(M, S) stage bodies, not S (GPipe with M=1 compiles S bodies, as simulate)."""
   s_count, s = prog.pipe.num_stages, jax.lax.axis_index(STAGE)
-  offset = (lambda j: forward_tick(prog, j)) if kind == "F" else (lambda j: backward_tick(prog, j))
   stages = (list(range(s_count)) if not isinstance(tick, int)
             else [op.chunk for op in schedules.running(prog.table, tick, (kind,))])
   position = jnp.asarray([stages.index(j) if j in stages else len(stages) for j in range(s_count)], jnp.int32)
-  index = jnp.where(busy(prog, tick, offset(s)), position[s], len(stages))
+  index = jnp.where(op_at(prog, tick, kind, s)[0], position[s], len(stages))
   return jax.lax.switch(index, [branch(j) for j in stages] + [idle], *operands)
 
 
 def stage_step(prog: Program, inp: StepInputs, tick, ms_row, x_buf):
-  """This device's stage at `tick`: its microbatch, or the bubble branch when idle."""
+  """This device's stage forward at `tick`: its microbatch, or the bubble branch when idle."""
   s = jax.lax.axis_index(STAGE)
-  m = clipped_microbatch(prog, jnp.asarray(tick, jnp.int32), forward_tick(prog, s))
+  _, m = op_at(prog, tick, "F", s)
   mb = jax.tree.map(lambda a: a[m], inp.mbs)
   rng = pipeline.stage_key(inp.step_key, global_microbatch(prog, m), s)
   return stage_switch(prog, tick, "F", lambda j: stage_branch(prog, j), bubble(prog),
@@ -221,7 +262,7 @@ def forward_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, fwd_ta
   TopK positions sent or None). `differentiable`: the whole boundary op, whose custom_vjp sends
   the gradient back under autodiff (`run_gpipe`); else its forward half (`run_explicit`)."""
   s = jax.lax.axis_index(STAGE)
-  m, shape = microbatch(prog, tick, forward_tick(prog, b)), prog.shapes[b]
+  m, shape = message_at(prog, tick, b, forward=True), prog.shapes[b]
   fwd_rows, bwd_rows = _link_rows(prog, m, inp.mbs)
   (fs, fr), (bs, br) = fwd_tables, inp.bwd_tables
   y, key = layout.unpad(y_buf, shape), pipeline.link_key(inp.step_key, global_microbatch(prog, m), b)
@@ -260,9 +301,8 @@ def tick_step(prog: Program, inp: StepInputs, tick, boundaries, carry: Carry) ->
 
 
 def run_gpipe(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, step_key) -> Carry:
-  """The M+S-1 forward ticks (stride 1) on this device: fill and drain unrolled, the steady
-  ticks scanned (differentiable: its autodiff is GPipe's backward)."""
-  assert prog.timing.stride == 1, prog.timing
+  """The M+S-1 forward ticks (GPipe's table: F(s, m) at tick m + s) on this device: fill and drain unrolled,
+  the steady ticks scanned (differentiable: its autodiff is GPipe's backward)."""
   s_count = prog.pipe.num_stages
   mb_size = microbatch_size(mbs)
   carry = Carry(jnp.zeros((mb_size, prog.width), prog.act_dtype), ms_row, tuple(fwd_tables),
@@ -289,7 +329,7 @@ def make_program(pipe: pipeline.Pipeline, template: pipeline.TrainState, local_b
   mb = pipeline.microbatch_shapes(local_batch, pipe.microbatches)
   shapes = pipeline.boundary_shapes(pipe, template.params, template.model_state, mb[pipe.input_key])
   prog = Program(pipe, layout.FlatRows(template.params), layout.FlatRows(template.model_state), shapes,
-                 mode, train, None, table, timing_of(table))
+                 mode, train, None, table, lookup_of(table))
   last = pipe.num_stages - 1
   x_buf = jax.ShapeDtypeStruct((mb[pipe.input_key].shape[0], prog.width), prog.act_dtype)
 
@@ -305,79 +345,80 @@ def make_program(pipe: pipeline.Pipeline, template: pipeline.TrainState, local_b
 
 
 # ---------------------------------------------------------------- explicit backward
-# A backward runs the stage's vjp on the input it stashed at its forward (rematerialised),
-# then the boundary's `backward_half` sends the gradient on. The ticks are cut into periods
-# of `stride` ticks; a run of periods with the same plan runs under one `lax.scan` (the same
-# collectives every period), the other periods are unrolled.
-
-
-def forward_tick(prog: Program, stage):
-  """Offset of a stage's forward: microbatch m's forward runs at tick stride*m + offset."""
-  return prog.timing.hop * stage
-
-
-def backward_tick(prog: Program, stage):
-  """Offset of a stage's backward: microbatch m's backward runs at tick stride*m + offset."""
-  return prog.timing.lag - prog.timing.hop * stage
-
-
-def stash_slots(prog: Program) -> int:
-  """Ring-buffer slots for inputs awaiting their backward (`schedules.stash_slots`; microbatch m uses
-  slot m % slots: a stage holds consecutive microbatches)."""
-  return schedules.stash_slots(prog.table)
+# A backward runs the stage's vjp on the input it stashed (rematerialised), then the boundary's
+# `backward_half` sends the gradient on. The ticks are cut into periods (`segments`); a run of periods
+# with the same plans runs under one `lax.scan` (the same collectives every period), the other periods
+# are unrolled.
 
 
 class Plan(NamedTuple):
   """What a tick holds, read from the table: the boundaries whose activation (gradient) is sent at its end,
-  whether any stage runs a forward (backward) at it, and, with overlapped sends (`Timing.hop` 2), the
-  boundaries whose payload crosses its link during it (encoded the tick before) and those whose payload is
-  decoded at it (encoded two ticks before)."""
+  the op kinds some stage runs at it (in the order a device runs them: F, then BW or B, then W), and, with
+  overlapped sends (hop 2), the boundaries whose payload crosses its link during it (encoded the tick
+  before) and those whose payload is decoded at it (encoded two ticks before)."""
   fwd_sends: tuple[int, ...]
   bwd_sends: tuple[int, ...]
-  any_forward: bool
-  any_backward: bool
+  kinds: tuple[str, ...]
   fwd_crossing: tuple[int, ...] = ()
   bwd_crossing: tuple[int, ...] = ()
   fwd_arriving: tuple[int, ...] = ()
   bwd_arriving: tuple[int, ...] = ()
 
 
+ORDER = ("F", "BW", "B", "W")  # the order a device runs a tick's ops in (each after its inputs)
+
+
 def tick_plan(prog: Program, tick: int) -> Plan:
   """The `Plan` of a (static) tick, by the table."""
   plan = Plan(boundaries_at(prog, tick), boundaries_at(prog, tick, forward=False),
-              bool(schedules.running(prog.table, tick, ("F",))), bool(schedules.running(prog.table, tick, ("BW",))))
-  if prog.timing.hop == 1:  # a message crosses and is decoded at the end of the tick that sends it
+              tuple(kind for kind in ORDER if schedules.running(prog.table, tick, (kind,))))
+  if prog.table.hop == 1:  # a message crosses and is decoded at the end of the tick that sends it
     return plan
   sent = lambda ago, forward: boundaries_at(prog, tick - ago, forward) if tick >= ago else ()
   return plan._replace(fwd_crossing=sent(1, True), bwd_crossing=sent(1, False),
                        fwd_arriving=sent(2, True), bwd_arriving=sent(2, False))
 
 
-def segments(prog: Program) -> list[tuple[range, tuple]]:
-  """(period starts, the period's plans): consecutive periods with equal plans form one run."""
-  stride = prog.timing.stride
-  runs = []
-  for start in range(0, prog.table.ticks, stride):
-    plans = tuple(tick_plan(prog, t) for t in range(start, min(start + stride, prog.table.ticks)))
-    if runs and runs[-1][1] == plans:
-      runs[-1] = (range(runs[-1][0].start, start + 1, stride), plans)
+def runs(plans: list[Plan], period: int) -> list[tuple[range, tuple]]:
+  """(period starts, the period's plans): the ticks cut into periods of `period` from tick 0, consecutive
+  periods with equal plans forming one run."""
+  out = []
+  for start in range(0, len(plans), period):
+    block = tuple(plans[start:start + period])
+    if out and out[-1][1] == block:
+      out[-1] = (range(out[-1][0].start, start + 1, period), block)
     else:
-      runs.append((range(start, start + 1, stride), plans))
-  return runs
+      out.append((range(start, start + 1, period), block))
+  return out
 
 
-def stage_grads(prog: Program, j: int):
-  """Stage j's vjp on one microbatch, added to the weight-gradient sum: (grads + d params
-  row, d input buffer) given the output's cotangent `g_buf` (stages before the last) or the
-  loss weight `scale` (the last). The sum is taken inside the branch, so a backward tick
-  holds one gradient row, not a fresh d params row beside the sum."""
+def segments(prog: Program) -> list[tuple[range, tuple]]:
+  """`runs` of the period whose program traces the fewest tick bodies (a run of one period unrolled, a
+  longer one scanned: one period's bodies), the shortest such period: 1 for gpipe and 1f1b-fused, 2 for
+  1f1b (a forward tick, then a backward tick), 3 for zb-h1 (B, W, F)."""
+  plans = [tick_plan(prog, t) for t in range(prog.table.ticks)]
+  traced = lambda cut: sum(len(block) for _, block in cut)
+  return min((runs(plans, period) for period in range(1, len(plans) + 1)), key=traced)
+
+
+def stage_grads(prog: Program, j: int, kind: str):
+  """Stage j's vjp on one microbatch for a backward op of `kind`, given the output's cotangent `g_buf`
+  (stages before the last) or the loss weight `scale` (the last): BW (grads + d params row, d input
+  buffer) by one vjp over both; B (grads, d input buffer), W (grads + d params row, zeros), each a vjp
+  over its one argument. The sum is taken inside the branch, so a backward tick holds one gradient row,
+  not a fresh d params row beside the sum."""
   run, last = stage_branch(prog, j), prog.pipe.num_stages - 1
 
   def grads(params_row, ms_row, x_buf, mb, rng, g_buf, scale, grad_sum):
     outputs = lambda p, x: (lambda out: (out[0], out[2]))(run(p, ms_row, x, mb, rng))
-    _, vjp = jax.vjp(outputs, params_row, x_buf)
     dy = jnp.zeros_like(g_buf) if j == last else g_buf
-    dp, dx = vjp((dy, scale if j == last else jnp.zeros((), jnp.float32)))
+    cotangent = (dy, scale if j == last else jnp.zeros((), jnp.float32))
+    if kind == "B":
+      return grad_sum, jax.vjp(lambda x: outputs(params_row, x), x_buf)[1](cotangent)[0]
+    if kind == "W":
+      return grad_sum + jax.vjp(lambda p: outputs(p, x_buf), params_row)[1](cotangent)[0], jnp.zeros_like(x_buf)
+    _, vjp = jax.vjp(outputs, params_row, x_buf)
+    dp, dx = vjp(cotangent)
     return grad_sum + dp, dx
   return grads
 
@@ -386,23 +427,28 @@ def no_grads(params_row, ms_row, x_buf, mb, rng, g_buf, scale, grad_sum):
   return grad_sum, jnp.zeros_like(x_buf)
 
 
-def stage_backward(prog: Program, inp: StepInputs, tick, stash, g_buf, grad_sum):
-  """This device's stage backward at `tick` (or nothing): (grad_sum + d params row, d input buffer)."""
+def stage_backward(prog: Program, inp: StepInputs, tick, kind: str, stash, grad_sum):
+  """This device's backward op of `kind` at `tick` (or nothing), on the input and output cotangent its
+  rings hold for the op's microbatch: (grad_sum (+ d params row), d input buffer)."""
   s = jax.lax.axis_index(STAGE)
-  m = clipped_microbatch(prog, tick, backward_tick(prog, s))
-  slot = m % stash_slots(prog)
+  _, m = op_at(prog, tick, kind, s)
+  slot = m % prog.lookup.stash_slots
   mb = jax.tree.map(lambda a: a[m], inp.mbs)
-  return stage_switch(prog, tick, "BW", lambda j: stage_grads(prog, j), no_grads,
+  return stage_switch(prog, tick, kind, lambda j: stage_grads(prog, j, kind), no_grads,
                       inp.params_row, stash.model_state[slot], stash.x_buf[slot], mb,
-                      pipeline.stage_key(inp.step_key, global_microbatch(prog, m), s), g_buf, inp.scale, grad_sum)
+                      pipeline.stage_key(inp.step_key, global_microbatch(prog, m), s),
+                      stash.g_buf[m % prog.lookup.grad_slots], inp.scale, grad_sum)
 
 
 class Stash(NamedTuple):
-  """Per slot: a microbatch's stage input and model state (for its backward), and per
-  boundary the TopK positions its forward chose (for index reuse)."""
+  """This device's rings, microbatch m in slot m % slots (`Lookup`): its stage input (delivered when it
+  arrives), its model state (at its forward) and per boundary the TopK positions its forward chose (for
+  index reuse), `stash_slots` each; its output cotangent (delivered when the gradient arrives, for B and
+  W or BW), `grad_slots`."""
   x_buf: jax.Array
   model_state: jax.Array
   indices: tuple
+  g_buf: jax.Array
 
 
 class InFlight(NamedTuple):
@@ -416,8 +462,6 @@ class InFlight(NamedTuple):
 
 
 class ExplicitCarry(NamedTuple):
-  x_buf: jax.Array  # activation received for the next forward
-  g_buf: jax.Array  # gradient received for the next backward
   stash: Stash
   model_state: jax.Array
   fwd_tables: tuple
@@ -428,12 +472,21 @@ class ExplicitCarry(NamedTuple):
   in_flight: Any = ()  # `InFlight` with overlapped sends
 
 
+def deliver(prog: Program, carry: ExplicitCarry, m, ok, value, forward: bool) -> ExplicitCarry:
+  """Microbatch m's received activation (`forward`) or gradient into its ring slot, on the device where
+  `ok` (the boundary's receiver)."""
+  field, slots = ("x_buf", prog.lookup.stash_slots) if forward else ("g_buf", prog.lookup.grad_slots)
+  ring, slot = getattr(carry.stash, field), m % slots
+  ring = ring.at[slot].set(jnp.where(ok, value, ring[slot]))
+  return carry._replace(stash=carry.stash._replace(**{field: ring}))
+
+
 def stash_positions(prog: Program, carry: ExplicitCarry, b: int, m, positions, end: int | None = None):
   """Boundary b's TopK positions of microbatch m (index reuse) written to its stash slot: the (sender's,
   receiver's) pair, or the one `end` (0 sender, 1 receiver) given; none is None."""
   if positions is None:
     return carry
-  slot, old = m % stash_slots(prog), carry.stash.indices[b]
+  slot, old = m % prog.lookup.stash_slots, carry.stash.indices[b]
   put = lambda bufs, new: jax.tree.map(lambda buf, n: buf.at[slot].set(n), bufs, new)
   stored = put(old, positions) if end is None else tuple(put(part, positions) if i == end else part
                                                          for i, part in enumerate(old))
@@ -446,15 +499,17 @@ def stashed_positions(prog: Program, carry: ExplicitCarry, b: int, m):
   index reuse (or in a step whose forward is dense)."""
   if not prog.pipe.boundary.reuse or prog.mode.dense_forward:
     return None
-  return jax.tree.map(lambda buf: buf[m % stash_slots(prog)], carry.stash.indices[b])
+  return jax.tree.map(lambda buf: buf[m % prog.lookup.stash_slots], carry.stash.indices[b])
 
 
-def stash_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, carry: ExplicitCarry):
-  """`forward_exchange` (its forward half) of the explicit schedule, its TopK positions stashed for
-  index reuse: (received activation, carry)."""
+def stash_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, carry: ExplicitCarry) -> ExplicitCarry:
+  """`forward_exchange` (its forward half) of the explicit schedule: the activation delivered to stage
+  b+1's ring, its TopK positions stashed for index reuse."""
+  s = jax.lax.axis_index(STAGE)
   x, tables, idx = forward_exchange(prog, inp, tick, b, y_buf, carry.fwd_tables, differentiable=False)
-  carry = stash_positions(prog, carry, b, microbatch(prog, tick, forward_tick(prog, b)), idx)
-  return x, carry._replace(fwd_tables=tables)
+  m = message_at(prog, tick, b, forward=True)
+  carry = stash_positions(prog, carry, b, m, idx)
+  return deliver(prog, carry._replace(fwd_tables=tables), m, s == b + 1, x, forward=True)
 
 
 def kept_rows(ok, table, rows, shape, new):
@@ -462,11 +517,11 @@ def kept_rows(ok, table, rows, shape, new):
   return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, layout.gather_rows(table, rows, shape))
 
 
-def backward_exchange(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carry: ExplicitCarry):
-  """Boundary b's backward half for the microbatch whose stage b+1 backward ran this tick:
-  (gradient received by stage b, carry with the new backward-state rows)."""
+def backward_exchange(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carry: ExplicitCarry) -> ExplicitCarry:
+  """Boundary b's backward half for the microbatch whose stage b+1 input gradient was made this tick: the
+  gradient delivered to stage b's ring, the carry with the new backward-state rows."""
   s = jax.lax.axis_index(STAGE)
-  m = microbatch(prog, tick, backward_tick(prog, b + 1))
+  m = message_at(prog, tick, b, forward=False)
   shape = prog.shapes[b]
   _, rows = _link_rows(prog, m, inp.mbs)
   bs_old, br_old = inp.bwd_tables
@@ -478,46 +533,44 @@ def backward_exchange(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carr
   bs, br = carry.bwd_tables
   tables = (layout.put_rows(bs, rows, kept_rows(s == b + 1, bs, rows, shape, bs_new)),
             layout.put_rows(br, rows, kept_rows(s == b, br, rows, shape, br_new)))
-  return layout.pad(dx, prog.width, prog.act_dtype), carry._replace(bwd_tables=tables)
+  return deliver(prog, carry._replace(bwd_tables=tables), m, s == b,
+                 layout.pad(dx, prog.width, prog.act_dtype), forward=False)
 
 
 def stage_ops(prog: Program, inp: StepInputs, tick, plan: Plan, carry: ExplicitCarry):
-  """This device's stage at `tick`: its forward on `carry.x_buf` (stashing that input), then its backward on
-  `carry.g_buf`: (carry, activation made, input gradient made). Work that no stage has at this tick (by
-  `plan`) is left out of the program."""
+  """This device's ops at `tick`, in `ORDER`: its forward on the input its ring holds (stashing its model
+  state), then its backward ops: (carry, activation made, input gradient made). Kinds that no stage runs
+  at this tick (by `plan`) are left out of the program."""
   s = jax.lax.axis_index(STAGE)
-  y_buf = dx_buf = jnp.zeros_like(carry.x_buf)
-  if plan.any_forward:
-    slot = clipped_microbatch(prog, tick, forward_tick(prog, s)) % stash_slots(prog)
-    forward_busy = busy(prog, tick, forward_tick(prog, s))
-    keep = lambda buf, new: buf.at[slot].set(jnp.where(forward_busy, new, buf[slot]))
-    stash = carry.stash._replace(x_buf=keep(carry.stash.x_buf, carry.x_buf),
-                                 model_state=keep(carry.stash.model_state, carry.model_state))
-    y_buf, ms_row, loss, metrics = stage_step(prog, inp, tick, carry.model_state, carry.x_buf)
+  y_buf = dx_buf = jnp.zeros(carry.stash.x_buf.shape[1:], carry.stash.x_buf.dtype)
+  if "F" in plan.kinds:
+    forward_busy, m = op_at(prog, tick, "F", s)
+    slot = m % prog.lookup.stash_slots
+    stash = carry.stash._replace(model_state=carry.stash.model_state.at[slot].set(
+        jnp.where(forward_busy, carry.model_state, carry.stash.model_state[slot])))
+    y_buf, ms_row, loss, metrics = stage_step(prog, inp, tick, carry.model_state, carry.stash.x_buf[slot])
     carry = carry._replace(stash=stash, model_state=ms_row, loss_sum=carry.loss_sum + loss,
                            metric_sums=jax.tree.map(jnp.add, carry.metric_sums, metrics))
-  if plan.any_backward:
-    grads, dx_buf = stage_backward(prog, inp, tick, carry.stash, carry.g_buf, carry.grads)
+  for kind in (kind for kind in plan.kinds if kind != "F"):
+    grads, dx = stage_backward(prog, inp, tick, kind, carry.stash, carry.grads)
     carry = carry._replace(grads=grads)
+    if kind != "W":
+      dx_buf = jnp.where(op_at(prog, tick, kind, s)[0], dx, dx_buf)
   return carry, y_buf, dx_buf
 
 
 def explicit_tick(prog: Program, inp: StepInputs, tick, plan: Plan, carry: ExplicitCarry) -> ExplicitCarry:
-  """One tick: this stage's forward (stashing its input), its backward, then the boundaries."""
-  s = jax.lax.axis_index(STAGE)
+  """One tick: this stage's ops, then the boundaries (each message delivered into its receiver's ring)."""
   carry, y_buf, dx_buf = stage_ops(prog, inp, tick, plan, carry)
-  next_x, next_g = jnp.zeros_like(carry.x_buf), jnp.zeros_like(carry.g_buf)
   for b in plan.fwd_sends:
-    x, carry = stash_exchange(prog, inp, tick, b, y_buf, carry)
-    next_x = jnp.where(s == b + 1, x, next_x)
+    carry = stash_exchange(prog, inp, tick, b, y_buf, carry)
   for b in plan.bwd_sends:
-    g, carry = backward_exchange(prog, inp, tick, b, dx_buf, carry)
-    next_g = jnp.where(s == b, g, next_g)
-  return carry._replace(x_buf=next_x, g_buf=next_g)
+    carry = backward_exchange(prog, inp, tick, b, dx_buf, carry)
+  return carry
 
 
 # ---------------------------------------------------------------- overlapped sends
-# With `Timing.hop` 2 a boundary's message is encoded where it is made (tick t), crosses its link during
+# With the table's hop 2 a boundary's message is encoded where it is made (tick t), crosses its link during
 # tick t+1 while both ends compute (its collective reads only the carry, so nothing of tick t+1 waits for
 # it), and is decoded where it is used (tick t+2). Each end's compression state moves at its own end:
 # the sender's rows at the encode, the receiver's at the decode, each by its own microbatch.
@@ -527,7 +580,7 @@ def encode_forward(prog: Program, inp: StepInputs, tick, b: int, y_buf, carry: E
   """Stage b encodes the activation its forward made at `tick` (its forward-sender rows, and under index
   reuse its TopK positions, stashed): the payload waits in `in_flight` to cross during the next tick."""
   s, shape, link = jax.lax.axis_index(STAGE), prog.shapes[b], _boundary(prog, b)
-  m = microbatch(prog, tick, forward_tick(prog, b))
+  m = message_at(prog, tick, b, forward=True)
   rows, _ = _link_rows(prog, m, inp.mbs)
   fs, fr = carry.fwd_tables
   payload, fs_new = boundary_mod.forward_send(link, prog.mode, layout.unpad(y_buf, shape),
@@ -539,24 +592,25 @@ def encode_forward(prog: Program, inp: StepInputs, tick, b: int, y_buf, carry: E
                         in_flight=carry.in_flight._replace(fwd_sent=sent))
 
 
-def decode_forward(prog: Program, inp: StepInputs, tick, b: int, carry: ExplicitCarry):
-  """Stage b+1 decodes boundary b's payload that crossed during the tick before, for its forward at `tick`
-  (its forward-receiver rows, and under index reuse its copy of the TopK positions, stashed): (input, carry)."""
+def decode_forward(prog: Program, inp: StepInputs, tick, b: int, carry: ExplicitCarry) -> ExplicitCarry:
+  """Stage b+1 decodes boundary b's payload that crossed during the tick before into its ring (its
+  forward-receiver rows, and under index reuse its copy of the TopK positions, stashed)."""
   s, shape, link = jax.lax.axis_index(STAGE), prog.shapes[b], _boundary(prog, b)
-  m = microbatch(prog, tick, forward_tick(prog, b + 1))
+  m = message_at(prog, tick, b, forward=True, received=True)
   rows, _ = _link_rows(prog, m, inp.mbs)
   fs, fr = carry.fwd_tables
   arrived = carry.in_flight.fwd_arrived[b]
   x, fr_new = boundary_mod.forward_receive(link, prog.mode, arrived, layout.gather_rows(fr, rows, shape), s == b + 1)
   carry = stash_positions(prog, carry, b, m, boundary_mod.reuse_positions(link, prog.mode, arrived), end=1)
-  return layout.pad(x, prog.width, prog.act_dtype), carry._replace(fwd_tables=(fs, layout.put_rows(fr, rows, fr_new)))
+  carry = carry._replace(fwd_tables=(fs, layout.put_rows(fr, rows, fr_new)))
+  return deliver(prog, carry, m, s == b + 1, layout.pad(x, prog.width, prog.act_dtype), forward=True)
 
 
 def encode_backward(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carry: ExplicitCarry) -> ExplicitCarry:
   """Stage b+1 encodes the input gradient its backward made at `tick` (its backward-sender rows): the
   payload waits in `in_flight` to cross back during the next tick."""
   s, shape, link = jax.lax.axis_index(STAGE), prog.shapes[b], _boundary(prog, b)
-  m = microbatch(prog, tick, backward_tick(prog, b + 1))
+  m = message_at(prog, tick, b, forward=False)
   _, rows = _link_rows(prog, m, inp.mbs)
   idx = stashed_positions(prog, carry, b, m)
   payload, bs_new = boundary_mod.backward_send(link, prog.mode, layout.unpad(dx_buf, shape),
@@ -569,11 +623,11 @@ def encode_backward(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carry:
                         in_flight=carry.in_flight._replace(bwd_sent=sent))
 
 
-def decode_backward(prog: Program, inp: StepInputs, tick, b: int, carry: ExplicitCarry):
-  """Stage b decodes boundary b's gradient payload that crossed back during the tick before, for its
-  backward at `tick` (its backward-receiver rows): (gradient, carry)."""
+def decode_backward(prog: Program, inp: StepInputs, tick, b: int, carry: ExplicitCarry) -> ExplicitCarry:
+  """Stage b decodes boundary b's gradient payload that crossed back during the tick before into its ring
+  (its backward-receiver rows)."""
   s, shape, link = jax.lax.axis_index(STAGE), prog.shapes[b], _boundary(prog, b)
-  m = microbatch(prog, tick, backward_tick(prog, b))
+  m = message_at(prog, tick, b, forward=False, received=True)
   _, rows = _link_rows(prog, m, inp.mbs)
   idx = stashed_positions(prog, carry, b, m)
   dx, br_new = boundary_mod.backward_receive(link, prog.mode, carry.in_flight.bwd_arrived[b],
@@ -581,32 +635,30 @@ def decode_backward(prog: Program, inp: StepInputs, tick, b: int, carry: Explici
                                              None if idx is None else idx[0], shape.dtype)
   bs, br = carry.bwd_tables
   tables = (bs, layout.put_rows(br, rows, kept_rows(s == b, br, rows, shape, br_new)))
-  return layout.pad(dx, prog.width, prog.act_dtype), carry._replace(bwd_tables=tables)
+  return deliver(prog, carry._replace(bwd_tables=tables), m, s == b, layout.pad(dx, prog.width, prog.act_dtype),
+                 forward=False)
 
 
 def overlapped_tick(prog: Program, inp: StepInputs, tick, plan: Plan, carry: ExplicitCarry) -> ExplicitCarry:
   """One tick with overlapped sends: the payloads encoded at the tick before cross their links, reading only
   the carry (so the tick's compute runs while they are in flight); those that crossed during the tick before
-  are decoded for this tick's stage; the stage runs; what it made is encoded to cross during the next tick."""
-  s, flight = jax.lax.axis_index(STAGE), carry.in_flight
+  are decoded into their receivers' rings; the stage runs; what it made is encoded to cross during the next tick."""
+  flight = carry.in_flight
   cross = lambda sent, arrived, crossing, move: tuple(
       move(_boundary(prog, b).transport)(sent[b]) if b in crossing else arrived[b] for b in range(len(sent)))
   fwd_arrived = cross(flight.fwd_sent, flight.fwd_arrived, plan.fwd_crossing, lambda t: t.forward)
   bwd_arrived = cross(flight.bwd_sent, flight.bwd_arrived, plan.bwd_crossing, lambda t: t.backward)
-  x_buf, g_buf = jnp.zeros_like(carry.x_buf), jnp.zeros_like(carry.g_buf)
   for b in plan.fwd_arriving:
-    x, carry = decode_forward(prog, inp, tick, b, carry)
-    x_buf = jnp.where(s == b + 1, x, x_buf)
+    carry = decode_forward(prog, inp, tick, b, carry)
   for b in plan.bwd_arriving:
-    g, carry = decode_backward(prog, inp, tick, b, carry)
-    g_buf = jnp.where(s == b, g, g_buf)
-  carry, y_buf, dx_buf = stage_ops(prog, inp, tick, plan, carry._replace(x_buf=x_buf, g_buf=g_buf))
+    carry = decode_backward(prog, inp, tick, b, carry)
+  carry, y_buf, dx_buf = stage_ops(prog, inp, tick, plan, carry)
   for b in plan.fwd_sends:
     carry = encode_forward(prog, inp, tick, b, y_buf, carry)
   for b in plan.bwd_sends:
     carry = encode_backward(prog, inp, tick, b, dx_buf, carry)
   flight = carry.in_flight._replace(fwd_arrived=fwd_arrived, bwd_arrived=bwd_arrived)
-  return carry._replace(x_buf=jnp.zeros_like(x_buf), g_buf=jnp.zeros_like(g_buf), in_flight=flight)
+  return carry._replace(in_flight=flight)
 
 
 def empty_in_flight(prog: Program, inp: StepInputs, carry: ExplicitCarry) -> InFlight:
@@ -633,17 +685,16 @@ def run_explicit(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs,
   """Every tick of the explicit schedule on this device. `scale` weighs each microbatch's
   loss (1 / (M D)): the returned `grads` and backward tables are those of the weighted sum,
   as autodiff of the mean loss gives them."""
-  mb_size = microbatch_size(mbs)
-  k = stash_slots(prog)
-  buf = jnp.zeros((mb_size, prog.width), prog.act_dtype)
+  k, buf = prog.lookup.stash_slots, (microbatch_size(mbs), prog.width)
   indices = tuple(jax.tree.map(lambda a: jnp.zeros((k, *a.shape), a.dtype), _index_shapes(prog, b))
                   for b in range(prog.pipe.num_stages - 1))
-  stash = Stash(jnp.zeros((k, *buf.shape), buf.dtype), jnp.zeros((k, *ms_row.shape), ms_row.dtype), indices)
-  carry = ExplicitCarry(buf, buf, stash, ms_row, tuple(fwd_tables), jax.tree.map(jnp.zeros_like, tuple(bwd_tables)),
+  stash = Stash(jnp.zeros((k, *buf), prog.act_dtype), jnp.zeros((k, *ms_row.shape), ms_row.dtype), indices,
+                jnp.zeros((prog.lookup.grad_slots, *buf), prog.act_dtype))
+  carry = ExplicitCarry(stash, ms_row, tuple(fwd_tables), jax.tree.map(jnp.zeros_like, tuple(bwd_tables)),
                         jnp.zeros_like(params_row), jnp.zeros((), jnp.float32), zero_metrics(prog))
   inp = StepInputs(params_row, tuple(bwd_tables), mbs, step_key, scale)
   tick_fn = explicit_tick
-  if prog.timing.hop > 1:
+  if prog.table.hop > 1:
     carry, tick_fn = carry._replace(in_flight=empty_in_flight(prog, inp, carry)), overlapped_tick
 
   def period(carry, start, plans):

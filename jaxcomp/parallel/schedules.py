@@ -186,16 +186,21 @@ def zero_bubble_h1(num_stages: int, microbatches: int) -> Schedule:
   return as_soon_as_ready("zb-h1", S, M, [order(s) for s in range(S)])
 
 
-BUILDERS = {"gpipe": gpipe, "1f1b": one_f_one_b, "1f1b-fused": one_f_one_b_fused}
-SCHEDULES = tuple(BUILDERS)
-TABLES_ONLY = {"zb-h1": zero_bubble_h1}  # tables no executor runs yet (netsim and the bubble table read them)
+BUILDERS = {"gpipe": gpipe, "1f1b": one_f_one_b, "1f1b-fused": one_f_one_b_fused}  # fused BW, any hop
+SPLIT_BUILDERS = {"zb-h1": zero_bubble_h1}  # split B and W, hop 1
+SCHEDULES = (*BUILDERS, *SPLIT_BUILDERS)  # the tables the sharded executor runs
+OVERLAP_SCHEDULES = tuple(BUILDERS)  # those it runs with overlapped sends
 OVERLAP_HOP = 2  # ticks a message takes with overlapped sends: it crosses during the tick after its op
 
 
-def check_overlap(num_stages: int, microbatches: int) -> None:
-  """Overlapped sends need M >= 2S: each message then takes two ticks, and with fewer microbatches the
-  pipeline never has every stage computing while every link carries a message (no steady ticks), so the
-  S-1 extra ticks each way cost more than the overlap can hide. A ValueError naming the values and the fix."""
+def check_overlap(name: str, num_stages: int, microbatches: int) -> None:
+  """Overlapped sends run on OVERLAP_SCHEDULES and need M >= 2S: each message then takes two ticks, and with
+  fewer microbatches the pipeline never has every stage computing while every link carries a message (no
+  steady ticks), so the S-1 extra ticks each way cost more than the overlap can hide. A ValueError naming
+  the values and the fix."""
+  if name not in OVERLAP_SCHEDULES:
+    raise ValueError(f"overlapped sends run on the schedules {list(OVERLAP_SCHEDULES)}, got {name!r}: drop "
+                     "--overlap or use one of those")
   if microbatches < 2 * num_stages:
     raise ValueError(f"overlapped sends (--overlap) need at least 2S microbatches per data shard: got M="
                      f"{microbatches} for S={num_stages} stages; use --microbatches {2 * num_stages} (or more), "
@@ -204,17 +209,15 @@ def check_overlap(num_stages: int, microbatches: int) -> None:
 
 def build(name: str, num_stages: int, microbatches: int, overlap: bool = False) -> Schedule:
   """The table of schedule `name` for S stages and M microbatches: one of SCHEDULES (the sharded executor
-  runs these; `overlap`: with overlapped sends, `OVERLAP_HOP` ticks a message, M >= 2S), or "zb-h1" or
-  "interleaved:V" (tables only: no executor runs them yet)."""
+  runs these; `overlap`: with overlapped sends, `OVERLAP_HOP` ticks a message, M >= 2S, one of
+  OVERLAP_SCHEDULES), or "interleaved:V" (a table only: no executor runs it yet)."""
   kind, _, chunks = name.partition(":")
   if overlap:
-    if name not in BUILDERS:
-      raise ValueError(f"overlapped sends run on the schedules {list(BUILDERS)}, got {name!r}")
-    check_overlap(num_stages, microbatches)
+    check_overlap(name, num_stages, microbatches)
     return BUILDERS[name](num_stages, microbatches, OVERLAP_HOP)
   if kind == "interleaved" and chunks.isdigit():
     return interleaved(num_stages, microbatches, int(chunks))
-  builders = {**BUILDERS, **TABLES_ONLY}
+  builders = {**BUILDERS, **SPLIT_BUILDERS}
   if name not in builders:
     raise ValueError(f"schedule must be one of {list(builders)} or interleaved:V, got {name!r}")
   return builders[name](num_stages, microbatches)

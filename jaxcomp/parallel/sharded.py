@@ -44,12 +44,14 @@ class ShardedExecutor(pipeline.Executor):
   `schedule` (a table of `schedules.SCHEDULES`): "gpipe" (all forwards, then all backwards: M microbatch
   inputs saved per stage), "1f1b" (PipeDream-flush: one forward or backward per stage per
   tick, at most S inputs saved whatever M) or "1f1b-fused" (a forward and a backward per
-  stage per tick: at most 2S-1 inputs, half of 1f1b's ticks); all send the same bytes and
-  give the same numbers.
+  stage per tick: at most 2S-1 inputs, half of 1f1b's ticks) or "zb-h1" (ZB-H1: 1F1B's order with each
+  backward split into B, the input gradient sent upstream at once, and W, the weight gradient, deferred
+  into the bubbles; W recomputes the stage's forward from the stashed input and output cotangent); all
+  send the same bytes and give the same numbers.
   `remat="stage"` (default) saves a stage's input per microbatch and recomputes the stage in
   its explicit backward (`schedule.run_explicit`); `remat="none"` (GPipe only) differentiates
   the forward schedule with autodiff, which saves every stage's internals.
-  `overlap=True` (train steps of any schedule, `remat="stage"`): overlapped sends, MaxText's delayed
+  `overlap=True` (train steps of `schedules.OVERLAP_SCHEDULES`, `remat="stage"`): overlapped sends, MaxText's delayed
   activation forwarding: a payload encoded at tick t crosses its link during tick t+1 while the stages
   compute, and is decoded at t+2 where it is used (`schedules.OVERLAP_HOP`; S-1 more ticks each way, M >= 2S
   microbatches); the same bytes and numbers. Eval steps run without it.
@@ -88,7 +90,7 @@ class ShardedExecutor(pipeline.Executor):
       raise ValueError(f"the model has {pipe.num_stages} stages but the mesh's stage axis has "
                        f"{self.num_stages} devices")
     if self.overlap:
-      schedules.check_overlap(self.num_stages, pipe.microbatches)
+      schedules.check_overlap(self.schedule, self.num_stages, pipe.microbatches)
     dataparallel.check_optimizer(optimizer, self.grad_scheme)
 
   def local_batch(self, batch):
