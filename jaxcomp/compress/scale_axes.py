@@ -90,33 +90,41 @@ class ScaleAxes(Codec):
       grids += [dataclasses.replace(self.grouped, grid=grid) for grid in MAXABS_GRIDS]
     return [ChannelScale(g) for g in grids] + [self.per_channel]
 
-  def _message(self, codec, payload):
-    """(codes, fp32 channel words, group scales as grid=auto reads them: midrise's sign bit set) of a candidate."""
+  def _message(self, codec, payload, groups_like):
+    """(codes, fp32 channel words, group scales as grid=auto reads them: midrise's sign bit set; zeros for P)
+    of a candidate."""
     if isinstance(codec, MaxAbsQuant):
       channel = packing.from_bits(payload.arrays.scale, self._scale_dtype).astype(jnp.float32)
-      return payload.arrays.codes, packing.as_bits(channel), None
+      return payload.arrays.codes, packing.as_bits(channel), jnp.zeros_like(groups_like)
     inner = payload.arrays.inner.arrays
     groups = packing.from_bits(inner.scale, self._scale_dtype)
     if codec.inner.grid == "midrise" and self.grouped.grid == AUTO_GRID:
       groups = -groups
     return inner.codes, payload.arrays.scale, packing.as_bits(groups)
 
+  @staticmethod
+  def _nearest(codec: Codec) -> Codec:
+    """`codec` under nearest rounding, the rounding the choice is made under."""
+    if isinstance(codec, ChannelScale):
+      return ChannelScale(dataclasses.replace(codec.inner, stochastic=False))
+    return dataclasses.replace(codec, stochastic=False)
+
   @compiled
   def encode(self, x, key=None) -> Payload:
     codecs = self._candidates()
-    sent = [c.encode(x, key) for c in codecs]
-    near = sent
-    if self.grouped.stochastic:
-      near = [ChannelScale(dataclasses.replace(c.inner, stochastic=False)).encode(x) if isinstance(c, ChannelScale)
-              else dataclasses.replace(c, stochastic=False).encode(x) for c in codecs]
+    near = [self._nearest(c) for c in codecs]
+    tried = [c.encode(x) for c in near]
     x32 = x.astype(jnp.float32)
-    errors = jnp.stack([_channel_mean_error(x32, c.decode(p).astype(jnp.float32)) for c, p in zip(codecs, near)])
+    errors = jnp.stack([_channel_mean_error(x32, c.decode(p).astype(jnp.float32)) for c, p in zip(near, tried)])
     errors = jnp.where(jnp.isfinite(errors), errors, jnp.inf)
     pick = jnp.where(jnp.all(jnp.isfinite(x32)), jnp.argmin(errors), len(codecs) - 1)  # non-finite: P
-    parts = [self._message(c, p) for c, p in zip(codecs, sent)]
-    zeros = jnp.zeros_like(parts[0][2])
-    codes, channel, groups = (jnp.stack([part[i] if part[i] is not None else zeros for part in parts])[pick]
-                              for i in range(3))
+    groups_like = tried[0].arrays.inner.arrays.scale  # G's group scales' bits
+    if self.grouped.stochastic:  # only the chosen code is drawn
+      codes, channel, groups = jax.lax.switch(
+          pick, [lambda c=c: self._message(c, c.encode(x, key), groups_like) for c in codecs])
+    else:
+      parts = [self._message(c, p, groups_like) for c, p in zip(codecs, tried)]
+      codes, channel, groups = (jnp.stack([part[i] for part in parts])[pick] for i in range(3))
     return Payload(AxisChosen(codes, channel, groups, (pick < len(codecs) - 1).astype(jnp.uint8)[None]),
                    tuple(x.shape), x.dtype)
 
