@@ -74,6 +74,16 @@ def test_each_axis_is_chosen_where_it_wins():
   np.testing.assert_array_equal(codec(y), spec.parse_codec("maxabs:2")(y))
 
 
+def test_with_stoch_the_chosen_code_is_drawn_as_it_would_be_alone():
+  """`:stoch` sends the chosen candidate's own stochastic draw with the message's key: G's on outlier channels,
+  P's on offset channels, bit for bit."""
+  codec, key = spec.parse_codec("maxabs:2:group=64:stoch"), jax.random.key(7)
+  x, y = outlier_activations(), offset_channels()
+  assert sent_grouped(codec, x) and not sent_grouped(codec, y)
+  np.testing.assert_array_equal(codec(x, key), spec.parse_codec("maxabs:2:group=64:scales=both:stoch")(x, key))
+  np.testing.assert_array_equal(codec(y, key), spec.parse_codec("maxabs:2:stoch")(y, key))
+
+
 @pytest.mark.parametrize("scale", ["fp32", "bf16"])
 def test_one_message_size_whichever_axis(scale):
   codec = spec.parse_codec(f"maxabs:2:group=64:scale={scale}")
