@@ -173,7 +173,9 @@ def table(name: str, x: np.ndarray, clip_ratio: float, bits, group: int | None =
               f"channel-scaled groups / per channel (`maxabs:B:group={group}:scales=both` / `maxabs:B`)":
               lambda b: mse(f"{grouped}:scales=both", b) / mse(channel, b)}
     for codec_spec in (channel, grouped, f"{grouped}:scales=group", f"{grouped}:scales=both", f"{channel}:stoch",
-                       f"{grouped}:stoch", f"{grouped}:scales=group:stoch", f"{grouped}:scales=both:stoch"):
+                       f"{grouped}:stoch", f"{grouped}:scales=group:stoch", f"{grouped}:scales=both:stoch",
+                       f"hadamard+{grouped}", f"hadamard+{grouped}:stoch", f"channel+hadamard+{grouped}",
+                       f"channel+hadamard+{grouped}:stoch"):
       ratios[f"`{codec_spec.replace('{b}', 'B')}`, mean of each channel's relative MSE"] = (
           lambda b, s=codec_spec: channel_error(x, decoded(s, x, b)))
     for row, fn in ratios.items():

@@ -11,7 +11,9 @@ through the stages (no dropout) with the run's own boundary compression and meas
 * forward, at boundary b: ||C(a) - a||^2 / ||a||^2 of the activation a that crosses it (the
   message the next stage computes on, as in a train step), and the same error over ||a - a_bar||^2,
   a_bar the mean of a over the batch's tokens: the error against the part of a that differs from
-  token to token, the part that carries what the tokens are;
+  token to token, the part that carries what the tokens are; and that ratio per channel, averaged
+  over channels (every channel weighs the same, as for a next stage that rescales its channels: the
+  outlier model's, which reads its outlier channels divided by their gain);
 * backward, at boundary b: ||C'(g) - g||^2 / ||g||^2 of the gradient g that crosses it back
   (g computed from the compressed backward messages of the boundaries after it, as in a step);
 * per stage, the cosine between its weight gradient in that compressed step and the exact
@@ -47,10 +49,18 @@ def _cosine(a_tree, b_tree):
   return jnp.vdot(a, b) / jnp.sqrt(jnp.vdot(a, a) * jnp.vdot(b, b))
 
 
-def _varying(a):
+def varying(a):
   """a minus its mean over every token (all axes but the last): the part that differs between tokens."""
   a32 = a.astype(jnp.float32)
   return a32 - jnp.mean(a32, axis=tuple(range(a.ndim - 1)))
+
+
+def channel_varying_error(error_BxTxF, a):
+  """Mean over channels of ||C(a)_c - a_c||^2 / ||a_c - a_bar_c||^2 (channels that do not vary left out)."""
+  axes = tuple(range(a.ndim - 1))
+  energy = jnp.sum(jnp.square(varying(a)), axis=axes)
+  ratio = jnp.sum(jnp.square(error_BxTxF), axis=axes) / jnp.where(energy > 0, energy, 1.0)
+  return jnp.sum(jnp.where(energy > 0, ratio, 0.0)) / jnp.maximum(jnp.sum(energy > 0), 1)
 
 
 def check_measurable(pipe):
@@ -88,7 +98,7 @@ def make_measure(pipe):
 
   def measure(params, model_state, links, batch, key):
     x, stage_vjps, link_vjps, acts = batch[pipe.input_key], [], [], []
-    fwd_err, fwd_varying, state = [], [], []
+    fwd_err, fwd_varying, fwd_channel, state = [], [], [], []
     for s in range(pipe.num_stages):
       if s == 0:
         out, vjp = jax.vjp(lambda p, x=x: apply(0, p, model_state[0], x), params[0])
@@ -99,9 +109,11 @@ def make_measure(pipe):
         break
       link_key = jax.random.fold_in(key, s)
       sent, link_vjp = jax.vjp(lambda a, s=s: pipe.boundary(a, links[s], link_key, Mode.TRAIN)[0], out)
-      error = jnp.sum(jnp.square(sent.astype(jnp.float32) - out.astype(jnp.float32)))
+      error_BxTxF = sent.astype(jnp.float32) - out.astype(jnp.float32)
+      error = jnp.sum(jnp.square(error_BxTxF))
       fwd_err.append(error / jnp.sum(jnp.square(out.astype(jnp.float32))))
-      fwd_varying.append(error / jnp.sum(jnp.square(_varying(out))))
+      fwd_varying.append(error / jnp.sum(jnp.square(varying(out))))
+      fwd_channel.append(channel_varying_error(error_BxTxF, out))
       state.append(state_size(links[s], out))
       acts.append(out)
       link_vjps.append(link_vjp)
@@ -117,14 +129,15 @@ def make_measure(pipe):
       bwd_err[s - 1] = _relative(g, dx)
       grad_msgs[s - 1] = dx
     exact = exact_grads(params, model_state, batch)
-    return {"fwd": jnp.stack(fwd_err), "fwd_varying": jnp.stack(fwd_varying), "bwd": jnp.stack(bwd_err),
+    return {"fwd": jnp.stack(fwd_err), "fwd_varying": jnp.stack(fwd_varying),
+            "fwd_channel": jnp.stack(fwd_channel), "bwd": jnp.stack(bwd_err),
             "state": jnp.stack(state), "grad_cos": jnp.stack([_cosine(a, b) for a, b in zip(grads, exact)]),
             "activations": acts, "gradients": grad_msgs}
 
   return jax.jit(measure)
 
 
-COLUMNS = ("fwd", "fwd_varying", "bwd", "state", "grad_cos")
+COLUMNS = ("fwd", "fwd_varying", "fwd_channel", "bwd", "state", "grad_cos")
 
 
 def main(argv=None):
@@ -167,6 +180,7 @@ def main(argv=None):
   print(f"[boundary_error] fwd {cfg.compression.fwd}, bwd {cfg.compression.bwd}, seed {cfg.training.seed}; "
         f"data = {data.name}")
   print(f"{'step':>5s} {'loss':6s}  per boundary: fwd ||C(a)-a||^2/||a||^2; fwd ||C(a)-a||^2/||a-a_bar||^2; "
+        "fwd the same per channel, mean over channels; "
         "bwd ||C(g)-g||^2/||g||^2; [EF state ||e||^2/||a||^2]; per stage: cos(weight grad, exact)")
   record()
   for epoch in range(cfg.training.epochs):

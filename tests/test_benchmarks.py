@@ -142,6 +142,7 @@ def test_quantizer_error_outlier_tensors_and_recorded_activations(tmp_path, caps
   assert out.count("| grouped / per channel (`maxabs:B:group=8` / `maxabs:B`) | ") == 4
   assert "| `maxabs:B:group=8:grid=auto:clip=mse` | " in out
   assert out.count("| `maxabs:B:group=8:stoch`, mean of each channel's relative MSE | ") == 4
+  assert out.count("| `channel+hadamard+maxabs:B:group=8`, mean of each channel's relative MSE | ") == 4
 
 
 def test_quantizer_error_lower_bounds_per_group():

@@ -7,6 +7,7 @@ import pathlib
 import re
 import shutil
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -350,6 +351,16 @@ def test_resuming_a_run_recorded_before_its_defaults_were_stored(tmp_path):
   check_resumed_config({**RUN_DEFAULTS, **old, "epochs": 3}, tmp_path / "r.json")
   with pytest.raises(ValueError, match=r"executor 'simulate' -> 'gpipe'"):
     check_resumed_config({**RUN_DEFAULTS, **old, "executor": "gpipe"}, tmp_path / "r.json")
+
+
+def test_boundary_error_weighs_every_channel_the_same():
+  """An error of its own size in 1 of 4 channels of small variation is 1/4 by the channel mean, however small a
+  share of the pooled energy that channel has (the outlier model's ordinary channels beside its x64 ones)."""
+  from experiments import boundary_error
+  a = jnp.asarray(np.random.default_rng(0).normal(size=(2, 8, 4)) * np.array([1e-3, 64.0, 64.0, 64.0]), jnp.float32)
+  error = jnp.zeros_like(a).at[..., 0].set(boundary_error.varying(a)[..., 0])
+  assert float(boundary_error.channel_varying_error(error, a)) == pytest.approx(0.25, rel=1e-5)
+  assert float(jnp.sum(error ** 2) / jnp.sum(boundary_error.varying(a) ** 2)) < 1e-6  # pooled, it vanishes
 
 
 def test_boundary_error_measures_each_boundary_and_refuses_aqsgd(tmp_path, capsys):

@@ -6,15 +6,18 @@ Two B-bit max-abs codes of the same grid and clip rules:
       features of each token (scales along both axes).
 Neither wins everywhere (docs/grids.md): G keeps the small channels beside outlier channels and follows
 each token on gradients; P fits each channel's own range on activations without outliers at 2-3 bits,
-where no per-token code can match it. The sender decodes both (nearest rounding) and sends G's message
-when its squared error ||x_hat - x||^2, summed over the tensor, is no more than P's, and P's otherwise; a
-byte says which. With grid=auto, G is also tried on each fixed grid (its per-group grid is chosen on x / c,
-whose errors weigh the group's channels as x's do not), sent in grid=auto's form (the sign bits). Both codes are B bits an entry, so the message has one size: the codes, F fp32 channel
-words (P's scales or G's c), G's group scales (zeros under P) and the byte. The errors are summed over
-x / 2^E (2^E the power of two of max|x|), so the choice is the same for x and x * 2^k; a message with a
-non-finite entry takes P. The total error decides, not the mean over channels of each channel's relative
-error: where the two disagree (outlier channels and massive tokens together) G errs up to 1.2x more by
-that mean and about 0.2-0.8x as much in total (docs/grids.md).
+where no per-token code can match it. The sender decodes each (nearest rounding) and sends the one whose
+error is least by the mean over channels of each channel's relative error,
+  e(y) = mean_c ||y_c - x_c||^2 / ||x_c||^2,
+G on a tie; a byte says which. Every channel weighs the same, as for a next stage that rescales its channels
+(LayerNorm's gains; the outlier model reads its outlier channels divided by their gain): the total squared
+error lets the few large channels decide, and on the outlier model it sent codes that lost small channels'
+token-to-token variation (errors up to 269x it, by the channel mean) and a seed stalled (docs/frontier.md).
+With grid=auto, G is also tried on each fixed grid (its per-group grid is chosen on x / c, weighed unlike e),
+sent in grid=auto's form (the sign bits). Both codes are B bits an entry, so the message has one size: the
+codes, F fp32 channel words (P's scales or G's c), G's group scales (zeros under P) and the byte. Each
+channel's error is taken on x_c / 2^E_c (2^E_c the power of two of max|x_c|), so the choice is the same for x
+and x * 2^k; a message with a non-finite entry takes P.
 """
 import dataclasses
 from typing import NamedTuple
@@ -38,19 +41,25 @@ class AxisChosen(NamedTuple):
   grouped: jax.Array
 
 
-def _squared_error(x32, y32):
-  """||y - x||^2 summed, taken on x / 2^E and y / 2^E, 2^E the power of two of max|x| (`unit_scaled`: exact, so
-  no square overflows or flushes to 0 at any magnitude)."""
-  top = jnp.max(jnp.abs(x32))
-  x_u, _ = unit_scaled(x32, top)
-  y_u, _ = unit_scaled(y32, top)
-  return jnp.sum(jnp.square(y_u - x_u))
+def _channel_mean_error(x32, y32):
+  """Mean over channels (the last axis) of ||y_c - x_c||^2 / ||x_c||^2, each channel taken over its own
+  x_c / 2^E_c and y_c / 2^E_c, 2^E_c the power of two of max|x_c| (`unit_scaled`: exact, so no square overflows
+  or flushes to 0 at any magnitude). A channel of zeros counts 0 if decoded as zeros, else inf."""
+  top_F = jnp.max(jnp.abs(x32.reshape(-1, x32.shape[-1])), axis=0)
+  x_u, _ = unit_scaled(x32, top_F)
+  y_u, _ = unit_scaled(y32, top_F)
+  axes = tuple(range(x32.ndim - 1))
+  error_F, energy_F = jnp.sum(jnp.square(y_u - x_u), axis=axes), jnp.sum(jnp.square(x_u), axis=axes)
+  ratio_F = jnp.where(energy_F > 0, error_F / jnp.where(energy_F > 0, energy_F, 1.0),
+                      jnp.where(error_F > 0, jnp.inf, 0.0))
+  return jnp.mean(ratio_F)
 
 
 @dataclasses.dataclass(frozen=True)
 class ScaleAxes(Codec):
   """`maxabs:B:group=G` (`scales=auto`, the default): per message, G = RMS per channel times a scale per group
-  of G features, or P = one scale per channel, whichever errs less (squared error; module docstring).
+  of G features, or P = one scale per channel, whichever errs less (mean over channels of each channel's
+  relative error; module docstring).
   `grouped` is G's inner code (a `MaxAbsQuant` with granularity="group"); P takes its bits and rules."""
   grouped: MaxAbsQuant
 
@@ -81,33 +90,41 @@ class ScaleAxes(Codec):
       grids += [dataclasses.replace(self.grouped, grid=grid) for grid in MAXABS_GRIDS]
     return [ChannelScale(g) for g in grids] + [self.per_channel]
 
-  def _message(self, codec, payload):
-    """(codes, fp32 channel words, group scales as grid=auto reads them: midrise's sign bit set) of a candidate."""
+  def _message(self, codec, payload, groups_like):
+    """(codes, fp32 channel words, group scales as grid=auto reads them: midrise's sign bit set; zeros for P)
+    of a candidate."""
     if isinstance(codec, MaxAbsQuant):
       channel = packing.from_bits(payload.arrays.scale, self._scale_dtype).astype(jnp.float32)
-      return payload.arrays.codes, packing.as_bits(channel), None
+      return payload.arrays.codes, packing.as_bits(channel), jnp.zeros_like(groups_like)
     inner = payload.arrays.inner.arrays
     groups = packing.from_bits(inner.scale, self._scale_dtype)
     if codec.inner.grid == "midrise" and self.grouped.grid == AUTO_GRID:
       groups = -groups
     return inner.codes, payload.arrays.scale, packing.as_bits(groups)
 
+  @staticmethod
+  def _nearest(codec: Codec) -> Codec:
+    """`codec` under nearest rounding, the rounding the choice is made under."""
+    if isinstance(codec, ChannelScale):
+      return ChannelScale(dataclasses.replace(codec.inner, stochastic=False))
+    return dataclasses.replace(codec, stochastic=False)
+
   @compiled
   def encode(self, x, key=None) -> Payload:
     codecs = self._candidates()
-    sent = [c.encode(x, key) for c in codecs]
-    near = sent
-    if self.grouped.stochastic:
-      near = [ChannelScale(dataclasses.replace(c.inner, stochastic=False)).encode(x) if isinstance(c, ChannelScale)
-              else dataclasses.replace(c, stochastic=False).encode(x) for c in codecs]
+    near = [self._nearest(c) for c in codecs]
+    tried = [c.encode(x) for c in near]
     x32 = x.astype(jnp.float32)
-    errors = jnp.stack([_squared_error(x32, c.decode(p).astype(jnp.float32)) for c, p in zip(codecs, near)])
+    errors = jnp.stack([_channel_mean_error(x32, c.decode(p).astype(jnp.float32)) for c, p in zip(near, tried)])
     errors = jnp.where(jnp.isfinite(errors), errors, jnp.inf)
     pick = jnp.where(jnp.all(jnp.isfinite(x32)), jnp.argmin(errors), len(codecs) - 1)  # non-finite: P
-    parts = [self._message(c, p) for c, p in zip(codecs, sent)]
-    zeros = jnp.zeros_like(parts[0][2])
-    codes, channel, groups = (jnp.stack([part[i] if part[i] is not None else zeros for part in parts])[pick]
-                              for i in range(3))
+    groups_like = tried[0].arrays.inner.arrays.scale  # G's group scales' bits
+    if self.grouped.stochastic:  # only the chosen code is drawn
+      codes, channel, groups = jax.lax.switch(
+          pick, [lambda c=c: self._message(c, c.encode(x, key), groups_like) for c in codecs])
+    else:
+      parts = [self._message(c, p, groups_like) for c, p in zip(codecs, tried)]
+      codes, channel, groups = (jnp.stack([part[i] for part in parts])[pick] for i in range(3))
     return Payload(AxisChosen(codes, channel, groups, (pick < len(codecs) - 1).astype(jnp.uint8)[None]),
                    tuple(x.shape), x.dtype)
 
