@@ -272,8 +272,12 @@ def test_no_executor_runs_interleaved_yet():
 
 
 def test_orders_that_wait_on_each_other_are_refused():
-  with pytest.raises(ValueError, match=r"every device waits at tick 0, on \['BW\(0, 0\)', 'F\(1, 0\)'\]"):
-    schedules.as_soon_as_ready("crossed", 2, 1, [[BW(0, 0), F(0, 0)], [F(1, 0), BW(1, 0)]])
+  """At the first tick where no op can run and no message is in flight (F(0, 0)'s could arrive until tick hop)."""
+  for hop in (1, 2):
+    with pytest.raises(ValueError, match=r"every device waits at tick 0, on \['BW\(0, 0\)', 'F\(1, 0\)'\]"):
+      schedules.as_soon_as_ready("crossed", 2, 1, [[BW(0, 0), F(0, 0)], [F(1, 0), BW(1, 0)]], hop)
+    with pytest.raises(ValueError, match=rf"every device waits at tick {hop}, on \['BW\(0, 0\)', 'BW\(1, 0\)'\]"):
+      schedules.as_soon_as_ready("late", 2, 1, [[F(0, 0), BW(0, 0)], [BW(1, 0), F(1, 0)]], hop)
 
 
 SIZES = [(S, M) for S in range(1, 7) for M in range(1, 13)]

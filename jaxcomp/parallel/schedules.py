@@ -126,7 +126,7 @@ def as_soon_as_ready(name: str, num_chunks: int, microbatches: int, orders: list
       if op is not None and all(need in placed and placed[need] + (1 if need.chunk % len(orders) == d else hop) <= tick
                                 for need in inputs(op, num_chunks) if need in ops):
         ready.append((d, op))
-    if not ready and tick - max(placed.values(), default=-1) >= hop:  # no message in flight: none ever comes
+    if not ready and tick - max(placed.values(), default=-hop) >= hop:  # no message in flight: none ever comes
       raise ValueError(f"schedule {name!r}: every device waits at tick {tick}, on "
                        f"{[str(order[p]) for p, order in zip(position, orders) if p < len(order)]}")
     for row in rows:
