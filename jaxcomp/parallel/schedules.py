@@ -193,8 +193,17 @@ def zero_bubble_h1(num_stages: int, microbatches: int, hop: int = 1) -> Schedule
 BUILDERS = {"gpipe": gpipe, "1f1b": one_f_one_b, "1f1b-fused": one_f_one_b_fused}  # fused BW, any hop
 SPLIT_BUILDERS = {"zb-h1": zero_bubble_h1}  # split B and W, any hop
 SCHEDULES = (*BUILDERS, *SPLIT_BUILDERS)  # the tables the sharded executor runs
-OVERLAP_SCHEDULES = tuple(BUILDERS)  # those it runs with overlapped sends (every schedule has a table with them)
+OVERLAP_SCHEDULES = tuple(BUILDERS)  # those it runs with overlapped sends
 OVERLAP_HOP = 2  # ticks a message takes with overlapped sends: it crosses during the tick after its op
+
+
+def check_overlap(name: str, num_stages: int, microbatches: int) -> None:
+  """The sharded executor runs overlapped sends on OVERLAP_SCHEDULES, with M >= 2S
+  (`check_overlap_microbatches`). A ValueError naming the values and the fix."""
+  if name not in OVERLAP_SCHEDULES:
+    raise ValueError(f"overlapped sends run on the schedules {list(OVERLAP_SCHEDULES)}, got {name!r}: drop "
+                     "--overlap or use one of those")
+  check_overlap_microbatches(num_stages, microbatches)
 
 
 def check_overlap_microbatches(num_stages: int, microbatches: int) -> None:
@@ -205,15 +214,6 @@ def check_overlap_microbatches(num_stages: int, microbatches: int) -> None:
     raise ValueError(f"overlapped sends (--overlap) need at least 2S microbatches per data shard: got M="
                      f"{microbatches} for S={num_stages} stages; use --microbatches {2 * num_stages} (or more), "
                      "or drop --overlap")
-
-
-def check_overlap(name: str, num_stages: int, microbatches: int) -> None:
-  """The sharded executor runs overlapped sends on OVERLAP_SCHEDULES, with M >= 2S
-  (`check_overlap_microbatches`). A ValueError naming the values and the fix."""
-  if name not in OVERLAP_SCHEDULES:
-    raise ValueError(f"overlapped sends run on the schedules {list(OVERLAP_SCHEDULES)}, got {name!r}: drop "
-                     "--overlap or use one of those")
-  check_overlap_microbatches(num_stages, microbatches)
 
 
 def build(name: str, num_stages: int, microbatches: int, overlap: bool = False) -> Schedule:
