@@ -47,8 +47,7 @@ def test_the_executors_lookups_are_read_off_the_table():
   and the one taken in (the sending tick, or `hop` ticks later with overlapped sends), for every schedule."""
   for S in range(1, 6):
     for M in range(2 * S, 2 * S + 3):
-      for t in [schedules.build(name, S, M) for name in schedules.SCHEDULES] + [
-          schedules.build(name, S, M, overlap=True) for name in schedules.OVERLAP_SCHEDULES]:
+      for t in [schedules.build(name, S, M, overlap) for name in schedules.SCHEDULES for overlap in (False, True)]:
         lookup = schedule.lookup_of(t)
         runs = {(op.kind, tick, d): op.microbatch for op, (tick, d, _) in schedules.positions(t).items()}
         for kind, ops in lookup.ops.items():
@@ -104,13 +103,61 @@ def test_overlapped_tables_take_two_ticks_a_message_and_s_minus_1_more_each_way(
           assert tick[F(s + 1, m)] == tick[F(s, m)] + 2 and tick[BW(s, m)] == tick[BW(s + 1, m)] + 2
 
 
-def test_overlap_needs_twice_as_many_microbatches_as_stages():
-  with pytest.raises(ValueError, match=r"need at least 2S microbatches per data shard: got M=7 for S=4 stages; use "
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1", "interleaved:2"])
+def test_overlap_needs_twice_as_many_microbatches_as_stages(name):
+  with pytest.raises(ValueError, match=r"need at least 2S microbatches per data shard: got M=4 for S=4 stages; use "
                                        r"--microbatches 8 \(or more\), or drop --overlap"):
-    schedules.build("1f1b", 4, 7, overlap=True)
+    schedules.build(name, 4, 4, overlap=True)
+
+
+def test_the_executor_overlaps_sends_only_on_its_overlap_schedules():
+  """zb-h1 has an overlapped table, but the sharded executor does not run it (yet)."""
+  assert schedules.build("zb-h1", 2, 4, overlap=True).hop == 2
   with pytest.raises(ValueError, match=r"overlapped sends run on the schedules \['gpipe', '1f1b', '1f1b-fused'\], "
                                        r"got 'zb-h1'"):
-    schedules.build("zb-h1", 2, 4, overlap=True)
+    schedules.check_overlap("zb-h1", 2, 4)
+
+
+def test_overlapped_zero_bubble_h1_runs_1f1bs_overlapped_order_in_s_minus_1_more_ticks():
+  """Hop 2: each device runs the overlapped 1F1B table's forwards and backwards in its order (B for BW), every
+  message used two ticks or more after its op, in 3M+2(S-1) ticks (the hop-1 table's 3M+S-1, S-1 more), with
+  its bubble; the executor could run it (its lookups), each device holding min(M, 2S-1) inputs."""
+  for S in range(1, 6):
+    for M in (2 * S, 2 * S + 3):
+      zb, ref = schedules.build("zb-h1", S, M, overlap=True), schedules.one_f_one_b(S, M, hop=2)
+      assert (zb.hop, zb.ticks) == (2, 3 * M + 2 * (S - 1)) == (2, schedules.build("zb-h1", S, M).ticks + S - 1)
+      assert_every_message_waits(zb, 2)
+      for d in range(S):
+        as_1f1b = [Op("BW" if op.kind == "B" else op.kind, op.chunk, op.microbatch)
+                   for op in schedules.device_order(zb, d) if op.kind != "W"]
+        assert as_1f1b == list(schedules.device_order(ref, d))
+      assert schedules.bubble_fraction(zb) == pytest.approx((S - 1) / (3 * M + S - 1), abs=1e-12)
+      assert schedules.peak_in_flight(zb) == (min(M, 2 * S - 1),) * S
+      assert schedule.lookup_of(zb).stash_slots == min(M, 2 * S - 1)
+
+
+def test_overlapped_interleaved_places_megatrons_order_two_ticks_a_message():
+  """interleaved:V with hop 2: each device's order as without, every message used two ticks or more after its
+  op, one tick more per chunk boundary each way (2(SV-1) more ticks), the same bubble."""
+  for S in (2, 3, 4):
+    for V in (1, 2, 3):
+      plain, overlapped = schedules.build(f"interleaved:{V}", S, 2 * S), schedules.build(f"interleaved:{V}", S, 2 * S,
+                                                                                         overlap=True)
+      assert (overlapped.hop, overlapped.ticks) == (2, plain.ticks + 2 * (S * V - 1)), (S, V)
+      assert_every_message_waits(overlapped, 2)
+      assert all(schedules.device_order(overlapped, d) == schedules.device_order(plain, d) for d in range(S))
+      assert schedules.bubble_fraction(overlapped) == pytest.approx(schedules.bubble_fraction(plain), abs=1e-12)
+
+
+def assert_every_message_waits(t, hop):
+  """Every op that takes in a message (its input ran on another device) runs `hop` ticks or more after it was
+  sent, and one op at most per device and tick."""
+  where = schedules.positions(t)
+  assert all(len(ops) <= 1 for row in t.ops for ops in row)
+  for op, (tick, d, _) in where.items():
+    for need in schedules.inputs(op, t.num_chunks):
+      if need in where and where[need][1] != d:
+        assert tick >= where[need][0] + hop, (t.name, op, need)
 
 
 def test_a_two_tick_hop_is_refused_where_a_message_is_used_the_next_tick():
@@ -184,7 +231,9 @@ def test_schedule_table_prints_the_docs_rows(capsys):
                      "| `interleaved:2` | 4 | 8 | 38 | 0.1579 | 0.1579 | 0.579 | 11, 9, 7, 5 | 0.2727 | 0.6571 |",
                      "| `gpipe --overlap` | 4 | 8 | 28 | 0.2727 | 0.2727 | 1.000 | 8, 8, 8, 8 | 0.2727 | 0.3846 |",
                      "| `1f1b --overlap` | 4 | 8 | 28 | 0.2727 | 0.2727 | 1.000 | 7, 5, 3, 1 | 0.2727 | 0.3846 |",
-                     "| `1f1b-fused --overlap` | 4 | 8 | 20 | 0.2727 | 0.2727 | 1.000 | 8, 8, 5, 1 | 0.2727 | 0.3846 |"]
+                     "| `1f1b-fused --overlap` | 4 | 8 | 20 | 0.2727 | 0.2727 | 1.000 | 8, 8, 5, 1 | 0.2727 | 0.3846 |",
+                     "| `zb-h1 --overlap` | 4 | 8 | 30 | 0.1111 | 0.1111 | 0.407 | 7, 7, 7, 7 | 0.1111 | 0.2000 |",
+                     "| `interleaved:2 --overlap` | 4 | 8 | 52 | 0.1579 | 0.1579 | 0.579 | 11, 9, 7, 5 | 0.1579 | 0.5340 |"]
 
 
 def test_interleaved_has_its_bubble_and_runs_on_a_ring():
@@ -223,8 +272,12 @@ def test_no_executor_runs_interleaved_yet():
 
 
 def test_orders_that_wait_on_each_other_are_refused():
-  with pytest.raises(ValueError, match=r"every device waits at tick 0, on \['BW\(0, 0\)', 'F\(1, 0\)'\]"):
-    schedules.as_soon_as_ready("crossed", 2, 1, [[BW(0, 0), F(0, 0)], [F(1, 0), BW(1, 0)]])
+  """At the first tick where no op can run and no message is in flight (F(0, 0)'s could arrive until tick hop)."""
+  for hop in (1, 2):
+    with pytest.raises(ValueError, match=r"every device waits at tick 0, on \['BW\(0, 0\)', 'F\(1, 0\)'\]"):
+      schedules.as_soon_as_ready("crossed", 2, 1, [[BW(0, 0), F(0, 0)], [F(1, 0), BW(1, 0)]], hop)
+    with pytest.raises(ValueError, match=rf"every device waits at tick {hop}, on \['BW\(0, 0\)', 'BW\(1, 0\)'\]"):
+      schedules.as_soon_as_ready("late", 2, 1, [[F(0, 0), BW(0, 0)], [BW(1, 0), F(1, 0)]], hop)
 
 
 SIZES = [(S, M) for S in range(1, 7) for M in range(1, 13)]

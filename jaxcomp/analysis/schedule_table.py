@@ -7,8 +7,8 @@ every BW 2 (a B or a W 1) and messages none. Its formula: GPipe's and 1F1B's (S-
 1F1B's with V chunks per device (S-1)/(VM+S-1) (`--chunks`: the V of its rows), ZB-H1's (S-1)/(3M+S-1);
 each row also gives the table's bubble over 1F1B's at the same S and M.
 
-Rows `NAME --overlap` are the tables with overlapped sends (`schedules.build(..., overlap=True)`, hop 2: gpipe,
-1f1b, 1f1b-fused, where M >= 2S). The bubble above lets messages take no time, so a hop changes nothing in it;
+Rows `NAME --overlap` are the tables with overlapped sends (`schedules.build(..., overlap=True)`, hop 2, where
+M >= 2S: every schedule's). The bubble above lets messages take no time, so a hop changes nothing in it;
 the last two columns are the idle fraction of device time when the table runs as the sharded executor runs it
 (`netsim.simulate_step(..., ticks=True)`: plain ticks compute, then send, then wait; overlapped ticks send while
 they compute), with messages that take no time and with messages that take as long as a stage's forward.
@@ -100,7 +100,7 @@ def main(argv=None) -> None:
                       help="the V of interleaved:V rows, e.g. 2,4 ('' for none)")
   args = parser.parse_args(argv)
   names = [*schedules.SCHEDULES, *(f"interleaved:{v}" for v in args.chunks)]
-  overlapped = [(name, True, S, M) for name in schedules.OVERLAP_SCHEDULES for S, M in args.sizes if M >= 2 * S]
+  overlapped = [(name, True, S, M) for name in names for S, M in args.sizes if M >= 2 * S]
   try:
     print(markdown([row(name, S, M) for name in names for S, M in args.sizes]
                    + [row(name, S, M, overlap) for name, overlap, S, M in overlapped]))

@@ -113,27 +113,29 @@ def one_f_one_b_fused(num_stages: int, microbatches: int, hop: int = 1) -> Sched
                                                      lambda s, m: m + 2 * h * (S - 1) - h * s), h)
 
 
-def as_soon_as_ready(name: str, num_chunks: int, microbatches: int, orders: list[list[Op]]) -> Schedule:
+def as_soon_as_ready(name: str, num_chunks: int, microbatches: int, orders: list[list[Op]], hop: int = 1) -> Schedule:
   """The table that runs each device's `orders[d]` in order, one op per tick, each op at the first tick
-  after its `inputs` ran (messages there the next tick). A ValueError if the orders wait on each other."""
-  ops, placed = set().union(*orders), set()
+  after its `inputs` ran: on its own device the tick after, on another `hop` ticks after (its message there
+  then; hop 2: overlapped sends). A ValueError if the orders wait on each other."""
+  ops, placed = set().union(*orders), {}
   rows, position = [[] for _ in orders], [0] * len(orders)
   while any(p < len(order) for p, order in zip(position, orders)):
     tick, ready = len(rows[0]), []
     for d, order in enumerate(orders):
       op = order[position[d]] if position[d] < len(order) else None
-      if op is not None and all(need in placed for need in inputs(op, num_chunks) if need in ops):
+      if op is not None and all(need in placed and placed[need] + (1 if need.chunk % len(orders) == d else hop) <= tick
+                                for need in inputs(op, num_chunks) if need in ops):
         ready.append((d, op))
-    if not ready:
+    if not ready and tick - max(placed.values(), default=-hop) >= hop:  # no message in flight: none ever comes
       raise ValueError(f"schedule {name!r}: every device waits at tick {tick}, on "
                        f"{[str(order[p]) for p, order in zip(position, orders) if p < len(order)]}")
     for row in rows:
       row.append(())
     for d, op in ready:
       rows[d][tick] = (op,)
-      placed.add(op)
+      placed[op] = tick
       position[d] += 1
-  return Schedule(name, num_chunks, microbatches, tuple(map(tuple, rows)))
+  return Schedule(name, num_chunks, microbatches, tuple(map(tuple, rows)), hop)
 
 
 def interleaved(num_stages: int, microbatches: int, chunks_per_device: int) -> Schedule:
@@ -160,47 +162,54 @@ def interleaved(num_stages: int, microbatches: int, chunks_per_device: int) -> S
   return as_soon_as_ready(f"interleaved:{V}", S * V, M, [order(d) for d in range(S)])
 
 
-def zero_bubble_h1(num_stages: int, microbatches: int) -> Schedule:
+def zero_bubble_h1(num_stages: int, microbatches: int, hop: int = 1) -> Schedule:
   """ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): 1F1B's order of forwards and input
   gradients, each backward split into B (its input gradient, sent upstream as soon as B ends) and W (its
-  weight gradient), stage s deferring its W by s microbatches to fill the bubbles. Device s runs
-  F(s, 0..w-1), w = min(M, S-s); then for j = 0..M-1: B(s, j), W(s, j-s) if j >= s, F(s, j+w) if any
-  is left; then the W's still owed. `as_soon_as_ready` places them, one op per tick.
+  weight gradient), stage s deferring its W by hs microbatches to fill the bubbles (h = hop). Device s runs
+  F(s, 0..w-1), w = min(M, h(S-s-1)+1) (1F1B's warm-up at that hop); then for j = 0..M-1: B(s, j),
+  W(s, j-hs) if j >= hs, F(s, j+w) if any is left; then the W's still owed. `as_soon_as_ready` places
+  them, one op per tick, with `hop`: 3M+S-1 ticks for h = 1 and M >= S, 3M+2(S-1) for h = 2 and M >= 2S
+  (the deferred W's fill half of the S-1 extra ticks each way that overlapped sends cost 1F1B).
 
-  Memory: W(s, m) runs before F(s, m+S), so a device holds at most min(M, S) inputs (from F to W) and
+  Memory (h = 1): W(s, m) runs before F(s, m+S), so a device holds at most min(M, S) inputs (from F to W) and
   a ring of 1F1B's `stash_slots` = min(M, S) slots suffices: the peak of 1F1B's first stage, now on
   every stage (stage s holds min(M, S) - min(M, S-s) more inputs than under 1F1B). With F, B and W of
   1 unit and M >= S the bubble is (S-1)/(3M+S-1) (the paper's (S-1)(T_F+T_B-T_W) idle per device),
   against 1F1B's (S-1)/(M+S-1): a third of it as M/S grows (more for M < S, still below 1F1B's)."""
-  S, M = num_stages, microbatches
+  S, M, h = num_stages, microbatches, hop
   if min(S, M) < 1:
     raise ValueError(f"ZB-H1 needs S, M >= 1, got S={S}, M={M}")
 
   def order(s):
-    warmup = min(M, S - s)
+    warmup = min(M, h * (S - s - 1) + 1)
     ops = [Op("F", s, m) for m in range(warmup)]
     for j in range(M):
-      ops += [Op("B", s, j), *([Op("W", s, j - s)] if j >= s else []),
+      ops += [Op("B", s, j), *([Op("W", s, j - h * s)] if j >= h * s else []),
               *([Op("F", s, j + warmup)] if j + warmup < M else [])]
-    return ops + [Op("W", s, m) for m in range(max(0, M - s), M)]
-  return as_soon_as_ready("zb-h1", S, M, [order(s) for s in range(S)])
+    return ops + [Op("W", s, m) for m in range(max(0, M - h * s), M)]
+  return as_soon_as_ready("zb-h1", S, M, [order(s) for s in range(S)], h)
 
 
 BUILDERS = {"gpipe": gpipe, "1f1b": one_f_one_b, "1f1b-fused": one_f_one_b_fused}  # fused BW, any hop
-SPLIT_BUILDERS = {"zb-h1": zero_bubble_h1}  # split B and W, hop 1
+SPLIT_BUILDERS = {"zb-h1": zero_bubble_h1}  # split B and W, any hop
 SCHEDULES = (*BUILDERS, *SPLIT_BUILDERS)  # the tables the sharded executor runs
 OVERLAP_SCHEDULES = tuple(BUILDERS)  # those it runs with overlapped sends
 OVERLAP_HOP = 2  # ticks a message takes with overlapped sends: it crosses during the tick after its op
 
 
 def check_overlap(name: str, num_stages: int, microbatches: int) -> None:
-  """Overlapped sends run on OVERLAP_SCHEDULES and need M >= 2S: each message then takes two ticks, and with
-  fewer microbatches the pipeline never has every stage computing while every link carries a message (no
-  steady ticks), so the S-1 extra ticks each way cost more than the overlap can hide. A ValueError naming
-  the values and the fix."""
+  """The sharded executor runs overlapped sends on OVERLAP_SCHEDULES, with M >= 2S
+  (`check_overlap_microbatches`). A ValueError naming the values and the fix."""
   if name not in OVERLAP_SCHEDULES:
     raise ValueError(f"overlapped sends run on the schedules {list(OVERLAP_SCHEDULES)}, got {name!r}: drop "
                      "--overlap or use one of those")
+  check_overlap_microbatches(num_stages, microbatches)
+
+
+def check_overlap_microbatches(num_stages: int, microbatches: int) -> None:
+  """Overlapped sends need M >= 2S: each message then takes two ticks, and with fewer microbatches the
+  pipeline never has every stage computing while every link carries a message (no steady ticks), so the S-1
+  extra ticks each way cost more than the overlap can hide. A ValueError naming the values and the fix."""
   if microbatches < 2 * num_stages:
     raise ValueError(f"overlapped sends (--overlap) need at least 2S microbatches per data shard: got M="
                      f"{microbatches} for S={num_stages} stages; use --microbatches {2 * num_stages} (or more), "
@@ -209,18 +218,22 @@ def check_overlap(name: str, num_stages: int, microbatches: int) -> None:
 
 def build(name: str, num_stages: int, microbatches: int, overlap: bool = False) -> Schedule:
   """The table of schedule `name` for S stages and M microbatches: one of SCHEDULES (the sharded executor
-  runs these; `overlap`: with overlapped sends, `OVERLAP_HOP` ticks a message, M >= 2S, one of
-  OVERLAP_SCHEDULES), or "interleaved:V" (a table only: no executor runs it yet)."""
+  runs these), or "interleaved:V" (a table only: no executor runs it yet). `overlap`: the table with
+  overlapped sends, `OVERLAP_HOP` ticks a message, for M >= 2S (`check_overlap_microbatches`): the builders'
+  own (gpipe, 1f1b, 1f1b-fused, zb-h1), and interleaved:V's order, Megatron's, placed with that hop (the
+  executor runs those of OVERLAP_SCHEDULES)."""
   kind, _, chunks = name.partition(":")
-  if overlap:
-    check_overlap(name, num_stages, microbatches)
-    return BUILDERS[name](num_stages, microbatches, OVERLAP_HOP)
-  if kind == "interleaved" and chunks.isdigit():
-    return interleaved(num_stages, microbatches, int(chunks))
   builders = {**BUILDERS, **SPLIT_BUILDERS}
-  if name not in builders:
+  if name not in builders and not (kind == "interleaved" and chunks.isdigit()):
     raise ValueError(f"schedule must be one of {list(builders)} or interleaved:V, got {name!r}")
-  return builders[name](num_stages, microbatches)
+  hop = OVERLAP_HOP if overlap else 1
+  if overlap:
+    check_overlap_microbatches(num_stages, microbatches)
+  if name in builders:
+    return builders[name](num_stages, microbatches, hop)
+  table = interleaved(num_stages, microbatches, int(chunks))
+  return table if hop == 1 else as_soon_as_ready(
+      table.name, table.num_chunks, microbatches, [list(device_order(table, d)) for d in range(num_stages)], hop)
 
 
 def positions(schedule: Schedule) -> dict[Op, tuple[int, int, int]]:
