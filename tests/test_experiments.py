@@ -199,8 +199,8 @@ WIDTH_64 = "does not fit this model's boundary activations float32[8, 128, 64]: 
     (["--bwd", "maxabs:4:group=48"], f"--bwd maxabs:4:group=48 {WIDTH_64}maxabs group=48 does not divide"),
     (["--fwd", "adaptive:2:4:0.25:group=5"], f"--fwd adaptive:2:4:0.25:group=5 {WIDTH_64}adaptive group=5 does not"),
     (["--schedule", "1f1b", "--executor", "simulate"], "--schedule 1f1b needs --executor gpipe (the simulate executor"),
-    (["--executor", "gpipe", "--schedule", "zb-h1", "--overlap"], "overlapped sends run on the schedules ['gpipe', "
-                                                                  "'1f1b', '1f1b-fused'], got 'zb-h1': drop --overlap"),
+    (["--executor", "gpipe", "--schedule", "zb-h1", "--overlap"], "overlapped sends (--overlap) need at least 2S "
+                                                                  "microbatches per data shard: got M=1 for S=4"),
     (["--microbatches", "3"], "--batch-size 8 does not split into 1 data shard(s) x --microbatches 3 equal "
                               "microbatches; use a multiple of 3 (e.g. --batch-size 6) or other --microbatches"),
     (["--grad-compression", "ef+quant:4"], "--grad-compression ef+quant:4 needs --executor gpipe"),

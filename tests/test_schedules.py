@@ -87,9 +87,9 @@ def test_a_legal_table_in_any_order_runs_and_one_with_two_ops_of_a_kind_at_a_tic
     schedule.lookup_of(table(((F(0, 0), F(0, 1)), BW(0, 0), BW(0, 1)), microbatches=2))
 
 
-@pytest.mark.parametrize("name", schedules.OVERLAP_SCHEDULES)
+@pytest.mark.parametrize("name", schedules.BUILDERS)
 def test_overlapped_tables_take_two_ticks_a_message_and_s_minus_1_more_each_way(name):
-  """With overlapped sends every message is used two ticks after the op that sent it (it crosses during the
+  """The fused-BW tables (zb-h1's overlapped table: below). With overlapped sends every message is used two ticks after the op that sent it (it crosses during the
   tick between), never sooner; the table is S-1 ticks longer each way, and its bubble with free messages is
   the same."""
   for S in range(1, 7):
@@ -111,11 +111,15 @@ def test_overlap_needs_twice_as_many_microbatches_as_stages(name):
 
 
 def test_the_executor_overlaps_sends_only_on_its_overlap_schedules():
-  """zb-h1 has an overlapped table, but the sharded executor does not run it (yet)."""
-  assert schedules.build("zb-h1", 2, 4, overlap=True).hop == 2
-  with pytest.raises(ValueError, match=r"overlapped sends run on the schedules \['gpipe', '1f1b', '1f1b-fused'\], "
-                                       r"got 'zb-h1'"):
-    schedules.check_overlap("zb-h1", 2, 4)
+  """Every schedule the executor runs it runs with overlapped sends; interleaved:V has an overlapped table, but
+  the sharded executor does not run it with overlapped sends."""
+  assert schedules.OVERLAP_SCHEDULES == schedules.SCHEDULES
+  for name in schedules.SCHEDULES:
+    schedules.check_overlap(name, 2, 4)
+  assert schedules.build("interleaved:2", 2, 4, overlap=True).hop == 2
+  with pytest.raises(ValueError, match=r"overlapped sends run on the schedules \['gpipe', '1f1b', '1f1b-fused', "
+                                       r"'zb-h1'\], got 'interleaved:2'"):
+    schedules.check_overlap("interleaved:2", 2, 4)
 
 
 def test_overlapped_zero_bubble_h1_runs_1f1bs_overlapped_order_in_s_minus_1_more_ticks():

@@ -37,8 +37,9 @@ SCHEMES = [("quant:4", "quant:8"), ("topk:0.3", "reuse"), ("ef+topk:0.2", "ef21+
 
 
 def test_overlapped_sends_give_the_plain_schedules_numbers_bitwise():
-  """The default case (CI): EF forward TopK, EF21 backward quantizer on 1F1B, against the plain schedule."""
-  check_overlap(two_stages("ef+topk:0.2", "ef21+quant:2"), optax.sgd(0.1, momentum=0.9), "1f1b", with_simulate=False)
+  """The default case (CI): EF forward TopK, EF21 backward quantizer on ZB-H1 (B sends at once, W deferred),
+  against the plain schedule."""
+  check_overlap(two_stages("ef+topk:0.2", "ef21+quant:2"), optax.sgd(0.1, momentum=0.9), "zb-h1", with_simulate=False)
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
@@ -89,7 +90,8 @@ def test_overlapped_sends_with_data_parallelism():
 
 @pytest.mark.parametrize("fwd, bwd, schedule, stages, m", [("topk:0.3", "reuse", "1f1b", 2, 4),
                                                            slow("quant:2", "ef+topk:0.1", "gpipe", 4, 8),
-                                                           slow("maxabs:4", "quant:2", "1f1b-fused", 4, 8)])
+                                                           slow("maxabs:4", "quant:2", "1f1b-fused", 4, 8),
+                                                           slow("ef+quant:2", "ef+topk:0.1", "zb-h1", 4, 8)])
 def test_overlapped_sends_carry_exactly_the_payload(fwd, bwd, schedule, stages, m):
   """The compiled step's collective-permutes move each message once, as counted (`wire_bytes`)."""
   pipe, opt = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, stages), m=m), optax.sgd(0.1)

@@ -193,7 +193,7 @@ def zero_bubble_h1(num_stages: int, microbatches: int, hop: int = 1) -> Schedule
 BUILDERS = {"gpipe": gpipe, "1f1b": one_f_one_b, "1f1b-fused": one_f_one_b_fused}  # fused BW, any hop
 SPLIT_BUILDERS = {"zb-h1": zero_bubble_h1}  # split B and W, any hop
 SCHEDULES = (*BUILDERS, *SPLIT_BUILDERS)  # the tables the sharded executor runs
-OVERLAP_SCHEDULES = tuple(BUILDERS)  # those it runs with overlapped sends
+OVERLAP_SCHEDULES = SCHEDULES  # those it runs with overlapped sends
 OVERLAP_HOP = 2  # ticks a message takes with overlapped sends: it crosses during the tick after its op
 
 
