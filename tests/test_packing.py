@@ -53,3 +53,18 @@ def test_mask_layouts_agree(r, f):
   for how in ("gathers", "views"):
     np.testing.assert_array_equal(packing.unpack_mask(packed, f, how=how), mask)
     np.testing.assert_array_equal(packing.mask_ranks(packed, f, how=how), np.cumsum(mask, axis=1) - mask)
+
+
+def test_join_is_the_arrays_bytes_in_one_buffer_and_split_gives_them_back_bit_for_bit():
+  """Mixed widths (bool, u8, f8, bf16, int32, f32 with a NaN and -0), an empty array: the buffer is of the
+  narrowest word, holds exactly the arrays' bytes, and splits back to the same bit patterns."""
+  import jax.numpy as jnp
+  arrays = [np.array([[1.5, np.nan], [-0.0, 3e38]], np.float32), np.arange(5, dtype=np.uint8),
+            jnp.array([0.5, -2.0, 448.0], jnp.float8_e4m3fn), jnp.array([1.0, -1e-3], jnp.bfloat16),
+            np.array([-7, 2**31 - 1], np.int32), np.array([True, False, True]), np.zeros((0, 3), np.float32)]
+  buffer = packing.join(arrays)
+  assert buffer.dtype == np.uint8 and buffer.shape == (sum(np.asarray(a).nbytes for a in arrays),)
+  assert packing.join(arrays[3:5]).dtype == np.uint16  # no 1-byte array: 2-byte words
+  for before, after in zip(arrays, packing.split(buffer, arrays)):
+    assert after.shape == np.shape(before) and after.dtype == before.dtype
+    np.testing.assert_array_equal(np.asarray(after).view(np.uint8), np.asarray(before).view(np.uint8))

@@ -6,13 +6,18 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import jaxcomp
-from jaxcomp.analysis import hlo_bytes, targets
+from jaxcomp.analysis import hlo_bytes, overlap, targets
 from jaxcomp.compress import codecs
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.compress.spec import parse_codec
+from jaxcomp.models.mlp import mlp_stages
+from jaxcomp.parallel import sharded
+
+from pipeline_cases import BATCH, mlp_pipe
 
 tpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                          reason="libtpu is not installed (pip install -e .[test] brings it on Linux x86-64)")
@@ -316,3 +321,17 @@ def test_ppermute_with_state_is_the_link_with_its_state_explicit():
   for a, b in zip(ours, theirs):
     assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
   assert np.abs(np.asarray(ours[1], np.float32)).max() > 0
+
+
+@pytest.mark.parametrize("schedule, overlapped", [("gpipe", False), pytest.param("1f1b", True, marks=pytest.mark.slow)])
+def test_a_message_of_several_arrays_is_one_collective_permute(schedule, overlapped):
+  """maxabs's message is two arrays (codes, per-channel scales), fp8's one: the compiled sharded step has as
+  many collective-permutes for either, one per boundary message (the arrays cross as one buffer)."""
+  def permutes(fwd, bwd):
+    pipe = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, 2), m=4)
+    ex = sharded.ShardedExecutor(sharded.make_mesh(2), schedule=schedule, overlap=overlapped)
+    state = ex.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
+    return len(overlap.permutes(ex.trace_step(pipe, optax.sgd(0.1), Mode.TRAIN, state, BATCH).lower().compile().as_text()))
+
+  assert len(jax.tree.leaves(parse_codec("maxabs:4").encode(X))) == 2
+  assert permutes("maxabs:4", "maxabs:8") == permutes("fp8", "fp8") > 0

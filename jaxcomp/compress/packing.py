@@ -18,6 +18,9 @@ import numpy as np
 from jaxcomp.arguments import is_integer
 
 
+_WORDS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}  # unsigned word of each width in bytes
+
+
 def as_bits(x):
   """A float array as the unsigned integers of its bit pattern (same width); others unchanged.
 
@@ -27,12 +30,39 @@ def as_bits(x):
   """
   if not jnp.issubdtype(x.dtype, jnp.floating):
     return x
-  return jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[x.dtype.itemsize])
+  return jax.lax.bitcast_convert_type(x, _WORDS[x.dtype.itemsize])
 
 
 def from_bits(bits, dtype):
   """Inverse of `as_bits` for an array that was of `dtype`."""
   return bits if bits.dtype == dtype else jax.lax.bitcast_convert_type(bits, dtype)
+
+
+def _words(x, width: int):
+  """An array's bit pattern as a flat array of `width`-byte unsigned words (its itemsize a multiple of `width`)."""
+  return jax.lax.bitcast_convert_type(x.astype(jnp.uint8) if x.dtype == jnp.bool_ else x, _WORDS[width]).reshape(-1)
+
+
+def _unwords(words, like):
+  """Inverse of `_words` for an array shaped and typed as `like`."""
+  ratio = jnp.dtype(like.dtype).itemsize // words.dtype.itemsize
+  bits = words.reshape(*like.shape, ratio) if ratio > 1 else words.reshape(like.shape)
+  if like.dtype == jnp.bool_:
+    return bits.astype(jnp.bool_)
+  return jax.lax.bitcast_convert_type(bits, like.dtype)
+
+
+def join(arrays) -> jnp.ndarray:
+  """Several arrays' bit patterns as one flat buffer of unsigned words of their narrowest element width: its
+  bytes are exactly theirs (no padding), array after array, each row-major."""
+  width = min(jnp.dtype(a.dtype).itemsize for a in arrays)
+  return jnp.concatenate([_words(a, width) for a in arrays])
+
+
+def split(buffer, like) -> list:
+  """Inverse of `join`: the arrays shaped and typed as the sequence `like` (arrays or ShapeDtypeStructs)."""
+  ends = np.cumsum([0] + [int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize // buffer.dtype.itemsize for a in like])
+  return [_unwords(buffer[int(start):int(end)], a) for start, end, a in zip(ends[:-1], ends[1:], like)]
 
 
 def packed_size(n: int, bits: int) -> int:

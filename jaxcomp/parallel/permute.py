@@ -4,9 +4,9 @@
 
 takes `lax.ppermute`'s arguments and keeps its meaning: for each (i, j) in `perm` device i of `axis_name`
 sends x to device j, and a device that is no destination receives zeros. Only the forward codec's payload
-travels: the source encodes x, the payload's arrays cross as their bit patterns (`packing.as_bits`, so the
-compiled collective-permutes move exactly `wire_bytes` and no compiler widens or narrows them), the
-destination decodes: y_j = C_fwd(x_i). Its custom_vjp sends the cotangent back along the inverse permutation
+travels: the source encodes x, the payload's arrays cross as their bit patterns joined into one buffer
+(`packing.join`: one collective-permute per message, moving exactly `wire_bytes`, which no compiler widens or
+narrows), the destination decodes: y_j = C_fwd(x_i). Its custom_vjp sends the cotangent back along the inverse permutation
 through the backward codec, dx_i = C_bwd(dy_j) (`bwd="reuse"`: dy_j at the forward TopK positions, values
 alone, as both ends know them), and a device that is no source gets a zero gradient. `fwd="none",
 bwd="none"` is `lax.ppermute` itself. It runs under jit, shard_map (check_vma on or off), lax.scan and
@@ -60,10 +60,17 @@ def check_perm(perm, axis_size: int, axis_name=None) -> Perm:
 
 
 def send(payload, axis_name, perm):
-  """`lax.ppermute` of every array of a payload as its bit pattern (`packing.as_bits`): the collective moves
-  exactly the payload's bytes (XLA:CPU moves f8 as f16, XLA:TPU once hoisted a receiver's bf16 cast above one)."""
-  move = lambda a: packing.from_bits(jax.lax.ppermute(packing.as_bits(a), axis_name, perm), a.dtype)
-  return jax.tree.map(move, payload)
+  """`lax.ppermute` of a payload as ONE collective: its arrays' bit patterns joined into one flat buffer of
+  unsigned words (`packing.join`), split and cast back at the destination. The collective moves exactly the
+  payload's bytes (no compiler widens or narrows an integer buffer: XLA:CPU moves f8 as f16, XLA:TPU once
+  hoisted a receiver's bf16 cast above a collective-permute), and a message pays one link latency, not one per
+  array (AQ-SGD's codes and scales crossed as two permutes, and XLA:TPU hid the 3 KB one behind scalar ops only)."""
+  arrays, tree = jax.tree.flatten(payload)
+  if len(arrays) > 1:
+    moved = packing.split(jax.lax.ppermute(packing.join(arrays), axis_name, perm), arrays)
+  else:  # one array (or none) crosses in its own shape
+    moved = [packing.from_bits(jax.lax.ppermute(packing.as_bits(a), axis_name, perm), a.dtype) for a in arrays]
+  return jax.tree.unflatten(tree, moved)
 
 
 @dataclasses.dataclass(frozen=True)
