@@ -68,10 +68,10 @@ def compare_with_simulate(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.T
   return state
 
 
-def train_sharded(pipe, opt, modes=(Mode.TRAIN,), steps=2, data=1, **executor):
-  """Losses of `steps` train steps per mode on `ShardedExecutor(**executor)` from simulate's initial state, and
-  the state after, as simulate lays it out (its key as data)."""
-  ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages, data), **executor)
+def train_sharded(pipe, opt, modes=(Mode.TRAIN,), steps=2, data=1, stage_devices=None, **executor):
+  """Losses of `steps` train steps per mode on `ShardedExecutor(**executor)` (`stage_devices`, default one per
+  stage) from simulate's initial state, and the state after, as simulate lays it out (its key as data)."""
+  ex = sharded.ShardedExecutor(sharded.make_mesh(stage_devices or pipe.num_stages, data), **executor)
   flat = ex.stack(pipe, opt, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   losses = []
   for mode in modes:

@@ -48,12 +48,17 @@ def test_the_executors_lookups_are_read_off_the_table():
   for S in range(1, 6):
     for M in range(2 * S, 2 * S + 3):
       for t in [schedules.build(name, S, M) for name in schedules.SCHEDULES] + [
-          schedules.build(name, S, M, overlap=True) for name in schedules.OVERLAP_SCHEDULES]:
+          schedules.build(name, S, M, overlap=True) for name in schedules.OVERLAP_SCHEDULES] + [
+          schedules.build(f"interleaved:{V}", S, S * (M // S)) for V in (2, 3)]:
         lookup = schedule.lookup_of(t)
-        runs = {(op.kind, tick, d): op.microbatch for op, (tick, d, _) in schedules.positions(t).items()}
+        where_run = schedules.positions(t).items()
+        runs = {(op.kind, tick, d): op.microbatch for op, (tick, d, _) in where_run}
+        chunk_slots = {(op.kind, tick, d): op.chunk // S for op, (tick, d, _) in where_run}
         for kind, ops in lookup.ops.items():
           assert {(kind, *where): int(m) for where, m in np.ndenumerate(ops) if m >= 0} == {
               key: m for key, m in runs.items() if key[0] == kind}
+          assert {(kind, *where): int(lookup.chunks[kind][where]) for where, m in np.ndenumerate(ops) if m >= 0} == {
+              key: v for key, v in chunk_slots.items() if key[0] == kind}
         msgs = [msg for tick in range(t.ticks) for msg in schedules.messages(t, tick)]
         for forward in (True, False):
           mine = [msg for msg in msgs if msg.forward == forward]
@@ -216,10 +221,15 @@ def test_interleaved_refuses_microbatches_not_a_multiple_of_the_stages():
     schedules.build("interleaved:2", 4, 6)
 
 
-def test_no_executor_runs_interleaved_yet():
-  t = schedules.interleaved(2, 2, 2)
-  with pytest.raises(ValueError, match="the sharded executor runs one chunk per device; schedule 'interleaved:2' has 4"):
-    schedule.lookup_of(t)
+def test_boundaries_run_on_a_ring_of_the_devices():
+  """Boundary b goes from chunk b's device to chunk b+1's (c mod D): stage b to b+1 with one chunk per
+  device, the last device on to device 0 with several, as the table's messages say."""
+  assert [schedule.link_perm(b, 4) for b in range(3)] == [((0, 1),), ((1, 2),), ((2, 3),)]
+  t = schedules.interleaved(4, 4, 2)
+  for msg in (msg for tick in range(t.ticks) for msg in schedules.messages(t, tick)):
+    ends = schedule.link_ends(msg.boundary, t.num_devices)
+    assert ends == ((msg.sender, msg.receiver) if msg.forward else (msg.receiver, msg.sender)), msg
+  assert schedule.link_perm(3, 4) == ((3, 0),)
 
 
 def test_orders_that_wait_on_each_other_are_refused():

@@ -193,6 +193,18 @@ OVERLAP_SCHEDULES = tuple(BUILDERS)  # those it runs with overlapped sends
 OVERLAP_HOP = 2  # ticks a message takes with overlapped sends: it crosses during the tick after its op
 
 
+def chunks_per_device(name: str) -> int:
+  """V of "interleaved:V" (V chunks per device), 1 for every other schedule; a ValueError for a name that is
+  neither one of SCHEDULES nor interleaved:V with V >= 1."""
+  kind, _, chunks = name.partition(":")
+  if kind == "interleaved" and chunks.isdigit() and int(chunks) >= 1:
+    return int(chunks)
+  if name not in SCHEDULES:
+    raise ValueError(f"schedule must be one of {list(SCHEDULES)} or interleaved:V (V >= 1 chunks per device), "
+                     f"got {name!r}")
+  return 1
+
+
 def check_overlap(name: str, num_stages: int, microbatches: int) -> None:
   """Overlapped sends run on OVERLAP_SCHEDULES and need M >= 2S: each message then takes two ticks, and with
   fewer microbatches the pipeline never has every stage computing while every link carries a message (no
@@ -210,7 +222,8 @@ def check_overlap(name: str, num_stages: int, microbatches: int) -> None:
 def build(name: str, num_stages: int, microbatches: int, overlap: bool = False) -> Schedule:
   """The table of schedule `name` for S stages and M microbatches: one of SCHEDULES (the sharded executor
   runs these; `overlap`: with overlapped sends, `OVERLAP_HOP` ticks a message, M >= 2S, one of
-  OVERLAP_SCHEDULES), or "interleaved:V" (a table only: no executor runs it yet)."""
+  OVERLAP_SCHEDULES), or "interleaved:V" (the sharded executor runs its train steps with V chunks per device:
+`chunks_per_device`)."""
   kind, _, chunks = name.partition(":")
   if overlap:
     check_overlap(name, num_stages, microbatches)

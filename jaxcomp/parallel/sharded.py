@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from jaxcomp import pipeline
 from jaxcomp.compress import schemes
 from jaxcomp.compress.boundary import LinkState, Mode
-from jaxcomp.parallel import dataparallel, layout, schedule, schedules
+from jaxcomp.parallel import dataparallel, layout, qadam, schedule, schedules
 from jaxcomp.parallel.mesh import DATA, STAGE, make_mesh
 from jaxcomp.parallel.state_layout import StateLayout, abstract_state
 
@@ -47,7 +47,10 @@ class ShardedExecutor(pipeline.Executor):
   stage per tick: at most 2S-1 inputs, half of 1f1b's ticks) or "zb-h1" (ZB-H1: 1F1B's order with each
   backward split into B, the input gradient sent upstream at once, and W, the weight gradient, deferred
   into the bubbles; W recomputes the stage's forward from the stashed input and output cotangent); all
-  send the same bytes and give the same numbers.
+  send the same bytes and give the same numbers. "interleaved:V" (interleaved 1F1B): the pipeline's S V stages
+  cut into chunks, device d holding chunks d, d+S, ... (its rows [S, V, ...]), boundaries on a ring; its
+  bubble (S-1)/(VM+S-1) against 1F1B's (S-1)/(M+S-1). So far train steps only, without boundary state,
+  ties, clipping or a compressed data-parallel exchange (`_check_chunked` refuses the rest).
   `remat="stage"` (default) saves a stage's input per microbatch and recomputes the stage in
   its explicit backward (`schedule.run_explicit`); `remat="none"` (GPipe only) differentiates
   the forward schedule with autodiff, which saves every stage's internals.
@@ -68,8 +71,7 @@ class ShardedExecutor(pipeline.Executor):
       raise ValueError(f"grad_scheme must be a Plain or EF scheme (no receiver state), got {g!r}")
     if self.remat not in schedule.REMAT:
       raise ValueError(f"remat must be one of {schedule.REMAT}, got {self.remat!r}")
-    if self.schedule not in SCHEDULES:
-      raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+    schedules.chunks_per_device(self.schedule)
     if self.schedule != "gpipe" and self.remat == "none":
       raise ValueError(f"the {self.schedule} schedule always recomputes a stage from its stashed input; "
                        "use remat='stage'")
@@ -85,13 +87,34 @@ class ShardedExecutor(pipeline.Executor):
   def data(self) -> int:
     return self.mesh.shape[DATA]
 
+  @property
+  def chunks(self) -> int:
+    """V: the chunks (consecutive stages of the model) each stage device holds, chunk c on device c mod S."""
+    return schedules.chunks_per_device(self.schedule)
+
   def _check(self, pipe: pipeline.Pipeline, optimizer=None):
-    if pipe.num_stages != self.num_stages:
+    if pipe.num_stages != self.num_stages * self.chunks:
+      per = f" x {self.chunks} chunks per device (schedule {self.schedule})" if self.chunks > 1 else ""
       raise ValueError(f"the model has {pipe.num_stages} stages but the mesh's stage axis has "
-                       f"{self.num_stages} devices")
+                       f"{self.num_stages} devices{per}")
+    if self.chunks > 1:
+      self._check_chunked(pipe, optimizer)
     if self.overlap:
       schedules.check_overlap(self.schedule, self.num_stages, pipe.microbatches)
     dataparallel.check_optimizer(optimizer, self.grad_scheme)
+
+  def _check_chunked(self, pipe: pipeline.Pipeline, optimizer):
+    """What V > 1 chunks per device runs so far: train steps, dense data parallelism, stateless boundaries,
+    an optax optimizer, no ties or clipping; M a multiple of S (`schedules.interleaved`)."""
+    schedules.build(self.schedule, self.num_stages, pipe.microbatches)
+    stateful = jax.tree.leaves(jax.eval_shape(lambda: pipe.boundary.init(1, (1,), jnp.float32)))
+    unsupported = {"--overlap": self.overlap, "a boundary scheme with state (EF, EF21, AQ-SGD)": stateful,
+                   "grad_scheme": self.grad_scheme is not None, "tied parameters": pipe.tied,
+                   "gradient clipping": pipe.grad_clip_norm is not None,
+                   "QuantizedAdam": isinstance(optimizer, qadam.QuantizedAdam)}
+    for what, used in unsupported.items():
+      if used:
+        raise ValueError(f"schedule {self.schedule} does not run with {what} yet: use 1f1b, or run without it")
 
   def local_batch(self, batch):
     """Shapes of one data shard's share of a global batch (arrays or ShapeDtypeStructs): B/D examples."""
@@ -103,7 +126,7 @@ class ShardedExecutor(pipeline.Executor):
   def layout(self, pipe: pipeline.Pipeline, optimizer, batch) -> StateLayout:
     """The state layout of this mesh for the global `batch`."""
     self.local_batch(batch)
-    return StateLayout(pipe, optimizer, batch, self.num_stages, self.data, self.grad_scheme)
+    return StateLayout(pipe, optimizer, batch, self.num_stages, self.data, self.grad_scheme, self.chunks)
 
   # ---------------------------------------------------------------- state
   def stack(self, pipe, optimizer, state: pipeline.TrainState, batch):
@@ -160,6 +183,8 @@ class ShardedExecutor(pipeline.Executor):
 
   def make_eval_step(self, pipe: pipeline.Pipeline, compressed: bool):
     self._check(pipe)
+    if self.chunks > 1:
+      raise ValueError(f"eval steps of schedule {self.schedule} do not run yet; evaluate with schedule 1f1b")
     mode = Mode.EVAL_COMPRESSED if compressed else Mode.EVAL_UNCOMPRESSED
     return self._cached(pipe, None, mode, train=False)
 
@@ -179,7 +204,7 @@ class ShardedExecutor(pipeline.Executor):
     """Bytes all replicas send per step for the data-parallel gradient exchange (all stages);
     QuantizedAdam's momentum exchange sends the same [1, P] messages."""
     params = layout.FlatRows(abstract_state(pipe, optimizer, self.local_batch(batch)).params)
-    return dataparallel.exchange_bytes(self.grad_scheme, params.size, self.num_stages, self.data, dense)
+    return dataparallel.exchange_bytes(self.grad_scheme, params.size, pipe.num_stages, self.data, dense)
 
   def collective_ways(self, mode: Mode = Mode.TRAIN) -> tuple[str, ...]:
     """Executor protocol: the pipeline's messages each way, and the data-parallel exchange when it is
@@ -243,17 +268,24 @@ class ShardedExecutor(pipeline.Executor):
       if not train:
         _, (loss, metrics, _, _) = loss_of(state.params[0], bwd)
         return jax.tree.map(total, {"loss": loss, **metrics})
+      by_chunk = lambda row: row.reshape(self.chunks, row.shape[-1])  # [V, P]; [P] when V = 1
       if explicit:
-        out = schedule.run_explicit(prog, state.params[0], state.model_state[0], fwd, bwd, mbs, step_key,
-                                    jnp.asarray(scale, jnp.float32))
+        out = schedule.run_explicit(prog, by_chunk(state.params[0]), by_chunk(state.model_state[0]), fwd, bwd, mbs,
+                                    step_key, jnp.asarray(scale, jnp.float32))
         (loss, metrics), ms, fwd, grads, bwd = mean(out), out.model_state, out.fwd_tables, out.grads, out.bwd_tables
       else:
         (_, (loss, metrics, ms, fwd)), (grads, bwd) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(
             state.params[0], bwd)
-      s = jax.lax.axis_index(STAGE)
-      at = dataparallel.StageStep(s, jax.random.fold_in(step_key, 2), lay.real(s), lay.finish, lay.optimizer)
-      params_row, opt, grad_state = exchange(grads, mine(state.opt_state), state.params[0], state.grad_state, at)
-      ms = jax.lax.pmean(ms, DATA)  # BatchNorm running statistics synchronised over data shards
+        ms, grads = ms[None], grads[None]
+      s, opt, grad_state, rows = jax.lax.axis_index(STAGE), mine(state.opt_state), state.grad_state, []
+      of_chunk = lambda tree, v: tree if self.chunks == 1 else jax.tree.map(lambda a: a[v], tree)
+      for v in range(self.chunks):  # chunk v S + s: its exchange and optimizer step
+        c = v * self.num_stages + s
+        at = dataparallel.StageStep(c, jax.random.fold_in(step_key, 2), lay.real(c), lay.finish, lay.optimizer)
+        *row, grad_state = exchange(grads[v], of_chunk(opt, v), by_chunk(state.params[0])[v], grad_state, at)
+        rows.append(row)
+      params_row, opt = rows[0] if self.chunks == 1 else jax.tree.map(lambda *r: jnp.stack(r), *rows)
+      ms = jax.lax.pmean(ms, DATA).reshape(state.model_state.shape[1:])  # BatchNorm statistics synchronised
       add = lambda tree: jax.tree.map(lambda a: a[None], tree)
       links = LinkState(add(fwd[0]), add(fwd[1]), add(bwd[0]), add(bwd[1]))
       new_state = pipeline.TrainState(state.step + 1, state.rng, params_row[None], ms[None], add(opt), links,

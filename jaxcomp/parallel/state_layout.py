@@ -2,7 +2,8 @@
 
 Per device (d, s) of the (data, stage) mesh, every per-stage quantity is a zero-padded row
 (`layout.FlatRows`), so that one stage-sharded array holds all of them:
-  params [S, P], model state [S, Q], optimizer state [S, O]    (sharded on stage)
+  params [S, P], model state [S, Q], optimizer state [S, O]    (sharded on stage);
+  with V > 1 chunks per device (interleaved schedules) [S, V, P] etc.: device d holds chunks d, d+S, ...
   link tables [S, D*rows, F]: device s holds the forward-sender / backward-receiver rows of
   boundary s and the forward-receiver / backward-sender rows of boundary s-1; a batch-slot
   table's rows are split over the data shards, a per-example (AQ-SGD) table is held whole
@@ -138,13 +139,15 @@ class StateRows:
   """The simulate layout's TrainState <-> stage rows and link tables on `num_stages` x `data`
   devices, from shapes alone: `template` (the simulate-layout state's shapes), whether the
   forward link state is per example (`keyed`), the optimizer's rows, the tables' width `f_max`
-  and one replica's data-parallel error state `grad_template` (None: no such state).
+  and one replica's data-parallel error state `grad_template` (None: no such state); `chunks` V per
+  device (the template's S V stages, chunk c on device c mod S).
   `description` is what a checkpoint of the rows records, `from_description` rebuilds them
   from it and the simulate layout's shapes alone (no pipeline needed)."""
 
   def __init__(self, template: pipeline.TrainState, num_stages: int, data: int, keyed: bool,
-               optimizer: OptimizerRows | None, f_max: int, grad_template=None):
+               optimizer: OptimizerRows | None, f_max: int, grad_template=None, chunks: int = 1):
     self.template, self.num_stages, self.data, self.keyed = template, num_stages, data, keyed
+    self.chunks = chunks
     self.params = layout.FlatRows(template.params)
     self.model_state = layout.FlatRows(template.model_state)
     self.optimizer, self.f_max, self.grad_template = optimizer, f_max, grad_template
@@ -152,7 +155,8 @@ class StateRows:
   def description(self) -> dict:
     """JSON: what `from_description` needs besides the simulate layout's shapes."""
     opt = self.optimizer
-    return {"stages": self.num_stages, "data": self.data, "keyed": self.keyed, "width": self.f_max,
+    return {"stages": self.num_stages, **({"chunks": self.chunks} if self.chunks > 1 else {}),
+            "data": self.data, "keyed": self.keyed, "width": self.f_max,
             "optimizer": None if opt is None else OPTIMIZER_ROWS[type(opt)],
             "optimizer_leaves": [] if not isinstance(opt, OptaxRows) else
             [[list(leaf.shape) for leaf in stage] for stage in opt.fl.leaves]}
@@ -169,16 +173,30 @@ class StateRows:
       optimizer = OptaxRows(None, params, layout.split_by_stage(template.opt_state, template.params))
       if [[list(leaf.shape) for leaf in stage] for stage in optimizer.fl.leaves] != described["optimizer_leaves"]:
         raise ValueError("the optimizer state of these rows has other shapes than this run's")
-    return cls(template, described["stages"], described["data"], described["keyed"], optimizer, described["width"])
+    return cls(template, described["stages"], described["data"], described["keyed"], optimizer, described["width"],
+               chunks=described.get("chunks", 1))
 
   # ------------------------------------------------------------ whole states
+  def by_device(self, rows):
+    """Chunk rows [S V, ...] (chunk order) -> [S, V, ...]: device d's chunks d, d+S, ...; as they are for V = 1."""
+    if self.chunks == 1:
+      return rows
+    return jax.tree.map(lambda a: a.reshape(self.chunks, self.num_stages, *a.shape[1:]).swapaxes(0, 1), rows)
+
+  def by_chunk(self, rows):
+    """Inverse of `by_device`."""
+    if self.chunks == 1:
+      return rows
+    return jax.tree.map(lambda a: a.swapaxes(0, 1).reshape(-1, *a.shape[2:]), rows)
+
   def stack(self, state: pipeline.TrainState) -> pipeline.TrainState:
     """simulate-layout TrainState (PRNG key as key data) -> rows; traceable."""
     opt_state = ()
     if self.optimizer is not None:
-      opt_state = self.optimizer.stack(layout.split_by_stage(state.opt_state, state.params))
-    return pipeline.TrainState(state.step, state.rng, self.params.stack(state.params), self.model_state.stack(
-        state.model_state), opt_state, self.tables(state.links), self.grad_rows(state.grad_state))
+      opt_state = self.by_device(self.optimizer.stack(layout.split_by_stage(state.opt_state, state.params)))
+    return pipeline.TrainState(state.step, state.rng, self.by_device(self.params.stack(state.params)),
+                               self.by_device(self.model_state.stack(state.model_state)), opt_state,
+                               self.tables(state.links), self.grad_rows(state.grad_state))
 
   def unstack(self, flat: pipeline.TrainState) -> pipeline.TrainState:
     """Inverse of `stack`: the optimizer state in `optimizer.init(params)`'s structure, `grad_state`
@@ -188,10 +206,10 @@ class StateRows:
 
   def unstack_model(self, params, model_state, opt_state) -> tuple:
     """(params, model state, optimizer state) rows -> their simulate layout (part of `unstack`)."""
-    params = self.params.unstack(params)
+    params = self.params.unstack(self.by_chunk(params))
     if self.optimizer is not None:
-      opt_state = layout.merge_stages(tuple(self.optimizer.unstack(opt_state)), params)
-    return params, self.model_state.unstack(model_state), opt_state if self.optimizer is not None else ()
+      opt_state = layout.merge_stages(tuple(self.optimizer.unstack(self.by_chunk(opt_state))), params)
+    return params, self.model_state.unstack(self.by_chunk(model_state)), opt_state if self.optimizer is not None else ()
 
   # ------------------------------------------------------------ link tables
   def _keyed(self, field: str) -> bool:
@@ -267,7 +285,8 @@ class StateLayout(StateRows):
   devices; built from shapes alone. `grad_scheme` compresses the data-parallel exchange (None: a
   dense one); `grad_template` is then one replica's error state for a `[P]` row."""
 
-  def __init__(self, pipe: pipeline.Pipeline, optimizer, batch, num_stages: int, data: int, grad_scheme=None):
+  def __init__(self, pipe: pipeline.Pipeline, optimizer, batch, num_stages: int, data: int, grad_scheme=None,
+               chunks: int = 1):
     self.pipe = pipe
     template = abstract_state(pipe, optimizer, batch)
     params = layout.FlatRows(template.params)
@@ -279,7 +298,8 @@ class StateLayout(StateRows):
     super().__init__(template, num_stages, data, pipe.boundary.fwd.keyed_by_example,
                      optimizer_rows(optimizer, params, template.params),
                      max([layout.feature_size(s.shape) for s in self.shapes] or [1]),
-                     None if grad_scheme is None else grad_scheme.init_sender(1, (params.size,), jnp.float32))
+                     None if grad_scheme is None else grad_scheme.init_sender(1, (params.size,), jnp.float32),
+                     chunks)
 
   # ------------------------------------------------------------ partition specs
   @staticmethod
@@ -308,10 +328,14 @@ class StateLayout(StateRows):
           return self.params.put(j, p), self.model_state.put(j, ms)
         return run
 
-      p_row, ms_row = jax.lax.switch(s, [init(j) for j in range(self.num_stages)])
-      p_row = self.tie(p_row, s)
-      return (*jax.tree.map(lambda a: a[None], (p_row, ms_row, self.optimizer.init_row(p_row, s))),
-              self.fresh_tables())
+      def chunk_rows(c):
+        p_row, ms_row = jax.lax.switch(c, [init(j) for j in range(len(pipe.stages))])
+        p_row = self.tie(p_row, s)
+        return p_row, ms_row, self.optimizer.init_row(p_row, c)
+
+      rows = [chunk_rows(v * self.num_stages + s) for v in range(self.chunks)]
+      rows = rows[0] if self.chunks == 1 else jax.tree.map(lambda *r: jnp.stack(r), *rows)
+      return (*jax.tree.map(lambda a: a[None], rows), self.fresh_tables())
 
     def build(key_data):
       init_rng, state_rng = jax.random.split(jax.random.wrap_key_data(key_data, impl=impl))
