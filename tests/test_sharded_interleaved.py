@@ -1,6 +1,7 @@
 """Interleaved 1F1B on the sharded executor (`ShardedExecutor(schedule="interleaved:V")`): V chunks per device,
-chunk c on device c mod S, its boundaries on a ring; bitwise 1F1B's numbers on an S V-device mesh (the same
-arithmetic: each chunk's weight gradients summed in microbatch order), simulate's, and its errors."""
+chunk c on device c mod S, its boundaries on a ring, each with its own compression state; bitwise 1F1B's
+numbers on an S V-device mesh (the same arithmetic: each chunk's weight gradients summed in microbatch order),
+simulate's, and its errors."""
 import jax
 import numpy as np
 import optax
@@ -10,35 +11,55 @@ from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
 from jaxcomp.parallel import sharded, simulate
 
-from pipeline_cases import BATCH, assert_trees_close, mlp_pipe, train_sharded
+from pipeline_cases import BATCH, assert_trees_close, mlp_pipe, slow, train_sharded
 
 
-@pytest.mark.parametrize("fwd, bwd, devices, chunks, m, data", [("none", "none", 2, 2, 4, 1),
-                                                                  ("quant:4", "quant:8", 2, 2, 2, 2)])
-def test_interleaved_matches_1f1b_and_simulate(fwd, bwd, devices, chunks, m, data):
-  """Against 1F1B with one chunk per device (bitwise) and simulate, with dense data parallelism too."""
+def check_interleaved(fwd, bwd, devices, chunks, m, data=1, modes=(Mode.TRAIN,), opt=optax.sgd(0.1, momentum=0.9)):
+  """interleaved:V on `devices` against 1F1B on devices V (bitwise: losses, parameters, optimizer and link
+  states), and against simulate (D shards of M microbatches: simulate's M D)."""
   pipe = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, devices * chunks), m=m)
-  opt = optax.sgd(0.1, momentum=0.9)
-  losses, state = train_sharded(pipe, opt, data=data, stage_devices=devices, schedule=f"interleaved:{chunks}")
-  jax.tree.map(np.testing.assert_array_equal, (losses, state), train_sharded(pipe, opt, data=data, schedule="1f1b"))
-  sim_pipe = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, devices * chunks), m=m * data)  # D shards of M: simulate's M D
+  losses, state = train_sharded(pipe, opt, modes, data=data, stage_devices=devices, schedule=f"interleaved:{chunks}")
+  jax.tree.map(np.testing.assert_array_equal, (losses, state), train_sharded(pipe, opt, modes, data=data,
+                                                                             schedule="1f1b"))
+  sim_pipe = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, devices * chunks), m=m * data)
   sim = simulate.init_state(sim_pipe, opt, jax.random.key(1), BATCH)
-  step = simulate.make_train_step(sim_pipe, opt, Mode.TRAIN)
-  for loss in losses:
-    sim, metrics = step(sim, BATCH)
-    np.testing.assert_allclose(float(loss), float(metrics["loss"]), rtol=1e-5)
+  sim_losses = []
+  for mode in modes:
+    step = simulate.make_train_step(sim_pipe, opt, mode)
+    for _ in range(2):
+      sim, metrics = step(sim, BATCH)
+      sim_losses.append(float(metrics["loss"]))
+  np.testing.assert_allclose(np.asarray(losses, np.float64), sim_losses, rtol=1e-5)
   assert_trees_close(state.params, sim.params, atol=2e-6)
   assert_trees_close(state.opt_state, sim.opt_state, atol=2e-6)
+  if data == 1 or not pipe.boundary.fwd.keyed_by_example:
+    assert_trees_close(state.links, sim.links, atol=2e-6)
+
+
+@pytest.mark.parametrize("fwd, bwd, devices, chunks, m, data", [
+    ("none", "none", 2, 2, 4, 1), ("quant:4", "quant:8", 2, 2, 2, 2), ("ef+topk:0.2", "ef21+quant:2", 2, 2, 4, 1),
+    ("topk:0.3", "reuse", 2, 2, 2, 1), slow("ef+quant:4", "ef+fp8", 4, 2, 4, 1),
+    slow("quant:4", "quant:8", 2, 3, 4, 1)])
+def test_interleaved_matches_1f1b_and_simulate(fwd, bwd, devices, chunks, m, data):
+  """Stateless and stateful (EF, EF21, TopK index reuse) boundaries, dense data parallelism."""
+  check_interleaved(fwd, bwd, devices, chunks, m, data)
+
+
+@pytest.mark.slow  # heavy: python -m pytest -m slow
+def test_interleaved_aqsgd_warmup_first_visit_and_compressed():
+  check_interleaved("aqsgd+quant:2", "quant:4", 2, 2, 2, modes=(Mode.WARMUP, Mode.FIRST_VISIT, Mode.TRAIN),
+                    opt=optax.adam(1e-2))
 
 
 def test_init_state_puts_chunk_c_on_device_c_mod_s():
-  """Each device initialises its chunks d, d+S, ... ([S, V, P] rows) = simulate's init, stacked."""
-  pipe, opt = mlp_pipe("none", "none", stages=mlp_stages(16, 2, 4), m=2), optax.adam(1e-2)
+  """Each device initialises its chunks d, d+S, ... ([S, V, P] rows, [S, V, D*rows, F] link tables) =
+  simulate's init, stacked."""
+  pipe, opt = mlp_pipe("ef+quant:4", "ef21+quant:4", stages=mlp_stages(16, 2, 4), m=2), optax.adam(1e-2)
   ex = sharded.ShardedExecutor(sharded.make_mesh(2, data=2), schedule="interleaved:2")
   flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
   simulated = simulate.init_state(pipe, opt, jax.random.key(1), BATCH)
   assert_trees_close(flat._replace(rng=()), ex.stack(pipe, opt, simulated, BATCH)._replace(rng=()), 0)
-  assert flat.params.shape[:2] == (2, 2)
+  assert flat.params.shape[:2] == (2, 2) and flat.links.fwd_send.error.ndim == 4
   assert_trees_close(ex.unstack(pipe, opt, flat, BATCH).params[1], simulated.params[1], 0)
   assert_trees_close(flat.params[1, 0], ex.layout(pipe, opt, BATCH).params.put(1, simulated.params[1]), 0)
 
@@ -50,9 +71,10 @@ def test_interleaved_errors_name_the_value_and_the_fix():
     ex.make_train_step(mlp_pipe("none", "none", stages=mlp_stages(16, 2, 2), m=2), opt)
   with pytest.raises(ValueError, match=r"multiple of the stages, got M=3 for S=2 \(use M = 4\)"):
     ex.make_train_step(mlp_pipe("none", "none", stages=mlp_stages(16, 2, 4), m=3), opt)
-  with pytest.raises(ValueError, match=r"does not run with a boundary scheme with state \(EF, EF21, AQ-SGD\) yet"):
-    ex.make_train_step(mlp_pipe("ef+quant:4", "none", stages=mlp_stages(16, 2, 4), m=2), opt)
   with pytest.raises(ValueError, match="eval steps of schedule interleaved:2 do not run yet"):
     ex.make_eval_step(mlp_pipe("none", "none", stages=mlp_stages(16, 2, 4), m=2), compressed=True)
   with pytest.raises(ValueError, match=r"or interleaved:V \(V >= 1 chunks per device\), got 'interleaved:0'"):
     sharded.ShardedExecutor(sharded.make_mesh(2), schedule="interleaved:0")
+  with pytest.raises(ValueError, match="does not run with --overlap yet: use 1f1b, or run without it"):
+    sharded.ShardedExecutor(sharded.make_mesh(2), schedule="interleaved:2", overlap=True).make_train_step(
+        mlp_pipe("none", "none", stages=mlp_stages(16, 2, 4), m=4), opt)

@@ -15,16 +15,16 @@ its op runs, so any legal table runs (`check_runnable`). With overlapped sends (
 `overlapped_tick`) the payload is encoded at that tick, crosses during the next one while the stages
 compute, and is decoded at the tick after. A bubble tick runs the no-op branch of the stage switch: no
 stage compute, nothing saved. The program knows statically which boundaries carry a message at a tick
-(idle links issue no collective at all); runs of ticks that repeat the same plans period after period are one `lax.scan` (`segments`),
-so the program's size (and compile time) does not grow with M.
+(idle links issue no collective at all); runs of ticks that repeat the same plans period after period
+are one `lax.scan` (`segments`), so the program's size (and compile time) does not grow with M.
 
 Two ways to get the backward pass:
-- `run_explicit` (every schedule of `schedules.SCHEDULES` and interleaved:V, below): a stage keeps its input from its forward,
-  and at its backward op runs its vjp on it (rematerialised) and the boundary's `backward_half` (its halves
-  apart with overlapped sends); the weight gradient is accumulated in the loop. A fused BW is one vjp over
-  (parameters, input); a split B is the vjp over the input only (its gradient sent at once) and W the vjp
-  over the parameters only, on the stashed input and the stashed output cotangent: each recomputes the
-  stage's forward (ZB-H1's W costs a forward more than its share of BW).
+- `run_explicit` (every schedule of `schedules.SCHEDULES` and interleaved:V, below): a stage keeps its input
+  from its forward, and at its backward op runs its vjp on it (rematerialised) and the boundary's
+  `backward_half` (its halves apart with overlapped sends); the weight gradient is accumulated in the
+  loop. A fused BW is one vjp over (parameters, input); a split B is the vjp over the input only (its
+  gradient sent at once) and W the vjp over the parameters only, on the stashed input and the stashed
+  output cotangent: each recomputes the stage's forward (ZB-H1's W costs a forward more than its share of BW).
 - `run_gpipe`: the forward ticks only (eval steps, and GPipe with `remat="none"`), whose
   autodiff replays the ticks in reverse: each boundary op's custom_vjp rule sends the
   encoded gradient from b+1 to b, and every stage's internals are saved.
@@ -278,6 +278,30 @@ def _boundary(prog: Program, b: int):
   return dataclasses.replace(prog.pipe.boundary, transport=permute.Permute(STAGE, perm))
 
 
+SENDER, RECEIVER = 0, 1  # boundary b's ends: chunk b (forward sender, backward receiver) and chunk b+1
+
+
+def end_table(prog: Program, table, b: int, end: int):
+  """Boundary b's state table at its `end` among this device's: with V > 1 chunks per device the tables
+  are [V, rows, F], the end's chunk (b + end) at slot (b + end) // D; with one chunk the table itself."""
+  if prog.table.num_chunks == prog.table.num_devices:
+    return table
+  return jax.tree.map(lambda t: t[(b + end) // prog.table.num_devices], table)
+
+
+def end_rows(prog: Program, table, b: int, end: int, rows, like):
+  """`layout.gather_rows` of boundary b's rows from its `end`'s table among this device's (`end_table`)."""
+  return layout.gather_rows(end_table(prog, table, b, end), rows, like)
+
+
+def put_end_rows(prog: Program, table, b: int, end: int, rows, new):
+  """`layout.put_rows` of boundary b's new rows into its `end`'s table among this device's (`end_table`)."""
+  written = layout.put_rows(end_table(prog, table, b, end), rows, new)
+  if prog.table.num_chunks == prog.table.num_devices:
+    return written
+  return jax.tree.map(lambda t, n: t.at[(b + end) // prog.table.num_devices].set(n), table, written)
+
+
 def microbatch_size(mbs) -> int:
   """Examples per microbatch of microbatched inputs [M, B/M, ...]."""
   return jax.tree.leaves(mbs)[0].shape[1]
@@ -300,9 +324,10 @@ def forward_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, fwd_ta
   fwd_rows, bwd_rows = _link_rows(prog, m, inp.mbs)
   (fs, fr), (bs, br) = fwd_tables, inp.bwd_tables
   y, key = layout.unpad(y_buf, shape), pipeline.link_key(inp.step_key, global_microbatch(prog, m), b)
-  sent, arrived = layout.gather_rows(fs, fwd_rows, shape), layout.gather_rows(fr, fwd_rows, shape)
+  sent, arrived = end_rows(prog, fs, b, SENDER, fwd_rows, shape), end_rows(prog, fr, b, RECEIVER, fwd_rows, shape)
   if differentiable:
-    link = LinkState(sent, arrived, layout.gather_rows(bs, bwd_rows, shape), layout.gather_rows(br, bwd_rows, shape))
+    link = LinkState(sent, arrived, end_rows(prog, bs, b, RECEIVER, bwd_rows, shape),
+                     end_rows(prog, br, b, SENDER, bwd_rows, shape))
     x, new = permute.CompressedLink(prog.pipe.boundary).ppermute(y, link, STAGE, link_perm(b, prog.table.num_devices),
                                                                  key, mode=prog.mode)
     fs_new, fr_new, idx = new.fwd_send, new.fwd_recv, None
@@ -310,7 +335,8 @@ def forward_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, fwd_ta
     x, fs_new, fr_new, idx = boundary_mod.forward_half(_boundary(prog, b), prog.mode, y, sent, arrived, key,
                                                        sender, receiver)
   if prog.mode.trains:
-    fwd_tables = (layout.put_rows(fs, fwd_rows, fs_new), layout.put_rows(fr, fwd_rows, fr_new))
+    fwd_tables = (put_end_rows(prog, fs, b, SENDER, fwd_rows, fs_new),
+                  put_end_rows(prog, fr, b, RECEIVER, fwd_rows, fr_new))
   return layout.pad(x, prog.width, prog.act_dtype), fwd_tables, idx
 
 
@@ -549,9 +575,9 @@ def stash_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, carry: E
   return deliver(prog, carry._replace(fwd_tables=tables), b, m, receiver, x, forward=True)
 
 
-def kept_rows(ok, table, rows, shape, new):
-  """The new state rows where `ok` (this device is their end), the table's rows elsewhere."""
-  return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, layout.gather_rows(table, rows, shape))
+def kept_rows(ok, old, new):
+  """The new state rows where `ok` (this device is their end), the `old` rows elsewhere."""
+  return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
 
 def backward_exchange(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carry: ExplicitCarry) -> ExplicitCarry:
@@ -564,12 +590,13 @@ def backward_exchange(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carr
   bs_old, br_old = inp.bwd_tables
   dx, bs_new, br_new = boundary_mod.backward_half(
       _boundary(prog, b), prog.mode, layout.unpad(dx_buf, shape),
-      layout.gather_rows(bs_old, rows, shape), layout.gather_rows(br_old, rows, shape),
+      end_rows(prog, bs_old, b, RECEIVER, rows, shape), end_rows(prog, br_old, b, SENDER, rows, shape),
       pipeline.link_key(inp.step_key, global_microbatch(prog, m), b), sender, receiver,
       stashed_positions(prog, carry, b, m))
   bs, br = carry.bwd_tables
-  tables = (layout.put_rows(bs, rows, kept_rows(receiver, bs, rows, shape, bs_new)),
-            layout.put_rows(br, rows, kept_rows(sender, br, rows, shape, br_new)))
+  bs_kept = kept_rows(receiver, end_rows(prog, bs, b, RECEIVER, rows, shape), bs_new)
+  br_kept = kept_rows(sender, end_rows(prog, br, b, SENDER, rows, shape), br_new)
+  tables = (put_end_rows(prog, bs, b, RECEIVER, rows, bs_kept), put_end_rows(prog, br, b, SENDER, rows, br_kept))
   return deliver(prog, carry._replace(bwd_tables=tables), b, m, sender,
                  layout.pad(dx, prog.width, prog.act_dtype), forward=False)
 
@@ -623,11 +650,11 @@ def encode_forward(prog: Program, inp: StepInputs, tick, b: int, y_buf, carry: E
   rows, _ = _link_rows(prog, m, inp.mbs)
   fs, fr = carry.fwd_tables
   payload, fs_new = boundary_mod.forward_send(link, prog.mode, layout.unpad(y_buf, shape),
-                                              layout.gather_rows(fs, rows, shape),
+                                              end_rows(prog, fs, b, SENDER, rows, shape),
                                               pipeline.link_key(inp.step_key, global_microbatch(prog, m), b), sender)
   carry = stash_positions(prog, carry, b, m, boundary_mod.reuse_positions(link, prog.mode, payload), end=0)
   sent = carry.in_flight.fwd_sent[:b] + (payload,) + carry.in_flight.fwd_sent[b + 1:]
-  return carry._replace(fwd_tables=(layout.put_rows(fs, rows, fs_new), fr),
+  return carry._replace(fwd_tables=(put_end_rows(prog, fs, b, SENDER, rows, fs_new), fr),
                         in_flight=carry.in_flight._replace(fwd_sent=sent))
 
 
@@ -639,9 +666,10 @@ def decode_forward(prog: Program, inp: StepInputs, tick, b: int, carry: Explicit
   rows, _ = _link_rows(prog, m, inp.mbs)
   fs, fr = carry.fwd_tables
   arrived = carry.in_flight.fwd_arrived[b]
-  x, fr_new = boundary_mod.forward_receive(link, prog.mode, arrived, layout.gather_rows(fr, rows, shape), receiver)
+  x, fr_new = boundary_mod.forward_receive(link, prog.mode, arrived, end_rows(prog, fr, b, RECEIVER, rows, shape),
+                                           receiver)
   carry = stash_positions(prog, carry, b, m, boundary_mod.reuse_positions(link, prog.mode, arrived), end=1)
-  carry = carry._replace(fwd_tables=(fs, layout.put_rows(fr, rows, fr_new)))
+  carry = carry._replace(fwd_tables=(fs, put_end_rows(prog, fr, b, RECEIVER, rows, fr_new)))
   return deliver(prog, carry, b, m, receiver, layout.pad(x, prog.width, prog.act_dtype), forward=True)
 
 
@@ -653,12 +681,13 @@ def encode_backward(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carry:
   _, rows = _link_rows(prog, m, inp.mbs)
   idx = stashed_positions(prog, carry, b, m)
   payload, bs_new = boundary_mod.backward_send(link, prog.mode, layout.unpad(dx_buf, shape),
-                                               layout.gather_rows(inp.bwd_tables[0], rows, shape),
+                                               end_rows(prog, inp.bwd_tables[0], b, RECEIVER, rows, shape),
                                                pipeline.link_key(inp.step_key, global_microbatch(prog, m), b),
                                                receiver, None if idx is None else idx[1])
   bs, br = carry.bwd_tables
   sent = carry.in_flight.bwd_sent[:b] + (payload,) + carry.in_flight.bwd_sent[b + 1:]
-  return carry._replace(bwd_tables=(layout.put_rows(bs, rows, kept_rows(receiver, bs, rows, shape, bs_new)), br),
+  kept = kept_rows(receiver, end_rows(prog, bs, b, RECEIVER, rows, shape), bs_new)
+  return carry._replace(bwd_tables=(put_end_rows(prog, bs, b, RECEIVER, rows, kept), br),
                         in_flight=carry.in_flight._replace(bwd_sent=sent))
 
 
@@ -670,10 +699,11 @@ def decode_backward(prog: Program, inp: StepInputs, tick, b: int, carry: Explici
   _, rows = _link_rows(prog, m, inp.mbs)
   idx = stashed_positions(prog, carry, b, m)
   dx, br_new = boundary_mod.backward_receive(link, prog.mode, carry.in_flight.bwd_arrived[b],
-                                             layout.gather_rows(inp.bwd_tables[1], rows, shape), sender,
+                                             end_rows(prog, inp.bwd_tables[1], b, SENDER, rows, shape), sender,
                                              None if idx is None else idx[0], shape.dtype)
   bs, br = carry.bwd_tables
-  tables = (bs, layout.put_rows(br, rows, kept_rows(sender, br, rows, shape, br_new)))
+  kept = kept_rows(sender, end_rows(prog, br, b, SENDER, rows, shape), br_new)
+  tables = (bs, put_end_rows(prog, br, b, SENDER, rows, kept))
   return deliver(prog, carry._replace(bwd_tables=tables), b, m, sender, layout.pad(dx, prog.width, prog.act_dtype),
                  forward=False)
 
@@ -706,7 +736,8 @@ def empty_in_flight(prog: Program, inp: StepInputs, carry: ExplicitCarry) -> InF
   for b, shape in enumerate(prog.shapes):
     link, key, x = _boundary(prog, b), pipeline.link_key(inp.step_key, 0, b), jnp.zeros(shape.shape, shape.dtype)
     fwd_rows, bwd_rows = _link_rows(prog, 0, inp.mbs)
-    fs, bs = layout.gather_rows(carry.fwd_tables[0], fwd_rows, shape), layout.gather_rows(inp.bwd_tables[0], bwd_rows, shape)
+    fs = end_rows(prog, carry.fwd_tables[0], b, SENDER, fwd_rows, shape)
+    bs = end_rows(prog, inp.bwd_tables[0], b, RECEIVER, bwd_rows, shape)
     idx = stashed_positions(prog, carry, b, 0)
     fwd.append(jax.eval_shape(lambda: boundary_mod.forward_send(link, prog.mode, x, fs, key, True)[0]))
     bwd.append(jax.eval_shape(lambda: boundary_mod.backward_send(link, prog.mode, x, bs, key, True,

@@ -49,7 +49,7 @@ class ShardedExecutor(pipeline.Executor):
   into the bubbles; W recomputes the stage's forward from the stashed input and output cotangent); all
   send the same bytes and give the same numbers. "interleaved:V" (interleaved 1F1B): the pipeline's S V stages
   cut into chunks, device d holding chunks d, d+S, ... (its rows [S, V, ...]), boundaries on a ring; its
-  bubble (S-1)/(VM+S-1) against 1F1B's (S-1)/(M+S-1). So far train steps only, without boundary state,
+  bubble (S-1)/(VM+S-1) against 1F1B's (S-1)/(M+S-1). So far train steps only, without
   ties, clipping or a compressed data-parallel exchange (`_check_chunked` refuses the rest).
   `remat="stage"` (default) saves a stage's input per microbatch and recomputes the stage in
   its explicit backward (`schedule.run_explicit`); `remat="none"` (GPipe only) differentiates
@@ -104,12 +104,10 @@ class ShardedExecutor(pipeline.Executor):
     dataparallel.check_optimizer(optimizer, self.grad_scheme)
 
   def _check_chunked(self, pipe: pipeline.Pipeline, optimizer):
-    """What V > 1 chunks per device runs so far: train steps, dense data parallelism, stateless boundaries,
-    an optax optimizer, no ties or clipping; M a multiple of S (`schedules.interleaved`)."""
+    """What V > 1 chunks per device runs so far: train steps, dense data parallelism, an optax optimizer,
+    no ties or clipping; M a multiple of S (`schedules.interleaved`)."""
     schedules.build(self.schedule, self.num_stages, pipe.microbatches)
-    stateful = jax.tree.leaves(jax.eval_shape(lambda: pipe.boundary.init(1, (1,), jnp.float32)))
-    unsupported = {"--overlap": self.overlap, "a boundary scheme with state (EF, EF21, AQ-SGD)": stateful,
-                   "grad_scheme": self.grad_scheme is not None, "tied parameters": pipe.tied,
+    unsupported = {"--overlap": self.overlap, "grad_scheme": self.grad_scheme is not None, "tied parameters": pipe.tied,
                    "gradient clipping": pipe.grad_clip_norm is not None,
                    "QuantizedAdam": isinstance(optimizer, qadam.QuantizedAdam)}
     for what, used in unsupported.items():

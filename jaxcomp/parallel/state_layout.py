@@ -4,8 +4,8 @@ Per device (d, s) of the (data, stage) mesh, every per-stage quantity is a zero-
 (`layout.FlatRows`), so that one stage-sharded array holds all of them:
   params [S, P], model state [S, Q], optimizer state [S, O]    (sharded on stage);
   with V > 1 chunks per device (interleaved schedules) [S, V, P] etc.: device d holds chunks d, d+S, ...
-  link tables [S, D*rows, F]: device s holds the forward-sender / backward-receiver rows of
-  boundary s and the forward-receiver / backward-sender rows of boundary s-1; a batch-slot
+  link tables [S, D*rows, F] ([S, V, D*rows, F]): chunk c holds the forward-sender / backward-receiver
+  rows of boundary c and the forward-receiver / backward-sender rows of boundary c-1; a batch-slot
   table's rows are split over the data shards, a per-example (AQ-SGD) table is held whole
   by every data shard (shard d's copy holds its own examples' rows, zeros elsewhere).
   grad_state [S, D, P]: each replica's error row of the data-parallel exchange.
@@ -27,7 +27,7 @@ from jaxcomp.parallel import layout
 from jaxcomp.parallel.mesh import DATA, STAGE, TIED
 from jaxcomp.parallel.qadam import QuantizedAdam
 
-_OWNER = {"fwd_send": 0, "bwd_recv": 0, "fwd_recv": 1, "bwd_send": 1}  # boundary of stage s: s - offset
+_OWNER = {"fwd_send": 0, "bwd_recv": 0, "fwd_recv": 1, "bwd_send": 1}  # boundary of chunk c: c - offset
 
 
 def exchange_tied(segment, pairs):
@@ -217,19 +217,19 @@ class StateRows:
     return field.startswith("fwd") and self.keyed
 
   def tables(self, links) -> LinkState:
-    """Per-boundary LinkStates (global batch) -> [S, D*rows, F] tables, one per field."""
+    """Per-boundary LinkStates (global batch) -> [S, D*rows, F] tables ([S, V, D*rows, F]), one per field."""
     def table(field):
       def leaf(*per_boundary):
         rows, dtype = per_boundary[0].shape[0], per_boundary[0].dtype
         blocks = []
-        for s in range(self.num_stages):
-          b = s - _OWNER[field]
+        for c in range(self.num_stages * self.chunks):
+          b = c - _OWNER[field]
           block = jnp.zeros((rows, self.f_max), dtype)
           if 0 <= b < len(per_boundary):
             flat = per_boundary[b].reshape(rows, -1)
             block = block.at[:, : flat.shape[1]].set(flat)
           blocks.append(self._example_copies(block) if self._keyed(field) else block)
-        return jnp.stack(blocks)
+        return self.by_device(jnp.stack(blocks))
       parts = [getattr(link, field) for link in links]
       return jax.tree.map(leaf, *parts) if parts else ()
     return LinkState(*(table(f) for f in LinkState._fields))
@@ -239,9 +239,10 @@ class StateRows:
     out = []
     for b, link in enumerate(self.template.links):
       def field(name):
-        s = b + _OWNER[name]
+        c = b + _OWNER[name]
         def leaf(t, like):
-          t = self._example_rows(t[s]) if self._keyed(name) else t[s]
+          t = self.by_chunk(t)[c]
+          t = self._example_rows(t) if self._keyed(name) else t
           return t[: like.shape[0], : layout.feature_size(like.shape)].reshape(like.shape).astype(like.dtype)
         return jax.tree.map(leaf, getattr(tables, name), getattr(link, name))
       out.append(LinkState(*(field(f) for f in LinkState._fields)))
@@ -303,11 +304,18 @@ class StateLayout(StateRows):
 
   # ------------------------------------------------------------ partition specs
   @staticmethod
+  def table_spec(ndim: int) -> P:
+    """A link table's spec: [S, D*rows, F] on (stage, data), [S, V, D*rows, F] (V > 1 chunks per device) on
+    (stage, -, data)."""
+    return P(STAGE, DATA) if ndim == 3 else P(STAGE, None, DATA)
+
+  @staticmethod
   def specs(state: pipeline.TrainState) -> pipeline.TrainState:
     """Every partition spec of a sharded state (arrays or shapes)."""
     rows = lambda tree: jax.tree.map(lambda _: P(STAGE, DATA), tree)
+    tables = jax.tree.map(lambda a: StateLayout.table_spec(a.ndim), state.links)
     return pipeline.TrainState(P(), P(), P(STAGE), P(STAGE), jax.tree.map(lambda _: P(STAGE), state.opt_state),
-                         rows(state.links), rows(state.grad_state))
+                               tables, rows(state.grad_state))
 
   @classmethod
   def shardings(cls, mesh, state: pipeline.TrainState) -> pipeline.TrainState:
@@ -339,8 +347,8 @@ class StateLayout(StateRows):
 
     def build(key_data):
       init_rng, state_rng = jax.random.split(jax.random.wrap_key_data(key_data, impl=impl))
-      rows = jax.shard_map(stage_rows, mesh=mesh, in_specs=P(), out_specs=(P(STAGE),) * 3 + (P(STAGE, DATA),),
-                           check_vma=False)
+      specs = (P(STAGE),) * 3 + (self.table_spec(3 + (self.chunks > 1)),)
+      rows = jax.shard_map(stage_rows, mesh=mesh, in_specs=P(), out_specs=specs, check_vma=False)
       p_rows, ms_rows, opt_rows, tables = rows(init_rng)
       return pipeline.TrainState(jnp.zeros((), jnp.int32), state_rng, p_rows, ms_rows, opt_rows, tables,
                            self.grad_rows(()))
@@ -372,7 +380,9 @@ class StateLayout(StateRows):
               return jnp.where((pipeline.example_shard(jnp.arange(rows), self.data) == d)[:, None], block, 0)
             return jax.lax.dynamic_slice_in_dim(block, d * local, local)
           return run
-        return jax.lax.switch(s, [stage(j) for j in range(self.num_stages)])[None]
+        blocks = [jax.lax.switch(v * self.num_stages + s, [stage(j) for j in range(len(self.pipe.stages))])
+                  for v in range(self.chunks)]
+        return (blocks[0] if self.chunks == 1 else jnp.stack(blocks))[None]
       like = getattr(jax.eval_shape(lambda: fresh(0)), field)
       return jax.tree.unflatten(jax.tree.structure(like), [leaf(k, l) for k, l in enumerate(jax.tree.leaves(like))])
     return LinkState(*(table(f) for f in LinkState._fields))
