@@ -37,9 +37,9 @@ def check_interleaved(fwd, bwd, devices, chunks, m, data=1, modes=(Mode.TRAIN,),
 
 
 @pytest.mark.parametrize("fwd, bwd, devices, chunks, m, data", [
-    ("none", "none", 2, 2, 4, 1), ("quant:4", "quant:8", 2, 2, 2, 2), ("ef+topk:0.2", "ef21+quant:2", 2, 2, 4, 1),
-    ("topk:0.3", "reuse", 2, 2, 2, 1), slow("ef+quant:4", "ef+fp8", 4, 2, 4, 1),
-    slow("quant:4", "quant:8", 2, 3, 4, 1)])
+    ("ef+topk:0.2", "ef21+quant:2", 2, 2, 4, 1), ("topk:0.3", "reuse", 2, 2, 2, 2),
+    slow("none", "none", 2, 2, 4, 1), slow("quant:4", "quant:8", 2, 2, 2, 2), slow("topk:0.3", "reuse", 2, 2, 4, 1),
+    slow("ef+quant:4", "ef+fp8", 4, 2, 4, 1), slow("quant:4", "quant:8", 2, 3, 4, 1)])
 def test_interleaved_matches_1f1b_and_simulate(fwd, bwd, devices, chunks, m, data):
   """Stateless and stateful (EF, EF21, TopK index reuse) boundaries, dense data parallelism."""
   check_interleaved(fwd, bwd, devices, chunks, m, data)
