@@ -102,17 +102,10 @@ class ScaleAxes(Codec):
       groups = -groups
     return inner.codes, payload.arrays.scale, packing.as_bits(groups)
 
-  @staticmethod
-  def _nearest(codec: Codec) -> Codec:
-    """`codec` under nearest rounding, the rounding the choice is made under."""
-    if isinstance(codec, ChannelScale):
-      return ChannelScale(dataclasses.replace(codec.inner, stochastic=False))
-    return dataclasses.replace(codec, stochastic=False)
-
   @compiled
   def encode(self, x, key=None) -> Payload:
     codecs = self._candidates()
-    near = [self._nearest(c) for c in codecs]
+    near = ScaleAxes(dataclasses.replace(self.grouped, stochastic=False))._candidates()  # the choice's rounding
     tried = [c.encode(x) for c in near]
     x32 = x.astype(jnp.float32)
     errors = jnp.stack([_channel_mean_error(x32, c.decode(p).astype(jnp.float32)) for c, p in zip(near, tried)])
