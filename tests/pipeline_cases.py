@@ -68,9 +68,10 @@ def compare_with_simulate(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.T
   return state
 
 
-def train_sharded(pipe, opt, modes=(Mode.TRAIN,), steps=2, data=1, stage_devices=None, **executor):
+def train_sharded(pipe, opt, modes=(Mode.TRAIN,), steps=2, data=1, stage_devices=None, evals=False, **executor):
   """Losses of `steps` train steps per mode on `ShardedExecutor(**executor)` (`stage_devices`, default one per
-  stage) from simulate's initial state, and the state after, as simulate lays it out (its key as data)."""
+  stage) from simulate's initial state (`evals`: then an eval step's, compressed and not), and the state
+  after, as simulate lays it out (its key as data)."""
   ex = sharded.ShardedExecutor(sharded.make_mesh(stage_devices or pipe.num_stages, data), **executor)
   flat = ex.stack(pipe, opt, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   losses = []
@@ -79,6 +80,8 @@ def train_sharded(pipe, opt, modes=(Mode.TRAIN,), steps=2, data=1, stage_devices
     for _ in range(steps):
       flat, metrics = step(flat, BATCH)
       losses.append(np.asarray(metrics["loss"]))
+  for compressed in (True, False)[:2 * evals]:
+    losses.append(np.asarray(ex.make_eval_step(pipe, compressed)(flat, BATCH)["loss"]))
   state = ex.unstack(pipe, opt, flat, BATCH)
   return losses, state._replace(rng=jax.random.key_data(state.rng))
 

@@ -216,6 +216,21 @@ def test_interleaved_runs_megatrons_order():
                         F(0, 6), BW(4, 0), F(0, 7), BW(4, 1))
 
 
+def test_interleaved_forwards_first_is_the_eval_pass_in_vm_plus_s_minus_1_ticks():
+  """Eval steps run interleaved GPipe's forwards: every input is used the tick after it arrives, so one ring
+  slot per chunk holds them and no cotangent is kept."""
+  for S in range(1, 5):
+    for V in (1, 2, 3):
+      for M in (S, 2 * S, 3 * S):
+        t = schedules.interleaved(S, M, V, forwards_first=True)
+        where = schedules.positions(t)
+        last_forward = max(where[op][0] for op in where if op.kind == "F")
+        assert last_forward + 1 == V * M + S - 1, (S, V, M)
+        assert last_forward < min(where[op][0] for op in where if op.kind == "BW"), (S, V, M)
+        lookup = schedule.lookup_of(t, forwards_only=True)
+        assert (lookup.stash_slots, lookup.grad_slots) == (1, 1), (S, V, M)
+
+
 def test_interleaved_refuses_microbatches_not_a_multiple_of_the_stages():
   with pytest.raises(ValueError, match=r"multiple of the stages, got M=6 for S=4 \(use M = 8\)"):
     schedules.build("interleaved:2", 4, 6)

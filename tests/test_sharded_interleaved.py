@@ -14,13 +14,17 @@ from jaxcomp.parallel import sharded, simulate
 from pipeline_cases import BATCH, assert_trees_close, mlp_pipe, slow, train_sharded
 
 
-def check_interleaved(fwd, bwd, devices, chunks, m, data=1, modes=(Mode.TRAIN,), opt=optax.sgd(0.1, momentum=0.9)):
-  """interleaved:V on `devices` against 1F1B on devices V (bitwise: losses, parameters, optimizer and link
-  states), and against simulate (D shards of M microbatches: simulate's M D)."""
+def check_interleaved(fwd, bwd, devices, chunks, m, data=1, modes=(Mode.TRAIN,), opt=optax.sgd(0.1, momentum=0.9),
+                      evals=False, bitwise=True):
+  """interleaved:V on `devices` against simulate (D shards of M microbatches: simulate's M D) and (`bitwise`)
+  against 1F1B on devices V, bit for bit (losses, parameters, optimizer and link states; `evals`: then eval
+  losses, compressed and not)."""
   pipe = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, devices * chunks), m=m)
-  losses, state = train_sharded(pipe, opt, modes, data=data, stage_devices=devices, schedule=f"interleaved:{chunks}")
-  jax.tree.map(np.testing.assert_array_equal, (losses, state), train_sharded(pipe, opt, modes, data=data,
-                                                                             schedule="1f1b"))
+  losses, state = train_sharded(pipe, opt, modes, data=data, stage_devices=devices, evals=evals,
+                                schedule=f"interleaved:{chunks}")
+  if bitwise:
+    jax.tree.map(np.testing.assert_array_equal, (losses, state),
+                 train_sharded(pipe, opt, modes, data=data, evals=evals, schedule="1f1b"))
   sim_pipe = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, devices * chunks), m=m * data)
   sim = simulate.init_state(sim_pipe, opt, jax.random.key(1), BATCH)
   sim_losses = []
@@ -29,6 +33,7 @@ def check_interleaved(fwd, bwd, devices, chunks, m, data=1, modes=(Mode.TRAIN,),
     for _ in range(2):
       sim, metrics = step(sim, BATCH)
       sim_losses.append(float(metrics["loss"]))
+  sim_losses += [float(simulate.make_eval_step(sim_pipe, c)(sim, BATCH)["loss"]) for c in (True, False)[:2 * evals]]
   np.testing.assert_allclose(np.asarray(losses, np.float64), sim_losses, rtol=1e-5)
   assert_trees_close(state.params, sim.params, atol=2e-6)
   assert_trees_close(state.opt_state, sim.opt_state, atol=2e-6)
@@ -36,13 +41,15 @@ def check_interleaved(fwd, bwd, devices, chunks, m, data=1, modes=(Mode.TRAIN,),
     assert_trees_close(state.links, sim.links, atol=2e-6)
 
 
-@pytest.mark.parametrize("fwd, bwd, devices, chunks, m, data", [
-    ("ef+topk:0.2", "ef21+quant:2", 2, 2, 4, 1), ("topk:0.3", "reuse", 2, 2, 2, 2),
-    slow("none", "none", 2, 2, 4, 1), slow("quant:4", "quant:8", 2, 2, 2, 2), slow("topk:0.3", "reuse", 2, 2, 4, 1),
-    slow("ef+quant:4", "ef+fp8", 4, 2, 4, 1), slow("quant:4", "quant:8", 2, 3, 4, 1)])
-def test_interleaved_matches_1f1b_and_simulate(fwd, bwd, devices, chunks, m, data):
-  """Stateless and stateful (EF, EF21, TopK index reuse) boundaries, dense data parallelism."""
-  check_interleaved(fwd, bwd, devices, chunks, m, data)
+@pytest.mark.parametrize("fwd, bwd, devices, chunks, m, data, bitwise", [
+    ("ef+topk:0.2", "ef21+quant:2", 2, 2, 4, 1, False), slow("ef+topk:0.2", "ef21+quant:2", 2, 2, 4, 1, True),
+    slow("topk:0.3", "reuse", 2, 2, 2, 2, True), slow("none", "none", 2, 2, 4, 1, True),
+    slow("quant:4", "quant:8", 2, 2, 2, 2, True), slow("topk:0.3", "reuse", 2, 2, 4, 1, True),
+    slow("ef+quant:4", "ef+fp8", 4, 2, 4, 1, True), slow("quant:4", "quant:8", 2, 3, 4, 1, True)])
+def test_interleaved_matches_1f1b_and_simulate(fwd, bwd, devices, chunks, m, data, bitwise):
+  """Stateless and stateful (EF, EF21, TopK index reuse) boundaries, dense data parallelism; the default case
+  (M = 4: scanned ticks) against simulate only, the slow ones against 1F1B bit for bit too."""
+  check_interleaved(fwd, bwd, devices, chunks, m, data, bitwise=bitwise)
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
@@ -71,10 +78,27 @@ def test_interleaved_errors_name_the_value_and_the_fix():
     ex.make_train_step(mlp_pipe("none", "none", stages=mlp_stages(16, 2, 2), m=2), opt)
   with pytest.raises(ValueError, match=r"multiple of the stages, got M=3 for S=2 \(use M = 4\)"):
     ex.make_train_step(mlp_pipe("none", "none", stages=mlp_stages(16, 2, 4), m=3), opt)
-  with pytest.raises(ValueError, match="eval steps of schedule interleaved:2 do not run yet"):
-    ex.make_eval_step(mlp_pipe("none", "none", stages=mlp_stages(16, 2, 4), m=2), compressed=True)
   with pytest.raises(ValueError, match=r"or interleaved:V \(V >= 1 chunks per device\), got 'interleaved:0'"):
     sharded.ShardedExecutor(sharded.make_mesh(2), schedule="interleaved:0")
   with pytest.raises(ValueError, match="does not run with --overlap yet: use 1f1b, or run without it"):
     sharded.ShardedExecutor(sharded.make_mesh(2), schedule="interleaved:2", overlap=True).make_train_step(
         mlp_pipe("none", "none", stages=mlp_stages(16, 2, 4), m=4), opt)
+
+
+def test_interleaved_eval_steps_match_simulate():
+  """Eval steps, compressed and not (they differ), from simulate's initial state: simulate's losses (the
+  forwards of interleaved GPipe, `schedules.interleaved(forwards_first=True)`, each boundary its
+  stateless codec)."""
+  pipe, opt = mlp_pipe("ef+quant:2", "quant:8", stages=mlp_stages(16, 2, 4), m=4), optax.sgd(0.1)
+  losses, _ = train_sharded(pipe, opt, steps=0, evals=True, stage_devices=2, schedule="interleaved:2")
+  sim = simulate.init_state(pipe, opt, jax.random.key(1), BATCH)
+  np.testing.assert_allclose(losses, [simulate.make_eval_step(pipe, c)(sim, BATCH)["loss"] for c in (True, False)],
+                             rtol=1e-6)
+  assert losses[0] != losses[1]
+
+
+@pytest.mark.slow  # heavy: python -m pytest -m slow
+@pytest.mark.parametrize("fwd, bwd", [("ef+quant:4", "quant:8"), ("topk:0.3", "reuse"), ("aqsgd+quant:2", "quant:4")])
+def test_interleaved_eval_steps_after_training(fwd, bwd):
+  """Eval steps (compressed and not) after two train steps: bitwise 1F1B's on S V devices, simulate's."""
+  check_interleaved(fwd, bwd, 2, 2, 2, evals=True)

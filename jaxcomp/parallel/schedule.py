@@ -100,8 +100,9 @@ def ring_slots(spans) -> int:
   return next(k for k in range(1, max([len(items) for items in spans.values()] + [1]) + 1) if fits(k))
 
 
-def lookup_of(table: schedules.Schedule) -> Lookup:
-  """The `Lookup` of a table the executor runs (`check_runnable`)."""
+def lookup_of(table: schedules.Schedule, forwards_only: bool = False) -> Lookup:
+  """The `Lookup` of a table the executor runs (`check_runnable`); `forwards_only`: of its forward ops alone
+  (an eval step: an input is held until its forward, no cotangent at all)."""
   check_runnable(table)
   T, C, hop = table.ticks, table.num_chunks, table.hop
   ops = {kind: np.full((T, table.num_devices), -1, np.int32) for kind in schedules.KINDS}
@@ -121,11 +122,14 @@ def lookup_of(table: schedules.Schedule) -> Lookup:
   inputs, grads = {}, {}
   for c in range(C):
     for m in range(table.microbatches):
+      first = at.get(("recv", True, c, m), at[schedules.Op("F", c, m)])
+      if forwards_only:
+        inputs.setdefault(c, []).append((m, first, at[schedules.Op("F", c, m)]))
+        continue
       backward = [at[schedules.Op(k, c, m)] for k in ("B", "BW") if schedules.Op(k, c, m) in at][0]
       last = max(at[op] for op in (schedules.Op(k, c, m) for k in ("B", "W", "BW")) if op in at)
       # an input is held from its arrival (or forward) until its last backward op and the gradient send
       # that reads its TopK positions; an output cotangent from its arrival until the last backward op
-      first = at.get(("recv", True, c, m), at[schedules.Op("F", c, m)])
       inputs.setdefault(c, []).append((m, first, max(last, (backward[0], SEND_BACKWARD))))
       if c < C - 1:
         grads.setdefault(c, []).append((m, at[("recv", False, c, m)], last))
@@ -318,7 +322,8 @@ def _link_rows(prog, m, mbs):
 def forward_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, fwd_tables, differentiable: bool):
   """Boundary b's forward for its microbatch at `tick`: (received activation buffer, forward tables,
   TopK positions sent or None). `differentiable`: the whole boundary op, whose custom_vjp sends
-  the gradient back under autodiff (`run_gpipe`); else its forward half (`run_explicit`)."""
+  the gradient back under autodiff (`run_gpipe`; in an eval step its stateless path); else its forward
+  half (`run_explicit`)."""
   sender, receiver = at_ends(prog, b)
   m, shape = message_at(prog, tick, b, forward=True), prog.shapes[b]
   fwd_rows, bwd_rows = _link_rows(prog, m, inp.mbs)
@@ -389,7 +394,7 @@ def make_program(pipe: pipeline.Pipeline, template: pipeline.TrainState, local_b
   mb = pipeline.microbatch_shapes(local_batch, pipe.microbatches)
   shapes = pipeline.boundary_shapes(pipe, template.params, template.model_state, mb[pipe.input_key])
   prog = Program(pipe, layout.FlatRows(template.params), layout.FlatRows(template.model_state), shapes,
-                 mode, train, None, table, lookup_of(table))
+                 mode, train, None, table, lookup_of(table, forwards_only=not train))
   last = pipe.num_stages - 1
   x_buf = jax.ShapeDtypeStruct((mb[pipe.input_key].shape[0], prog.width), prog.act_dtype)
 
@@ -429,9 +434,10 @@ ORDER = ("F", "BW", "B", "W")  # the order a device runs a tick's ops in (each a
 
 
 def tick_plan(prog: Program, tick: int) -> Plan:
-  """The `Plan` of a (static) tick, by the table."""
-  plan = Plan(boundaries_at(prog, tick), boundaries_at(prog, tick, forward=False),
-              tuple(kind for kind in ORDER if schedules.running(prog.table, tick, (kind,))))
+  """The `Plan` of a (static) tick, by the table: of its forwards alone in an eval step."""
+  kinds = ORDER if prog.train else ("F",)
+  plan = Plan(boundaries_at(prog, tick), boundaries_at(prog, tick, forward=False) if prog.train else (),
+              tuple(kind for kind in kinds if schedules.running(prog.table, tick, (kind,))))
   if prog.table.hop == 1:  # a message crosses and is decoded at the end of the tick that sends it
     return plan
   sent = lambda ago, forward: boundaries_at(prog, tick - ago, forward) if tick >= ago else ()
@@ -455,8 +461,11 @@ def runs(plans: list[Plan], period: int) -> list[tuple[range, tuple]]:
 def segments(prog: Program) -> list[tuple[range, tuple]]:
   """`runs` of the period whose program traces the fewest tick bodies (a run of one period unrolled, a
   longer one scanned: one period's bodies), the shortest such period: 1 for gpipe and 1f1b-fused, 2 for
-  1f1b (a forward tick, then a backward tick), 3 for zb-h1 (B, W, F)."""
-  plans = [tick_plan(prog, t) for t in range(prog.table.ticks)]
+  1f1b (a forward tick, then a backward tick), 3 for zb-h1 (B, W, F). An eval step's ticks end with its
+  last forward."""
+  ticks = prog.table.ticks if prog.train else 1 + max(t for t in range(prog.table.ticks)
+                                                      if schedules.running(prog.table, t, ("F",)))
+  plans = [tick_plan(prog, t) for t in range(ticks)]
   traced = lambda cut: sum(len(block) for _, block in cut)
   return min((runs(plans, period) for period in range(1, len(plans) + 1)), key=traced)
 
@@ -567,9 +576,9 @@ def stashed_positions(prog: Program, carry: ExplicitCarry, b: int, m):
 
 def stash_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, carry: ExplicitCarry) -> ExplicitCarry:
   """`forward_exchange` (its forward half) of the explicit schedule: the activation delivered to stage
-  b+1's ring, its TopK positions stashed for index reuse."""
+  b+1's ring, its TopK positions stashed for index reuse; an eval step's the whole stateless op."""
   sender, receiver = at_ends(prog, b)
-  x, tables, idx = forward_exchange(prog, inp, tick, b, y_buf, carry.fwd_tables, differentiable=False)
+  x, tables, idx = forward_exchange(prog, inp, tick, b, y_buf, carry.fwd_tables, differentiable=not prog.mode.trains)
   m = message_at(prog, tick, b, forward=True)
   carry = stash_positions(prog, carry, b, m, idx)
   return deliver(prog, carry._replace(fwd_tables=tables), b, m, receiver, x, forward=True)
@@ -754,7 +763,8 @@ def _index_shapes(prog: Program, b: int):
 def run_explicit(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, step_key, scale) -> ExplicitCarry:
   """Every tick of the explicit schedule on this device, whose V chunks' rows are `params_row` [V, P] and
   `ms_row` [V, Q]. `scale` weighs each microbatch's loss (1 / (M D)): the returned `grads` [V, P] and
-  backward tables are those of the weighted sum, as autodiff of the mean loss gives them."""
+  backward tables are those of the weighted sum, as autodiff of the mean loss gives them. An eval step
+  (`prog.train` False) runs the table's forwards alone: its loss and metrics."""
   chunks = prog.table.num_chunks // prog.table.num_devices
   k, buf = prog.lookup.stash_slots, (microbatch_size(mbs), prog.width)
   indices = tuple(jax.tree.map(lambda a: jnp.zeros((k, *a.shape), a.dtype), _index_shapes(prog, b))

@@ -136,12 +136,13 @@ def as_soon_as_ready(name: str, num_chunks: int, microbatches: int, orders: list
   return Schedule(name, num_chunks, microbatches, tuple(map(tuple, rows)))
 
 
-def interleaved(num_stages: int, microbatches: int, chunks_per_device: int) -> Schedule:
+def interleaved(num_stages: int, microbatches: int, chunks_per_device: int, forwards_first: bool = False) -> Schedule:
   """Interleaved 1F1B (Narayanan et al. 2021, Megatron-LM): V chunks per device, chunk c on device c mod S
   (its activation goes on to device (c+1) mod S: a ring). Device d's k-th forward is chunk (k mod SV) // S
   of its device on microbatch S (k // SV) + k mod S (backwards take the chunks in reverse): (S-d-1)*2 +
   (V-1)*S forwards first, then one F and one BW in turn, then the remaining BWs; `as_soon_as_ready` places
-  them. Needs M a multiple of S. Bubble (S-1)/(VM+S-1) (F 1, BW 2)."""
+  them. Needs M a multiple of S. Bubble (S-1)/(VM+S-1) (F 1, BW 2). `forwards_first`: all V M forwards
+  before any backward (the forward pass in VM+S-1 ticks, the one eval steps run)."""
   S, M, V = num_stages, microbatches, chunks_per_device
   if min(S, M, V) < 1:
     raise ValueError(f"interleaved 1F1B needs S, M, V >= 1, got S={S}, M={M}, V={V}")
@@ -154,7 +155,7 @@ def interleaved(num_stages: int, microbatches: int, chunks_per_device: int) -> S
       group, r = divmod(k, S * V)
       return Op(kind, (r // S if kind == "F" else V - 1 - r // S) * S + d, group * S + r % S)
     total = V * M
-    warmup = min(total, (S - d - 1) * 2 + (V - 1) * S)
+    warmup = total if forwards_first else min(total, (S - d - 1) * 2 + (V - 1) * S)
     steady = [o for k in range(total - warmup) for o in (op("F", warmup + k), op("BW", k))]
     return [op("F", k) for k in range(warmup)] + steady + [op("BW", k) for k in range(total - warmup, total)]
   return as_soon_as_ready(f"interleaved:{V}", S * V, M, [order(d) for d in range(S)])

@@ -49,8 +49,9 @@ class ShardedExecutor(pipeline.Executor):
   into the bubbles; W recomputes the stage's forward from the stashed input and output cotangent); all
   send the same bytes and give the same numbers. "interleaved:V" (interleaved 1F1B): the pipeline's S V stages
   cut into chunks, device d holding chunks d, d+S, ... (its rows [S, V, ...]), boundaries on a ring; its
-  bubble (S-1)/(VM+S-1) against 1F1B's (S-1)/(M+S-1). So far train steps only, without
-  ties, clipping or a compressed data-parallel exchange (`_check_chunked` refuses the rest).
+  bubble (S-1)/(VM+S-1) against 1F1B's (S-1)/(M+S-1); its eval steps run the forwards of interleaved GPipe
+  (VM+S-1 ticks). So far without ties, clipping or a compressed data-parallel exchange (`_check_chunked`
+  refuses the rest).
   `remat="stage"` (default) saves a stage's input per microbatch and recomputes the stage in
   its explicit backward (`schedule.run_explicit`); `remat="none"` (GPipe only) differentiates
   the forward schedule with autodiff, which saves every stage's internals.
@@ -104,7 +105,7 @@ class ShardedExecutor(pipeline.Executor):
     dataparallel.check_optimizer(optimizer, self.grad_scheme)
 
   def _check_chunked(self, pipe: pipeline.Pipeline, optimizer):
-    """What V > 1 chunks per device runs so far: train steps, dense data parallelism, an optax optimizer,
+    """What V > 1 chunks per device runs so far: train and eval steps, dense data parallelism, an optax optimizer,
     no ties or clipping; M a multiple of S (`schedules.interleaved`)."""
     schedules.build(self.schedule, self.num_stages, pipe.microbatches)
     unsupported = {"--overlap": self.overlap, "grad_scheme": self.grad_scheme is not None, "tied parameters": pipe.tied,
@@ -181,8 +182,6 @@ class ShardedExecutor(pipeline.Executor):
 
   def make_eval_step(self, pipe: pipeline.Pipeline, compressed: bool):
     self._check(pipe)
-    if self.chunks > 1:
-      raise ValueError(f"eval steps of schedule {self.schedule} do not run yet; evaluate with schedule 1f1b")
     mode = Mode.EVAL_COMPRESSED if compressed else Mode.EVAL_UNCOMPRESSED
     return self._cached(pipe, None, mode, train=False)
 
@@ -243,8 +242,12 @@ class ShardedExecutor(pipeline.Executor):
     pipe, local = lay.pipe, lay.local_batch
     m_count, scale = pipe.microbatches, 1 / (pipe.microbatches * self.data)
     explicit = train and self.remat == "stage"
-    table = (schedules.build(self.schedule, self.num_stages, m_count, self.overlap) if explicit
-             else schedules.gpipe(self.num_stages, m_count))
+    if explicit:
+      table = schedules.build(self.schedule, self.num_stages, m_count, self.overlap)
+    elif self.chunks > 1:  # an eval step: the forwards of interleaved GPipe (`schedule.run_explicit`)
+      table = schedules.interleaved(self.num_stages, m_count, self.chunks, forwards_first=True)
+    else:
+      table = schedules.gpipe(self.num_stages, m_count)
     prog = schedule.make_program(pipe, lay.template, local, mode, train, table)
     exchange = dataparallel.exchange_for(optimizer, self.grad_scheme, warmup=mode is Mode.WARMUP)
     total = lambda v: jax.lax.pmean(jax.lax.psum(v, STAGE), DATA)
@@ -263,10 +266,14 @@ class ShardedExecutor(pipeline.Executor):
         # / D: the boundary gradients of this shard's microbatches are those of the global mean loss
         return loss / self.data, (loss, metrics, out.model_state, out.fwd_tables)
 
+      by_chunk = lambda row: row.reshape(self.chunks, row.shape[-1])  # [V, P]; [1, P] when V = 1
       if not train:
-        _, (loss, metrics, _, _) = loss_of(state.params[0], bwd)
+        if self.chunks > 1:
+          loss, metrics = mean(schedule.run_explicit(prog, by_chunk(state.params[0]), by_chunk(state.model_state[0]),
+                                                     fwd, bwd, mbs, step_key, None))
+        else:
+          _, (loss, metrics, _, _) = loss_of(state.params[0], bwd)
         return jax.tree.map(total, {"loss": loss, **metrics})
-      by_chunk = lambda row: row.reshape(self.chunks, row.shape[-1])  # [V, P]; [P] when V = 1
       if explicit:
         out = schedule.run_explicit(prog, by_chunk(state.params[0]), by_chunk(state.model_state[0]), fwd, bwd, mbs,
                                     step_key, jnp.asarray(scale, jnp.float32))
