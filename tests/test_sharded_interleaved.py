@@ -2,6 +2,8 @@
 chunk c on device c mod S, its boundaries on a ring, each with its own compression state; bitwise 1F1B's
 numbers on an S V-device mesh (the same arithmetic: each chunk's weight gradients summed in microbatch order),
 simulate's, and its errors."""
+import dataclasses
+
 import jax
 import numpy as np
 import optax
@@ -102,3 +104,26 @@ def test_interleaved_eval_steps_match_simulate():
 def test_interleaved_eval_steps_after_training(fwd, bwd):
   """Eval steps (compressed and not) after two train steps: bitwise 1F1B's on S V devices, simulate's."""
   check_interleaved(fwd, bwd, 2, 2, 2, evals=True)
+
+
+def test_interleaved_ties_across_and_within_devices_and_clipping():
+  """Tied parameters of chunks on two devices (1 and 2: slot 0 of device 1, slot 1 of device 0) and on one
+  (1 and 3: device 1's two slots), global-norm clipping over every chunk: simulate's, and the ties stay
+  equal bit for bit. Initialised sharded: simulate's init."""
+  tied = (((1, ("Dense_0", "kernel")), (2, ("Dense_0", "kernel"))), ((1, ("Dense_0", "bias")), (3, ("Dense_0", "bias"))))
+  pipe, opt = dataclasses.replace(mlp_pipe("quant:4", "quant:8", m=4), tied=tied, grad_clip_norm=0.05), optax.sgd(0.5)
+  ex = sharded.ShardedExecutor(sharded.make_mesh(2), schedule="interleaved:2")
+  state = simulate.init_state(pipe, opt, jax.random.key(1), BATCH)
+  flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
+  assert_trees_close(flat._replace(rng=()), ex.stack(pipe, opt, state, BATCH)._replace(rng=()), 0)
+  kernel = np.asarray(state.params[1]["Dense_0"]["kernel"])
+  sim_step, step = simulate.make_train_step(pipe, opt), ex.make_train_step(pipe, opt)
+  for _ in range(2):
+    state, sim_metrics = sim_step(state, BATCH)
+    flat, metrics = step(flat, BATCH)
+    np.testing.assert_allclose(metrics["loss"], sim_metrics["loss"], rtol=1e-6)
+  back = ex.unstack(pipe, opt, flat, BATCH)
+  assert_trees_close(back.params, state.params, 2e-6)
+  assert np.abs(np.asarray(back.params[1]["Dense_0"]["kernel"]) - kernel).max() > 1e-3  # trained
+  for (sa, pa), (sb, pb) in tied:
+    np.testing.assert_array_equal(np.asarray(back.params[sa][pa[0]][pa[1]]), np.asarray(back.params[sb][pb[0]][pb[1]]))

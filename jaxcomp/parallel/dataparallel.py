@@ -57,11 +57,11 @@ def exchange_bytes(scheme, row_size: int, num_stages: int, data: int, dense: boo
 
 class StageStep(NamedTuple):
   """What an exchange needs of the stage device it runs on."""
-  s: jax.Array  # the stage index (traced)
+  s: jax.Array  # the stage index (traced; [V] chunk indices: `StateLayout.chunks_of`)
   key: jax.Array  # this step's key (stochastic codecs)
-  real: jax.Array  # mask of the row's entries that are not padding
-  finish: Callable  # ties and clipping of a gradient row (`StateLayout.finish`)
-  optimizer: Any  # the optimizer's rows (`state_layout.OptimizerRows`)
+  real: jax.Array  # mask of the row's (rows') entries that are not padding
+  finish: Callable  # ties and clipping of a device's gradient row(s) (`StateLayout.finish`)
+  optimizer: Any  # the optimizer's rows (`state_layout.OptimizerRows`, as the device holds them)
 
 
 class Exchange(Protocol):
@@ -74,7 +74,7 @@ class DenseMean:
   (warm-up steps, and runs without a gradient scheme)."""
 
   def __call__(self, grads_row, opt_row, params_row, grad_state, at):
-    grads = at.finish(jax.lax.psum(grads_row, DATA), at.s)
+    grads = at.finish(jax.lax.psum(grads_row, DATA))
     return (*at.optimizer.update(grads, opt_row, params_row, at.s), grad_state)
 
 
@@ -85,7 +85,7 @@ class CompressedMean(NamedTuple):
   def __call__(self, grads_row, opt_row, params_row, grad_state, at):
     grads, grad_state = compressed_mean(self.scheme, grads_row * jax.lax.axis_size(DATA), grad_state, at.key,
                                         at.real)
-    return (*at.optimizer.update(at.finish(grads, at.s), opt_row, params_row, at.s), grad_state)
+    return (*at.optimizer.update(at.finish(grads), opt_row, params_row, at.s), grad_state)
 
 
 class MomentumExchange(NamedTuple):
@@ -95,7 +95,7 @@ class MomentumExchange(NamedTuple):
   optimizer: QuantizedAdam
 
   def __call__(self, grads_row, opt_row, params_row, grad_state, at):
-    grads = at.finish(grads_row * jax.lax.axis_size(DATA), at.s)
+    grads = at.finish(grads_row * jax.lax.axis_size(DATA))
     mu, grad_state = compressed_mean(self.scheme, self.optimizer.local_momentum(grads, opt_row), grad_state, at.key,
                                      at.real)  # decoded padding need not be 0:
     return (*self.optimizer.frozen_update(jnp.where(at.real, mu, 0.0), opt_row, params_row), grad_state)

@@ -105,11 +105,10 @@ class ShardedExecutor(pipeline.Executor):
     dataparallel.check_optimizer(optimizer, self.grad_scheme)
 
   def _check_chunked(self, pipe: pipeline.Pipeline, optimizer):
-    """What V > 1 chunks per device runs so far: train and eval steps, dense data parallelism, an optax optimizer,
-    no ties or clipping; M a multiple of S (`schedules.interleaved`)."""
+    """What V > 1 chunks per device runs so far: train and eval steps, dense data parallelism, an optax
+    optimizer; M a multiple of S (`schedules.interleaved`)."""
     schedules.build(self.schedule, self.num_stages, pipe.microbatches)
-    unsupported = {"--overlap": self.overlap, "grad_scheme": self.grad_scheme is not None, "tied parameters": pipe.tied,
-                   "gradient clipping": pipe.grad_clip_norm is not None,
+    unsupported = {"--overlap": self.overlap, "grad_scheme": self.grad_scheme is not None,
                    "QuantizedAdam": isinstance(optimizer, qadam.QuantizedAdam)}
     for what, used in unsupported.items():
       if used:
@@ -281,15 +280,11 @@ class ShardedExecutor(pipeline.Executor):
       else:
         (_, (loss, metrics, ms, fwd)), (grads, bwd) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(
             state.params[0], bwd)
-        ms, grads = ms[None], grads[None]
-      s, opt, grad_state, rows = jax.lax.axis_index(STAGE), mine(state.opt_state), state.grad_state, []
-      of_chunk = lambda tree, v: tree if self.chunks == 1 else jax.tree.map(lambda a: a[v], tree)
-      for v in range(self.chunks):  # chunk v S + s: its exchange and optimizer step
-        c = v * self.num_stages + s
-        at = dataparallel.StageStep(c, jax.random.fold_in(step_key, 2), lay.real(c), lay.finish, lay.optimizer)
-        *row, grad_state = exchange(grads[v], of_chunk(opt, v), by_chunk(state.params[0])[v], grad_state, at)
-        rows.append(row)
-      params_row, opt = rows[0] if self.chunks == 1 else jax.tree.map(lambda *r: jnp.stack(r), *rows)
+      chunks = lay.chunks_of(jax.lax.axis_index(STAGE))  # this device's stage, or its chunks' [V]
+      at = dataparallel.StageStep(chunks, jax.random.fold_in(step_key, 2), lay.real(chunks), lay.finish,
+                                  lay.device_optimizer)
+      params_row, opt, grad_state = exchange(grads.reshape(state.params.shape[1:]), mine(state.opt_state),
+                                             state.params[0], state.grad_state, at)
       ms = jax.lax.pmean(ms, DATA).reshape(state.model_state.shape[1:])  # BatchNorm statistics synchronised
       add = lambda tree: jax.tree.map(lambda a: a[None], tree)
       links = LinkState(add(fwd[0]), add(fwd[1]), add(bwd[0]), add(bwd[1]))

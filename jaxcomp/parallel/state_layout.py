@@ -132,6 +132,19 @@ def optimizer_rows(optimizer, params_fl: layout.FlatRows, stage_params) -> Optim
   return OptaxRows(optimizer, params_fl, [jax.eval_shape(optimizer.init, p) for p in stage_params])
 
 
+class ChunkRows:
+  """An optimizer's rows on a device that holds V chunks: [V, ...] rows, each chunk's step its own
+  (`update`'s s: the chunks' indices [V])."""
+
+  def __init__(self, rows: OptimizerRows):
+    self.rows = rows
+
+  def update(self, grads_row, opt_row, params_row, s):
+    steps = [self.rows.update(grads_row[v], jax.tree.map(lambda a: a[v], opt_row), params_row[v], s[v])
+             for v in range(grads_row.shape[0])]
+    return jax.tree.map(lambda *r: jnp.stack(r), *steps)
+
+
 OPTIMIZER_ROWS = {OptaxRows: "optax", MomentRows: "moments"}
 
 
@@ -336,14 +349,13 @@ class StateLayout(StateRows):
           return self.params.put(j, p), self.model_state.put(j, ms)
         return run
 
-      def chunk_rows(c):
-        p_row, ms_row = jax.lax.switch(c, [init(j) for j in range(len(pipe.stages))])
-        p_row = self.tie(p_row, s)
-        return p_row, ms_row, self.optimizer.init_row(p_row, c)
-
-      rows = [chunk_rows(v * self.num_stages + s) for v in range(self.chunks)]
-      rows = rows[0] if self.chunks == 1 else jax.tree.map(lambda *r: jnp.stack(r), *rows)
-      return (*jax.tree.map(lambda a: a[None], rows), self.fresh_tables())
+      chunks = [v * self.num_stages + s for v in range(self.chunks)]
+      rows = [jax.lax.switch(c, [init(j) for j in range(len(pipe.stages))]) for c in chunks]
+      p_rows, ms_rows = rows[0] if self.chunks == 1 else jax.tree.map(lambda *r: jnp.stack(r), *rows)
+      p_rows = self.tie(p_rows)
+      opt_rows = [self.optimizer.init_row(p, c) for p, c in zip(p_rows.reshape(self.chunks, -1), chunks)]
+      opt_rows = opt_rows[0] if self.chunks == 1 else jax.tree.map(lambda *r: jnp.stack(r), *opt_rows)
+      return (*jax.tree.map(lambda a: a[None], (p_rows, ms_rows, opt_rows)), self.fresh_tables())
 
     def build(key_data):
       init_rng, state_rng = jax.random.split(jax.random.wrap_key_data(key_data, impl=impl))
@@ -388,29 +400,41 @@ class StateLayout(StateRows):
     return LinkState(*(table(f) for f in LinkState._fields))
 
   # ------------------------------------------------------------ tied parameters, clipping
-  def tie(self, row, s):
-    """Tied parameters start equal: each pair's second member takes the first's value, sent from
-    the first member's stage to the second's (`exchange_tied`)."""
+  def tied_ends(self):
+    """Per tied pair: ((device, slot, offset) of each member's segment), its length: chunk c at slot c // S
+    of device c mod S."""
     for (sa, pa), (sb, pb) in self.pipe.tied:
       (oa, n), (ob, _) = self.params.leaf_span(sa, pa), self.params.leaf_span(sb, pb)
-      first = exchange_tied(row[oa: oa + n], [(sa, sb)])
-      row = jnp.where(s == sb, row.at[ob: ob + n].set(first), row)
-    return row
+      yield (sa % self.num_stages, sa // self.num_stages, oa), (sb % self.num_stages, sb // self.num_stages, ob), n
 
-  def finish(self, grads_row, s):
-    """Ties (each member's gradient segment sent to the other member's stage and added: g_a + g_b on
-    both) and global-norm clipping."""
-    for (sa, pa), (sb, pb) in self.pipe.tied:
-      (oa, n), (ob, _) = self.params.leaf_span(sa, pa), self.params.leaf_span(sb, pb)
-      mine = jnp.where(s == sa, grads_row[oa: oa + n], grads_row[ob: ob + n])
-      other = exchange_tied(mine, [(sa, sb), (sb, sa)])
-      total = jnp.where(s == sa, mine + other, other + mine)  # g_a + g_b in simulate's order on both
-      grads_row = jnp.where(s == sa, grads_row.at[oa: oa + n].set(total),
-                            jnp.where(s == sb, grads_row.at[ob: ob + n].set(total), grads_row))
+  def tie(self, rows):
+    """Tied parameters start equal: each pair's second member takes the first's value, sent from
+    the first member's device to the second's (`exchange_tied`; none when one device holds both).
+    `rows`: this device's parameter row [P] (a stage per device) or its chunks' rows [V, P]."""
+    d, chunk_rows = jax.lax.axis_index(STAGE), rows.reshape(self.chunks, -1)
+    for (da, va, oa), (db, vb, ob), n in self.tied_ends():
+      first = chunk_rows[va, oa: oa + n]
+      first = first if da == db else exchange_tied(first, [(da, db)])
+      chunk_rows = jnp.where(d == db, chunk_rows.at[vb, ob: ob + n].set(first), chunk_rows)
+    return chunk_rows.reshape(rows.shape)
+
+  def finish(self, grads):
+    """Ties (each member's gradient segment sent to the other member's device and added: g_a + g_b on
+    both) and global-norm clipping. `grads`: this device's gradient row [P] (a stage per device) or its
+    chunks' rows [V, P]."""
+    d, rows = jax.lax.axis_index(STAGE), grads.reshape(self.chunks, -1)
+    for (da, va, oa), (db, vb, ob), n in self.tied_ends():
+      g_a, g_b = rows[va, oa: oa + n], rows[vb, ob: ob + n]
+      if da == db:
+        total_a = total_b = g_a + g_b
+      else:
+        other = exchange_tied(jnp.where(d == da, g_a, g_b), [(da, db), (db, da)])
+        total_a, total_b = g_a + other, other + g_b  # g_a + g_b in simulate's order on both
+      rows = jnp.where(d == da, rows.at[va, oa: oa + n].set(total_a), rows)
+      rows = jnp.where(d == db, rows.at[vb, ob: ob + n].set(total_b), rows)
     if self.pipe.grad_clip_norm is not None:
-      grads_row = grads_row * pipeline.clip_factor(jax.lax.psum(jnp.sum(jnp.square(grads_row)), STAGE),
-                                             self.pipe.grad_clip_norm)
-    return grads_row
+      rows = rows * pipeline.clip_factor(jax.lax.psum(jnp.sum(jnp.square(rows)), STAGE), self.pipe.grad_clip_norm)
+    return rows.reshape(grads.shape)
 
   def tied_bytes(self) -> int:
     """Bytes one replica's stages send per train step to keep tied parameters equal (`finish`: each
@@ -419,5 +443,15 @@ class StateLayout(StateRows):
                for (sa, pa), _ in self.pipe.tied)
 
   def real(self, s):
-    """Mask of stage s's row that is not padding."""
-    return jnp.arange(self.params.size) < jnp.asarray(self.params.sizes)[s]
+    """Mask of stage s's row that is not padding (of each chunk's row: `chunks_of`)."""
+    return jnp.arange(self.params.size) < jnp.asarray(self.params.sizes)[s][..., None]
+
+  def chunks_of(self, s):
+    """What stands for the stages whose rows device s holds: s itself (a stage per device), or its chunks
+    s, s + S, ... ([V])."""
+    return s if self.chunks == 1 else s + self.num_stages * jnp.arange(self.chunks)
+
+  @property
+  def device_optimizer(self) -> OptimizerRows:
+    """The optimizer's rows as one device holds them (`ChunkRows` with V > 1 chunks per device)."""
+    return self.optimizer if self.chunks == 1 else ChunkRows(self.optimizer)
