@@ -20,7 +20,7 @@ from typing import Any, Callable
 from experiments import checks
 from jaxcomp import pipeline
 from jaxcomp.compress.spec import parse_scheme
-from jaxcomp.parallel import hostbuffer, sharded, simulate
+from jaxcomp.parallel import hostbuffer, schedules, sharded, simulate
 from jaxcomp.runtime import results
 
 
@@ -28,13 +28,18 @@ from jaxcomp.runtime import results
 class ExecutorConfig:
   """Where the stages run and how a batch is split (--executor, --schedule, --data-parallel, ...)."""
   executor: str = "simulate"  # simulate: every stage on one device; gpipe: stage s on device s (sharded)
-  schedule: str = "gpipe"  # the sharded executor's tick schedule (`sharded.SCHEDULES`)
+  schedule: str = "gpipe"  # the sharded executor's tick schedule (`sharded.SCHEDULES`, or interleaved:V)
   overlap: bool = False  # overlapped sends: each message crosses its link while the stages compute the next tick
   data_parallel: int = 1  # replicas of the pipeline (sharded)
   aqsgd_buffers: str = "device"  # AQ-SGD tables on the device, in host memory ("host") or memory-mapped (a folder)
   grad_compression: str | None = None  # the data-parallel weight-gradient exchange's scheme (None: the dense mean)
-  stages: int
+  stages: int  # stage devices
   microbatches: int  # per batch (per data shard)
+
+  @property
+  def model_stages(self) -> int:
+    """The stages the model is cut into: one per stage device, V per device with --schedule interleaved:V."""
+    return self.stages * schedules.chunks_per_device(self.schedule)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

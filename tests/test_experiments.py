@@ -132,6 +132,18 @@ def test_gpipe_executor_from_the_cli(tmp_path):
   assert last["steps_per_s"] is not None and last["wire_bytes_data"] > 0
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
+def test_interleaved_schedule_from_the_cli(tmp_path, capsys):
+  """--schedule interleaved:2 on 2 stage devices cuts the 4-block GPT-2 into 4 stages (its tied embedding
+  and head on devices 0 and 1)."""
+  main(gpt2_wikitext.EXPERIMENT, ["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "2",
+                                  "--microbatches", "2", "--out", str(tmp_path), *GPT2_TINY])
+  assert "4 stages x 2 microbatches" in capsys.readouterr().out
+  run = _result(tmp_path, "none_none")
+  assert run["config"]["schedule"] == "interleaved:2"
+  _check_gpt2_run(run, "none_none")
+
+
 def test_warm_start_preset_needs_a_baseline():
   with pytest.raises(SystemExit, match="run the baseline preset first and pass its folder with --init-from"):
     main(resnet_cifar10.EXPERIMENT, ["--preset", "ef21-top10-base20", *RESNET_TINY])
@@ -201,6 +213,19 @@ WIDTH_64 = "does not fit this model's boundary activations float32[8, 128, 64]: 
     (["--schedule", "1f1b", "--executor", "simulate"], "--schedule 1f1b needs --executor gpipe (the simulate executor"),
     (["--executor", "gpipe", "--schedule", "zb-h1", "--overlap"], "overlapped sends run on the schedules ['gpipe', "
                                                                   "'1f1b', '1f1b-fused'], got 'zb-h1': drop --overlap"),
+    (["--schedule", "interleaved:0"], "--schedule: schedule must be one of ['gpipe', '1f1b', '1f1b-fused', 'zb-h1'] or "
+                                      "interleaved:V (V >= 1 chunks per device), got 'interleaved:0'"),
+    (["--schedule", "interleaved:2"], "--schedule interleaved:2 needs --executor gpipe"),
+    (["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "4", "--microbatches", "4"],
+     "--stages 4 x 2 chunks per device (--schedule interleaved:2): this GPT-2 has 4 blocks, so it splits into 1..4"),
+    (["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "2", "--microbatches", "3"],
+     "--schedule interleaved:2 needs --microbatches a multiple of --stages: got --microbatches 3 for --stages 2; use "
+     "--microbatches 4"),
+    (["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "2", "--microbatches", "4", "--overlap"],
+     "overlapped sends run on the schedules ['gpipe', '1f1b', '1f1b-fused'], got 'interleaved:2': drop --overlap"),
+    (["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "2", "--microbatches", "2",
+      "--data-parallel", "2", "--grad-compression", "ef+quant:4"], "--schedule interleaved:2 does not run with --grad-compression yet: use "
+                                           "--schedule 1f1b, or drop --grad-compression"),
     (["--microbatches", "3"], "--batch-size 8 does not split into 1 data shard(s) x --microbatches 3 equal "
                               "microbatches; use a multiple of 3 (e.g. --batch-size 6) or other --microbatches"),
     (["--grad-compression", "ef+quant:4"], "--grad-compression ef+quant:4 needs --executor gpipe"),
