@@ -9,6 +9,8 @@ import numpy as np
 import optax
 import pytest
 
+import jaxcomp
+from jaxcomp.analysis import dryrun
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
 from jaxcomp.parallel import sharded, simulate
@@ -58,6 +60,17 @@ def test_interleaved_matches_1f1b_and_simulate(fwd, bwd, devices, chunks, m, dat
 def test_interleaved_aqsgd_warmup_first_visit_and_compressed():
   check_interleaved("aqsgd+quant:2", "quant:4", 2, 2, 2, modes=(Mode.WARMUP, Mode.FIRST_VISIT, Mode.TRAIN),
                     opt=optax.adam(1e-2))
+
+
+@pytest.mark.parametrize("fwd, bwd, devices, chunks", [("topk:0.3", "reuse", 2, 2), slow("quant:2", "ef+topk:0.1", 2, 3)])
+def test_interleaved_collective_permutes_carry_exactly_the_payload(fwd, bwd, devices, chunks):
+  """The compiled step's collective-permutes move each message of every boundary once (the ring's
+  wrap-around ones from device S-1 to 0 too), as counted (`wire_bytes`), M = 4: scanned ticks."""
+  pipe, opt = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, devices * chunks), m=4), optax.sgd(0.1)
+  ex = sharded.ShardedExecutor(sharded.make_mesh(devices), schedule=f"interleaved:{chunks}")
+  sent = dryrun.collective_bytes(ex, pipe, opt, ex.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
+  expected = jaxcomp.wire_bytes_per_step(pipe, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
+  assert sent == {**expected, "data": 0}
 
 
 def test_init_state_puts_chunk_c_on_device_c_mod_s():

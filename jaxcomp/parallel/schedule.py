@@ -29,6 +29,7 @@ Two ways to get the backward pass:
   autodiff replays the ticks in reverse: each boundary op's custom_vjp rule sends the
   encoded gradient from b+1 to b, and every stage's internals are saved.
 """
+import contextlib
 import dataclasses
 from typing import Any, NamedTuple
 
@@ -40,7 +41,7 @@ from jaxcomp import pipeline
 from jaxcomp.compress import boundary as boundary_mod
 from jaxcomp.compress.boundary import LinkState, Mode
 from jaxcomp.parallel import layout, permute, schedules
-from jaxcomp.parallel.mesh import DATA, STAGE
+from jaxcomp.parallel.mesh import DATA, STAGE, WRAPPED
 
 REMAT = ("stage", "none")
 SCHEDULES = schedules.SCHEDULES  # the tables this executor runs (`check_runnable`)
@@ -164,6 +165,13 @@ def link_ends(b: int, devices: int) -> tuple[int, int]:
 def link_perm(b: int, devices: int) -> permute.Perm:
   """Boundary b's messages: its sender sends to its receiver (its gradients come back)."""
   return (link_ends(b, devices),)
+
+
+def link_scope(prog, b: int):
+  """The scope of boundary b's collectives: `mesh.WRAPPED` where the ring wraps around (its activations go
+  from a device to one of lower index), none elsewhere."""
+  sender, receiver = link_ends(b, prog.table.num_devices)
+  return jax.named_scope(WRAPPED) if receiver < sender else contextlib.nullcontext()
 
 
 def at_ends(prog, b: int):
@@ -638,9 +646,11 @@ def explicit_tick(prog: Program, inp: StepInputs, tick, plan: Plan, carry: Expli
   """One tick: this stage's ops, then the boundaries (each message delivered into its receiver's ring)."""
   carry, y_buf, dx_buf = stage_ops(prog, inp, tick, plan, carry)
   for b in plan.fwd_sends:
-    carry = stash_exchange(prog, inp, tick, b, y_buf, carry)
+    with link_scope(prog, b):
+      carry = stash_exchange(prog, inp, tick, b, y_buf, carry)
   for b in plan.bwd_sends:
-    carry = backward_exchange(prog, inp, tick, b, dx_buf, carry)
+    with link_scope(prog, b):
+      carry = backward_exchange(prog, inp, tick, b, dx_buf, carry)
   return carry
 
 
