@@ -15,7 +15,8 @@ from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
 from jaxcomp.parallel import sharded, simulate
 
-from pipeline_cases import BATCH, assert_trees_close, mlp_pipe, slow, train_sharded
+from pipeline_cases import (BATCH, assert_trees_close, bottleneck_pipe, compare_with_simulate, mlp_pipe, slow,
+                            train_sharded)
 
 
 def check_interleaved(fwd, bwd, devices, chunks, m, data=1, modes=(Mode.TRAIN,), opt=optax.sgd(0.1, momentum=0.9),
@@ -140,3 +141,11 @@ def test_interleaved_ties_across_and_within_devices_and_clipping():
   assert np.abs(np.asarray(back.params[1]["Dense_0"]["kernel"]) - kernel).max() > 1e-3  # trained
   for (sa, pa), (sb, pb) in tied:
     np.testing.assert_array_equal(np.asarray(back.params[sa][pa[0]][pa[1]]), np.asarray(back.params[sb][pb[0]][pb[1]]))
+
+
+@pytest.mark.slow  # heavy: python -m pytest -m slow
+@pytest.mark.parametrize("spec", ["proj:4", "subspace:4"])
+def test_interleaved_learned_bottleneck_matches_simulate(spec):
+  """P on a boundary's sending chunk, Q (or the tied W: chunks b and b+1 on two devices) on its receiving one."""
+  compare_with_simulate(bottleneck_pipe(spec), optax.adam(1e-2), steps=2, schedule="interleaved:2", stage_devices=2,
+                        atol=1e-5)
