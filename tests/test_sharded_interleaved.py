@@ -14,6 +14,7 @@ from jaxcomp.analysis import dryrun
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
 from jaxcomp.parallel import sharded, simulate
+from jaxcomp.parallel.qadam import QuantizedAdam
 
 from pipeline_cases import (BATCH, assert_trees_close, bottleneck_pipe, compare_with_simulate, mlp_pipe, slow,
                             train_sharded)
@@ -149,3 +150,17 @@ def test_interleaved_learned_bottleneck_matches_simulate(spec):
   """P on a boundary's sending chunk, Q (or the tied W: chunks b and b+1 on two devices) on its receiving one."""
   compare_with_simulate(bottleneck_pipe(spec), optax.adam(1e-2), steps=2, schedule="interleaved:2", stage_devices=2,
                         atol=1e-5)
+
+
+@pytest.mark.slow  # heavy: python -m pytest -m slow
+@pytest.mark.parametrize("opt, modes", [(optax.sgd(0.1, momentum=0.9), (Mode.TRAIN,)),
+                                        (QuantizedAdam(1e-2), (Mode.WARMUP, Mode.TRAIN))])
+def test_interleaved_compressed_data_parallel_matches_1f1b(opt, modes):
+  """A compressed data-parallel exchange (`ef+quant:4`: gradients, or QuantizedAdam's first moment after its
+  warm-up), each chunk with its own error rows and keys: bitwise 1F1B's on S V devices (losses, parameters,
+  optimizer state, error rows)."""
+  pipe = mlp_pipe("quant:4", "quant:8", stages=mlp_stages(16, 2, 4), m=2)
+  run = lambda **ex: train_sharded(pipe, opt, modes, data=2, grad_scheme=jaxcomp.parse_scheme("ef+quant:4"), **ex)
+  losses, state = run(stage_devices=2, schedule="interleaved:2")
+  jax.tree.map(np.testing.assert_array_equal, (losses, state), run(schedule="1f1b"))
+  assert all(np.abs(np.asarray(error)).max() > 0 for error in jax.tree.leaves(state.grad_state))

@@ -8,7 +8,7 @@ Per device (d, s) of the (data, stage) mesh, every per-stage quantity is a zero-
   rows of boundary c and the forward-receiver / backward-sender rows of boundary c-1; a batch-slot
   table's rows are split over the data shards, a per-example (AQ-SGD) table is held whole
   by every data shard (shard d's copy holds its own examples' rows, zeros elsewhere).
-  grad_state [S, D, P]: each replica's error row of the data-parallel exchange.
+  grad_state [S, D, P] ([S, V, D, P]): each replica's error row of the data-parallel exchange.
 `StateRows` converts between the simulate layout and these rows from shapes alone (a checkpoint
 of the rows records its `description`); `StateLayout` adds what the executor needs of the
 pipeline. `StateLayout.specs` is the one source of every partition spec.
@@ -118,7 +118,7 @@ class MomentRows:
     return self.optimizer.dense_update(grads_row, opt_row, params_row)
 
   def check(self, opt_rows, warmup):
-    if not warmup and not int(opt_rows.nu_count[0]):
+    if not warmup and not int(opt_rows.nu_count.reshape(-1)[0]):
       raise ValueError("QuantizedAdam freezes Adam's second moment after warm-up, but this state has had "
                        "no warm-up step (v = 0): run Mode.WARMUP steps first")
 
@@ -275,22 +275,23 @@ class StateRows:
 
   # ------------------------------------------------------------ data-parallel error rows
   def grad_rows(self, canonical):
-    """grad_state: per stage, trees with a leading [D] axis -> [S, D, P] rows (zeros if ())."""
+    """grad_state: per stage, trees with a leading [D] axis -> [S, D, P] rows ([S, V, D, P]; zeros if ())."""
     if self.grad_template is None:
       return ()
+    stages = self.num_stages * self.chunks
     if canonical == ():
-      return jax.tree.map(lambda r: jnp.tile(r[None], (self.num_stages, self.data, 1)), self.grad_template)
+      return self.by_device(jax.tree.map(lambda r: jnp.tile(r[None], (stages, self.data, 1)), self.grad_template))
     structure = jax.tree.structure(self.grad_template)
-    rows = [jnp.stack([jax.vmap(lambda t, s=s: self.params.put(s, t))(per_stage[s]) for s in range(self.num_stages)])
+    rows = [jnp.stack([jax.vmap(lambda t, s=s: self.params.put(s, t))(per_stage[s]) for s in range(stages)])
             for per_stage in structure.flatten_up_to(canonical)]
-    return jax.tree.unflatten(structure, rows)
+    return self.by_device(jax.tree.unflatten(structure, rows))
 
   def grad_canonical(self, rows):
     """Inverse of `grad_rows` (any tree of [S, D, P] rows: each leaf becomes its S per-stage trees)."""
     if not jax.tree.leaves(rows):
       return ()
-    canonical = [tuple(jax.vmap(lambda r, s=s: self.params.get(s, r))(leaf[s]) for s in range(self.num_stages))
-                 for leaf in jax.tree.leaves(rows)]
+    canonical = [tuple(jax.vmap(lambda r, s=s: self.params.get(s, r))(leaf[s]) for s in range(leaf.shape[0]))
+                 for leaf in jax.tree.leaves(self.by_chunk(rows))]
     return jax.tree.unflatten(jax.tree.structure(rows), canonical)
 
 
@@ -318,17 +319,16 @@ class StateLayout(StateRows):
   # ------------------------------------------------------------ partition specs
   @staticmethod
   def table_spec(ndim: int) -> P:
-    """A link table's spec: [S, D*rows, F] on (stage, data), [S, V, D*rows, F] (V > 1 chunks per device) on
-    (stage, -, data)."""
+    """A link table's or error row's spec: [S, D*rows, F] on (stage, data), [S, V, D*rows, F] (V > 1 chunks
+    per device) on (stage, -, data)."""
     return P(STAGE, DATA) if ndim == 3 else P(STAGE, None, DATA)
 
   @staticmethod
   def specs(state: pipeline.TrainState) -> pipeline.TrainState:
     """Every partition spec of a sharded state (arrays or shapes)."""
-    rows = lambda tree: jax.tree.map(lambda _: P(STAGE, DATA), tree)
-    tables = jax.tree.map(lambda a: StateLayout.table_spec(a.ndim), state.links)
+    rows = lambda tree: jax.tree.map(lambda a: StateLayout.table_spec(a.ndim), tree)
     return pipeline.TrainState(P(), P(), P(STAGE), P(STAGE), jax.tree.map(lambda _: P(STAGE), state.opt_state),
-                               tables, rows(state.grad_state))
+                               rows(state.links), rows(state.grad_state))
 
   @classmethod
   def shardings(cls, mesh, state: pipeline.TrainState) -> pipeline.TrainState:
