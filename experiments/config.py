@@ -97,9 +97,10 @@ RUN_DEFAULTS = {name: field.default for name in ("executor", "schedule", "data_p
                                                   "warmup_epochs", "grad_compression", "bottleneck")
                 for section in SECTIONS.values() for field in dataclasses.fields(section) if field.name == name}
 # may change when a run is resumed: where and how long it runs is not what it computes (overlapped sends
-# give the same numbers bitwise)
+# and every schedule give the same numbers bitwise; the stage devices may change with the schedule as long as
+# the model keeps its stages, --stages x V: `check_resumed_config`)
 RESUMABLE = ("epochs", "steps", "resume", "no_progress", "out", "coordinator", "num_processes", "process_id",
-             "compile_for", "train_only", "overlap")
+             "compile_for", "train_only", "overlap", "schedule", "stages")
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
@@ -210,6 +211,10 @@ def check_resumed_config(record: dict, results_file: pathlib.Path):
   before = {**RUN_DEFAULTS, **before}
   changed = [f"{k} {before.get(k)!r} -> {record.get(k)!r}" for k in sorted(set(before) | set(record))
              if k not in RESUMABLE and before.get(k) != record.get(k)]
+  model_stages = lambda r: r.get("stages") and r["stages"] * schedules.chunks_per_device(r["schedule"])
+  if model_stages(before) != model_stages(record):
+    changed.append(f"the model's stages (--stages x V of --schedule interleaved:V) {model_stages(before)} -> "
+                   f"{model_stages(record)}")
   if changed:
     raise ValueError(f"--resume with a changed configuration ({'; '.join(changed)}); resume with the original "
                      "values, or start a new run with another --run-name")

@@ -378,6 +378,19 @@ def test_resuming_a_run_recorded_before_its_defaults_were_stored(tmp_path):
     check_resumed_config({**RUN_DEFAULTS, **old, "executor": "gpipe"}, tmp_path / "r.json")
 
 
+def test_a_run_resumes_on_another_schedule_with_the_models_stages(tmp_path):
+  """The schedule and the stage devices may change (the checkpoint converts the rows), the model's stages not."""
+  from experiments.config import RUN_DEFAULTS, check_resumed_config
+  from jaxcomp.runtime import results
+  folder = tmp_path
+  results.write(folder, "r", {**RUN_DEFAULTS, "executor": "gpipe", "schedule": "1f1b", "stages": 4}, [])
+  for schedule, stages in (("zb-h1", 4), ("interleaved:2", 2), ("interleaved:4", 1)):
+    check_resumed_config({**RUN_DEFAULTS, "executor": "gpipe", "schedule": schedule, "stages": stages}, folder / "r.json")
+  with pytest.raises(ValueError, match=r"the model's stages \(--stages x V of --schedule interleaved:V\) 4 -> 8"):
+    check_resumed_config({**RUN_DEFAULTS, "executor": "gpipe", "schedule": "interleaved:2", "stages": 4},
+                         folder / "r.json")
+
+
 def test_boundary_error_weighs_every_channel_the_same():
   """An error of its own size in 1 of 4 channels of small variation is 1/4 by the channel mean, however small a
   share of the pooled energy that channel has (the outlier model's ordinary channels beside its x64 ones)."""
