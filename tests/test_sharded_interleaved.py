@@ -10,7 +10,7 @@ import optax
 import pytest
 
 import jaxcomp
-from jaxcomp.analysis import dryrun
+from jaxcomp.analysis import dryrun, hlo_bytes
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
 from jaxcomp.parallel import sharded, simulate
@@ -21,16 +21,15 @@ from pipeline_cases import (BATCH, assert_trees_close, bottleneck_pipe, compare_
 
 
 def check_interleaved(fwd, bwd, devices, chunks, m, data=1, modes=(Mode.TRAIN,), opt=optax.sgd(0.1, momentum=0.9),
-                      evals=False, bitwise=True):
-  """interleaved:V on `devices` against simulate (D shards of M microbatches: simulate's M D) and (`bitwise`)
-  against 1F1B on devices V, bit for bit (losses, parameters, optimizer and link states; `evals`: then eval
-  losses, compressed and not)."""
+                      evals=False):
+  """interleaved:V on `devices` against 1F1B on devices V, bit for bit (losses, parameters, optimizer and link
+  states; `evals`: then eval losses, compressed and not), and against simulate (D shards of M microbatches:
+  simulate's M D)."""
   pipe = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, devices * chunks), m=m)
   losses, state = train_sharded(pipe, opt, modes, data=data, stage_devices=devices, evals=evals,
                                 schedule=f"interleaved:{chunks}")
-  if bitwise:
-    jax.tree.map(np.testing.assert_array_equal, (losses, state),
-                 train_sharded(pipe, opt, modes, data=data, evals=evals, schedule="1f1b"))
+  jax.tree.map(np.testing.assert_array_equal, (losses, state),
+               train_sharded(pipe, opt, modes, data=data, evals=evals, schedule="1f1b"))
   sim_pipe = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, devices * chunks), m=m * data)
   sim = simulate.init_state(sim_pipe, opt, jax.random.key(1), BATCH)
   sim_losses = []
@@ -47,15 +46,15 @@ def check_interleaved(fwd, bwd, devices, chunks, m, data=1, modes=(Mode.TRAIN,),
     assert_trees_close(state.links, sim.links, atol=2e-6)
 
 
-@pytest.mark.parametrize("fwd, bwd, devices, chunks, m, data, bitwise", [
-    ("ef+topk:0.2", "ef21+quant:2", 2, 2, 4, 1, False), slow("ef+topk:0.2", "ef21+quant:2", 2, 2, 4, 1, True),
-    slow("topk:0.3", "reuse", 2, 2, 2, 2, True), slow("none", "none", 2, 2, 4, 1, True),
-    slow("quant:4", "quant:8", 2, 2, 2, 2, True), slow("topk:0.3", "reuse", 2, 2, 4, 1, True),
-    slow("ef+quant:4", "ef+fp8", 4, 2, 4, 1, True), slow("quant:4", "quant:8", 2, 3, 4, 1, True)])
-def test_interleaved_matches_1f1b_and_simulate(fwd, bwd, devices, chunks, m, data, bitwise):
-  """Stateless and stateful (EF, EF21, TopK index reuse) boundaries, dense data parallelism; the default case
-  (M = 4: scanned ticks) against simulate only, the slow ones against 1F1B bit for bit too."""
-  check_interleaved(fwd, bwd, devices, chunks, m, data, bitwise=bitwise)
+@pytest.mark.slow  # heavy: python -m pytest -m slow (by default test_interleaved_trains_evaluates_and_sends_what_is_counted)
+@pytest.mark.parametrize("fwd, bwd, devices, chunks, m, data", [
+    ("ef+topk:0.2", "ef21+quant:2", 2, 2, 4, 1), ("topk:0.3", "reuse", 2, 2, 2, 2), ("none", "none", 2, 2, 4, 1),
+    ("quant:4", "quant:8", 2, 2, 2, 2), ("topk:0.3", "reuse", 2, 2, 4, 1), ("ef+quant:4", "ef+fp8", 4, 2, 4, 1),
+    ("quant:4", "quant:8", 2, 3, 4, 1)])
+def test_interleaved_matches_1f1b_and_simulate(fwd, bwd, devices, chunks, m, data):
+  """Stateless and stateful (EF, EF21, TopK index reuse) boundaries, dense data parallelism: simulate's and
+  1F1B's bit for bit."""
+  check_interleaved(fwd, bwd, devices, chunks, m, data)
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
@@ -64,7 +63,8 @@ def test_interleaved_aqsgd_warmup_first_visit_and_compressed():
                     opt=optax.adam(1e-2))
 
 
-@pytest.mark.parametrize("fwd, bwd, devices, chunks", [("topk:0.3", "reuse", 2, 2), slow("quant:2", "ef+topk:0.1", 2, 3)])
+@pytest.mark.slow  # heavy: python -m pytest -m slow (by default test_interleaved_trains_evaluates_and_sends_what_is_counted)
+@pytest.mark.parametrize("fwd, bwd, devices, chunks", [("topk:0.3", "reuse", 2, 2), ("quant:2", "ef+topk:0.1", 2, 3)])
 def test_interleaved_collective_permutes_carry_exactly_the_payload(fwd, bwd, devices, chunks):
   """The compiled step's collective-permutes move each message of every boundary once (the ring's
   wrap-around ones from device S-1 to 0 too), as counted (`wire_bytes`), M = 4: scanned ticks."""
@@ -75,6 +75,7 @@ def test_interleaved_collective_permutes_carry_exactly_the_payload(fwd, bwd, dev
   assert sent == {**expected, "data": 0}
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_init_state_puts_chunk_c_on_device_c_mod_s():
   """Each device initialises its chunks d, d+S, ... ([S, V, P] rows, [S, V, D*rows, F] link tables) =
   simulate's init, stacked."""
@@ -102,6 +103,7 @@ def test_interleaved_errors_name_the_value_and_the_fix():
         mlp_pipe("none", "none", stages=mlp_stages(16, 2, 4), m=4), opt)
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_interleaved_eval_steps_match_simulate():
   """Eval steps, compressed and not (they differ), from simulate's initial state: simulate's losses (the
   forwards of interleaved GPipe, `schedules.interleaved(forwards_first=True)`, each boundary its
@@ -121,27 +123,39 @@ def test_interleaved_eval_steps_after_training(fwd, bwd):
   check_interleaved(fwd, bwd, 2, 2, 2, evals=True)
 
 
-def test_interleaved_ties_across_and_within_devices_and_clipping():
-  """Tied parameters of chunks on two devices (1 and 2: slot 0 of device 1, slot 1 of device 0) and on one
-  (1 and 3: device 1's two slots), global-norm clipping over every chunk: simulate's, and the ties stay
-  equal bit for bit. Initialised sharded: simulate's init."""
+def test_interleaved_trains_evaluates_and_sends_what_is_counted():
+  """The default case: 2 devices x 2 chunks, M = 4 (scanned ticks), stateful boundaries (EF, EF21: each
+  boundary its own rows), tied parameters of chunks on two devices (1 and 2: slot 0 of device 1, slot 1 of
+  device 0) and on one (1 and 3: device 1's two slots), global-norm clipping over every chunk. Initialised
+  sharded: simulate's init; the compiled step's collectives carry the counted bytes (the wrap-around link's
+  too; the tied pair on one device sends nothing); two steps, then eval steps (compressed and not, which
+  differ): simulate's losses and states, the ties equal bit for bit."""
   tied = (((1, ("Dense_0", "kernel")), (2, ("Dense_0", "kernel"))), ((1, ("Dense_0", "bias")), (3, ("Dense_0", "bias"))))
-  pipe, opt = dataclasses.replace(mlp_pipe("quant:4", "quant:8", m=4), tied=tied, grad_clip_norm=0.05), optax.sgd(0.5)
+  pipe = dataclasses.replace(mlp_pipe("ef+quant:4", "ef21+quant:2", m=4), tied=tied, grad_clip_norm=0.05)
+  opt = optax.sgd(0.5, momentum=0.9)
   ex = sharded.ShardedExecutor(sharded.make_mesh(2), schedule="interleaved:2")
   state = simulate.init_state(pipe, opt, jax.random.key(1), BATCH)
   flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
   assert_trees_close(flat._replace(rng=()), ex.stack(pipe, opt, state, BATCH)._replace(rng=()), 0)
   kernel = np.asarray(state.params[1]["Dense_0"]["kernel"])
-  sim_step, step = simulate.make_train_step(pipe, opt), ex.make_train_step(pipe, opt)
+  step = ex.trace_step(pipe, opt, Mode.TRAIN, flat, BATCH).lower().compile()
+  assert ex.wire_bytes_per_step(pipe, BATCH)["tied"] == 2 * 16 * 16 * 4  # the kernel both ways, not the bias
+  assert hlo_bytes.collective_bytes(step.as_text(), 2) == {**ex.wire_bytes_per_step(pipe, BATCH), "data": 0}
+  sim_step = simulate.make_train_step(pipe, opt)
   for _ in range(2):
     state, sim_metrics = sim_step(state, BATCH)
     flat, metrics = step(flat, BATCH)
     np.testing.assert_allclose(metrics["loss"], sim_metrics["loss"], rtol=1e-6)
   back = ex.unstack(pipe, opt, flat, BATCH)
-  assert_trees_close(back.params, state.params, 2e-6)
+  for part in ("params", "opt_state", "links"):
+    assert_trees_close(getattr(back, part), getattr(state, part), 2e-6)
   assert np.abs(np.asarray(back.params[1]["Dense_0"]["kernel"]) - kernel).max() > 1e-3  # trained
   for (sa, pa), (sb, pb) in tied:
     np.testing.assert_array_equal(np.asarray(back.params[sa][pa[0]][pa[1]]), np.asarray(back.params[sb][pb[0]][pb[1]]))
+  evals = [ex.make_eval_step(pipe, compressed)(flat, BATCH)["loss"] for compressed in (True, False)]
+  np.testing.assert_allclose(evals, [simulate.make_eval_step(pipe, c)(state, BATCH)["loss"] for c in (True, False)],
+                             rtol=1e-6)
+  assert evals[0] != evals[1]
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow

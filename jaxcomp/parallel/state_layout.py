@@ -438,9 +438,9 @@ class StateLayout(StateRows):
 
   def tied_bytes(self) -> int:
     """Bytes one replica's stages send per train step to keep tied parameters equal (`finish`: each
-    member's gradient segment to the other member's stage)."""
-    return sum(2 * self.params.leaf_span(sa, pa)[1] * jnp.dtype(self.params.dtype).itemsize
-               for (sa, pa), _ in self.pipe.tied)
+    member's gradient segment to the other member's device; nothing where one device holds both)."""
+    return sum(2 * n * jnp.dtype(self.params.dtype).itemsize for (da, _, _), (db, _, _), n in self.tied_ends()
+               if da != db)
 
   def real(self, s):
     """Mask of stage s's row that is not padding (of each chunk's row: `chunks_of`)."""
