@@ -74,9 +74,6 @@ def check_executor(config):
       raise ValueError(f"--schedule {settings.schedule} needs --microbatches a multiple of --stages: got "
                        f"--microbatches {m} for --stages {settings.stages}; use --microbatches "
                        f"{m + settings.stages - m % settings.stages}")
-    if settings.grad_compression:
-      raise ValueError(f"--schedule {settings.schedule} does not run with --grad-compression yet: use --schedule "
-                       "1f1b, or drop --grad-compression")
   if batch_size % (shards * m):
     raise ValueError(f"--batch-size {batch_size} does not split into {shards} data shard(s) x "
                      f"--microbatches {m} equal microbatches; use a multiple of {shards * m} (e.g. --batch-size "

@@ -223,9 +223,6 @@ WIDTH_64 = "does not fit this model's boundary activations float32[8, 128, 64]: 
      "--microbatches 4"),
     (["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "2", "--microbatches", "4", "--overlap"],
      "overlapped sends run on the schedules ['gpipe', '1f1b', '1f1b-fused'], got 'interleaved:2': drop --overlap"),
-    (["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "2", "--microbatches", "2",
-      "--data-parallel", "2", "--grad-compression", "ef+quant:4"], "--schedule interleaved:2 does not run with --grad-compression yet: use "
-                                           "--schedule 1f1b, or drop --grad-compression"),
     (["--microbatches", "3"], "--batch-size 8 does not split into 1 data shard(s) x --microbatches 3 equal "
                               "microbatches; use a multiple of 3 (e.g. --batch-size 6) or other --microbatches"),
     (["--grad-compression", "ef+quant:4"], "--grad-compression ef+quant:4 needs --executor gpipe"),
