@@ -86,7 +86,7 @@ def parser_for(exp: config.Experiment) -> argparse.ArgumentParser:
                              "round-robin; bubble (S-1)/(VM+S-1); --microbatches a multiple of --stages)"
                              + recipe_default(exp, "schedule"))
   parallel.add_argument("--overlap", action="store_true",
-                        help="overlapped sends (gpipe executor; schedules gpipe, 1f1b, 1f1b-fused): each boundary message crosses its link while the "
+                        help="overlapped sends (gpipe executor; schedules gpipe, 1f1b, 1f1b-fused, interleaved:V): each boundary message crosses its link while the "
                              "stages compute the next tick, decoded where it is used; S-1 more ticks each way, needs "
                              "--microbatches >= 2 x --stages; the same numbers")
   parallel.add_argument("--compile-for", metavar="TARGET",

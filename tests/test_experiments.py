@@ -212,7 +212,7 @@ WIDTH_64 = "does not fit this model's boundary activations float32[8, 128, 64]: 
     (["--fwd", "adaptive:2:4:0.25:group=5"], f"--fwd adaptive:2:4:0.25:group=5 {WIDTH_64}adaptive group=5 does not"),
     (["--schedule", "1f1b", "--executor", "simulate"], "--schedule 1f1b needs --executor gpipe (the simulate executor"),
     (["--executor", "gpipe", "--schedule", "zb-h1", "--overlap"], "overlapped sends run on the schedules ['gpipe', "
-                                                                  "'1f1b', '1f1b-fused'], got 'zb-h1': drop --overlap"),
+                                                                  "'1f1b', '1f1b-fused'] and interleaved:V, got 'zb-h1'"),
     (["--schedule", "interleaved:0"], "--schedule: schedule must be one of ['gpipe', '1f1b', '1f1b-fused', 'zb-h1'] or "
                                       "interleaved:V (V >= 1 chunks per device), got 'interleaved:0'"),
     (["--schedule", "interleaved:2"], "--schedule interleaved:2 needs --executor gpipe"),
@@ -221,8 +221,9 @@ WIDTH_64 = "does not fit this model's boundary activations float32[8, 128, 64]: 
     (["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "2", "--microbatches", "3"],
      "--schedule interleaved:2 needs --microbatches a multiple of --stages: got --microbatches 3 for --stages 2; use "
      "--microbatches 4"),
-    (["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "2", "--microbatches", "4", "--overlap"],
-     "overlapped sends run on the schedules ['gpipe', '1f1b', '1f1b-fused'], got 'interleaved:2': drop --overlap"),
+    (["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "2", "--microbatches", "2", "--overlap"],
+     "overlapped sends (--overlap) need at least 2S microbatches per data shard: got M=2 for S=2 stages; use "
+     "--microbatches 4"),
     (["--microbatches", "3"], "--batch-size 8 does not split into 1 data shard(s) x --microbatches 3 equal "
                               "microbatches; use a multiple of 3 (e.g. --batch-size 6) or other --microbatches"),
     (["--grad-compression", "ef+quant:4"], "--grad-compression ef+quant:4 needs --executor gpipe"),

@@ -49,7 +49,8 @@ def test_the_executors_lookups_are_read_off_the_table():
     for M in range(2 * S, 2 * S + 3):
       for t in [schedules.build(name, S, M) for name in schedules.SCHEDULES] + [
           schedules.build(name, S, M, overlap=True) for name in schedules.OVERLAP_SCHEDULES] + [
-          schedules.build(f"interleaved:{V}", S, S * (M // S)) for V in (2, 3)]:
+          schedules.build(f"interleaved:{V}", S, S * (M // S), overlap=overlap) for V in (2, 3)
+          for overlap in (False, True)]:
         lookup = schedule.lookup_of(t)
         where_run = schedules.positions(t).items()
         runs = {(op.kind, tick, d): op.microbatch for op, (tick, d, _) in where_run}
@@ -113,8 +114,8 @@ def test_overlap_needs_twice_as_many_microbatches_as_stages():
   with pytest.raises(ValueError, match=r"need at least 2S microbatches per data shard: got M=7 for S=4 stages; use "
                                        r"--microbatches 8 \(or more\), or drop --overlap"):
     schedules.build("1f1b", 4, 7, overlap=True)
-  with pytest.raises(ValueError, match=r"overlapped sends run on the schedules \['gpipe', '1f1b', '1f1b-fused'\], "
-                                       r"got 'zb-h1'"):
+  with pytest.raises(ValueError, match=r"overlapped sends run on the schedules \['gpipe', '1f1b', '1f1b-fused'\] and "
+                                       r"interleaved:V, got 'zb-h1'"):
     schedules.build("zb-h1", 2, 4, overlap=True)
 
 
@@ -229,6 +230,17 @@ def test_interleaved_forwards_first_is_the_eval_pass_in_vm_plus_s_minus_1_ticks(
         assert last_forward < min(where[op][0] for op in where if op.kind == "BW"), (S, V, M)
         lookup = schedule.lookup_of(t, forwards_only=True)
         assert (lookup.stash_slots, lookup.grad_slots) == (1, 1), (S, V, M)
+
+
+def test_overlapped_interleaved_takes_two_ticks_a_message_and_sv_minus_1_more_each_way():
+  """Each of the S V - 1 chunk boundaries holds a message one tick longer each way: 2 (S V - 1) more ticks
+  (1F1B's 2 (S - 1) with V = 1), the same order of ops on every device."""
+  for S in (2, 3, 4):
+    for V in (1, 2, 3):
+      for M in (2 * S, 4 * S):
+        plain, overlapped = schedules.interleaved(S, M, V), schedules.build(f"interleaved:{V}", S, M, overlap=True)
+        assert overlapped.hop == 2 and overlapped.ticks == plain.ticks + 2 * (S * V - 1), (S, V, M)
+        assert all(schedules.device_order(overlapped, d) == schedules.device_order(plain, d) for d in range(S))
 
 
 def test_interleaved_refuses_microbatches_not_a_multiple_of_the_stages():

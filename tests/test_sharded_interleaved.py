@@ -64,12 +64,15 @@ def test_interleaved_aqsgd_warmup_first_visit_and_compressed():
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow (by default test_interleaved_trains_evaluates_and_sends_what_is_counted)
-@pytest.mark.parametrize("fwd, bwd, devices, chunks", [("topk:0.3", "reuse", 2, 2), ("quant:2", "ef+topk:0.1", 2, 3)])
-def test_interleaved_collective_permutes_carry_exactly_the_payload(fwd, bwd, devices, chunks):
+@pytest.mark.parametrize("fwd, bwd, devices, chunks, overlap", [("topk:0.3", "reuse", 2, 2, False),
+                                                                ("quant:2", "ef+topk:0.1", 2, 3, False),
+                                                                ("topk:0.3", "reuse", 2, 2, True)])
+def test_interleaved_collective_permutes_carry_exactly_the_payload(fwd, bwd, devices, chunks, overlap):
   """The compiled step's collective-permutes move each message of every boundary once (the ring's
-  wrap-around ones from device S-1 to 0 too), as counted (`wire_bytes`), M = 4: scanned ticks."""
+  wrap-around ones from device S-1 to 0 too), as counted (`wire_bytes`), M = 4: scanned ticks; with
+  overlapped sends too."""
   pipe, opt = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, devices * chunks), m=4), optax.sgd(0.1)
-  ex = sharded.ShardedExecutor(sharded.make_mesh(devices), schedule=f"interleaved:{chunks}")
+  ex = sharded.ShardedExecutor(sharded.make_mesh(devices), schedule=f"interleaved:{chunks}", overlap=overlap)
   sent = dryrun.collective_bytes(ex, pipe, opt, ex.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   expected = jaxcomp.wire_bytes_per_step(pipe, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   assert sent == {**expected, "data": 0}
@@ -98,9 +101,9 @@ def test_interleaved_errors_name_the_value_and_the_fix():
     ex.make_train_step(mlp_pipe("none", "none", stages=mlp_stages(16, 2, 4), m=3), opt)
   with pytest.raises(ValueError, match=r"or interleaved:V \(V >= 1 chunks per device\), got 'interleaved:0'"):
     sharded.ShardedExecutor(sharded.make_mesh(2), schedule="interleaved:0")
-  with pytest.raises(ValueError, match="does not run with --overlap yet: use 1f1b, or run without it"):
+  with pytest.raises(ValueError, match=r"need at least 2S microbatches per data shard: got M=2 for S=2 stages"):
     sharded.ShardedExecutor(sharded.make_mesh(2), schedule="interleaved:2", overlap=True).make_train_step(
-        mlp_pipe("none", "none", stages=mlp_stages(16, 2, 4), m=4), opt)
+        mlp_pipe("none", "none", stages=mlp_stages(16, 2, 4), m=2), opt)
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
@@ -178,3 +181,15 @@ def test_interleaved_compressed_data_parallel_matches_1f1b(opt, modes):
   losses, state = run(stage_devices=2, schedule="interleaved:2")
   jax.tree.map(np.testing.assert_array_equal, (losses, state), run(schedule="1f1b"))
   assert all(np.abs(np.asarray(error)).max() > 0 for error in jax.tree.leaves(state.grad_state))
+
+
+@pytest.mark.slow  # heavy: python -m pytest -m slow
+@pytest.mark.parametrize("fwd, bwd", [("ef+topk:0.2", "ef21+quant:2"), ("topk:0.3", "reuse"), ("aqsgd+quant:2", "quant:4")])
+def test_interleaved_overlapped_sends_give_its_numbers_bitwise(fwd, bwd):
+  """`overlap=True` (each message two ticks, `schedules.interleaved(hop=2)`): losses and states after 2 steps
+  bitwise those without overlap, and simulate's (its evals too)."""
+  pipe, opt = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, 4), m=4), optax.sgd(0.1, momentum=0.9)
+  plain, overlapped = (train_sharded(pipe, opt, stage_devices=2, schedule="interleaved:2", overlap=overlap)
+                       for overlap in (False, True))
+  jax.tree.map(np.testing.assert_array_equal, overlapped, plain)
+  compare_with_simulate(pipe, opt, 2, schedule="interleaved:2", overlap=True, stage_devices=2)

@@ -96,8 +96,8 @@ def test_zero_bubble_carries_exactly_the_payload(fwd, bwd, stages, m):
 def test_zero_bubble_refuses_overlap_and_no_remat():
   pipe, opt = mlp_pipe("quant:4", "quant:8", m=8), optax.sgd(0.1)
   ex = sharded.ShardedExecutor(sharded.make_mesh(4), schedule="zb-h1", overlap=True)
-  with pytest.raises(ValueError, match=r"overlapped sends run on the schedules \['gpipe', '1f1b', '1f1b-fused'\], "
-                                       r"got 'zb-h1': drop --overlap or use one of those"):
+  with pytest.raises(ValueError, match=r"overlapped sends run on the schedules \['gpipe', '1f1b', '1f1b-fused'\] and "
+                                       r"interleaved:V, got 'zb-h1': drop --overlap or use one of those"):
     ex.init_state(pipe, opt, jax.random.key(1), BATCH)
   with pytest.raises(ValueError, match=r"the zb-h1 schedule always recomputes a stage from its stashed input"):
     sharded.ShardedExecutor(sharded.make_mesh(4), schedule="zb-h1", remat="none")

@@ -732,8 +732,11 @@ def overlapped_tick(prog: Program, inp: StepInputs, tick, plan: Plan, carry: Exp
   the carry (so the tick's compute runs while they are in flight); those that crossed during the tick before
   are decoded into their receivers' rings; the stage runs; what it made is encoded to cross during the next tick."""
   flight = carry.in_flight
-  cross = lambda sent, arrived, crossing, move: tuple(
-      move(_boundary(prog, b).transport)(sent[b]) if b in crossing else arrived[b] for b in range(len(sent)))
+  def cross(sent, arrived, crossing, move):
+    def moved(b):
+      with link_scope(prog, b):
+        return move(_boundary(prog, b).transport)(sent[b])
+    return tuple(moved(b) if b in crossing else arrived[b] for b in range(len(sent)))
   fwd_arrived = cross(flight.fwd_sent, flight.fwd_arrived, plan.fwd_crossing, lambda t: t.forward)
   bwd_arrived = cross(flight.bwd_sent, flight.bwd_arrived, plan.bwd_crossing, lambda t: t.backward)
   for b in plan.fwd_arriving:

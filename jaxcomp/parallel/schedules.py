@@ -113,18 +113,26 @@ def one_f_one_b_fused(num_stages: int, microbatches: int, hop: int = 1) -> Sched
                                                      lambda s, m: m + 2 * h * (S - 1) - h * s), h)
 
 
-def as_soon_as_ready(name: str, num_chunks: int, microbatches: int, orders: list[list[Op]]) -> Schedule:
+def as_soon_as_ready(name: str, num_chunks: int, microbatches: int, orders: list[list[Op]], hop: int = 1) -> Schedule:
   """The table that runs each device's `orders[d]` in order, one op per tick, each op at the first tick
-  after its `inputs` ran (messages there the next tick). A ValueError if the orders wait on each other."""
-  ops, placed = set().union(*orders), set()
+  its `inputs` allow: after those of its own chunk, `hop` ticks after those of another (their message, sent
+  at the end of tick t, is there at t + hop). A ValueError if the orders wait on each other."""
+  ops, placed, ran = set().union(*orders), set(), {}
   rows, position = [[] for _ in orders], [0] * len(orders)
   while any(p < len(order) for p, order in zip(position, orders)):
-    tick, ready = len(rows[0]), []
+    tick, ready, in_flight = len(rows[0]), [], False
     for d, order in enumerate(orders):
-      op = order[position[d]] if position[d] < len(order) else None
-      if op is not None and all(need in placed for need in inputs(op, num_chunks) if need in ops):
+      if position[d] == len(order):
+        continue
+      op = order[position[d]]
+      needs = [need for need in inputs(op, num_chunks) if need in ops]
+      if not all(need in placed for need in needs):
+        continue
+      if all(need.chunk == op.chunk or ran[need] + hop <= tick for need in needs):
         ready.append((d, op))
-    if not ready:
+      else:
+        in_flight = True  # its message is on its way: an idle tick, not a deadlock
+    if not ready and not in_flight:
       raise ValueError(f"schedule {name!r}: every device waits at tick {tick}, on "
                        f"{[str(order[p]) for p, order in zip(position, orders) if p < len(order)]}")
     for row in rows:
@@ -132,17 +140,20 @@ def as_soon_as_ready(name: str, num_chunks: int, microbatches: int, orders: list
     for d, op in ready:
       rows[d][tick] = (op,)
       placed.add(op)
+      ran[op] = tick
       position[d] += 1
-  return Schedule(name, num_chunks, microbatches, tuple(map(tuple, rows)))
+  return Schedule(name, num_chunks, microbatches, tuple(map(tuple, rows)), hop)
 
 
-def interleaved(num_stages: int, microbatches: int, chunks_per_device: int, forwards_first: bool = False) -> Schedule:
+def interleaved(num_stages: int, microbatches: int, chunks_per_device: int, forwards_first: bool = False,
+                hop: int = 1) -> Schedule:
   """Interleaved 1F1B (Narayanan et al. 2021, Megatron-LM): V chunks per device, chunk c on device c mod S
   (its activation goes on to device (c+1) mod S: a ring). Device d's k-th forward is chunk (k mod SV) // S
   of its device on microbatch S (k // SV) + k mod S (backwards take the chunks in reverse): (S-d-1)*2 +
   (V-1)*S forwards first, then one F and one BW in turn, then the remaining BWs; `as_soon_as_ready` places
-  them. Needs M a multiple of S. Bubble (S-1)/(VM+S-1) (F 1, BW 2). `forwards_first`: all V M forwards
-  before any backward (the forward pass in VM+S-1 ticks, the one eval steps run)."""
+  them (`hop` 2: overlapped sends). Needs M a multiple of S. Bubble (S-1)/(VM+S-1) (F 1, BW 2).
+  `forwards_first`: all V M forwards before any backward (the forward pass in VM+S-1 ticks, the one eval
+  steps run)."""
   S, M, V = num_stages, microbatches, chunks_per_device
   if min(S, M, V) < 1:
     raise ValueError(f"interleaved 1F1B needs S, M, V >= 1, got S={S}, M={M}, V={V}")
@@ -158,7 +169,7 @@ def interleaved(num_stages: int, microbatches: int, chunks_per_device: int, forw
     warmup = total if forwards_first else min(total, (S - d - 1) * 2 + (V - 1) * S)
     steady = [o for k in range(total - warmup) for o in (op("F", warmup + k), op("BW", k))]
     return [op("F", k) for k in range(warmup)] + steady + [op("BW", k) for k in range(total - warmup, total)]
-  return as_soon_as_ready(f"interleaved:{V}", S * V, M, [order(d) for d in range(S)])
+  return as_soon_as_ready(f"interleaved:{V}", S * V, M, [order(d) for d in range(S)], hop)
 
 
 def zero_bubble_h1(num_stages: int, microbatches: int) -> Schedule:
@@ -207,13 +218,13 @@ def chunks_per_device(name: str) -> int:
 
 
 def check_overlap(name: str, num_stages: int, microbatches: int) -> None:
-  """Overlapped sends run on OVERLAP_SCHEDULES and need M >= 2S: each message then takes two ticks, and with
-  fewer microbatches the pipeline never has every stage computing while every link carries a message (no
-  steady ticks), so the S-1 extra ticks each way cost more than the overlap can hide. A ValueError naming
-  the values and the fix."""
-  if name not in OVERLAP_SCHEDULES:
-    raise ValueError(f"overlapped sends run on the schedules {list(OVERLAP_SCHEDULES)}, got {name!r}: drop "
-                     "--overlap or use one of those")
+  """Overlapped sends run on OVERLAP_SCHEDULES and interleaved:V, and need M >= 2S: each message then takes
+  two ticks, and with fewer microbatches the pipeline never has every stage computing while every link
+  carries a message (no steady ticks), so the S-1 extra ticks each way cost more than the overlap can hide.
+  A ValueError naming the values and the fix."""
+  if name not in OVERLAP_SCHEDULES and name.partition(":")[0] != "interleaved":
+    raise ValueError(f"overlapped sends run on the schedules {list(OVERLAP_SCHEDULES)} and interleaved:V, got "
+                     f"{name!r}: drop --overlap or use one of those")
   if microbatches < 2 * num_stages:
     raise ValueError(f"overlapped sends (--overlap) need at least 2S microbatches per data shard: got M="
                      f"{microbatches} for S={num_stages} stages; use --microbatches {2 * num_stages} (or more), "
@@ -228,9 +239,10 @@ def build(name: str, num_stages: int, microbatches: int, overlap: bool = False) 
   kind, _, chunks = name.partition(":")
   if overlap:
     check_overlap(name, num_stages, microbatches)
-    return BUILDERS[name](num_stages, microbatches, OVERLAP_HOP)
   if kind == "interleaved" and chunks.isdigit():
-    return interleaved(num_stages, microbatches, int(chunks))
+    return interleaved(num_stages, microbatches, int(chunks), hop=OVERLAP_HOP if overlap else 1)
+  if overlap:
+    return BUILDERS[name](num_stages, microbatches, OVERLAP_HOP)
   builders = {**BUILDERS, **SPLIT_BUILDERS}
   if name not in builders:
     raise ValueError(f"schedule must be one of {list(builders)} or interleaved:V, got {name!r}")

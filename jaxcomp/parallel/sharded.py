@@ -50,15 +50,15 @@ class ShardedExecutor(pipeline.Executor):
   send the same bytes and give the same numbers. "interleaved:V" (interleaved 1F1B): the pipeline's S V stages
   cut into chunks, device d holding chunks d, d+S, ... (its rows [S, V, ...]), boundaries on a ring; its
   bubble (S-1)/(VM+S-1) against 1F1B's (S-1)/(M+S-1); its eval steps run the forwards of interleaved GPipe
-  (VM+S-1 ticks); each chunk has its own data-parallel error rows (`grad_state` [S, V, D, P]). Not yet with
-  overlapped sends (`_check_chunked`).
+  (VM+S-1 ticks); each chunk has its own data-parallel error rows (`grad_state` [S, V, D, P]).
   `remat="stage"` (default) saves a stage's input per microbatch and recomputes the stage in
   its explicit backward (`schedule.run_explicit`); `remat="none"` (GPipe only) differentiates
   the forward schedule with autodiff, which saves every stage's internals.
-  `overlap=True` (train steps of `schedules.OVERLAP_SCHEDULES`, `remat="stage"`): overlapped sends, MaxText's delayed
-  activation forwarding: a payload encoded at tick t crosses its link during tick t+1 while the stages
-  compute, and is decoded at t+2 where it is used (`schedules.OVERLAP_HOP`; S-1 more ticks each way, M >= 2S
-  microbatches); the same bytes and numbers. Eval steps run without it.
+  `overlap=True` (train steps of `schedules.OVERLAP_SCHEDULES` and interleaved:V, `remat="stage"`): overlapped
+  sends, MaxText's delayed activation forwarding: a payload encoded at tick t crosses its link during tick t+1
+  while the stages compute, and is decoded at t+2 where it is used (`schedules.OVERLAP_HOP`; S-1 more ticks
+  each way, S V - 1 with interleaved:V; M >= 2S microbatches); the same bytes and numbers. Eval steps run
+  without it.
   """
   mesh: jax.sharding.Mesh
   grad_scheme: Any = None
@@ -99,16 +99,10 @@ class ShardedExecutor(pipeline.Executor):
       raise ValueError(f"the model has {pipe.num_stages} stages but the mesh's stage axis has "
                        f"{self.num_stages} devices{per}")
     if self.chunks > 1:
-      self._check_chunked(pipe)
+      schedules.build(self.schedule, self.num_stages, pipe.microbatches)  # M a multiple of S
     if self.overlap:
       schedules.check_overlap(self.schedule, self.num_stages, pipe.microbatches)
     dataparallel.check_optimizer(optimizer, self.grad_scheme)
-
-  def _check_chunked(self, pipe: pipeline.Pipeline):
-    """V > 1 chunks per device: M a multiple of S (`schedules.interleaved`), no overlapped sends yet."""
-    schedules.build(self.schedule, self.num_stages, pipe.microbatches)
-    if self.overlap:
-      raise ValueError(f"schedule {self.schedule} does not run with --overlap yet: use 1f1b, or run without it")
 
   def local_batch(self, batch):
     """Shapes of one data shard's share of a global batch (arrays or ShapeDtypeStructs): B/D examples."""
