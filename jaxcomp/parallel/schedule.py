@@ -145,7 +145,10 @@ def op_at(prog, tick, kind: str, device):
 
 def chunk_at(prog, tick, kind: str, device):
   """(the slot v on `device` of the chunk it runs an op of `kind` of at `tick`, that chunk v D + device, D
-  devices): slot 0 when it runs none."""
+  devices): slot 0 when it runs none; with one chunk per device v is the Python int 0 (static indexing: the
+  program of a stage per device)."""
+  if prog.table.num_chunks == prog.table.num_devices:
+    return 0, device
   v = jnp.asarray(prog.lookup.chunks[kind])[tick, device]
   return v, v * prog.table.num_devices + device
 
