@@ -38,6 +38,10 @@ def check_choices(choices: dict, preset: str | None):
     suggestion = re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("._+-") or "run1"
     raise ValueError(f"--run-name {name!r} must be one folder name (letters, digits and . _ + -, not starting with "
                      f". _ + -), e.g. {suggestion}")
+  try:
+    schedules.chunks_per_device(choices["schedule"])
+  except ValueError as err:
+    raise ValueError(f"--schedule: {err}") from None
   boundary = parse_boundary(choices["fwd"], choices["bwd"], num_examples=1)  # fail early on a bad spec
   buffers = choices["aqsgd_buffers"]
   if buffers != "device" and not isinstance(boundary.fwd, AQSGD):
@@ -65,6 +69,11 @@ def check_executor(config):
                        "executor runs every stage in one program on one device): add --executor gpipe")
   if settings.overlap:
     schedules.check_overlap(settings.schedule, settings.stages, m)
+  if settings.model_stages > settings.stages:  # interleaved:V
+    if m % settings.stages:
+      raise ValueError(f"--schedule {settings.schedule} needs --microbatches a multiple of --stages: got "
+                       f"--microbatches {m} for --stages {settings.stages}; use --microbatches "
+                       f"{m + settings.stages - m % settings.stages}")
   if batch_size % (shards * m):
     raise ValueError(f"--batch-size {batch_size} does not split into {shards} data shard(s) x "
                      f"--microbatches {m} equal microbatches; use a multiple of {shards * m} (e.g. --batch-size "

@@ -78,10 +78,12 @@ def parser_for(exp: config.Experiment) -> argparse.ArgumentParser:
   parallel.add_argument("--executor", choices=["simulate", "gpipe"],
                         help="simulate: every stage on one device; gpipe: stage s on device s"
                              + recipe_default(exp, "executor"))
-  parallel.add_argument("--schedule", choices=list(sharded.SCHEDULES),
+  parallel.add_argument("--schedule", metavar="{" + ",".join(sharded.SCHEDULES) + ",interleaved:V}",
                         help="gpipe executor's tick schedule: gpipe, 1f1b (at most S microbatch inputs per stage), "
-                             "1f1b-fused (at most 2S-1, fewer ticks) or zb-h1 (1F1B with the weight gradients "
-                             "deferred into the bubbles: about a third of its bubble, S inputs on every stage)"
+                             "1f1b-fused (at most 2S-1, fewer ticks), zb-h1 (1F1B with the weight gradients "
+                             "deferred into the bubbles: about a third of its bubble, S inputs on every stage) or "
+                             "interleaved:V (interleaved 1F1B: the model cut into --stages x V stages, V per device "
+                             "round-robin; bubble (S-1)/(VM+S-1); --microbatches a multiple of --stages)"
                              + recipe_default(exp, "schedule"))
   parallel.add_argument("--overlap", action="store_true",
                         help="overlapped sends (gpipe executor, every --schedule): each boundary message crosses its link while the "

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from experiments import checks
 from jaxcomp import pipeline
 from jaxcomp.compress.spec import parse_scheme
-from jaxcomp.parallel import hostbuffer, sharded, simulate
+from jaxcomp.parallel import hostbuffer, schedules, sharded, simulate
 from jaxcomp.runtime import results
 
 
@@ -28,13 +28,18 @@ from jaxcomp.runtime import results
 class ExecutorConfig:
   """Where the stages run and how a batch is split (--executor, --schedule, --data-parallel, ...)."""
   executor: str = "simulate"  # simulate: every stage on one device; gpipe: stage s on device s (sharded)
-  schedule: str = "gpipe"  # the sharded executor's tick schedule (`sharded.SCHEDULES`)
+  schedule: str = "gpipe"  # the sharded executor's tick schedule (`sharded.SCHEDULES`, or interleaved:V)
   overlap: bool = False  # overlapped sends: each message crosses its link while the stages compute the next tick
   data_parallel: int = 1  # replicas of the pipeline (sharded)
   aqsgd_buffers: str = "device"  # AQ-SGD tables on the device, in host memory ("host") or memory-mapped (a folder)
   grad_compression: str | None = None  # the data-parallel weight-gradient exchange's scheme (None: the dense mean)
-  stages: int
+  stages: int  # stage devices
   microbatches: int  # per batch (per data shard)
+
+  @property
+  def model_stages(self) -> int:
+    """The stages the model is cut into: one per stage device, V per device with --schedule interleaved:V."""
+    return self.stages * schedules.chunks_per_device(self.schedule)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -92,9 +97,10 @@ RUN_DEFAULTS = {name: field.default for name in ("executor", "schedule", "data_p
                                                   "warmup_epochs", "grad_compression", "bottleneck")
                 for section in SECTIONS.values() for field in dataclasses.fields(section) if field.name == name}
 # may change when a run is resumed: where and how long it runs is not what it computes (overlapped sends
-# give the same numbers bitwise)
+# and every schedule give the same numbers bitwise; the stage devices may change with the schedule as long as
+# the model keeps its stages, --stages x V: `check_resumed_config`)
 RESUMABLE = ("epochs", "steps", "resume", "no_progress", "out", "coordinator", "num_processes", "process_id",
-             "compile_for", "train_only", "overlap")
+             "compile_for", "train_only", "overlap", "schedule", "stages")
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
@@ -205,6 +211,10 @@ def check_resumed_config(record: dict, results_file: pathlib.Path):
   before = {**RUN_DEFAULTS, **before}
   changed = [f"{k} {before.get(k)!r} -> {record.get(k)!r}" for k in sorted(set(before) | set(record))
              if k not in RESUMABLE and before.get(k) != record.get(k)]
+  model_stages = lambda r: r.get("stages") and r["stages"] * schedules.chunks_per_device(r["schedule"])
+  if model_stages(before) != model_stages(record):
+    changed.append(f"the model's stages (--stages x V of --schedule interleaved:V) {model_stages(before)} -> "
+                   f"{model_stages(record)}")
   if changed:
     raise ValueError(f"--resume with a changed configuration ({'; '.join(changed)}); resume with the original "
                      "values, or start a new run with another --run-name")

@@ -136,10 +136,12 @@ def assemble(run: config.RunConfig, cfg: gpt2.GPT2Config, num_train: int):
     if not 0.0 <= own.dropout < 1.0:
       raise ValueError(f"--dropout must be in [0, 1), got {own.dropout}")
     cfg = dataclasses.replace(cfg, dropout=own.dropout)
-  s, bs, shards = run.executor.stages, run.training.batch_size, run.executor.data_parallel
+  s, bs, shards = run.executor.model_stages, run.training.batch_size, run.executor.data_parallel
   if not 1 <= s <= cfg.n_layer:
-    raise ValueError(f"--stages {s}: this GPT-2 has {cfg.n_layer} blocks, so it splits into "
-                     f"1..{cfg.n_layer} stages; pass one of those (or a larger --model)")
+    chunks = f" x {s // run.executor.stages} chunks per device (--schedule {run.executor.schedule})" \
+        if s > run.executor.stages else ""
+    raise ValueError(f"--stages {run.executor.stages}{chunks}: this GPT-2 has {cfg.n_layer} blocks, so it splits "
+                     f"into 1..{cfg.n_layer} stages; pass one of those (or a larger --model)")
   steps = batching.num_batches(num_train, bs, shards) * run.training.epochs
   optimizer = optax.adamw(optax.linear_schedule(run.training.lr, 0.0, steps), weight_decay=own.weight_decay)
   boundary = parse_boundary(run.compression.fwd, run.compression.bwd, num_examples=num_train)
@@ -163,7 +165,7 @@ def build(run: config.RunConfig):
   checks.check_batch_size(bs, len(train_blocks), len(eval_blocks))
   data = text.TextData(data.name, train_blocks, eval_blocks, data.vocab_size)
   if own.pretrained:
-    cfg, params = gpt2_weights.from_pretrained(own.pretrained, run.executor.stages)
+    cfg, params = gpt2_weights.from_pretrained(own.pretrained, run.executor.model_stages)
     if run.compression.bottleneck:  # pretrained weights kept; P and Q start as in a fresh run
       params = bottleneck.insert_into(params, bottleneck.parse(run.compression.bottleneck), cfg.n_embd,
                                       jax.random.key(seed))

@@ -70,12 +70,15 @@ CIFAR10_TRAIN = 50_000
 
 def assemble(run: config.RunConfig, num_train: int):
   """(Pipeline, optimizer) of the run for `num_train` training images (AQ-SGD tables, lr schedule)."""
-  own, stages = run.options, run.executor.stages
+  own, stages = run.options, run.executor.model_stages
   bs, shards = run.training.batch_size, run.executor.data_parallel
   schedule = optax.cosine_decay_schedule(run.training.lr, own.cosine_epochs * batching.num_batches(num_train, bs, shards))
   optimizer = optax.chain(optax.add_decayed_weights(own.weight_decay), optax.sgd(schedule, momentum=own.momentum))
   if stages not in resnet.STAGE_COUNTS:
-    raise ValueError(f"--stages {stages}: ResNet18 splits into {list(resnet.STAGE_COUNTS)} stages; pass one of those")
+    chunks = f" x {stages // run.executor.stages} chunks per device (--schedule {run.executor.schedule})" \
+        if stages > run.executor.stages else ""
+    raise ValueError(f"--stages {run.executor.stages}{chunks}: ResNet18 splits into {list(resnet.STAGE_COUNTS)} "
+                     "stages; pass one of those")
   boundary = parse_boundary(run.compression.fwd, run.compression.bwd, num_examples=num_train)
   model = resnet.resnet18_stages(resnet.ResNet18Config(width=own.width), stages)
   return Pipeline(model, boundary, losses.classification, "image", run.executor.microbatches), optimizer

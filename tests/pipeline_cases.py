@@ -1,4 +1,6 @@
 """Pipelines, a batch and helpers shared by the executor tests (test_sharded*, test_qadam, test_schedule)."""
+import dataclasses
+
 import chex
 import flax.linen as nn
 import jax
@@ -7,6 +9,7 @@ import numpy as np
 import pytest
 
 import jaxcomp
+from jaxcomp.compress import bottleneck
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
 from jaxcomp.parallel import sharded, simulate
@@ -37,6 +40,13 @@ def mlp_pipe(fwd, bwd, stages=None, m=2):
                           jaxcomp.losses.classification, "x", microbatches=m)
 
 
+def bottleneck_pipe(spec, fwd="maxabs:4", bwd="quant:8", m=4):
+  """`mlp_pipe` of 4 stages with the learned bottleneck `spec` at every boundary."""
+  learned = bottleneck.parse(spec)
+  return dataclasses.replace(mlp_pipe(fwd, bwd, stages=bottleneck.wrap(mlp_stages(16, 2, 4), learned, 16), m=m),
+                             tied=bottleneck.tied(learned, 4))
+
+
 def assert_trees_close(a, b, atol):
   """Every leaf of a within atol of b's (compared in float32: states hold integer counters too)."""
   as_f32 = lambda tree: jax.tree.map(lambda x: np.asarray(x, np.float32), tree)
@@ -44,9 +54,12 @@ def assert_trees_close(a, b, atol):
 
 
 def compare_with_simulate(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.TRAIN,), atol=2e-6, schedule="gpipe",
-                          overlap=False):
+                          overlap=False, stage_devices=None):
+  """`steps` train steps per mode, then eval steps (compressed and not), on the sharded executor (`stage_devices`,
+  default one per stage) and on simulate (`sim_pipe`): the same losses and states."""
   sim_pipe = sim_pipe or pipe
-  ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages, data), schedule=schedule, overlap=overlap)
+  ex = sharded.ShardedExecutor(sharded.make_mesh(stage_devices or pipe.num_stages, data), schedule=schedule,
+                               overlap=overlap)
   state = simulate.init_state(sim_pipe, opt, jax.random.key(1), BATCH)
   flat = ex.stack(pipe, opt, state, BATCH)
   for mode in modes:
@@ -68,10 +81,11 @@ def compare_with_simulate(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.T
   return state
 
 
-def train_sharded(pipe, opt, modes=(Mode.TRAIN,), steps=2, data=1, **executor):
-  """Losses of `steps` train steps per mode on `ShardedExecutor(**executor)` from simulate's initial state, and
-  the state after, as simulate lays it out (its key as data)."""
-  ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages, data), **executor)
+def train_sharded(pipe, opt, modes=(Mode.TRAIN,), steps=2, data=1, stage_devices=None, evals=False, **executor):
+  """Losses of `steps` train steps per mode on `ShardedExecutor(**executor)` (`stage_devices`, default one per
+  stage) from simulate's initial state (`evals`: then an eval step's, compressed and not), and the state
+  after, as simulate lays it out (its key as data)."""
+  ex = sharded.ShardedExecutor(sharded.make_mesh(stage_devices or pipe.num_stages, data), **executor)
   flat = ex.stack(pipe, opt, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   losses = []
   for mode in modes:
@@ -79,6 +93,8 @@ def train_sharded(pipe, opt, modes=(Mode.TRAIN,), steps=2, data=1, **executor):
     for _ in range(steps):
       flat, metrics = step(flat, BATCH)
       losses.append(np.asarray(metrics["loss"]))
+  for compressed in (True, False)[:2 * evals]:
+    losses.append(np.asarray(ex.make_eval_step(pipe, compressed)(flat, BATCH)["loss"]))
   state = ex.unstack(pipe, opt, flat, BATCH)
   return losses, state._replace(rng=jax.random.key_data(state.rng))
 

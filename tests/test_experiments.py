@@ -132,6 +132,18 @@ def test_gpipe_executor_from_the_cli(tmp_path):
   assert last["steps_per_s"] is not None and last["wire_bytes_data"] > 0
 
 
+@pytest.mark.slow  # heavy: python -m pytest -m slow
+def test_interleaved_schedule_from_the_cli(tmp_path, capsys):
+  """--schedule interleaved:2 on 2 stage devices cuts the 4-block GPT-2 into 4 stages (its tied embedding
+  and head on devices 0 and 1)."""
+  main(gpt2_wikitext.EXPERIMENT, ["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "2",
+                                  "--microbatches", "2", "--out", str(tmp_path), *GPT2_TINY])
+  assert "4 stages x 2 microbatches" in capsys.readouterr().out
+  run = _result(tmp_path, "none_none")
+  assert run["config"]["schedule"] == "interleaved:2"
+  _check_gpt2_run(run, "none_none")
+
+
 def test_warm_start_preset_needs_a_baseline():
   with pytest.raises(SystemExit, match="run the baseline preset first and pass its folder with --init-from"):
     main(resnet_cifar10.EXPERIMENT, ["--preset", "ef21-top10-base20", *RESNET_TINY])
@@ -201,6 +213,17 @@ WIDTH_64 = "does not fit this model's boundary activations float32[8, 128, 64]: 
     (["--schedule", "1f1b", "--executor", "simulate"], "--schedule 1f1b needs --executor gpipe (the simulate executor"),
     (["--executor", "gpipe", "--schedule", "zb-h1", "--overlap"], "overlapped sends (--overlap) need at least 2S "
                                                                   "microbatches per data shard: got M=1 for S=4"),
+    (["--schedule", "interleaved:0"], "--schedule: schedule must be one of ['gpipe', '1f1b', '1f1b-fused', 'zb-h1'] or "
+                                      "interleaved:V (V >= 1 chunks per device), got 'interleaved:0'"),
+    (["--schedule", "interleaved:2"], "--schedule interleaved:2 needs --executor gpipe"),
+    (["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "4", "--microbatches", "4"],
+     "--stages 4 x 2 chunks per device (--schedule interleaved:2): this GPT-2 has 4 blocks, so it splits into 1..4"),
+    (["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "2", "--microbatches", "3"],
+     "--schedule interleaved:2 needs --microbatches a multiple of --stages: got --microbatches 3 for --stages 2; use "
+     "--microbatches 4"),
+    (["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "2", "--microbatches", "2", "--overlap"],
+     "overlapped sends (--overlap) need at least 2S microbatches per data shard: got M=2 for S=2 stages; use "
+     "--microbatches 4"),
     (["--microbatches", "3"], "--batch-size 8 does not split into 1 data shard(s) x --microbatches 3 equal "
                               "microbatches; use a multiple of 3 (e.g. --batch-size 6) or other --microbatches"),
     (["--grad-compression", "ef+quant:4"], "--grad-compression ef+quant:4 needs --executor gpipe"),
@@ -351,6 +374,19 @@ def test_resuming_a_run_recorded_before_its_defaults_were_stored(tmp_path):
   check_resumed_config({**RUN_DEFAULTS, **old, "epochs": 3}, tmp_path / "r.json")
   with pytest.raises(ValueError, match=r"executor 'simulate' -> 'gpipe'"):
     check_resumed_config({**RUN_DEFAULTS, **old, "executor": "gpipe"}, tmp_path / "r.json")
+
+
+def test_a_run_resumes_on_another_schedule_with_the_models_stages(tmp_path):
+  """The schedule and the stage devices may change (the checkpoint converts the rows), the model's stages not."""
+  from experiments.config import RUN_DEFAULTS, check_resumed_config
+  from jaxcomp.runtime import results
+  folder = tmp_path
+  results.write(folder, "r", {**RUN_DEFAULTS, "executor": "gpipe", "schedule": "1f1b", "stages": 4}, [])
+  for schedule, stages in (("zb-h1", 4), ("interleaved:2", 2), ("interleaved:4", 1)):
+    check_resumed_config({**RUN_DEFAULTS, "executor": "gpipe", "schedule": schedule, "stages": stages}, folder / "r.json")
+  with pytest.raises(ValueError, match=r"the model's stages \(--stages x V of --schedule interleaved:V\) 4 -> 8"):
+    check_resumed_config({**RUN_DEFAULTS, "executor": "gpipe", "schedule": "interleaved:2", "stages": 4},
+                         folder / "r.json")
 
 
 def test_boundary_error_weighs_every_channel_the_same():

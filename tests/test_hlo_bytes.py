@@ -122,6 +122,22 @@ ENTRY %main (p: f32[8]) -> f32[8] {
   assert hlo_bytes.memory_bytes(all_reduce) == 2 * 8 * 4  # XLA:GPU's all-reduce-start is no tuple
 
 
+def test_a_wrapped_links_permutes_count_the_other_way():
+  """Under `mesh.WRAPPED` (a ring's last device to device 0) a permute to a lower device is an activation."""
+  text = """HloModule m
+
+ENTRY %main (a: f32[8], g: f32[4]) -> (f32[8], f32[4]) {
+  %a = f32[8]{0} parameter(0)
+  %g = f32[4]{0} parameter(1)
+  %f = f32[8]{0} collective-permute(%a), channel_id=1, source_target_pairs={{1,0}}, metadata={op_name="jit(step)/wrapped_link/ppermute"}
+  %b = f32[4]{0} collective-permute(%g), channel_id=2, source_target_pairs={{0,1}}, metadata={op_name="jit(step)/wrapped_link/ppermute"}
+  %c = f32[4]{0} collective-permute(%g), channel_id=3, source_target_pairs={{0,1}}, metadata={op_name="jit(step)/ppermute"}
+  ROOT %t = (f32[8]{0}, f32[4]{0}) tuple(%f, %b)
+}
+"""
+  assert hlo_bytes.collective_bytes(text) == {"fwd": 8 * 4 + 4 * 4, "bwd": 4 * 4, "data": 0}
+
+
 def test_an_async_slice_reads_its_slice_not_the_whole_operand():
   """XLA:TPU's slice-start: (operand, slice in VMEM, context); only the slice leaves HBM."""
   text = """HloModule m

@@ -47,12 +47,18 @@ def test_the_executors_lookups_are_read_off_the_table():
   and the one taken in (the sending tick, or `hop` ticks later with overlapped sends), for every schedule."""
   for S in range(1, 6):
     for M in range(2 * S, 2 * S + 3):
-      for t in [schedules.build(name, S, M, overlap) for name in schedules.SCHEDULES for overlap in (False, True)]:
+      for t in [schedules.build(name, S, M, overlap) for name in schedules.SCHEDULES for overlap in (False, True)] + [
+          schedules.build(f"interleaved:{V}", S, S * (M // S), overlap=overlap) for V in (2, 3)
+          for overlap in (False, True)]:
         lookup = schedule.lookup_of(t)
-        runs = {(op.kind, tick, d): op.microbatch for op, (tick, d, _) in schedules.positions(t).items()}
+        where_run = schedules.positions(t).items()
+        runs = {(op.kind, tick, d): op.microbatch for op, (tick, d, _) in where_run}
+        chunk_slots = {(op.kind, tick, d): op.chunk // S for op, (tick, d, _) in where_run}
         for kind, ops in lookup.ops.items():
           assert {(kind, *where): int(m) for where, m in np.ndenumerate(ops) if m >= 0} == {
               key: m for key, m in runs.items() if key[0] == kind}
+          assert {(kind, *where): int(lookup.chunks[kind][where]) for where, m in np.ndenumerate(ops) if m >= 0} == {
+              key: v for key, v in chunk_slots.items() if key[0] == kind}
         msgs = [msg for tick in range(t.ticks) for msg in schedules.messages(t, tick)]
         for forward in (True, False):
           mine = [msg for msg in msgs if msg.forward == forward]
@@ -110,16 +116,14 @@ def test_overlap_needs_twice_as_many_microbatches_as_stages(name):
     schedules.build(name, 4, 4, overlap=True)
 
 
-def test_the_executor_overlaps_sends_only_on_its_overlap_schedules():
-  """Every schedule the executor runs it runs with overlapped sends; interleaved:V has an overlapped table, but
-  the sharded executor does not run it with overlapped sends."""
-  assert schedules.OVERLAP_SCHEDULES == schedules.SCHEDULES
-  for name in schedules.SCHEDULES:
+def test_every_schedule_overlaps_its_sends():
+  """The executor runs every schedule with overlapped sends (interleaved:V too); an unknown name is refused."""
+  for name in (*schedules.SCHEDULES, "interleaved:2"):
     schedules.check_overlap(name, 2, 4)
-  assert schedules.build("interleaved:2", 2, 4, overlap=True).hop == 2
-  with pytest.raises(ValueError, match=r"overlapped sends run on the schedules \['gpipe', '1f1b', '1f1b-fused', "
-                                       r"'zb-h1'\], got 'interleaved:2'"):
-    schedules.check_overlap("interleaved:2", 2, 4)
+    assert schedules.build(name, 2, 4, overlap=True).hop == 2
+  with pytest.raises(ValueError, match=r"schedule must be one of \['gpipe', '1f1b', '1f1b-fused', 'zb-h1'\] or "
+                                       r"interleaved:V \(V >= 1 chunks per device\), got 'zb-h2'"):
+    schedules.check_overlap("zb-h2", 2, 4)
 
 
 def test_overlapped_zero_bubble_h1_runs_1f1bs_overlapped_order_in_s_minus_1_more_ticks():
@@ -264,15 +268,46 @@ def test_interleaved_runs_megatrons_order():
                         F(0, 6), BW(4, 0), F(0, 7), BW(4, 1))
 
 
+def test_interleaved_forwards_first_is_the_eval_pass_in_vm_plus_s_minus_1_ticks():
+  """Eval steps run interleaved GPipe's forwards: every input is used the tick after it arrives, so one ring
+  slot per chunk holds them and no cotangent is kept."""
+  for S in range(1, 5):
+    for V in (1, 2, 3):
+      for M in (S, 2 * S, 3 * S):
+        t = schedules.interleaved(S, M, V, forwards_first=True)
+        where = schedules.positions(t)
+        last_forward = max(where[op][0] for op in where if op.kind == "F")
+        assert last_forward + 1 == V * M + S - 1, (S, V, M)
+        assert last_forward < min(where[op][0] for op in where if op.kind == "BW"), (S, V, M)
+        lookup = schedule.lookup_of(t, forwards_only=True)
+        assert (lookup.stash_slots, lookup.grad_slots) == (1, 1), (S, V, M)
+
+
+def test_overlapped_interleaved_takes_two_ticks_a_message_and_sv_minus_1_more_each_way():
+  """Each of the S V - 1 chunk boundaries holds a message one tick longer each way: 2 (S V - 1) more ticks
+  (1F1B's 2 (S - 1) with V = 1), the same order of ops on every device."""
+  for S in (2, 3, 4):
+    for V in (1, 2, 3):
+      for M in (2 * S, 4 * S):
+        plain, overlapped = schedules.interleaved(S, M, V), schedules.build(f"interleaved:{V}", S, M, overlap=True)
+        assert overlapped.hop == 2 and overlapped.ticks == plain.ticks + 2 * (S * V - 1), (S, V, M)
+        assert all(schedules.device_order(overlapped, d) == schedules.device_order(plain, d) for d in range(S))
+
+
 def test_interleaved_refuses_microbatches_not_a_multiple_of_the_stages():
   with pytest.raises(ValueError, match=r"multiple of the stages, got M=6 for S=4 \(use M = 8\)"):
     schedules.build("interleaved:2", 4, 6)
 
 
-def test_no_executor_runs_interleaved_yet():
-  t = schedules.interleaved(2, 2, 2)
-  with pytest.raises(ValueError, match="the sharded executor runs one chunk per device; schedule 'interleaved:2' has 4"):
-    schedule.lookup_of(t)
+def test_boundaries_run_on_a_ring_of_the_devices():
+  """Boundary b goes from chunk b's device to chunk b+1's (c mod D): stage b to b+1 with one chunk per
+  device, the last device on to device 0 with several, as the table's messages say."""
+  assert [schedule.link_perm(b, 4) for b in range(3)] == [((0, 1),), ((1, 2),), ((2, 3),)]
+  t = schedules.interleaved(4, 4, 2)
+  for msg in (msg for tick in range(t.ticks) for msg in schedules.messages(t, tick)):
+    ends = schedule.link_ends(msg.boundary, t.num_devices)
+    assert ends == ((msg.sender, msg.receiver) if msg.forward else (msg.receiver, msg.sender)), msg
+  assert schedule.link_perm(3, 4) == ((3, 0),)
 
 
 def test_orders_that_wait_on_each_other_are_refused():

@@ -9,13 +9,13 @@ import pytest
 
 import jaxcomp
 from jaxcomp.analysis import dryrun
-from jaxcomp.compress import bottleneck
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
 from jaxcomp.parallel import sharded, simulate
 from jaxcomp.parallel import schedule as sched
 
-from pipeline_cases import BATCH, assert_trees_close, compare_with_simulate, hetero_stages, mlp_pipe, slow
+from pipeline_cases import (BATCH, assert_trees_close, bottleneck_pipe, compare_with_simulate, hetero_stages, mlp_pipe,
+                            slow)
 
 SCHEMES = [("quant:4", "quant:8"), ("ef+topk:0.2", "ef21+quant:2"), ("efmixed+topk:0.3", "ef+topk:0.2"),
            ("ef21+maxabs:2:stoch", "topk:0.5"), ("topk:0.3", "reuse")]
@@ -39,18 +39,12 @@ def test_1f1b_matches_simulate(fwd, bwd, schedule):
   compare_with_simulate(mlp_pipe(fwd, bwd, m=8), optax.sgd(0.1, momentum=0.9), steps=2, schedule=schedule)
 
 
-def _bottleneck_pipe(spec, fwd="maxabs:4", bwd="quant:8", m=4):
-  learned = bottleneck.parse(spec)
-  return dataclasses.replace(mlp_pipe(fwd, bwd, stages=bottleneck.wrap(mlp_stages(16, 2, 4), learned, 16), m=m),
-                             tied=bottleneck.tied(learned, 4))
-
-
 @pytest.mark.parametrize("spec, schedule", [("subspace:4", "1f1b"), slow("proj:4", "gpipe"), slow("proj:4", "1f1b"),
                                             slow("subspace:4", "gpipe"), slow("proj:4", "1f1b-fused"),
                                             slow("subspace:4", "1f1b-fused")])
 def test_learned_bottleneck_matches_simulate(spec, schedule):
   """P on the sending stage, Q (or the tied W) on the receiving one: each device trains its own half."""
-  compare_with_simulate(_bottleneck_pipe(spec), optax.adam(1e-2), steps=2, schedule=schedule, atol=1e-5)
+  compare_with_simulate(bottleneck_pipe(spec), optax.adam(1e-2), steps=2, schedule=schedule, atol=1e-5)
 
 
 REUSE_FORWARDS = ("topk:0.3", "ef+topk:0.3", "ef21+topk:0.3", "aqsgd+topk:0.3")  # every scheme reuse allows
@@ -211,7 +205,7 @@ def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages, m, sche
 def test_learned_bottleneck_sends_rank_wide_messages_in_the_compiled_program(spec):
   """The collective-permutes carry the codecs' payloads of the r-wide z and dz, as counted; `subspace`'s
   tied W (16 x 4 on both ends of each boundary) sends its gradient both ways, as counted."""
-  pipe = _bottleneck_pipe(spec)
+  pipe = bottleneck_pipe(spec)
   opt = optax.sgd(0.1)
   ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages))
   sent = dryrun.collective_bytes(ex, pipe, opt, ex.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)

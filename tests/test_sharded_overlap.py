@@ -43,7 +43,7 @@ def test_overlapped_sends_give_the_plain_schedules_numbers_bitwise():
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
-@pytest.mark.parametrize("fwd, bwd, schedule", [(*scheme, name) for scheme in SCHEMES for name in schedules.OVERLAP_SCHEDULES])
+@pytest.mark.parametrize("fwd, bwd, schedule", [(*scheme, name) for scheme in SCHEMES for name in schedules.SCHEDULES])
 def test_overlapped_sends_give_the_plain_schedules_and_simulates_numbers(fwd, bwd, schedule):
   """Quantizers, TopK with index reuse, EF, EF21, EF-mixed: losses, parameters, optimizer and link states after 2
   steps bitwise those without overlap, and simulate's."""
@@ -51,7 +51,7 @@ def test_overlapped_sends_give_the_plain_schedules_and_simulates_numbers(fwd, bw
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
-@pytest.mark.parametrize("fwd, bwd, schedule", [(*scheme, name) for scheme in SCHEMES for name in schedules.OVERLAP_SCHEDULES])
+@pytest.mark.parametrize("fwd, bwd, schedule", [(*scheme, name) for scheme in SCHEMES for name in schedules.SCHEDULES])
 def test_overlapped_sends_on_four_stages(fwd, bwd, schedule):
   check_overlap(mlp_pipe(fwd, bwd, m=8), optax.sgd(0.1, momentum=0.9), schedule)
 

@@ -14,7 +14,7 @@ import jaxcomp
 from jaxcomp import pipeline
 from jaxcomp.data import batching
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import hostbuffer, sharded, simulate
+from jaxcomp.parallel import hostbuffer, schedules, sharded, simulate
 from jaxcomp.runtime import checkpoint, results, train
 from jaxcomp.runtime.checkpoint import Checkpointer
 
@@ -34,8 +34,8 @@ def _data(poison_epoch=None, shards=1):
                     next(batching.iterate(ARRAYS, B, 0, 0, shuffle=False)), "toy")
 
 
-def _pipe(fwd="aqsgd+quant:2", bwd="ef+quant:4"):
-  return jaxcomp.Pipeline(mlp_stages(8, 2, 3), jaxcomp.parse_boundary(fwd, bwd, num_examples=N),
+def _pipe(fwd="aqsgd+quant:2", bwd="ef+quant:4", stages=3):
+  return jaxcomp.Pipeline(mlp_stages(8, 2, stages), jaxcomp.parse_boundary(fwd, bwd, num_examples=N),
                           jaxcomp.losses.classification, "x", microbatches=2)
 
 
@@ -422,14 +422,18 @@ def test_warm_starts_and_resumes_across_executors(tmp_path):
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
-@pytest.mark.parametrize("first, then", [("gpipe", "zb-h1"), ("zb-h1", "1f1b")])
-def test_a_run_resumes_bit_identically_on_another_schedule(tmp_path, first, then):
-  """Epoch 1 on `first`, epoch 2 resumed on `then`: bitwise the run that stayed on `then` (3 stages; the
-  schedules sum the same numbers in the same order, so the checkpoint need not say which one ran)."""
-  ex = lambda name: sharded.ShardedExecutor(sharded.make_mesh(3, 1), schedule=name)
-  full, full_history = _fit(tmp_path / "a", 2, executor=ex(then))
-  _fit(tmp_path / "b", 1, executor=ex(first))
-  resumed, history = _fit(tmp_path / "b", 2, resume=True, executor=ex(then))
+@pytest.mark.parametrize("first, then, stages", [("gpipe", "zb-h1", 3), ("zb-h1", "1f1b", 3),
+                                                 ("1f1b", "interleaved:2", 4), ("interleaved:2", "1f1b", 4)])
+def test_a_run_resumes_bit_identically_on_another_schedule(tmp_path, first, then, stages):
+  """Epoch 1 on `first`, epoch 2 resumed on `then`: bitwise the run that stayed on `then` (the schedules sum
+  the same numbers in the same order, so the checkpoint need not say which one ran; interleaved:2 holds the
+  4 stages' rows 2 per device, 1f1b one: the checkpoint converts them)."""
+  ex = lambda name: sharded.ShardedExecutor(sharded.make_mesh(stages // schedules.chunks_per_device(name), 1),
+                                            schedule=name)
+  pipe = _pipe(stages=stages)
+  full, full_history = _fit(tmp_path / "a", 2, executor=ex(then), pipe=pipe)
+  _fit(tmp_path / "b", 1, executor=ex(first), pipe=pipe)
+  resumed, history = _fit(tmp_path / "b", 2, resume=True, executor=ex(then), pipe=pipe)
   chex.assert_trees_all_equal(jax.random.key_data(full.rng), jax.random.key_data(resumed.rng))
   chex.assert_trees_all_equal(full._replace(rng=0), resumed._replace(rng=0))
   assert history[1]["eval_on"] == full_history[1]["eval_on"]

@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 
-from jaxcomp.parallel.mesh import TIED
+from jaxcomp.parallel.mesh import TIED, WRAPPED
 
 _ARRAY = re.compile(r"(pred|[suf]\d+|bf16|f8e4m3fn|f8e5m2|f8e4m3fnuz|f8e5m2fnuz|f8e4m3b11fnuz|f8e4m3|f8e3m4)"
                     r"\[([\d,]*)\]")
@@ -226,7 +226,8 @@ def collective_bytes(hlo: "str | Module", num_stages: int | None = None) -> dict
   Devices are numbered as a (data, stage) mesh lists them: d * num_stages + s. Each
   collective-permute moves its operand once per source->target pair: a pair within one data
   row is a pipeline message, forward (activations) from stage a to a+1, backward (gradients)
-  from a+1 to a; a pair across data rows is the data-parallel exchange (`data`; without
+  from a+1 to a (under the scope `WRAPPED`, a ring's wrap-around link: forward from the higher
+  device to the lower); a pair across data rows is the data-parallel exchange (`data`; without
   `num_stages` every pair is a pipeline message); a collective-permute issued under the scope
   `TIED` is the tied-parameter exchange (`tied`, a key present only when the program has one).
   Each all-gather over a group of n also counts as `data`: every member's operand (result / n)
@@ -253,9 +254,10 @@ def collective_bytes(hlo: "str | Module", num_stages: int | None = None) -> dict
       if f"/{TIED}/" in inst.line:
         totals["tied"] = totals.get("tied", 0) + times * moved * len(pairs)
         continue
+      wrapped = f"/{WRAPPED}/" in inst.line
       for src, dst in ((int(a), int(b)) for a, b in pairs):
         same_row = num_stages is None or src // num_stages == dst // num_stages
-        totals[("fwd" if dst > src else "bwd") if same_row else "data"] += times * moved
+        totals[("fwd" if (dst > src) != wrapped else "bwd") if same_row else "data"] += times * moved
   return totals
 
 

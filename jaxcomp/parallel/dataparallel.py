@@ -35,11 +35,16 @@ def gathered_mean(scheme, payload):
   return jax.vmap(scheme.codec.decode)(ring_gather(payload)).mean(axis=0)
 
 
-def compressed_mean(scheme, row, grad_state, key, real):
-  """(mean over replicas of C(row + e), this replica's new state); `grad_state` leaves are
+def compressed_mean(scheme, row, grad_state, key, real, s):
+  """(mean over replicas of C(row + e), this replica's new state) of stage s's row; `grad_state` leaves are
   [1, 1, P]. The state stays zero where `real` is False (a stage row's padding), so it
-  holds nothing that the executor-independent layout would drop."""
-  key = jax.random.fold_in(jax.random.fold_in(key, jax.lax.axis_index(STAGE)), jax.lax.axis_index(DATA))
+  holds nothing that the executor-independent layout would drop. A device's V chunks' rows [V, P]
+  (`grad_state` leaves [1, V, 1, P], s [V]): each chunk's mean and state as its own device's would be."""
+  if row.ndim == 2:
+    out = [compressed_mean(scheme, row[v], jax.tree.map(lambda a: a[:, v], grad_state), key, real[v], s[v])
+           for v in range(row.shape[0])]
+    return jnp.stack([mean for mean, _ in out]), jax.tree.map(lambda *a: jnp.stack(a, axis=1), *[e for _, e in out])
+  key = jax.random.fold_in(jax.random.fold_in(key, s), jax.lax.axis_index(DATA))
   rows = jax.tree.map(lambda a: a[0], grad_state)  # [1, P]
   payload, rows = scheme.send(row[None], rows, key)
   return gathered_mean(scheme, payload)[0], jax.tree.map(lambda a: jnp.where(real, a, 0)[None], rows)
@@ -57,11 +62,11 @@ def exchange_bytes(scheme, row_size: int, num_stages: int, data: int, dense: boo
 
 class StageStep(NamedTuple):
   """What an exchange needs of the stage device it runs on."""
-  s: jax.Array  # the stage index (traced)
+  s: jax.Array  # the stage index (traced; [V] chunk indices: `StateLayout.chunks_of`)
   key: jax.Array  # this step's key (stochastic codecs)
-  real: jax.Array  # mask of the row's entries that are not padding
-  finish: Callable  # ties and clipping of a gradient row (`StateLayout.finish`)
-  optimizer: Any  # the optimizer's rows (`state_layout.OptimizerRows`)
+  real: jax.Array  # mask of the row's (rows') entries that are not padding
+  finish: Callable  # ties and clipping of a device's gradient row(s) (`StateLayout.finish`)
+  optimizer: Any  # the optimizer's rows (`state_layout.OptimizerRows`, as the device holds them)
 
 
 class Exchange(Protocol):
@@ -74,7 +79,7 @@ class DenseMean:
   (warm-up steps, and runs without a gradient scheme)."""
 
   def __call__(self, grads_row, opt_row, params_row, grad_state, at):
-    grads = at.finish(jax.lax.psum(grads_row, DATA), at.s)
+    grads = at.finish(jax.lax.psum(grads_row, DATA))
     return (*at.optimizer.update(grads, opt_row, params_row, at.s), grad_state)
 
 
@@ -84,8 +89,8 @@ class CompressedMean(NamedTuple):
 
   def __call__(self, grads_row, opt_row, params_row, grad_state, at):
     grads, grad_state = compressed_mean(self.scheme, grads_row * jax.lax.axis_size(DATA), grad_state, at.key,
-                                        at.real)
-    return (*at.optimizer.update(at.finish(grads, at.s), opt_row, params_row, at.s), grad_state)
+                                        at.real, at.s)
+    return (*at.optimizer.update(at.finish(grads), opt_row, params_row, at.s), grad_state)
 
 
 class MomentumExchange(NamedTuple):
@@ -95,10 +100,11 @@ class MomentumExchange(NamedTuple):
   optimizer: QuantizedAdam
 
   def __call__(self, grads_row, opt_row, params_row, grad_state, at):
-    grads = at.finish(grads_row * jax.lax.axis_size(DATA), at.s)
+    grads = at.finish(grads_row * jax.lax.axis_size(DATA))
     mu, grad_state = compressed_mean(self.scheme, self.optimizer.local_momentum(grads, opt_row), grad_state, at.key,
-                                     at.real)  # decoded padding need not be 0:
-    return (*self.optimizer.frozen_update(jnp.where(at.real, mu, 0.0), opt_row, params_row), grad_state)
+                                     at.real, at.s)  # decoded padding need not be 0:
+    update = self.optimizer.frozen_update if grads_row.ndim == 1 else jax.vmap(self.optimizer.frozen_update)
+    return (*update(jnp.where(at.real, mu, 0.0), opt_row, params_row), grad_state)
 
 
 def check_optimizer(optimizer, scheme):

@@ -3,31 +3,33 @@
 The table says what runs when: every static part of the program (the ticks, which boundaries carry a
 message at a tick, which op kinds and stages' bodies a tick's switches hold, the stash slots) is read
 from it, and so is every traced one: `Lookup` holds, per tick and device, the microbatch of each op
-kind it runs, and per tick and boundary the microbatch of the message sent and of the one received
-(`op_at`, `message_at`), so a tick inside a `lax.scan` indexes them with its traced number. At its
-forward tick a stage runs on the input its ring holds for that microbatch (`Stash`: delivered when
-the message arrived, kept for the backward); then every boundary b with a message at that tick moves
-the encoded payload from stage b to b+1 with the op of `jaxcomp.ppermute` (`permute`, along
-`link_perm(b)`); backwards likewise send gradients from b+1 to b, into the receiver's gradient ring.
-A message may wait in its ring any number of ticks before its op runs, so any legal one-chunk-per-device
-table runs (`check_runnable`). With overlapped sends (the table's hop 2, `overlapped_tick`) the payload
-is encoded at that tick, crosses during the next one while the stages compute, and is decoded at the
-tick after. A bubble tick runs the no-op branch of the stage switch: no stage compute, nothing saved.
-The program knows statically which boundaries carry a message at a tick (idle links issue no collective
-at all); runs of ticks that repeat the same plans period after period are one `lax.scan` (`segments`),
-so the program's size (and compile time) does not grow with M.
+kind it runs and its chunk, and per tick and boundary the microbatch of the message sent and of the one
+received (`op_at`, `chunk_at`, `message_at`), so a tick inside a `lax.scan` indexes them with its traced
+number. A device holds V chunks (chunk c on device c mod S: one with GPipe and 1F1B, V with interleaved
+1F1B), each with its rows and rings. At its forward tick a chunk runs on the input its ring holds for that
+microbatch (`Stash`: delivered when the message arrived, kept for the backward); then every boundary b
+with a message at that tick moves the encoded payload from chunk b's device to chunk b+1's with the op of
+`jaxcomp.ppermute` (`permute`, along `link_perm(b)`: a ring); backwards likewise send gradients from
+b+1 to b, into the receiver's gradient ring. A message may wait in its ring any number of ticks before
+its op runs, so any legal table runs (`check_runnable`). With overlapped sends (the table's hop 2,
+`overlapped_tick`) the payload is encoded at that tick, crosses during the next one while the stages
+compute, and is decoded at the tick after. A bubble tick runs the no-op branch of the stage switch: no
+stage compute, nothing saved. The program knows statically which boundaries carry a message at a tick
+(idle links issue no collective at all); runs of ticks that repeat the same plans period after period
+are one `lax.scan` (`segments`), so the program's size (and compile time) does not grow with M.
 
 Two ways to get the backward pass:
-- `run_explicit` (every schedule of `schedules.SCHEDULES`, below): a stage keeps its input from its forward,
-  and at its backward op runs its vjp on it (rematerialised) and the boundary's `backward_half` (its halves
-  apart with overlapped sends); the weight gradient is accumulated in the loop. A fused BW is one vjp over
-  (parameters, input); a split B is the vjp over the input only (its gradient sent at once) and W the vjp
-  over the parameters only, on the stashed input and the stashed output cotangent: each recomputes the
-  stage's forward (ZB-H1's W costs a forward more than its share of BW).
+- `run_explicit` (every schedule of `schedules.SCHEDULES` and interleaved:V, below): a stage keeps its input
+  from its forward, and at its backward op runs its vjp on it (rematerialised) and the boundary's
+  `backward_half` (its halves apart with overlapped sends); the weight gradient is accumulated in the
+  loop. A fused BW is one vjp over (parameters, input); a split B is the vjp over the input only (its
+  gradient sent at once) and W the vjp over the parameters only, on the stashed input and the stashed
+  output cotangent: each recomputes the stage's forward (ZB-H1's W costs a forward more than its share of BW).
 - `run_gpipe`: the forward ticks only (eval steps, and GPipe with `remat="none"`), whose
   autodiff replays the ticks in reverse: each boundary op's custom_vjp rule sends the
   encoded gradient from b+1 to b, and every stage's internals are saved.
 """
+import contextlib
 import dataclasses
 from typing import Any, NamedTuple
 
@@ -39,7 +41,7 @@ from jaxcomp import pipeline
 from jaxcomp.compress import boundary as boundary_mod
 from jaxcomp.compress.boundary import LinkState, Mode
 from jaxcomp.parallel import layout, permute, schedules
-from jaxcomp.parallel.mesh import DATA, STAGE
+from jaxcomp.parallel.mesh import DATA, STAGE, WRAPPED
 
 REMAT = ("stage", "none")
 SCHEDULES = schedules.SCHEDULES  # the tables this executor runs (`check_runnable`)
@@ -47,24 +49,33 @@ SCHEDULES = schedules.SCHEDULES  # the tables this executor runs (`check_runnabl
 
 class Lookup(NamedTuple):
   """A table read once for traced ticks: `ops[kind][t, d]` the microbatch of the op of `kind` device d runs
-  at tick t, `sent[forward][t, b]` the microbatch whose activation (`forward`) or gradient crosses boundary b
-  from the end of tick t, `received[forward][t, b]` the one its receiver takes in at tick t (the end of the
-  sending tick; with overlapped sends the start of the tick `hop` later); -1 where there is none. The rings
-  a device keeps microbatches in: `stash_slots` (inputs, their model state and TopK positions, from their
-  arrival to their last use), `grad_slots` (output cotangents, from their arrival to the last backward op)."""
+  at tick t, `chunks[kind][t, d]` its chunk's slot v on the device (the chunk is v D + d, D devices; 0 where
+  it runs none), `sent[forward][t, b]` the microbatch whose activation (`forward`) or gradient crosses
+  boundary b from the end of tick t, `received[forward][t, b]` the one its receiver takes in at tick t (the
+  end of the sending tick; with overlapped sends the start of the tick `hop` later); -1 where there is
+  none. The rings a device keeps microbatches in, one ring per chunk it holds (`ring_slot`): `stash_slots`
+  (inputs, their model state and TopK positions, from their arrival to their last use), `grad_slots`
+  (output cotangents, from their arrival to the last backward op)."""
   ops: dict
+  chunks: dict
   sent: dict
   received: dict
   stash_slots: int
   grad_slots: int
 
 
+def ring_slot(slots: int, v, m):
+  """Where chunk slot v's microbatch m lies in a device's rings of V x `slots`: ring v, slot m mod slots."""
+  return v * slots + m % slots
+
+
 def check_runnable(table: schedules.Schedule) -> None:
-  """The executor runs a table with one chunk per device where a device runs at most one op of each kind,
-  and not both a B and a BW, per tick (one message per boundary each way per tick). Else a ValueError."""
-  if table.num_chunks != table.num_devices:
-    raise ValueError(f"the sharded executor runs one chunk per device; schedule {table.name!r} has "
-                     f"{table.num_chunks} chunks on {table.num_devices} devices")
+  """The executor runs a table with the same number V of chunks on every device where a device runs at most
+  one op of each kind, and not both a B and a BW, per tick (one message per boundary each way per tick).
+  Else a ValueError."""
+  if table.num_chunks % table.num_devices:
+    raise ValueError(f"the sharded executor runs the same number of chunks on every device; schedule "
+                     f"{table.name!r} has {table.num_chunks} chunks on {table.num_devices} devices")
   for d, row in enumerate(table.ops):
     for t, tick in enumerate(row):
       kinds = [op.kind for op in tick]
@@ -80,8 +91,9 @@ PHASE = {"F": FORWARD, "B": INPUT_GRAD, "BW": INPUT_GRAD, "W": WEIGHT_GRAD}
 
 
 def ring_slots(spans) -> int:
-  """The fewest slots k of a ring that holds item m in slot m % k over its span: `spans` maps a device to
-  (m, first, last) triples (ordered (tick, phase)); two items a device holds at once need distinct slots."""
+  """The fewest slots k of a ring that holds item m in slot m % k over its span: `spans` maps a ring (a
+  chunk) to (m, first, last) triples (ordered (tick, phase)); two items a ring holds at once need distinct
+  slots."""
   def fits(k):
     return all(m % k != n % k or last < start or end < first
                for items in spans.values() for i, (m, first, last) in enumerate(items)
@@ -89,16 +101,18 @@ def ring_slots(spans) -> int:
   return next(k for k in range(1, max([len(items) for items in spans.values()] + [1]) + 1) if fits(k))
 
 
-def lookup_of(table: schedules.Schedule) -> Lookup:
-  """The `Lookup` of a table the executor runs (`check_runnable`)."""
+def lookup_of(table: schedules.Schedule, forwards_only: bool = False) -> Lookup:
+  """The `Lookup` of a table the executor runs (`check_runnable`); `forwards_only`: of its forward ops alone
+  (an eval step: an input is held until its forward, no cotangent at all)."""
   check_runnable(table)
   T, C, hop = table.ticks, table.num_chunks, table.hop
   ops = {kind: np.full((T, table.num_devices), -1, np.int32) for kind in schedules.KINDS}
+  chunks = {kind: np.zeros((T, table.num_devices), np.int32) for kind in schedules.KINDS}
   no_messages = lambda: {forward: np.full((T, C - 1), -1, np.int32) for forward in (True, False)}
   sent, received = no_messages(), no_messages()
   at = {}  # op -> (tick, phase); ("recv", forward, receiving chunk, m) -> when its message is taken in
   for op, (t, d, _) in schedules.positions(table).items():
-    ops[op.kind][t, d] = op.microbatch
+    ops[op.kind][t, d], chunks[op.kind][t, d] = op.microbatch, op.chunk // table.num_devices
     at[op] = (t, PHASE[op.kind])
   for t in range(T):
     for msg in schedules.messages(table, t):
@@ -109,15 +123,18 @@ def lookup_of(table: schedules.Schedule) -> Lookup:
   inputs, grads = {}, {}
   for c in range(C):
     for m in range(table.microbatches):
+      first = at.get(("recv", True, c, m), at[schedules.Op("F", c, m)])
+      if forwards_only:
+        inputs.setdefault(c, []).append((m, first, at[schedules.Op("F", c, m)]))
+        continue
       backward = [at[schedules.Op(k, c, m)] for k in ("B", "BW") if schedules.Op(k, c, m) in at][0]
       last = max(at[op] for op in (schedules.Op(k, c, m) for k in ("B", "W", "BW")) if op in at)
       # an input is held from its arrival (or forward) until its last backward op and the gradient send
       # that reads its TopK positions; an output cotangent from its arrival until the last backward op
-      first = at.get(("recv", True, c, m), at[schedules.Op("F", c, m)])
       inputs.setdefault(c, []).append((m, first, max(last, (backward[0], SEND_BACKWARD))))
       if c < C - 1:
         grads.setdefault(c, []).append((m, at[("recv", False, c, m)], last))
-  return Lookup(ops, sent, received, ring_slots(inputs), ring_slots(grads))
+  return Lookup(ops, chunks, sent, received, ring_slots(inputs), ring_slots(grads))
 
 
 def op_at(prog, tick, kind: str, device):
@@ -126,15 +143,45 @@ def op_at(prog, tick, kind: str, device):
   return m >= 0, jnp.maximum(m, 0)
 
 
+def chunk_at(prog, tick, kind: str, device):
+  """(the slot v on `device` of the chunk it runs an op of `kind` of at `tick`, that chunk v D + device, D
+  devices): slot 0 when it runs none; with one chunk per device v is the Python int 0 (static indexing: the
+  program of a stage per device)."""
+  if prog.table.num_chunks == prog.table.num_devices:
+    return 0, device
+  v = jnp.asarray(prog.lookup.chunks[kind])[tick, device]
+  return v, v * prog.table.num_devices + device
+
+
 def message_at(prog, tick, b: int, forward: bool, received: bool = False):
   """The microbatch of boundary b's activation (`forward`) or gradient sent at the end of `tick`, or
   (`received`) taken in by its receiver at `tick` (the plan says there is one)."""
   return jnp.asarray((prog.lookup.received if received else prog.lookup.sent)[forward])[tick, b]
 
 
-def link_perm(b: int) -> permute.Perm:
-  """Boundary b's messages: stage b sends to stage b+1 (its gradients come back)."""
-  return ((b, b + 1),)
+def link_ends(b: int, devices: int) -> tuple[int, int]:
+  """Boundary b's (sender, receiver) devices: chunk b's and chunk b+1's, chunk c on device c mod D (a ring:
+  with V chunks per device the last device's chunks send on to device 0)."""
+  return b % devices, (b + 1) % devices
+
+
+def link_perm(b: int, devices: int) -> permute.Perm:
+  """Boundary b's messages: its sender sends to its receiver (its gradients come back)."""
+  return (link_ends(b, devices),)
+
+
+def link_scope(prog, b: int):
+  """The scope of boundary b's collectives: `mesh.WRAPPED` where the ring wraps around (its activations go
+  from a device to one of lower index), none elsewhere."""
+  sender, receiver = link_ends(b, prog.table.num_devices)
+  return jax.named_scope(WRAPPED) if receiver < sender else contextlib.nullcontext()
+
+
+def at_ends(prog, b: int):
+  """(whether this device is boundary b's sender, whether it is its receiver), traced."""
+  s = jax.lax.axis_index(STAGE)
+  sender, receiver = link_ends(b, prog.table.num_devices)
+  return s == sender, s == receiver
 
 
 def phases(prog) -> tuple[range, range, range]:
@@ -162,7 +209,7 @@ def boundaries_at(prog, tick: int, forward: bool = True) -> tuple[int, ...]:
 
 class StepInputs(NamedTuple):
   """What every tick of one step reads and none changes."""
-  params_row: jax.Array  # this stage's parameter row
+  params_row: jax.Array  # this device's parameter row ([P], `run_gpipe`), or its chunks' ([V, P], `run_explicit`)
   bwd_tables: tuple  # (backward sender, backward receiver) tables as the step found them
   mbs: Any  # this data shard's microbatches, [M, B/M, ...] per batch key
   step_key: jax.Array
@@ -218,30 +265,56 @@ def zero_metrics(prog: Program):
 
 
 def stage_switch(prog: Program, tick, kind: str, branch, idle, *operands):
-  """This device's stage s runs `branch(s)` when it runs an op of `kind` (F, B, W or BW) at `tick`, else
-  `idle`. At a static tick only the stages the table runs then are branches of the program:
+  """This device runs `branch(c)` when it runs an op of `kind` (F, B, W or BW) of chunk c at `tick`, else
+  `idle`. At a static tick only the chunks the table runs then are branches of the program:
   an unrolled tick holds min(M, S) stage bodies, not S (GPipe with M=1 compiles S bodies, as simulate)."""
   s_count, s = prog.pipe.num_stages, jax.lax.axis_index(STAGE)
   stages = (list(range(s_count)) if not isinstance(tick, int)
             else [op.chunk for op in schedules.running(prog.table, tick, (kind,))])
   position = jnp.asarray([stages.index(j) if j in stages else len(stages) for j in range(s_count)], jnp.int32)
-  index = jnp.where(op_at(prog, tick, kind, s)[0], position[s], len(stages))
+  index = jnp.where(op_at(prog, tick, kind, s)[0], position[chunk_at(prog, tick, kind, s)[1]], len(stages))
   return jax.lax.switch(index, [branch(j) for j in stages] + [idle], *operands)
 
 
-def stage_step(prog: Program, inp: StepInputs, tick, ms_row, x_buf):
-  """This device's stage forward at `tick`: its microbatch, or the bubble branch when idle."""
+def stage_step(prog: Program, inp: StepInputs, tick, params_row, ms_row, x_buf):
+  """This device's forward at `tick` of the chunk whose rows are given: its microbatch, or the bubble
+  branch when idle."""
   s = jax.lax.axis_index(STAGE)
   _, m = op_at(prog, tick, "F", s)
   mb = jax.tree.map(lambda a: a[m], inp.mbs)
-  rng = pipeline.stage_key(inp.step_key, global_microbatch(prog, m), s)
+  rng = pipeline.stage_key(inp.step_key, global_microbatch(prog, m), chunk_at(prog, tick, "F", s)[1])
   return stage_switch(prog, tick, "F", lambda j: stage_branch(prog, j), bubble(prog),
-                      inp.params_row, ms_row, x_buf, mb, rng)
+                      params_row, ms_row, x_buf, mb, rng)
 
 
 def _boundary(prog: Program, b: int):
   """Boundary b's op with its transport: the explicit schedules run its halves."""
-  return dataclasses.replace(prog.pipe.boundary, transport=permute.Permute(STAGE, link_perm(b)))
+  perm = link_perm(b, prog.table.num_devices)
+  return dataclasses.replace(prog.pipe.boundary, transport=permute.Permute(STAGE, perm))
+
+
+SENDER, RECEIVER = 0, 1  # boundary b's ends: chunk b (forward sender, backward receiver) and chunk b+1
+
+
+def end_table(prog: Program, table, b: int, end: int):
+  """Boundary b's state table at its `end` among this device's: with V > 1 chunks per device the tables
+  are [V, rows, F], the end's chunk (b + end) at slot (b + end) // D; with one chunk the table itself."""
+  if prog.table.num_chunks == prog.table.num_devices:
+    return table
+  return jax.tree.map(lambda t: t[(b + end) // prog.table.num_devices], table)
+
+
+def end_rows(prog: Program, table, b: int, end: int, rows, like):
+  """`layout.gather_rows` of boundary b's rows from its `end`'s table among this device's (`end_table`)."""
+  return layout.gather_rows(end_table(prog, table, b, end), rows, like)
+
+
+def put_end_rows(prog: Program, table, b: int, end: int, rows, new):
+  """`layout.put_rows` of boundary b's new rows into its `end`'s table among this device's (`end_table`)."""
+  written = layout.put_rows(end_table(prog, table, b, end), rows, new)
+  if prog.table.num_chunks == prog.table.num_devices:
+    return written
+  return jax.tree.map(lambda t, n: t.at[(b + end) // prog.table.num_devices].set(n), table, written)
 
 
 def microbatch_size(mbs) -> int:
@@ -260,22 +333,26 @@ def _link_rows(prog, m, mbs):
 def forward_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, fwd_tables, differentiable: bool):
   """Boundary b's forward for its microbatch at `tick`: (received activation buffer, forward tables,
   TopK positions sent or None). `differentiable`: the whole boundary op, whose custom_vjp sends
-  the gradient back under autodiff (`run_gpipe`); else its forward half (`run_explicit`)."""
-  s = jax.lax.axis_index(STAGE)
+  the gradient back under autodiff (`run_gpipe`; in an eval step its stateless path); else its forward
+  half (`run_explicit`)."""
+  sender, receiver = at_ends(prog, b)
   m, shape = message_at(prog, tick, b, forward=True), prog.shapes[b]
   fwd_rows, bwd_rows = _link_rows(prog, m, inp.mbs)
   (fs, fr), (bs, br) = fwd_tables, inp.bwd_tables
   y, key = layout.unpad(y_buf, shape), pipeline.link_key(inp.step_key, global_microbatch(prog, m), b)
-  sent, arrived = layout.gather_rows(fs, fwd_rows, shape), layout.gather_rows(fr, fwd_rows, shape)
+  sent, arrived = end_rows(prog, fs, b, SENDER, fwd_rows, shape), end_rows(prog, fr, b, RECEIVER, fwd_rows, shape)
   if differentiable:
-    link = LinkState(sent, arrived, layout.gather_rows(bs, bwd_rows, shape), layout.gather_rows(br, bwd_rows, shape))
-    x, new = permute.CompressedLink(prog.pipe.boundary).ppermute(y, link, STAGE, link_perm(b), key, mode=prog.mode)
+    link = LinkState(sent, arrived, end_rows(prog, bs, b, RECEIVER, bwd_rows, shape),
+                     end_rows(prog, br, b, SENDER, bwd_rows, shape))
+    x, new = permute.CompressedLink(prog.pipe.boundary).ppermute(y, link, STAGE, link_perm(b, prog.table.num_devices),
+                                                                 key, mode=prog.mode)
     fs_new, fr_new, idx = new.fwd_send, new.fwd_recv, None
   else:
     x, fs_new, fr_new, idx = boundary_mod.forward_half(_boundary(prog, b), prog.mode, y, sent, arrived, key,
-                                                       s == b, s == b + 1)
+                                                       sender, receiver)
   if prog.mode.trains:
-    fwd_tables = (layout.put_rows(fs, fwd_rows, fs_new), layout.put_rows(fr, fwd_rows, fr_new))
+    fwd_tables = (put_end_rows(prog, fs, b, SENDER, fwd_rows, fs_new),
+                  put_end_rows(prog, fr, b, RECEIVER, fwd_rows, fr_new))
   return layout.pad(x, prog.width, prog.act_dtype), fwd_tables, idx
 
 
@@ -290,12 +367,11 @@ class Carry(NamedTuple):
 
 def tick_step(prog: Program, inp: StepInputs, tick, boundaries, carry: Carry) -> Carry:
   """One tick: this device's stage, then every boundary in `boundaries`."""
-  y_buf, ms_row, loss, metrics = stage_step(prog, inp, tick, carry.model_state, carry.x_buf)
-  s = jax.lax.axis_index(STAGE)
+  y_buf, ms_row, loss, metrics = stage_step(prog, inp, tick, inp.params_row, carry.model_state, carry.x_buf)
   next_x, fwd_tables = jnp.zeros_like(carry.x_buf), carry.fwd_tables
   for b in boundaries:
     x, fwd_tables, _ = forward_exchange(prog, inp, tick, b, y_buf, fwd_tables, differentiable=True)
-    next_x = jnp.where(s == b + 1, x, next_x)
+    next_x = jnp.where(at_ends(prog, b)[1], x, next_x)
   return Carry(next_x, ms_row, fwd_tables, carry.loss_sum + loss,
                jax.tree.map(jnp.add, carry.metric_sums, metrics))
 
@@ -329,7 +405,7 @@ def make_program(pipe: pipeline.Pipeline, template: pipeline.TrainState, local_b
   mb = pipeline.microbatch_shapes(local_batch, pipe.microbatches)
   shapes = pipeline.boundary_shapes(pipe, template.params, template.model_state, mb[pipe.input_key])
   prog = Program(pipe, layout.FlatRows(template.params), layout.FlatRows(template.model_state), shapes,
-                 mode, train, None, table, lookup_of(table))
+                 mode, train, None, table, lookup_of(table, forwards_only=not train))
   last = pipe.num_stages - 1
   x_buf = jax.ShapeDtypeStruct((mb[pipe.input_key].shape[0], prog.width), prog.act_dtype)
 
@@ -369,9 +445,10 @@ ORDER = ("F", "BW", "B", "W")  # the order a device runs a tick's ops in (each a
 
 
 def tick_plan(prog: Program, tick: int) -> Plan:
-  """The `Plan` of a (static) tick, by the table."""
-  plan = Plan(boundaries_at(prog, tick), boundaries_at(prog, tick, forward=False),
-              tuple(kind for kind in ORDER if schedules.running(prog.table, tick, (kind,))))
+  """The `Plan` of a (static) tick, by the table: of its forwards alone in an eval step."""
+  kinds = ORDER if prog.train else ("F",)
+  plan = Plan(boundaries_at(prog, tick), boundaries_at(prog, tick, forward=False) if prog.train else (),
+              tuple(kind for kind in kinds if schedules.running(prog.table, tick, (kind,))))
   if prog.table.hop == 1:  # a message crosses and is decoded at the end of the tick that sends it
     return plan
   sent = lambda ago, forward: boundaries_at(prog, tick - ago, forward) if tick >= ago else ()
@@ -395,8 +472,11 @@ def runs(plans: list[Plan], period: int) -> list[tuple[range, tuple]]:
 def segments(prog: Program) -> list[tuple[range, tuple]]:
   """`runs` of the period whose program traces the fewest tick bodies (a run of one period unrolled, a
   longer one scanned: one period's bodies), the shortest such period: 1 for gpipe and 1f1b-fused, 2 for
-  1f1b (a forward tick, then a backward tick), 3 for zb-h1 (B, W, F)."""
-  plans = [tick_plan(prog, t) for t in range(prog.table.ticks)]
+  1f1b (a forward tick, then a backward tick), 3 for zb-h1 (B, W, F). An eval step's ticks end with its
+  last forward."""
+  ticks = prog.table.ticks if prog.train else 1 + max(t for t in range(prog.table.ticks)
+                                                      if schedules.running(prog.table, t, ("F",)))
+  plans = [tick_plan(prog, t) for t in range(ticks)]
   traced = lambda cut: sum(len(block) for _, block in cut)
   return min((runs(plans, period) for period in range(1, len(plans) + 1)), key=traced)
 
@@ -432,19 +512,22 @@ def stage_backward(prog: Program, inp: StepInputs, tick, kind: str, stash, grad_
   rings hold for the op's microbatch: (grad_sum (+ d params row), d input buffer)."""
   s = jax.lax.axis_index(STAGE)
   _, m = op_at(prog, tick, kind, s)
-  slot = m % prog.lookup.stash_slots
+  v, c = chunk_at(prog, tick, kind, s)
+  slot = ring_slot(prog.lookup.stash_slots, v, m)
   mb = jax.tree.map(lambda a: a[m], inp.mbs)
-  return stage_switch(prog, tick, kind, lambda j: stage_grads(prog, j, kind), no_grads,
-                      inp.params_row, stash.model_state[slot], stash.x_buf[slot], mb,
-                      pipeline.stage_key(inp.step_key, global_microbatch(prog, m), s),
-                      stash.g_buf[m % prog.lookup.grad_slots], inp.scale, grad_sum)
+  chunk_sum, dx = stage_switch(prog, tick, kind, lambda j: stage_grads(prog, j, kind), no_grads,
+                               inp.params_row[v], stash.model_state[slot], stash.x_buf[slot], mb,
+                               pipeline.stage_key(inp.step_key, global_microbatch(prog, m), c),
+                               stash.g_buf[ring_slot(prog.lookup.grad_slots, v, m)], inp.scale, grad_sum[v])
+  return grad_sum.at[v].set(chunk_sum), dx
 
 
 class Stash(NamedTuple):
-  """This device's rings, microbatch m in slot m % slots (`Lookup`): its stage input (delivered when it
-  arrives), its model state (at its forward) and per boundary the TopK positions its forward chose (for
-  index reuse), `stash_slots` each; its output cotangent (delivered when the gradient arrives, for B and
-  W or BW), `grad_slots`."""
+  """This device's rings, one per chunk it holds, chunk slot v's microbatch m in slot `ring_slot(slots, v, m)`
+  (`Lookup`): its chunks' inputs (delivered when they arrive) and model states (at their forward), V x
+  `stash_slots`; per boundary the TopK positions its forward chose (for index reuse), `stash_slots`, slot
+  m % slots; its chunks' output cotangents (delivered when the gradient arrives, for B and W or BW), V x
+  `grad_slots`."""
   x_buf: jax.Array
   model_state: jax.Array
   indices: tuple
@@ -463,20 +546,20 @@ class InFlight(NamedTuple):
 
 class ExplicitCarry(NamedTuple):
   stash: Stash
-  model_state: jax.Array
+  model_state: jax.Array  # this device's chunks' model-state rows, [V, Q]
   fwd_tables: tuple
   bwd_tables: tuple  # new backward states, written as the gradients pass
-  grads: jax.Array  # this stage's weight-gradient row, summed over microbatches
+  grads: jax.Array  # its chunks' weight-gradient rows [V, P], summed over microbatches
   loss_sum: jax.Array
   metric_sums: Any
   in_flight: Any = ()  # `InFlight` with overlapped sends
 
 
-def deliver(prog: Program, carry: ExplicitCarry, m, ok, value, forward: bool) -> ExplicitCarry:
-  """Microbatch m's received activation (`forward`) or gradient into its ring slot, on the device where
-  `ok` (the boundary's receiver)."""
+def deliver(prog: Program, carry: ExplicitCarry, b: int, m, ok, value, forward: bool) -> ExplicitCarry:
+  """Microbatch m's activation (`forward`) or gradient received over boundary b into the ring of the chunk
+  that takes it in (b+1, or b), on the device where `ok` (the boundary's receiver)."""
   field, slots = ("x_buf", prog.lookup.stash_slots) if forward else ("g_buf", prog.lookup.grad_slots)
-  ring, slot = getattr(carry.stash, field), m % slots
+  ring, slot = getattr(carry.stash, field), ring_slot(slots, (b + forward) // prog.table.num_devices, m)
   ring = ring.at[slot].set(jnp.where(ok, value, ring[slot]))
   return carry._replace(stash=carry.stash._replace(**{field: ring}))
 
@@ -504,36 +587,37 @@ def stashed_positions(prog: Program, carry: ExplicitCarry, b: int, m):
 
 def stash_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, carry: ExplicitCarry) -> ExplicitCarry:
   """`forward_exchange` (its forward half) of the explicit schedule: the activation delivered to stage
-  b+1's ring, its TopK positions stashed for index reuse."""
-  s = jax.lax.axis_index(STAGE)
-  x, tables, idx = forward_exchange(prog, inp, tick, b, y_buf, carry.fwd_tables, differentiable=False)
+  b+1's ring, its TopK positions stashed for index reuse; an eval step's the whole stateless op."""
+  sender, receiver = at_ends(prog, b)
+  x, tables, idx = forward_exchange(prog, inp, tick, b, y_buf, carry.fwd_tables, differentiable=not prog.mode.trains)
   m = message_at(prog, tick, b, forward=True)
   carry = stash_positions(prog, carry, b, m, idx)
-  return deliver(prog, carry._replace(fwd_tables=tables), m, s == b + 1, x, forward=True)
+  return deliver(prog, carry._replace(fwd_tables=tables), b, m, receiver, x, forward=True)
 
 
-def kept_rows(ok, table, rows, shape, new):
-  """The new state rows where `ok` (this device is their end), the table's rows elsewhere."""
-  return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, layout.gather_rows(table, rows, shape))
+def kept_rows(ok, old, new):
+  """The new state rows where `ok` (this device is their end), the `old` rows elsewhere."""
+  return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
 
 def backward_exchange(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carry: ExplicitCarry) -> ExplicitCarry:
   """Boundary b's backward half for the microbatch whose stage b+1 input gradient was made this tick: the
   gradient delivered to stage b's ring, the carry with the new backward-state rows."""
-  s = jax.lax.axis_index(STAGE)
+  sender, receiver = at_ends(prog, b)
   m = message_at(prog, tick, b, forward=False)
   shape = prog.shapes[b]
   _, rows = _link_rows(prog, m, inp.mbs)
   bs_old, br_old = inp.bwd_tables
   dx, bs_new, br_new = boundary_mod.backward_half(
       _boundary(prog, b), prog.mode, layout.unpad(dx_buf, shape),
-      layout.gather_rows(bs_old, rows, shape), layout.gather_rows(br_old, rows, shape),
-      pipeline.link_key(inp.step_key, global_microbatch(prog, m), b), s == b, s == b + 1,
+      end_rows(prog, bs_old, b, RECEIVER, rows, shape), end_rows(prog, br_old, b, SENDER, rows, shape),
+      pipeline.link_key(inp.step_key, global_microbatch(prog, m), b), sender, receiver,
       stashed_positions(prog, carry, b, m))
   bs, br = carry.bwd_tables
-  tables = (layout.put_rows(bs, rows, kept_rows(s == b + 1, bs, rows, shape, bs_new)),
-            layout.put_rows(br, rows, kept_rows(s == b, br, rows, shape, br_new)))
-  return deliver(prog, carry._replace(bwd_tables=tables), m, s == b,
+  bs_kept = kept_rows(receiver, end_rows(prog, bs, b, RECEIVER, rows, shape), bs_new)
+  br_kept = kept_rows(sender, end_rows(prog, br, b, SENDER, rows, shape), br_new)
+  tables = (put_end_rows(prog, bs, b, RECEIVER, rows, bs_kept), put_end_rows(prog, br, b, SENDER, rows, br_kept))
+  return deliver(prog, carry._replace(bwd_tables=tables), b, m, sender,
                  layout.pad(dx, prog.width, prog.act_dtype), forward=False)
 
 
@@ -545,11 +629,13 @@ def stage_ops(prog: Program, inp: StepInputs, tick, plan: Plan, carry: ExplicitC
   y_buf = dx_buf = jnp.zeros(carry.stash.x_buf.shape[1:], carry.stash.x_buf.dtype)
   if "F" in plan.kinds:
     forward_busy, m = op_at(prog, tick, "F", s)
-    slot = m % prog.lookup.stash_slots
+    v, _ = chunk_at(prog, tick, "F", s)
+    slot = ring_slot(prog.lookup.stash_slots, v, m)
     stash = carry.stash._replace(model_state=carry.stash.model_state.at[slot].set(
-        jnp.where(forward_busy, carry.model_state, carry.stash.model_state[slot])))
-    y_buf, ms_row, loss, metrics = stage_step(prog, inp, tick, carry.model_state, carry.stash.x_buf[slot])
-    carry = carry._replace(stash=stash, model_state=ms_row, loss_sum=carry.loss_sum + loss,
+        jnp.where(forward_busy, carry.model_state[v], carry.stash.model_state[slot])))
+    y_buf, ms_row, loss, metrics = stage_step(prog, inp, tick, inp.params_row[v], carry.model_state[v],
+                                              carry.stash.x_buf[slot])
+    carry = carry._replace(stash=stash, model_state=carry.model_state.at[v].set(ms_row), loss_sum=carry.loss_sum + loss,
                            metric_sums=jax.tree.map(jnp.add, carry.metric_sums, metrics))
   for kind in (kind for kind in plan.kinds if kind != "F"):
     grads, dx = stage_backward(prog, inp, tick, kind, carry.stash, carry.grads)
@@ -563,9 +649,11 @@ def explicit_tick(prog: Program, inp: StepInputs, tick, plan: Plan, carry: Expli
   """One tick: this stage's ops, then the boundaries (each message delivered into its receiver's ring)."""
   carry, y_buf, dx_buf = stage_ops(prog, inp, tick, plan, carry)
   for b in plan.fwd_sends:
-    carry = stash_exchange(prog, inp, tick, b, y_buf, carry)
+    with link_scope(prog, b):
+      carry = stash_exchange(prog, inp, tick, b, y_buf, carry)
   for b in plan.bwd_sends:
-    carry = backward_exchange(prog, inp, tick, b, dx_buf, carry)
+    with link_scope(prog, b):
+      carry = backward_exchange(prog, inp, tick, b, dx_buf, carry)
   return carry
 
 
@@ -579,63 +667,66 @@ def explicit_tick(prog: Program, inp: StepInputs, tick, plan: Plan, carry: Expli
 def encode_forward(prog: Program, inp: StepInputs, tick, b: int, y_buf, carry: ExplicitCarry) -> ExplicitCarry:
   """Stage b encodes the activation its forward made at `tick` (its forward-sender rows, and under index
   reuse its TopK positions, stashed): the payload waits in `in_flight` to cross during the next tick."""
-  s, shape, link = jax.lax.axis_index(STAGE), prog.shapes[b], _boundary(prog, b)
+  (sender, receiver), shape, link = at_ends(prog, b), prog.shapes[b], _boundary(prog, b)
   m = message_at(prog, tick, b, forward=True)
   rows, _ = _link_rows(prog, m, inp.mbs)
   fs, fr = carry.fwd_tables
   payload, fs_new = boundary_mod.forward_send(link, prog.mode, layout.unpad(y_buf, shape),
-                                              layout.gather_rows(fs, rows, shape),
-                                              pipeline.link_key(inp.step_key, global_microbatch(prog, m), b), s == b)
+                                              end_rows(prog, fs, b, SENDER, rows, shape),
+                                              pipeline.link_key(inp.step_key, global_microbatch(prog, m), b), sender)
   carry = stash_positions(prog, carry, b, m, boundary_mod.reuse_positions(link, prog.mode, payload), end=0)
   sent = carry.in_flight.fwd_sent[:b] + (payload,) + carry.in_flight.fwd_sent[b + 1:]
-  return carry._replace(fwd_tables=(layout.put_rows(fs, rows, fs_new), fr),
+  return carry._replace(fwd_tables=(put_end_rows(prog, fs, b, SENDER, rows, fs_new), fr),
                         in_flight=carry.in_flight._replace(fwd_sent=sent))
 
 
 def decode_forward(prog: Program, inp: StepInputs, tick, b: int, carry: ExplicitCarry) -> ExplicitCarry:
   """Stage b+1 decodes boundary b's payload that crossed during the tick before into its ring (its
   forward-receiver rows, and under index reuse its copy of the TopK positions, stashed)."""
-  s, shape, link = jax.lax.axis_index(STAGE), prog.shapes[b], _boundary(prog, b)
+  (sender, receiver), shape, link = at_ends(prog, b), prog.shapes[b], _boundary(prog, b)
   m = message_at(prog, tick, b, forward=True, received=True)
   rows, _ = _link_rows(prog, m, inp.mbs)
   fs, fr = carry.fwd_tables
   arrived = carry.in_flight.fwd_arrived[b]
-  x, fr_new = boundary_mod.forward_receive(link, prog.mode, arrived, layout.gather_rows(fr, rows, shape), s == b + 1)
+  x, fr_new = boundary_mod.forward_receive(link, prog.mode, arrived, end_rows(prog, fr, b, RECEIVER, rows, shape),
+                                           receiver)
   carry = stash_positions(prog, carry, b, m, boundary_mod.reuse_positions(link, prog.mode, arrived), end=1)
-  carry = carry._replace(fwd_tables=(fs, layout.put_rows(fr, rows, fr_new)))
-  return deliver(prog, carry, m, s == b + 1, layout.pad(x, prog.width, prog.act_dtype), forward=True)
+  carry = carry._replace(fwd_tables=(fs, put_end_rows(prog, fr, b, RECEIVER, rows, fr_new)))
+  return deliver(prog, carry, b, m, receiver, layout.pad(x, prog.width, prog.act_dtype), forward=True)
 
 
 def encode_backward(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carry: ExplicitCarry) -> ExplicitCarry:
   """Stage b+1 encodes the input gradient its backward made at `tick` (its backward-sender rows): the
   payload waits in `in_flight` to cross back during the next tick."""
-  s, shape, link = jax.lax.axis_index(STAGE), prog.shapes[b], _boundary(prog, b)
+  (sender, receiver), shape, link = at_ends(prog, b), prog.shapes[b], _boundary(prog, b)
   m = message_at(prog, tick, b, forward=False)
   _, rows = _link_rows(prog, m, inp.mbs)
   idx = stashed_positions(prog, carry, b, m)
   payload, bs_new = boundary_mod.backward_send(link, prog.mode, layout.unpad(dx_buf, shape),
-                                               layout.gather_rows(inp.bwd_tables[0], rows, shape),
+                                               end_rows(prog, inp.bwd_tables[0], b, RECEIVER, rows, shape),
                                                pipeline.link_key(inp.step_key, global_microbatch(prog, m), b),
-                                               s == b + 1, None if idx is None else idx[1])
+                                               receiver, None if idx is None else idx[1])
   bs, br = carry.bwd_tables
   sent = carry.in_flight.bwd_sent[:b] + (payload,) + carry.in_flight.bwd_sent[b + 1:]
-  return carry._replace(bwd_tables=(layout.put_rows(bs, rows, kept_rows(s == b + 1, bs, rows, shape, bs_new)), br),
+  kept = kept_rows(receiver, end_rows(prog, bs, b, RECEIVER, rows, shape), bs_new)
+  return carry._replace(bwd_tables=(put_end_rows(prog, bs, b, RECEIVER, rows, kept), br),
                         in_flight=carry.in_flight._replace(bwd_sent=sent))
 
 
 def decode_backward(prog: Program, inp: StepInputs, tick, b: int, carry: ExplicitCarry) -> ExplicitCarry:
   """Stage b decodes boundary b's gradient payload that crossed back during the tick before into its ring
   (its backward-receiver rows)."""
-  s, shape, link = jax.lax.axis_index(STAGE), prog.shapes[b], _boundary(prog, b)
+  (sender, receiver), shape, link = at_ends(prog, b), prog.shapes[b], _boundary(prog, b)
   m = message_at(prog, tick, b, forward=False, received=True)
   _, rows = _link_rows(prog, m, inp.mbs)
   idx = stashed_positions(prog, carry, b, m)
   dx, br_new = boundary_mod.backward_receive(link, prog.mode, carry.in_flight.bwd_arrived[b],
-                                             layout.gather_rows(inp.bwd_tables[1], rows, shape), s == b,
+                                             end_rows(prog, inp.bwd_tables[1], b, SENDER, rows, shape), sender,
                                              None if idx is None else idx[0], shape.dtype)
   bs, br = carry.bwd_tables
-  tables = (bs, layout.put_rows(br, rows, kept_rows(s == b, br, rows, shape, br_new)))
-  return deliver(prog, carry._replace(bwd_tables=tables), m, s == b, layout.pad(dx, prog.width, prog.act_dtype),
+  kept = kept_rows(sender, end_rows(prog, br, b, SENDER, rows, shape), br_new)
+  tables = (bs, put_end_rows(prog, br, b, SENDER, rows, kept))
+  return deliver(prog, carry._replace(bwd_tables=tables), b, m, sender, layout.pad(dx, prog.width, prog.act_dtype),
                  forward=False)
 
 
@@ -644,8 +735,11 @@ def overlapped_tick(prog: Program, inp: StepInputs, tick, plan: Plan, carry: Exp
   the carry (so the tick's compute runs while they are in flight); those that crossed during the tick before
   are decoded into their receivers' rings; the stage runs; what it made is encoded to cross during the next tick."""
   flight = carry.in_flight
-  cross = lambda sent, arrived, crossing, move: tuple(
-      move(_boundary(prog, b).transport)(sent[b]) if b in crossing else arrived[b] for b in range(len(sent)))
+  def cross(sent, arrived, crossing, move):
+    def moved(b):
+      with link_scope(prog, b):
+        return move(_boundary(prog, b).transport)(sent[b])
+    return tuple(moved(b) if b in crossing else arrived[b] for b in range(len(sent)))
   fwd_arrived = cross(flight.fwd_sent, flight.fwd_arrived, plan.fwd_crossing, lambda t: t.forward)
   bwd_arrived = cross(flight.bwd_sent, flight.bwd_arrived, plan.bwd_crossing, lambda t: t.backward)
   for b in plan.fwd_arriving:
@@ -667,7 +761,8 @@ def empty_in_flight(prog: Program, inp: StepInputs, carry: ExplicitCarry) -> InF
   for b, shape in enumerate(prog.shapes):
     link, key, x = _boundary(prog, b), pipeline.link_key(inp.step_key, 0, b), jnp.zeros(shape.shape, shape.dtype)
     fwd_rows, bwd_rows = _link_rows(prog, 0, inp.mbs)
-    fs, bs = layout.gather_rows(carry.fwd_tables[0], fwd_rows, shape), layout.gather_rows(inp.bwd_tables[0], bwd_rows, shape)
+    fs = end_rows(prog, carry.fwd_tables[0], b, SENDER, fwd_rows, shape)
+    bs = end_rows(prog, inp.bwd_tables[0], b, RECEIVER, bwd_rows, shape)
     idx = stashed_positions(prog, carry, b, 0)
     fwd.append(jax.eval_shape(lambda: boundary_mod.forward_send(link, prog.mode, x, fs, key, True)[0]))
     bwd.append(jax.eval_shape(lambda: boundary_mod.backward_send(link, prog.mode, x, bs, key, True,
@@ -682,14 +777,16 @@ def _index_shapes(prog: Program, b: int):
 
 
 def run_explicit(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, step_key, scale) -> ExplicitCarry:
-  """Every tick of the explicit schedule on this device. `scale` weighs each microbatch's
-  loss (1 / (M D)): the returned `grads` and backward tables are those of the weighted sum,
-  as autodiff of the mean loss gives them."""
+  """Every tick of the explicit schedule on this device, whose V chunks' rows are `params_row` [V, P] and
+  `ms_row` [V, Q]. `scale` weighs each microbatch's loss (1 / (M D)): the returned `grads` [V, P] and
+  backward tables are those of the weighted sum, as autodiff of the mean loss gives them. An eval step
+  (`prog.train` False) runs the table's forwards alone: its loss and metrics."""
+  chunks = prog.table.num_chunks // prog.table.num_devices
   k, buf = prog.lookup.stash_slots, (microbatch_size(mbs), prog.width)
   indices = tuple(jax.tree.map(lambda a: jnp.zeros((k, *a.shape), a.dtype), _index_shapes(prog, b))
                   for b in range(prog.pipe.num_stages - 1))
-  stash = Stash(jnp.zeros((k, *buf), prog.act_dtype), jnp.zeros((k, *ms_row.shape), ms_row.dtype), indices,
-                jnp.zeros((prog.lookup.grad_slots, *buf), prog.act_dtype))
+  stash = Stash(jnp.zeros((chunks * k, *buf), prog.act_dtype), jnp.zeros((chunks * k, *ms_row.shape[1:]), ms_row.dtype),
+                indices, jnp.zeros((chunks * prog.lookup.grad_slots, *buf), prog.act_dtype))
   carry = ExplicitCarry(stash, ms_row, tuple(fwd_tables), jax.tree.map(jnp.zeros_like, tuple(bwd_tables)),
                         jnp.zeros_like(params_row), jnp.zeros((), jnp.float32), zero_metrics(prog))
   inp = StepInputs(params_row, tuple(bwd_tables), mbs, step_key, scale)

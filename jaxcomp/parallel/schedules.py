@@ -138,12 +138,15 @@ def as_soon_as_ready(name: str, num_chunks: int, microbatches: int, orders: list
   return Schedule(name, num_chunks, microbatches, tuple(map(tuple, rows)), hop)
 
 
-def interleaved(num_stages: int, microbatches: int, chunks_per_device: int) -> Schedule:
+def interleaved(num_stages: int, microbatches: int, chunks_per_device: int, forwards_first: bool = False,
+                hop: int = 1) -> Schedule:
   """Interleaved 1F1B (Narayanan et al. 2021, Megatron-LM): V chunks per device, chunk c on device c mod S
   (its activation goes on to device (c+1) mod S: a ring). Device d's k-th forward is chunk (k mod SV) // S
   of its device on microbatch S (k // SV) + k mod S (backwards take the chunks in reverse): (S-d-1)*2 +
   (V-1)*S forwards first, then one F and one BW in turn, then the remaining BWs; `as_soon_as_ready` places
-  them. Needs M a multiple of S. Bubble (S-1)/(VM+S-1) (F 1, BW 2)."""
+  them (`hop` 2: overlapped sends). Needs M a multiple of S. Bubble (S-1)/(VM+S-1) (F 1, BW 2).
+  `forwards_first`: all V M forwards before any backward (the forward pass in VM+S-1 ticks, the one eval
+  steps run)."""
   S, M, V = num_stages, microbatches, chunks_per_device
   if min(S, M, V) < 1:
     raise ValueError(f"interleaved 1F1B needs S, M, V >= 1, got S={S}, M={M}, V={V}")
@@ -156,10 +159,10 @@ def interleaved(num_stages: int, microbatches: int, chunks_per_device: int) -> S
       group, r = divmod(k, S * V)
       return Op(kind, (r // S if kind == "F" else V - 1 - r // S) * S + d, group * S + r % S)
     total = V * M
-    warmup = min(total, (S - d - 1) * 2 + (V - 1) * S)
+    warmup = total if forwards_first else min(total, (S - d - 1) * 2 + (V - 1) * S)
     steady = [o for k in range(total - warmup) for o in (op("F", warmup + k), op("BW", k))]
     return [op("F", k) for k in range(warmup)] + steady + [op("BW", k) for k in range(total - warmup, total)]
-  return as_soon_as_ready(f"interleaved:{V}", S * V, M, [order(d) for d in range(S)])
+  return as_soon_as_ready(f"interleaved:{V}", S * V, M, [order(d) for d in range(S)], hop)
 
 
 def zero_bubble_h1(num_stages: int, microbatches: int, hop: int = 1) -> Schedule:
@@ -193,23 +196,27 @@ def zero_bubble_h1(num_stages: int, microbatches: int, hop: int = 1) -> Schedule
 BUILDERS = {"gpipe": gpipe, "1f1b": one_f_one_b, "1f1b-fused": one_f_one_b_fused}  # fused BW, any hop
 SPLIT_BUILDERS = {"zb-h1": zero_bubble_h1}  # split B and W, any hop
 SCHEDULES = (*BUILDERS, *SPLIT_BUILDERS)  # the tables the sharded executor runs
-OVERLAP_SCHEDULES = SCHEDULES  # those it runs with overlapped sends
 OVERLAP_HOP = 2  # ticks a message takes with overlapped sends: it crosses during the tick after its op
 
 
+def chunks_per_device(name: str) -> int:
+  """V of "interleaved:V" (V chunks per device), 1 for every other schedule; a ValueError for a name that is
+  neither one of SCHEDULES nor interleaved:V with V >= 1."""
+  kind, _, chunks = name.partition(":")
+  if kind == "interleaved" and chunks.isdigit() and int(chunks) >= 1:
+    return int(chunks)
+  if name not in SCHEDULES:
+    raise ValueError(f"schedule must be one of {list(SCHEDULES)} or interleaved:V (V >= 1 chunks per device), "
+                     f"got {name!r}")
+  return 1
+
+
 def check_overlap(name: str, num_stages: int, microbatches: int) -> None:
-  """The sharded executor runs overlapped sends on OVERLAP_SCHEDULES, with M >= 2S
-  (`check_overlap_microbatches`). A ValueError naming the values and the fix."""
-  if name not in OVERLAP_SCHEDULES:
-    raise ValueError(f"overlapped sends run on the schedules {list(OVERLAP_SCHEDULES)}, got {name!r}: drop "
-                     "--overlap or use one of those")
-  check_overlap_microbatches(num_stages, microbatches)
-
-
-def check_overlap_microbatches(num_stages: int, microbatches: int) -> None:
-  """Overlapped sends need M >= 2S: each message then takes two ticks, and with fewer microbatches the
-  pipeline never has every stage computing while every link carries a message (no steady ticks), so the S-1
-  extra ticks each way cost more than the overlap can hide. A ValueError naming the values and the fix."""
+  """Overlapped sends (the executor runs every schedule with them) need M >= 2S: each message then takes two
+  ticks, and with fewer microbatches the pipeline never has every stage computing while every link carries a
+  message (no steady ticks), so the S-1 extra ticks each way cost more than the overlap can hide. A ValueError
+  naming the values and the fix (`chunks_per_device`'s for an unknown name)."""
+  chunks_per_device(name)
   if microbatches < 2 * num_stages:
     raise ValueError(f"overlapped sends (--overlap) need at least 2S microbatches per data shard: got M="
                      f"{microbatches} for S={num_stages} stages; use --microbatches {2 * num_stages} (or more), "
@@ -218,22 +225,14 @@ def check_overlap_microbatches(num_stages: int, microbatches: int) -> None:
 
 def build(name: str, num_stages: int, microbatches: int, overlap: bool = False) -> Schedule:
   """The table of schedule `name` for S stages and M microbatches: one of SCHEDULES (the sharded executor
-  runs these), or "interleaved:V" (a table only: no executor runs it yet). `overlap`: the table with
-  overlapped sends, `OVERLAP_HOP` ticks a message, for M >= 2S (`check_overlap_microbatches`): the builders'
-  own (gpipe, 1f1b, 1f1b-fused, zb-h1), and interleaved:V's order, Megatron's, placed with that hop (the
-  executor runs those of OVERLAP_SCHEDULES)."""
-  kind, _, chunks = name.partition(":")
-  builders = {**BUILDERS, **SPLIT_BUILDERS}
-  if name not in builders and not (kind == "interleaved" and chunks.isdigit()):
-    raise ValueError(f"schedule must be one of {list(builders)} or interleaved:V, got {name!r}")
-  hop = OVERLAP_HOP if overlap else 1
+  runs these), or "interleaved:V" (the sharded executor runs it with V chunks per device: `chunks_per_device`).
+  `overlap`: the table with overlapped sends, `OVERLAP_HOP` ticks a message, M >= 2S (`check_overlap`)."""
+  V, hop = chunks_per_device(name), OVERLAP_HOP if overlap else 1
   if overlap:
-    check_overlap_microbatches(num_stages, microbatches)
-  if name in builders:
-    return builders[name](num_stages, microbatches, hop)
-  table = interleaved(num_stages, microbatches, int(chunks))
-  return table if hop == 1 else as_soon_as_ready(
-      table.name, table.num_chunks, microbatches, [list(device_order(table, d)) for d in range(num_stages)], hop)
+    check_overlap(name, num_stages, microbatches)
+  if name.startswith("interleaved:"):
+    return interleaved(num_stages, microbatches, V, hop=hop)
+  return {**BUILDERS, **SPLIT_BUILDERS}[name](num_stages, microbatches, hop)
 
 
 def positions(schedule: Schedule) -> dict[Op, tuple[int, int, int]]:

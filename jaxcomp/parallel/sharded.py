@@ -47,14 +47,18 @@ class ShardedExecutor(pipeline.Executor):
   stage per tick: at most 2S-1 inputs, half of 1f1b's ticks) or "zb-h1" (ZB-H1: 1F1B's order with each
   backward split into B, the input gradient sent upstream at once, and W, the weight gradient, deferred
   into the bubbles; W recomputes the stage's forward from the stashed input and output cotangent); all
-  send the same bytes and give the same numbers.
+  send the same bytes and give the same numbers. "interleaved:V" (interleaved 1F1B): the pipeline's S V stages
+  cut into chunks, device d holding chunks d, d+S, ... (its rows [S, V, ...]), boundaries on a ring; its
+  bubble (S-1)/(VM+S-1) against 1F1B's (S-1)/(M+S-1); its eval steps run the forwards of interleaved GPipe
+  (VM+S-1 ticks); each chunk has its own data-parallel error rows (`grad_state` [S, V, D, P]).
   `remat="stage"` (default) saves a stage's input per microbatch and recomputes the stage in
   its explicit backward (`schedule.run_explicit`); `remat="none"` (GPipe only) differentiates
   the forward schedule with autodiff, which saves every stage's internals.
-  `overlap=True` (train steps of `schedules.OVERLAP_SCHEDULES`, `remat="stage"`): overlapped sends, MaxText's delayed
-  activation forwarding: a payload encoded at tick t crosses its link during tick t+1 while the stages
-  compute, and is decoded at t+2 where it is used (`schedules.OVERLAP_HOP`; S-1 more ticks each way, M >= 2S
-  microbatches); the same bytes and numbers. Eval steps run without it.
+  `overlap=True` (train steps of every schedule, `remat="stage"`): overlapped
+  sends, MaxText's delayed activation forwarding: a payload encoded at tick t crosses its link during tick t+1
+  while the stages compute, and is decoded at t+2 where it is used (`schedules.OVERLAP_HOP`; S-1 more ticks
+  each way, S V - 1 with interleaved:V; M >= 2S microbatches); the same bytes and numbers. Eval steps run
+  without it.
   """
   mesh: jax.sharding.Mesh
   grad_scheme: Any = None
@@ -68,8 +72,7 @@ class ShardedExecutor(pipeline.Executor):
       raise ValueError(f"grad_scheme must be a Plain or EF scheme (no receiver state), got {g!r}")
     if self.remat not in schedule.REMAT:
       raise ValueError(f"remat must be one of {schedule.REMAT}, got {self.remat!r}")
-    if self.schedule not in SCHEDULES:
-      raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+    schedules.chunks_per_device(self.schedule)
     if self.schedule != "gpipe" and self.remat == "none":
       raise ValueError(f"the {self.schedule} schedule always recomputes a stage from its stashed input; "
                        "use remat='stage'")
@@ -85,10 +88,18 @@ class ShardedExecutor(pipeline.Executor):
   def data(self) -> int:
     return self.mesh.shape[DATA]
 
+  @property
+  def chunks(self) -> int:
+    """V: the chunks (consecutive stages of the model) each stage device holds, chunk c on device c mod S."""
+    return schedules.chunks_per_device(self.schedule)
+
   def _check(self, pipe: pipeline.Pipeline, optimizer=None):
-    if pipe.num_stages != self.num_stages:
+    if pipe.num_stages != self.num_stages * self.chunks:
+      per = f" x {self.chunks} chunks per device (schedule {self.schedule})" if self.chunks > 1 else ""
       raise ValueError(f"the model has {pipe.num_stages} stages but the mesh's stage axis has "
-                       f"{self.num_stages} devices")
+                       f"{self.num_stages} devices{per}")
+    if self.chunks > 1:
+      schedules.build(self.schedule, self.num_stages, pipe.microbatches)  # M a multiple of S
     if self.overlap:
       schedules.check_overlap(self.schedule, self.num_stages, pipe.microbatches)
     dataparallel.check_optimizer(optimizer, self.grad_scheme)
@@ -103,7 +114,7 @@ class ShardedExecutor(pipeline.Executor):
   def layout(self, pipe: pipeline.Pipeline, optimizer, batch) -> StateLayout:
     """The state layout of this mesh for the global `batch`."""
     self.local_batch(batch)
-    return StateLayout(pipe, optimizer, batch, self.num_stages, self.data, self.grad_scheme)
+    return StateLayout(pipe, optimizer, batch, self.num_stages, self.data, self.grad_scheme, self.chunks)
 
   # ---------------------------------------------------------------- state
   def stack(self, pipe, optimizer, state: pipeline.TrainState, batch):
@@ -179,7 +190,7 @@ class ShardedExecutor(pipeline.Executor):
     """Bytes all replicas send per step for the data-parallel gradient exchange (all stages);
     QuantizedAdam's momentum exchange sends the same [1, P] messages."""
     params = layout.FlatRows(abstract_state(pipe, optimizer, self.local_batch(batch)).params)
-    return dataparallel.exchange_bytes(self.grad_scheme, params.size, self.num_stages, self.data, dense)
+    return dataparallel.exchange_bytes(self.grad_scheme, params.size, pipe.num_stages, self.data, dense)
 
   def collective_ways(self, mode: Mode = Mode.TRAIN) -> tuple[str, ...]:
     """Executor protocol: the pipeline's messages each way, and the data-parallel exchange when it is
@@ -220,8 +231,12 @@ class ShardedExecutor(pipeline.Executor):
     pipe, local = lay.pipe, lay.local_batch
     m_count, scale = pipe.microbatches, 1 / (pipe.microbatches * self.data)
     explicit = train and self.remat == "stage"
-    table = (schedules.build(self.schedule, self.num_stages, m_count, self.overlap) if explicit
-             else schedules.gpipe(self.num_stages, m_count))
+    if explicit:
+      table = schedules.build(self.schedule, self.num_stages, m_count, self.overlap)
+    elif self.chunks > 1:  # an eval step: the forwards of interleaved GPipe (`schedule.run_explicit`)
+      table = schedules.interleaved(self.num_stages, m_count, self.chunks, forwards_first=True)
+    else:
+      table = schedules.gpipe(self.num_stages, m_count)
     prog = schedule.make_program(pipe, lay.template, local, mode, train, table)
     exchange = dataparallel.exchange_for(optimizer, self.grad_scheme, warmup=mode is Mode.WARMUP)
     total = lambda v: jax.lax.pmean(jax.lax.psum(v, STAGE), DATA)
@@ -240,20 +255,27 @@ class ShardedExecutor(pipeline.Executor):
         # / D: the boundary gradients of this shard's microbatches are those of the global mean loss
         return loss / self.data, (loss, metrics, out.model_state, out.fwd_tables)
 
+      by_chunk = lambda row: row.reshape(self.chunks, row.shape[-1])  # [V, P]; [1, P] when V = 1
       if not train:
-        _, (loss, metrics, _, _) = loss_of(state.params[0], bwd)
+        if self.chunks > 1:
+          loss, metrics = mean(schedule.run_explicit(prog, by_chunk(state.params[0]), by_chunk(state.model_state[0]),
+                                                     fwd, bwd, mbs, step_key, None))
+        else:
+          _, (loss, metrics, _, _) = loss_of(state.params[0], bwd)
         return jax.tree.map(total, {"loss": loss, **metrics})
       if explicit:
-        out = schedule.run_explicit(prog, state.params[0], state.model_state[0], fwd, bwd, mbs, step_key,
-                                    jnp.asarray(scale, jnp.float32))
+        out = schedule.run_explicit(prog, by_chunk(state.params[0]), by_chunk(state.model_state[0]), fwd, bwd, mbs,
+                                    step_key, jnp.asarray(scale, jnp.float32))
         (loss, metrics), ms, fwd, grads, bwd = mean(out), out.model_state, out.fwd_tables, out.grads, out.bwd_tables
       else:
         (_, (loss, metrics, ms, fwd)), (grads, bwd) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(
             state.params[0], bwd)
-      s = jax.lax.axis_index(STAGE)
-      at = dataparallel.StageStep(s, jax.random.fold_in(step_key, 2), lay.real(s), lay.finish, lay.optimizer)
-      params_row, opt, grad_state = exchange(grads, mine(state.opt_state), state.params[0], state.grad_state, at)
-      ms = jax.lax.pmean(ms, DATA)  # BatchNorm running statistics synchronised over data shards
+      chunks = lay.chunks_of(jax.lax.axis_index(STAGE))  # this device's stage, or its chunks' [V]
+      at = dataparallel.StageStep(chunks, jax.random.fold_in(step_key, 2), lay.real(chunks), lay.finish,
+                                  lay.device_optimizer)
+      params_row, opt, grad_state = exchange(grads.reshape(state.params.shape[1:]), mine(state.opt_state),
+                                             state.params[0], state.grad_state, at)
+      ms = jax.lax.pmean(ms, DATA).reshape(state.model_state.shape[1:])  # BatchNorm statistics synchronised
       add = lambda tree: jax.tree.map(lambda a: a[None], tree)
       links = LinkState(add(fwd[0]), add(fwd[1]), add(bwd[0]), add(bwd[1]))
       new_state = pipeline.TrainState(state.step + 1, state.rng, params_row[None], ms[None], add(opt), links,

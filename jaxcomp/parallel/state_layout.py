@@ -2,12 +2,13 @@
 
 Per device (d, s) of the (data, stage) mesh, every per-stage quantity is a zero-padded row
 (`layout.FlatRows`), so that one stage-sharded array holds all of them:
-  params [S, P], model state [S, Q], optimizer state [S, O]    (sharded on stage)
-  link tables [S, D*rows, F]: device s holds the forward-sender / backward-receiver rows of
-  boundary s and the forward-receiver / backward-sender rows of boundary s-1; a batch-slot
+  params [S, P], model state [S, Q], optimizer state [S, O]    (sharded on stage);
+  with V > 1 chunks per device (interleaved schedules) [S, V, P] etc.: device d holds chunks d, d+S, ...
+  link tables [S, D*rows, F] ([S, V, D*rows, F]): chunk c holds the forward-sender / backward-receiver
+  rows of boundary c and the forward-receiver / backward-sender rows of boundary c-1; a batch-slot
   table's rows are split over the data shards, a per-example (AQ-SGD) table is held whole
   by every data shard (shard d's copy holds its own examples' rows, zeros elsewhere).
-  grad_state [S, D, P]: each replica's error row of the data-parallel exchange.
+  grad_state [S, D, P] ([S, V, D, P]): each replica's error row of the data-parallel exchange.
 `StateRows` converts between the simulate layout and these rows from shapes alone (a checkpoint
 of the rows records its `description`); `StateLayout` adds what the executor needs of the
 pipeline. `StateLayout.specs` is the one source of every partition spec.
@@ -26,7 +27,7 @@ from jaxcomp.parallel import layout
 from jaxcomp.parallel.mesh import DATA, STAGE, TIED
 from jaxcomp.parallel.qadam import QuantizedAdam
 
-_OWNER = {"fwd_send": 0, "bwd_recv": 0, "fwd_recv": 1, "bwd_send": 1}  # boundary of stage s: s - offset
+_OWNER = {"fwd_send": 0, "bwd_recv": 0, "fwd_recv": 1, "bwd_send": 1}  # boundary of chunk c: c - offset
 
 
 def exchange_tied(segment, pairs):
@@ -117,7 +118,7 @@ class MomentRows:
     return self.optimizer.dense_update(grads_row, opt_row, params_row)
 
   def check(self, opt_rows, warmup):
-    if not warmup and not int(opt_rows.nu_count[0]):
+    if not warmup and not int(opt_rows.nu_count.reshape(-1)[0]):
       raise ValueError("QuantizedAdam freezes Adam's second moment after warm-up, but this state has had "
                        "no warm-up step (v = 0): run Mode.WARMUP steps first")
 
@@ -131,6 +132,19 @@ def optimizer_rows(optimizer, params_fl: layout.FlatRows, stage_params) -> Optim
   return OptaxRows(optimizer, params_fl, [jax.eval_shape(optimizer.init, p) for p in stage_params])
 
 
+class ChunkRows:
+  """An optimizer's rows on a device that holds V chunks: [V, ...] rows, each chunk's step its own
+  (`update`'s s: the chunks' indices [V])."""
+
+  def __init__(self, rows: OptimizerRows):
+    self.rows = rows
+
+  def update(self, grads_row, opt_row, params_row, s):
+    steps = [self.rows.update(grads_row[v], jax.tree.map(lambda a: a[v], opt_row), params_row[v], s[v])
+             for v in range(grads_row.shape[0])]
+    return jax.tree.map(lambda *r: jnp.stack(r), *steps)
+
+
 OPTIMIZER_ROWS = {OptaxRows: "optax", MomentRows: "moments"}
 
 
@@ -138,13 +152,15 @@ class StateRows:
   """The simulate layout's TrainState <-> stage rows and link tables on `num_stages` x `data`
   devices, from shapes alone: `template` (the simulate-layout state's shapes), whether the
   forward link state is per example (`keyed`), the optimizer's rows, the tables' width `f_max`
-  and one replica's data-parallel error state `grad_template` (None: no such state).
+  and one replica's data-parallel error state `grad_template` (None: no such state); `chunks` V per
+  device (the template's S V stages, chunk c on device c mod S).
   `description` is what a checkpoint of the rows records, `from_description` rebuilds them
   from it and the simulate layout's shapes alone (no pipeline needed)."""
 
   def __init__(self, template: pipeline.TrainState, num_stages: int, data: int, keyed: bool,
-               optimizer: OptimizerRows | None, f_max: int, grad_template=None):
+               optimizer: OptimizerRows | None, f_max: int, grad_template=None, chunks: int = 1):
     self.template, self.num_stages, self.data, self.keyed = template, num_stages, data, keyed
+    self.chunks = chunks
     self.params = layout.FlatRows(template.params)
     self.model_state = layout.FlatRows(template.model_state)
     self.optimizer, self.f_max, self.grad_template = optimizer, f_max, grad_template
@@ -152,7 +168,8 @@ class StateRows:
   def description(self) -> dict:
     """JSON: what `from_description` needs besides the simulate layout's shapes."""
     opt = self.optimizer
-    return {"stages": self.num_stages, "data": self.data, "keyed": self.keyed, "width": self.f_max,
+    return {"stages": self.num_stages, **({"chunks": self.chunks} if self.chunks > 1 else {}),
+            "data": self.data, "keyed": self.keyed, "width": self.f_max,
             "optimizer": None if opt is None else OPTIMIZER_ROWS[type(opt)],
             "optimizer_leaves": [] if not isinstance(opt, OptaxRows) else
             [[list(leaf.shape) for leaf in stage] for stage in opt.fl.leaves]}
@@ -169,16 +186,30 @@ class StateRows:
       optimizer = OptaxRows(None, params, layout.split_by_stage(template.opt_state, template.params))
       if [[list(leaf.shape) for leaf in stage] for stage in optimizer.fl.leaves] != described["optimizer_leaves"]:
         raise ValueError("the optimizer state of these rows has other shapes than this run's")
-    return cls(template, described["stages"], described["data"], described["keyed"], optimizer, described["width"])
+    return cls(template, described["stages"], described["data"], described["keyed"], optimizer, described["width"],
+               chunks=described.get("chunks", 1))
 
   # ------------------------------------------------------------ whole states
+  def by_device(self, rows):
+    """Chunk rows [S V, ...] (chunk order) -> [S, V, ...]: device d's chunks d, d+S, ...; as they are for V = 1."""
+    if self.chunks == 1:
+      return rows
+    return jax.tree.map(lambda a: a.reshape(self.chunks, self.num_stages, *a.shape[1:]).swapaxes(0, 1), rows)
+
+  def by_chunk(self, rows):
+    """Inverse of `by_device`."""
+    if self.chunks == 1:
+      return rows
+    return jax.tree.map(lambda a: a.swapaxes(0, 1).reshape(-1, *a.shape[2:]), rows)
+
   def stack(self, state: pipeline.TrainState) -> pipeline.TrainState:
     """simulate-layout TrainState (PRNG key as key data) -> rows; traceable."""
     opt_state = ()
     if self.optimizer is not None:
-      opt_state = self.optimizer.stack(layout.split_by_stage(state.opt_state, state.params))
-    return pipeline.TrainState(state.step, state.rng, self.params.stack(state.params), self.model_state.stack(
-        state.model_state), opt_state, self.tables(state.links), self.grad_rows(state.grad_state))
+      opt_state = self.by_device(self.optimizer.stack(layout.split_by_stage(state.opt_state, state.params)))
+    return pipeline.TrainState(state.step, state.rng, self.by_device(self.params.stack(state.params)),
+                               self.by_device(self.model_state.stack(state.model_state)), opt_state,
+                               self.tables(state.links), self.grad_rows(state.grad_state))
 
   def unstack(self, flat: pipeline.TrainState) -> pipeline.TrainState:
     """Inverse of `stack`: the optimizer state in `optimizer.init(params)`'s structure, `grad_state`
@@ -188,10 +219,10 @@ class StateRows:
 
   def unstack_model(self, params, model_state, opt_state) -> tuple:
     """(params, model state, optimizer state) rows -> their simulate layout (part of `unstack`)."""
-    params = self.params.unstack(params)
+    params = self.params.unstack(self.by_chunk(params))
     if self.optimizer is not None:
-      opt_state = layout.merge_stages(tuple(self.optimizer.unstack(opt_state)), params)
-    return params, self.model_state.unstack(model_state), opt_state if self.optimizer is not None else ()
+      opt_state = layout.merge_stages(tuple(self.optimizer.unstack(self.by_chunk(opt_state))), params)
+    return params, self.model_state.unstack(self.by_chunk(model_state)), opt_state if self.optimizer is not None else ()
 
   # ------------------------------------------------------------ link tables
   def _keyed(self, field: str) -> bool:
@@ -199,19 +230,19 @@ class StateRows:
     return field.startswith("fwd") and self.keyed
 
   def tables(self, links) -> LinkState:
-    """Per-boundary LinkStates (global batch) -> [S, D*rows, F] tables, one per field."""
+    """Per-boundary LinkStates (global batch) -> [S, D*rows, F] tables ([S, V, D*rows, F]), one per field."""
     def table(field):
       def leaf(*per_boundary):
         rows, dtype = per_boundary[0].shape[0], per_boundary[0].dtype
         blocks = []
-        for s in range(self.num_stages):
-          b = s - _OWNER[field]
+        for c in range(self.num_stages * self.chunks):
+          b = c - _OWNER[field]
           block = jnp.zeros((rows, self.f_max), dtype)
           if 0 <= b < len(per_boundary):
             flat = per_boundary[b].reshape(rows, -1)
             block = block.at[:, : flat.shape[1]].set(flat)
           blocks.append(self._example_copies(block) if self._keyed(field) else block)
-        return jnp.stack(blocks)
+        return self.by_device(jnp.stack(blocks))
       parts = [getattr(link, field) for link in links]
       return jax.tree.map(leaf, *parts) if parts else ()
     return LinkState(*(table(f) for f in LinkState._fields))
@@ -221,9 +252,10 @@ class StateRows:
     out = []
     for b, link in enumerate(self.template.links):
       def field(name):
-        s = b + _OWNER[name]
+        c = b + _OWNER[name]
         def leaf(t, like):
-          t = self._example_rows(t[s]) if self._keyed(name) else t[s]
+          t = self.by_chunk(t)[c]
+          t = self._example_rows(t) if self._keyed(name) else t
           return t[: like.shape[0], : layout.feature_size(like.shape)].reshape(like.shape).astype(like.dtype)
         return jax.tree.map(leaf, getattr(tables, name), getattr(link, name))
       out.append(LinkState(*(field(f) for f in LinkState._fields)))
@@ -243,22 +275,23 @@ class StateRows:
 
   # ------------------------------------------------------------ data-parallel error rows
   def grad_rows(self, canonical):
-    """grad_state: per stage, trees with a leading [D] axis -> [S, D, P] rows (zeros if ())."""
+    """grad_state: per stage, trees with a leading [D] axis -> [S, D, P] rows ([S, V, D, P]; zeros if ())."""
     if self.grad_template is None:
       return ()
+    stages = self.num_stages * self.chunks
     if canonical == ():
-      return jax.tree.map(lambda r: jnp.tile(r[None], (self.num_stages, self.data, 1)), self.grad_template)
+      return self.by_device(jax.tree.map(lambda r: jnp.tile(r[None], (stages, self.data, 1)), self.grad_template))
     structure = jax.tree.structure(self.grad_template)
-    rows = [jnp.stack([jax.vmap(lambda t, s=s: self.params.put(s, t))(per_stage[s]) for s in range(self.num_stages)])
+    rows = [jnp.stack([jax.vmap(lambda t, s=s: self.params.put(s, t))(per_stage[s]) for s in range(stages)])
             for per_stage in structure.flatten_up_to(canonical)]
-    return jax.tree.unflatten(structure, rows)
+    return self.by_device(jax.tree.unflatten(structure, rows))
 
   def grad_canonical(self, rows):
     """Inverse of `grad_rows` (any tree of [S, D, P] rows: each leaf becomes its S per-stage trees)."""
     if not jax.tree.leaves(rows):
       return ()
-    canonical = [tuple(jax.vmap(lambda r, s=s: self.params.get(s, r))(leaf[s]) for s in range(self.num_stages))
-                 for leaf in jax.tree.leaves(rows)]
+    canonical = [tuple(jax.vmap(lambda r, s=s: self.params.get(s, r))(leaf[s]) for s in range(leaf.shape[0]))
+                 for leaf in jax.tree.leaves(self.by_chunk(rows))]
     return jax.tree.unflatten(jax.tree.structure(rows), canonical)
 
 
@@ -267,7 +300,8 @@ class StateLayout(StateRows):
   devices; built from shapes alone. `grad_scheme` compresses the data-parallel exchange (None: a
   dense one); `grad_template` is then one replica's error state for a `[P]` row."""
 
-  def __init__(self, pipe: pipeline.Pipeline, optimizer, batch, num_stages: int, data: int, grad_scheme=None):
+  def __init__(self, pipe: pipeline.Pipeline, optimizer, batch, num_stages: int, data: int, grad_scheme=None,
+               chunks: int = 1):
     self.pipe = pipe
     template = abstract_state(pipe, optimizer, batch)
     params = layout.FlatRows(template.params)
@@ -279,15 +313,22 @@ class StateLayout(StateRows):
     super().__init__(template, num_stages, data, pipe.boundary.fwd.keyed_by_example,
                      optimizer_rows(optimizer, params, template.params),
                      max([layout.feature_size(s.shape) for s in self.shapes] or [1]),
-                     None if grad_scheme is None else grad_scheme.init_sender(1, (params.size,), jnp.float32))
+                     None if grad_scheme is None else grad_scheme.init_sender(1, (params.size,), jnp.float32),
+                     chunks)
 
   # ------------------------------------------------------------ partition specs
   @staticmethod
+  def table_spec(ndim: int) -> P:
+    """A link table's or error row's spec: [S, D*rows, F] on (stage, data), [S, V, D*rows, F] (V > 1 chunks
+    per device) on (stage, -, data)."""
+    return P(STAGE, DATA) if ndim == 3 else P(STAGE, None, DATA)
+
+  @staticmethod
   def specs(state: pipeline.TrainState) -> pipeline.TrainState:
     """Every partition spec of a sharded state (arrays or shapes)."""
-    rows = lambda tree: jax.tree.map(lambda _: P(STAGE, DATA), tree)
+    rows = lambda tree: jax.tree.map(lambda a: StateLayout.table_spec(a.ndim), tree)
     return pipeline.TrainState(P(), P(), P(STAGE), P(STAGE), jax.tree.map(lambda _: P(STAGE), state.opt_state),
-                         rows(state.links), rows(state.grad_state))
+                               rows(state.links), rows(state.grad_state))
 
   @classmethod
   def shardings(cls, mesh, state: pipeline.TrainState) -> pipeline.TrainState:
@@ -308,15 +349,18 @@ class StateLayout(StateRows):
           return self.params.put(j, p), self.model_state.put(j, ms)
         return run
 
-      p_row, ms_row = jax.lax.switch(s, [init(j) for j in range(self.num_stages)])
-      p_row = self.tie(p_row, s)
-      return (*jax.tree.map(lambda a: a[None], (p_row, ms_row, self.optimizer.init_row(p_row, s))),
-              self.fresh_tables())
+      chunks = [v * self.num_stages + s for v in range(self.chunks)]
+      rows = [jax.lax.switch(c, [init(j) for j in range(len(pipe.stages))]) for c in chunks]
+      p_rows, ms_rows = rows[0] if self.chunks == 1 else jax.tree.map(lambda *r: jnp.stack(r), *rows)
+      p_rows = self.tie(p_rows)
+      opt_rows = [self.optimizer.init_row(p, c) for p, c in zip(p_rows.reshape(self.chunks, -1), chunks)]
+      opt_rows = opt_rows[0] if self.chunks == 1 else jax.tree.map(lambda *r: jnp.stack(r), *opt_rows)
+      return (*jax.tree.map(lambda a: a[None], (p_rows, ms_rows, opt_rows)), self.fresh_tables())
 
     def build(key_data):
       init_rng, state_rng = jax.random.split(jax.random.wrap_key_data(key_data, impl=impl))
-      rows = jax.shard_map(stage_rows, mesh=mesh, in_specs=P(), out_specs=(P(STAGE),) * 3 + (P(STAGE, DATA),),
-                           check_vma=False)
+      specs = (P(STAGE),) * 3 + (self.table_spec(3 + (self.chunks > 1)),)
+      rows = jax.shard_map(stage_rows, mesh=mesh, in_specs=P(), out_specs=specs, check_vma=False)
       p_rows, ms_rows, opt_rows, tables = rows(init_rng)
       return pipeline.TrainState(jnp.zeros((), jnp.int32), state_rng, p_rows, ms_rows, opt_rows, tables,
                            self.grad_rows(()))
@@ -348,42 +392,66 @@ class StateLayout(StateRows):
               return jnp.where((pipeline.example_shard(jnp.arange(rows), self.data) == d)[:, None], block, 0)
             return jax.lax.dynamic_slice_in_dim(block, d * local, local)
           return run
-        return jax.lax.switch(s, [stage(j) for j in range(self.num_stages)])[None]
+        blocks = [jax.lax.switch(v * self.num_stages + s, [stage(j) for j in range(len(self.pipe.stages))])
+                  for v in range(self.chunks)]
+        return (blocks[0] if self.chunks == 1 else jnp.stack(blocks))[None]
       like = getattr(jax.eval_shape(lambda: fresh(0)), field)
       return jax.tree.unflatten(jax.tree.structure(like), [leaf(k, l) for k, l in enumerate(jax.tree.leaves(like))])
     return LinkState(*(table(f) for f in LinkState._fields))
 
   # ------------------------------------------------------------ tied parameters, clipping
-  def tie(self, row, s):
-    """Tied parameters start equal: each pair's second member takes the first's value, sent from
-    the first member's stage to the second's (`exchange_tied`)."""
+  def tied_ends(self):
+    """Per tied pair: ((device, slot, offset) of each member's segment), its length: chunk c at slot c // S
+    of device c mod S."""
     for (sa, pa), (sb, pb) in self.pipe.tied:
       (oa, n), (ob, _) = self.params.leaf_span(sa, pa), self.params.leaf_span(sb, pb)
-      first = exchange_tied(row[oa: oa + n], [(sa, sb)])
-      row = jnp.where(s == sb, row.at[ob: ob + n].set(first), row)
-    return row
+      yield (sa % self.num_stages, sa // self.num_stages, oa), (sb % self.num_stages, sb // self.num_stages, ob), n
 
-  def finish(self, grads_row, s):
-    """Ties (each member's gradient segment sent to the other member's stage and added: g_a + g_b on
-    both) and global-norm clipping."""
-    for (sa, pa), (sb, pb) in self.pipe.tied:
-      (oa, n), (ob, _) = self.params.leaf_span(sa, pa), self.params.leaf_span(sb, pb)
-      mine = jnp.where(s == sa, grads_row[oa: oa + n], grads_row[ob: ob + n])
-      other = exchange_tied(mine, [(sa, sb), (sb, sa)])
-      total = jnp.where(s == sa, mine + other, other + mine)  # g_a + g_b in simulate's order on both
-      grads_row = jnp.where(s == sa, grads_row.at[oa: oa + n].set(total),
-                            jnp.where(s == sb, grads_row.at[ob: ob + n].set(total), grads_row))
+  def tie(self, rows):
+    """Tied parameters start equal: each pair's second member takes the first's value, sent from
+    the first member's device to the second's (`exchange_tied`; none when one device holds both).
+    `rows`: this device's parameter row [P] (a stage per device) or its chunks' rows [V, P]."""
+    d, chunk_rows = jax.lax.axis_index(STAGE), rows.reshape(self.chunks, -1)
+    for (da, va, oa), (db, vb, ob), n in self.tied_ends():
+      first = chunk_rows[va, oa: oa + n]
+      first = first if da == db else exchange_tied(first, [(da, db)])
+      chunk_rows = jnp.where(d == db, chunk_rows.at[vb, ob: ob + n].set(first), chunk_rows)
+    return chunk_rows.reshape(rows.shape)
+
+  def finish(self, grads):
+    """Ties (each member's gradient segment sent to the other member's device and added: g_a + g_b on
+    both) and global-norm clipping. `grads`: this device's gradient row [P] (a stage per device) or its
+    chunks' rows [V, P]."""
+    d, rows = jax.lax.axis_index(STAGE), grads.reshape(self.chunks, -1)
+    for (da, va, oa), (db, vb, ob), n in self.tied_ends():
+      g_a, g_b = rows[va, oa: oa + n], rows[vb, ob: ob + n]
+      if da == db:
+        total_a = total_b = g_a + g_b
+      else:
+        other = exchange_tied(jnp.where(d == da, g_a, g_b), [(da, db), (db, da)])
+        total_a, total_b = g_a + other, other + g_b  # g_a + g_b in simulate's order on both
+      rows = jnp.where(d == da, rows.at[va, oa: oa + n].set(total_a), rows)
+      rows = jnp.where(d == db, rows.at[vb, ob: ob + n].set(total_b), rows)
     if self.pipe.grad_clip_norm is not None:
-      grads_row = grads_row * pipeline.clip_factor(jax.lax.psum(jnp.sum(jnp.square(grads_row)), STAGE),
-                                             self.pipe.grad_clip_norm)
-    return grads_row
+      rows = rows * pipeline.clip_factor(jax.lax.psum(jnp.sum(jnp.square(rows)), STAGE), self.pipe.grad_clip_norm)
+    return rows.reshape(grads.shape)
 
   def tied_bytes(self) -> int:
     """Bytes one replica's stages send per train step to keep tied parameters equal (`finish`: each
-    member's gradient segment to the other member's stage)."""
-    return sum(2 * self.params.leaf_span(sa, pa)[1] * jnp.dtype(self.params.dtype).itemsize
-               for (sa, pa), _ in self.pipe.tied)
+    member's gradient segment to the other member's device; nothing where one device holds both)."""
+    return sum(2 * n * jnp.dtype(self.params.dtype).itemsize for (da, _, _), (db, _, _), n in self.tied_ends()
+               if da != db)
 
   def real(self, s):
-    """Mask of stage s's row that is not padding."""
-    return jnp.arange(self.params.size) < jnp.asarray(self.params.sizes)[s]
+    """Mask of stage s's row that is not padding (of each chunk's row: `chunks_of`)."""
+    return jnp.arange(self.params.size) < jnp.asarray(self.params.sizes)[s][..., None]
+
+  def chunks_of(self, s):
+    """What stands for the stages whose rows device s holds: s itself (a stage per device), or its chunks
+    s, s + S, ... ([V])."""
+    return s if self.chunks == 1 else s + self.num_stages * jnp.arange(self.chunks)
+
+  @property
+  def device_optimizer(self) -> OptimizerRows:
+    """The optimizer's rows as one device holds them (`ChunkRows` with V > 1 chunks per device)."""
+    return self.optimizer if self.chunks == 1 else ChunkRows(self.optimizer)
