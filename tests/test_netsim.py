@@ -333,7 +333,7 @@ GOOD = dict(
         (dict(microbatches=1.5), r"microbatches.*got 1\.5"),
         (dict(microbatches=True), r"microbatches.*got True"),
         (dict(schedule="pipedream"), r"schedule must be one of \['gpipe', '1f1b', '1f1b-fused', 'zb-h1'\] or "
-                                     r"interleaved:V, got 'pipedream'"),
+                                     r"interleaved:V \(V >= 1 chunks per device\), got 'pipedream'"),
         (dict(schedule="interleaved:3"), r"schedule 'interleaved:3' places 3 chunks on each device; netsim was given "
                                          r"times for 2 chunks"),
         (dict(schedule=schedules.gpipe(2, 2), ticks=True), r"schedule 'gpipe' has hop 1, so with ticks=True "

@@ -115,15 +115,16 @@ def one_f_one_b_fused(num_stages: int, microbatches: int, hop: int = 1) -> Sched
 
 def as_soon_as_ready(name: str, num_chunks: int, microbatches: int, orders: list[list[Op]], hop: int = 1) -> Schedule:
   """The table that runs each device's `orders[d]` in order, one op per tick, each op at the first tick
-  after its `inputs` ran: on its own device the tick after, on another `hop` ticks after (its message there
-  then; hop 2: overlapped sends). A ValueError if the orders wait on each other."""
+  after its `inputs` ran: those of its own chunk the tick after, another chunk's `hop` ticks after (its
+  message there then, even from a chunk of the same device; hop 2: overlapped sends). A ValueError if the
+  orders wait on each other."""
   ops, placed = set().union(*orders), {}
   rows, position = [[] for _ in orders], [0] * len(orders)
   while any(p < len(order) for p, order in zip(position, orders)):
     tick, ready = len(rows[0]), []
     for d, order in enumerate(orders):
       op = order[position[d]] if position[d] < len(order) else None
-      if op is not None and all(need in placed and placed[need] + (1 if need.chunk % len(orders) == d else hop) <= tick
+      if op is not None and all(need in placed and placed[need] + (1 if need.chunk == op.chunk else hop) <= tick
                                 for need in inputs(op, num_chunks) if need in ops):
         ready.append((d, op))
     if not ready and tick - max(placed.values(), default=-hop) >= hop:  # no message in flight: none ever comes
