@@ -13,14 +13,15 @@ from jaxcomp.compress import bottleneck
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
 from jaxcomp.parallel import schedules, sharded, simulate
+from jaxcomp.parallel.qadam import QuantizedAdam
 
 from pipeline_cases import BATCH, compare_with_simulate, mlp_pipe, slow, train_sharded
 
 
-def check_overlap(pipe, opt, schedule, modes=(Mode.TRAIN,), data=1, atol=2e-6, with_simulate=True):
+def check_overlap(pipe, opt, schedule, modes=(Mode.TRAIN,), data=1, atol=2e-6, with_simulate=True, **executor):
   """Overlapped sends against the plain schedule (bitwise: the same arithmetic, op by op) and against simulate
   (`with_simulate`; the plain schedule equals simulate's numbers, test_sharded, so the default cases skip it)."""
-  plain, overlapped = (train_sharded(pipe, opt, modes, data=data, schedule=schedule, overlap=overlap)
+  plain, overlapped = (train_sharded(pipe, opt, modes, data=data, schedule=schedule, overlap=overlap, **executor)
                         for overlap in (False, True))
   jax.tree.map(np.testing.assert_array_equal, overlapped, plain)
   if with_simulate and data == 1:
@@ -66,7 +67,8 @@ def test_overlapped_sends_keep_aqsgd_tables_and_topk_positions_bitwise():
     ("aqsgd+topk:0.3", "reuse", "1f1b", (Mode.WARMUP, Mode.TRAIN)),
     ("aqsgd+topk:0.3", "reuse", "gpipe", (Mode.WARMUP, Mode.FIRST_VISIT, Mode.TRAIN)),
     ("aqsgd+quant:2", "quant:4", "gpipe", (Mode.WARMUP, Mode.FIRST_VISIT, Mode.TRAIN)),
-    ("aqsgd+quant:2", "quant:4", "1f1b-fused", (Mode.WARMUP, Mode.FIRST_VISIT, Mode.TRAIN))])
+    ("aqsgd+quant:2", "quant:4", "1f1b-fused", (Mode.WARMUP, Mode.FIRST_VISIT, Mode.TRAIN)),
+    ("aqsgd+topk:0.3", "reuse", "zb-h1", (Mode.WARMUP, Mode.FIRST_VISIT, Mode.TRAIN))])
 def test_overlapped_sends_keep_aqsgd_tables(fwd, bwd, schedule, modes):
   """AQ-SGD (alone and with TopK and index reuse): warm-up, first-visit and compressed steps; each end's
   per-example table row moves at its own end's tick (the sender's at the encode, the receiver's at the decode)."""
@@ -74,7 +76,8 @@ def test_overlapped_sends_keep_aqsgd_tables(fwd, bwd, schedule, modes):
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
-@pytest.mark.parametrize("spec, schedule", [("proj:4", "1f1b"), ("subspace:4", "gpipe"), ("subspace:4", "1f1b-fused")])
+@pytest.mark.parametrize("spec, schedule", [("proj:4", "1f1b"), ("subspace:4", "gpipe"), ("subspace:4", "1f1b-fused"),
+                                           ("proj:4", "zb-h1")])
 def test_overlapped_sends_train_a_learned_bottleneck(spec, schedule):
   learned = bottleneck.parse(spec)
   pipe = dataclasses.replace(two_stages("maxabs:4", "quant:8"), stages=bottleneck.wrap(mlp_stages(16, 2, 2), learned, 16),
@@ -83,9 +86,16 @@ def test_overlapped_sends_train_a_learned_bottleneck(spec, schedule):
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
-def test_overlapped_sends_with_data_parallelism():
-  """(data=2, stage=2), M=4 per shard: bitwise the plain schedule's (which equals simulate's, test_sharded)."""
-  check_overlap(two_stages("ef+quant:4", "ef+fp8"), optax.sgd(0.1), "1f1b", data=2)
+@pytest.mark.parametrize("schedule, grad_scheme, opt, modes", [
+    ("1f1b", None, optax.sgd(0.1), (Mode.TRAIN,)), ("zb-h1", None, optax.sgd(0.1), (Mode.TRAIN,)),
+    ("gpipe", "ef+quant:4", optax.sgd(0.1), (Mode.TRAIN,)), ("zb-h1", "ef+quant:4", optax.sgd(0.1), (Mode.TRAIN,)),
+    ("1f1b-fused", "ef+quant:4", QuantizedAdam(1e-2), (Mode.WARMUP, Mode.TRAIN)),
+    ("zb-h1", "ef+quant:4", QuantizedAdam(1e-2), (Mode.WARMUP, Mode.TRAIN))])
+def test_overlapped_sends_with_data_parallelism(schedule, grad_scheme, opt, modes):
+  """(data=2, stage=2), M=4 per shard, the dense mean, a compressed exchange, QuantizedAdam's momentum: bitwise
+  the plain schedule's (which equals simulate's, test_sharded, test_qadam)."""
+  check_overlap(two_stages("ef+quant:4", "ef+fp8"), opt, schedule, modes, data=2,
+                grad_scheme=jaxcomp.parse_scheme(grad_scheme) if grad_scheme else None)
 
 
 @pytest.mark.parametrize("fwd, bwd, schedule, stages, m", [("topk:0.3", "reuse", "1f1b", 2, 4),
