@@ -193,3 +193,29 @@ def test_interleaved_overlapped_sends_give_its_numbers_bitwise(fwd, bwd):
                        for overlap in (False, True))
   jax.tree.map(np.testing.assert_array_equal, overlapped, plain)
   compare_with_simulate(pipe, opt, 2, schedule="interleaved:2", overlap=True, stage_devices=2)
+
+
+@pytest.mark.slow  # heavy: python -m pytest -m slow
+@pytest.mark.parametrize("spec", ["proj:4", "subspace:4"])
+def test_interleaved_overlapped_sends_train_a_learned_bottleneck(spec):
+  """`overlap=True` with P on each boundary's sending chunk and Q (or the tied W) on its receiving one: bitwise the
+  plain interleaved run's, and simulate's."""
+  pipe, opt = bottleneck_pipe(spec), optax.adam(1e-2)
+  plain, overlapped = (train_sharded(pipe, opt, stage_devices=2, schedule="interleaved:2", overlap=overlap)
+                       for overlap in (False, True))
+  jax.tree.map(np.testing.assert_array_equal, overlapped, plain)
+  compare_with_simulate(pipe, opt, 2, schedule="interleaved:2", overlap=True, stage_devices=2, atol=1e-5)
+
+
+@pytest.mark.slow  # heavy: python -m pytest -m slow
+@pytest.mark.parametrize("grad_scheme, opt, modes", [(None, optax.sgd(0.1), (Mode.TRAIN,)),
+                                                     ("ef+quant:4", optax.sgd(0.1), (Mode.TRAIN,)),
+                                                     ("ef+quant:4", QuantizedAdam(1e-2), (Mode.WARMUP, Mode.TRAIN))])
+def test_interleaved_overlapped_sends_with_data_parallelism(grad_scheme, opt, modes):
+  """(data=2, stage=2), V=2, M=4 per shard: the dense mean, a compressed exchange, QuantizedAdam's momentum, with
+  `overlap=True`: bitwise the plain interleaved run's (which is 1F1B's on S V devices, the tests above)."""
+  pipe = mlp_pipe("ef+quant:4", "ef+fp8", stages=mlp_stages(16, 2, 4), m=4)
+  grads = jaxcomp.parse_scheme(grad_scheme) if grad_scheme else None
+  plain, overlapped = (train_sharded(pipe, opt, modes, data=2, stage_devices=2, schedule="interleaved:2",
+                                     overlap=overlap, grad_scheme=grads) for overlap in (False, True))
+  jax.tree.map(np.testing.assert_array_equal, overlapped, plain)

@@ -212,6 +212,11 @@ def chunks_per_device(name: str) -> int:
   return 1
 
 
+def model_stages(stage_devices: int, name: str) -> int:
+  """The stages a model is cut into for `stage_devices` devices under schedule `name`: S, or S·V for interleaved:V."""
+  return stage_devices * chunks_per_device(name)
+
+
 def check_overlap(name: str, num_stages: int, microbatches: int) -> None:
   """Overlapped sends (the executor runs every schedule with them) need M >= 2S: each message then takes two
   ticks, and with fewer microbatches the pipeline never has every stage computing while every link carries a

@@ -94,7 +94,7 @@ class ShardedExecutor(pipeline.Executor):
     return schedules.chunks_per_device(self.schedule)
 
   def _check(self, pipe: pipeline.Pipeline, optimizer=None):
-    if pipe.num_stages != self.num_stages * self.chunks:
+    if pipe.num_stages != schedules.model_stages(self.num_stages, self.schedule):
       per = f" x {self.chunks} chunks per device (schedule {self.schedule})" if self.chunks > 1 else ""
       raise ValueError(f"the model has {pipe.num_stages} stages but the mesh's stage axis has "
                        f"{self.num_stages} devices{per}")
