@@ -89,7 +89,7 @@ def test_wire_bytes_128x1024_fp32():
 
 class RoundTripTest(parameterized.TestCase):
 
-  @chex.variants(with_jit=True, without_jit=True)
+  @chex.variants(with_jit=True)  # (a without_jit variant would compare the eager round trip with itself)
   @parameterized.parameters(*range(len(ALL_CODECS)))
   def test_jit_and_eager_agree(self, i):
     codec = ALL_CODECS[i]
@@ -697,26 +697,32 @@ class _CodecProperties(chex.TestCase):
       round_trip(copy.deepcopy(codec), _x(shape, seed=seed), jax.random.key(seed))
 
 
-def _property_suite(cases):
-  """The property tests over `cases` (indices of PROPERTY_CASES), on every variant."""
+def _property_suite(cases, one_compile=True, **variants):
+  """The property tests over `cases` (indices of PROPERTY_CASES) on the chex `variants` (`one_compile`: and the
+  trace count of each)."""
 
   class Suite(_CodecProperties):
 
-    @chex.variants(with_jit=True, without_jit=True, with_device=True)
+    @chex.variants(**variants)
     @parameterized.parameters(*cases)
     def test_codec_properties(self, i):
       self._check_properties(i)
+
+  class SuiteAndTraces(Suite):
 
     @parameterized.parameters(*cases)
     def test_one_compile_per_codec_and_shape(self, i):
       self._check_one_trace(i)
 
-  return Suite
+  return SuiteAndTraces if one_compile else Suite
 
 
-CodecPropertiesTest = _property_suite(LIGHT)
+CodecPropertiesTest = _property_suite(LIGHT, with_jit=True, without_jit=True)
+# with the inputs placed on the device first: on the suite's CPU devices they already are (so -m slow only)
+OnDeviceCodecPropertiesTest = pytest.mark.slow(_property_suite(LIGHT, one_compile=False, with_device=True))
 # the codecs that take seconds to compile on XLA:CPU (`_slow_to_compile`)
-SlowToCompileCodecPropertiesTest = pytest.mark.slow(_property_suite(HEAVY))
+SlowToCompileCodecPropertiesTest = pytest.mark.slow(
+    _property_suite(HEAVY, with_jit=True, without_jit=True, with_device=True))
 
 
 # Tile-wise (group) max-abs scales; wire bytes of the rotation and adaptive codecs by hand

@@ -26,7 +26,7 @@ def stage_trees(draw, dtypes=(jnp.float32, jnp.int32)):
   return tuple(trees)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(trees=stage_trees())
 def test_flat_rows_round_trip_any_stage_trees(trees):
   rows = layout.FlatRows(trees)
@@ -37,7 +37,7 @@ def test_flat_rows_round_trip_any_stage_trees(trees):
     chex.assert_trees_all_equal(stacked[s, size:], jnp.zeros((rows.size - size,), stacked.dtype))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(rows=st.integers(1, 4), shape=SHAPES, extra=st.integers(0, 5), seed=st.integers(0, 2**16))
 def test_pad_unpad_and_table_rows_round_trip(rows, shape, extra, seed):
   x = jax.random.normal(jax.random.key(seed), (rows, *shape))
