@@ -81,10 +81,12 @@ def gather_rows(table, rows, like):
                       table)
 
 
-def put_rows(table, rows, new):
-  """Writes message rows back into a padded table."""
+def put_rows(table, rows, new, slot: int | None = None):
+  """Writes message rows back into a padded `[rows, F]` table (`slot`: into slot `slot` of a `[V, rows, F]` one,
+  in place: only those rows are written, never a copy of the slot's table)."""
   def put(t, n):
-    return t.at[rows, : n[0].size].set(n.reshape(n.shape[0], -1).astype(t.dtype))
+    where = (rows, slice(0, n[0].size)) if slot is None else (slot, rows, slice(0, n[0].size))
+    return t.at[where].set(n.reshape(n.shape[0], -1).astype(t.dtype))
   return jax.tree.map(put, table, new)
 
 

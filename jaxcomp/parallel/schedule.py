@@ -310,11 +310,10 @@ def end_rows(prog: Program, table, b: int, end: int, rows, like):
 
 
 def put_end_rows(prog: Program, table, b: int, end: int, rows, new):
-  """`layout.put_rows` of boundary b's new rows into its `end`'s table among this device's (`end_table`)."""
-  written = layout.put_rows(end_table(prog, table, b, end), rows, new)
-  if prog.table.num_chunks == prog.table.num_devices:
-    return written
-  return jax.tree.map(lambda t, n: t.at[(b + end) // prog.table.num_devices].set(n), table, written)
+  """`layout.put_rows` of boundary b's new rows into its `end`'s table among this device's (`end_table`): with
+  V > 1 chunks per device straight into slot (b + end) // D of the [V, rows, F] tables."""
+  one_chunk = prog.table.num_chunks == prog.table.num_devices
+  return layout.put_rows(table, rows, new, None if one_chunk else (b + end) // prog.table.num_devices)
 
 
 def microbatch_size(mbs) -> int:
