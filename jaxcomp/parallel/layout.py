@@ -75,17 +75,20 @@ def unpad(buf, like):
   return buf[:, : feature_size(like.shape)].reshape(like.shape).astype(like.dtype)
 
 
-def gather_rows(table, rows, like):
-  """Message rows of a padded `[rows, F]` table, reshaped to `like`'s `[B/M, ...]`."""
-  return jax.tree.map(lambda t: t[rows, : feature_size(like.shape)].reshape(like.shape[0], *like.shape[1:]),
-                      table)
+def gather_rows(table, rows, like, slot: int | None = None):
+  """Message rows of a padded `[rows, F]` table (`slot`: of slot `slot` of a `[V, rows, F]` one, read in place),
+  reshaped to `like`'s `[B/M, ...]`."""
+  where = (rows, slice(0, feature_size(like.shape)))
+  where = where if slot is None else (slot, *where)
+  return jax.tree.map(lambda t: t[where].reshape(like.shape[0], *like.shape[1:]), table)
 
 
 def put_rows(table, rows, new, slot: int | None = None):
   """Writes message rows back into a padded `[rows, F]` table (`slot`: into slot `slot` of a `[V, rows, F]` one,
   in place: only those rows are written, never a copy of the slot's table)."""
   def put(t, n):
-    where = (rows, slice(0, n[0].size)) if slot is None else (slot, rows, slice(0, n[0].size))
+    where = (rows, slice(0, n[0].size))
+    where = where if slot is None else (slot, *where)
     return t.at[where].set(n.reshape(n.shape[0], -1).astype(t.dtype))
   return jax.tree.map(put, table, new)
 

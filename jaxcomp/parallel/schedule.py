@@ -296,24 +296,22 @@ def _boundary(prog: Program, b: int):
 SENDER, RECEIVER = 0, 1  # boundary b's ends: chunk b (forward sender, backward receiver) and chunk b+1
 
 
-def end_table(prog: Program, table, b: int, end: int):
-  """Boundary b's state table at its `end` among this device's: with V > 1 chunks per device the tables
-  are [V, rows, F], the end's chunk (b + end) at slot (b + end) // D; with one chunk the table itself."""
-  if prog.table.num_chunks == prog.table.num_devices:
-    return table
-  return jax.tree.map(lambda t: t[(b + end) // prog.table.num_devices], table)
+def end_slot(prog: Program, b: int, end: int) -> int | None:
+  """Where boundary b's state table at its `end` is among this device's: with V > 1 chunks per device the
+  tables are [V, rows, F], the end's chunk (b + end) at slot (b + end) // D; with one chunk (None) the table
+  itself."""
+  return None if prog.table.num_chunks == prog.table.num_devices else (b + end) // prog.table.num_devices
 
 
 def end_rows(prog: Program, table, b: int, end: int, rows, like):
-  """`layout.gather_rows` of boundary b's rows from its `end`'s table among this device's (`end_table`)."""
-  return layout.gather_rows(end_table(prog, table, b, end), rows, like)
+  """`layout.gather_rows` of boundary b's rows from its `end`'s table among this device's (`end_slot`)."""
+  return layout.gather_rows(table, rows, like, end_slot(prog, b, end))
 
 
 def put_end_rows(prog: Program, table, b: int, end: int, rows, new):
-  """`layout.put_rows` of boundary b's new rows into its `end`'s table among this device's (`end_table`): with
-  V > 1 chunks per device straight into slot (b + end) // D of the [V, rows, F] tables."""
-  one_chunk = prog.table.num_chunks == prog.table.num_devices
-  return layout.put_rows(table, rows, new, None if one_chunk else (b + end) // prog.table.num_devices)
+  """`layout.put_rows` of boundary b's new rows into its `end`'s table among this device's (`end_slot`), in
+  place."""
+  return layout.put_rows(table, rows, new, end_slot(prog, b, end))
 
 
 def microbatch_size(mbs) -> int:
