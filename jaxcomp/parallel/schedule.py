@@ -592,9 +592,11 @@ def stash_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, carry: E
   return deliver(prog, carry._replace(fwd_tables=tables), b, m, receiver, x, forward=True)
 
 
-def kept_rows(ok, old, new):
-  """The new state rows where `ok` (this device is their end), the `old` rows elsewhere."""
-  return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+def keep_end_rows(prog: Program, table, b: int, end: int, ok, rows, like, new):
+  """`put_end_rows` of boundary b's `new` rows at its `end` on the device where `ok` (this device is that
+  end); elsewhere the rows the table holds stay."""
+  old = end_rows(prog, table, b, end, rows, like)
+  return put_end_rows(prog, table, b, end, rows, jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old))
 
 
 def backward_exchange(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carry: ExplicitCarry) -> ExplicitCarry:
@@ -611,9 +613,8 @@ def backward_exchange(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carr
       pipeline.link_key(inp.step_key, global_microbatch(prog, m), b), sender, receiver,
       stashed_positions(prog, carry, b, m))
   bs, br = carry.bwd_tables
-  bs_kept = kept_rows(receiver, end_rows(prog, bs, b, RECEIVER, rows, shape), bs_new)
-  br_kept = kept_rows(sender, end_rows(prog, br, b, SENDER, rows, shape), br_new)
-  tables = (put_end_rows(prog, bs, b, RECEIVER, rows, bs_kept), put_end_rows(prog, br, b, SENDER, rows, br_kept))
+  tables = (keep_end_rows(prog, bs, b, RECEIVER, receiver, rows, shape, bs_new),
+            keep_end_rows(prog, br, b, SENDER, sender, rows, shape, br_new))
   return deliver(prog, carry._replace(bwd_tables=tables), b, m, sender,
                  layout.pad(dx, prog.width, prog.act_dtype), forward=False)
 
@@ -705,8 +706,7 @@ def encode_backward(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carry:
                                                receiver, None if idx is None else idx[1])
   bs, br = carry.bwd_tables
   sent = carry.in_flight.bwd_sent[:b] + (payload,) + carry.in_flight.bwd_sent[b + 1:]
-  kept = kept_rows(receiver, end_rows(prog, bs, b, RECEIVER, rows, shape), bs_new)
-  return carry._replace(bwd_tables=(put_end_rows(prog, bs, b, RECEIVER, rows, kept), br),
+  return carry._replace(bwd_tables=(keep_end_rows(prog, bs, b, RECEIVER, receiver, rows, shape, bs_new), br),
                         in_flight=carry.in_flight._replace(bwd_sent=sent))
 
 
@@ -721,8 +721,7 @@ def decode_backward(prog: Program, inp: StepInputs, tick, b: int, carry: Explici
                                              end_rows(prog, inp.bwd_tables[1], b, SENDER, rows, shape), sender,
                                              None if idx is None else idx[0], shape.dtype)
   bs, br = carry.bwd_tables
-  kept = kept_rows(sender, end_rows(prog, br, b, SENDER, rows, shape), br_new)
-  tables = (bs, put_end_rows(prog, br, b, SENDER, rows, kept))
+  tables = (bs, keep_end_rows(prog, br, b, SENDER, sender, rows, shape, br_new))
   return deliver(prog, carry._replace(bwd_tables=tables), b, m, sender, layout.pad(dx, prog.width, prog.act_dtype),
                  forward=False)
 
