@@ -261,7 +261,7 @@ def label(table: schedules.Schedule) -> str:
 def method_rows(name, costs, per_message, exchanges, args, table) -> list[Row]:
   """netsim's samples/s of one method on `table`, run as the executor runs it, at every bandwidth, with each
   data-parallel exchange."""
-  costs, per_message = on_chunks(costs, per_message, table.num_chunks // table.num_devices)
+  costs, per_message = on_chunks(costs, per_message, table.chunks_per_device)
   fwd_s, bwd_s = op_seconds(costs)
   rows = []
   for suffix, ex in exchanges.items():

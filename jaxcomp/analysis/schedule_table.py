@@ -45,7 +45,7 @@ def formula(name: str, stages: int, microbatches: int, chunks: int) -> float:
 def executor_idle(table: schedules.Schedule, message: float) -> float:
   """Idle fraction of device time when `table` runs tick by tick as the sharded executor runs it (netsim's
   ticks), a stage's F taking 1 and its BW 2 (a chunk's 1/V of that) and a message `message`."""
-  chunks, per_device = table.num_chunks, table.num_chunks // table.num_devices
+  chunks, per_device = table.num_chunks, table.chunks_per_device
   step = netsim.simulate_step([1.0 / per_device] * chunks, [2.0 / per_device] * chunks, [message] * (chunks - 1),
                               [message] * (chunks - 1), table.microbatches, 8.0, schedule=table,
                               overlap_sends=table.hop > 1, ticks=True)  # 8 bps: n bytes take n seconds
@@ -57,7 +57,7 @@ def row(name: str, stages: int, microbatches: int, overlap: bool = False) -> Row
   bubble = schedules.bubble_fraction(table)
   baseline = schedules.bubble_fraction(schedules.one_f_one_b(stages, microbatches))
   return Row(name + (" --overlap" if overlap else ""), stages, microbatches, table.ticks, bubble,
-             formula(name, stages, microbatches, table.num_chunks // table.num_devices),
+             formula(name, stages, microbatches, table.chunks_per_device),
              bubble / baseline if baseline else 1.0, schedules.peak_in_flight(table),
              (executor_idle(table, 0.0), executor_idle(table, 1.0)))
 

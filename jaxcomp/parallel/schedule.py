@@ -112,7 +112,7 @@ def lookup_of(table: schedules.Schedule, forwards_only: bool = False) -> Lookup:
   sent, received = no_messages(), no_messages()
   at = {}  # op -> (tick, phase); ("recv", forward, receiving chunk, m) -> when its message is taken in
   for op, (t, d, _) in schedules.positions(table).items():
-    ops[op.kind][t, d], chunks[op.kind][t, d] = op.microbatch, op.chunk // table.num_devices
+    ops[op.kind][t, d], chunks[op.kind][t, d] = op.microbatch, table.slot(op.chunk)
     at[op] = (t, PHASE[op.kind])
   for t in range(T):
     for msg in schedules.messages(table, t):
@@ -300,7 +300,7 @@ def end_slot(prog: Program, b: int, end: int) -> int | None:
   """Where boundary b's state table at its `end` is among this device's: with V > 1 chunks per device the
   tables are [V, rows, F], the end's chunk (b + end) at slot (b + end) // D; with one chunk (None) the table
   itself."""
-  return None if prog.table.num_chunks == prog.table.num_devices else (b + end) // prog.table.num_devices
+  return None if prog.table.chunks_per_device == 1 else prog.table.slot(b + end)
 
 
 def end_rows(prog: Program, table, b: int, end: int, rows, like):
@@ -556,7 +556,7 @@ def deliver(prog: Program, carry: ExplicitCarry, b: int, m, ok, value, forward: 
   """Microbatch m's activation (`forward`) or gradient received over boundary b into the ring of the chunk
   that takes it in (b+1, or b), on the device where `ok` (the boundary's receiver)."""
   field, slots = ("x_buf", prog.lookup.stash_slots) if forward else ("g_buf", prog.lookup.grad_slots)
-  ring, slot = getattr(carry.stash, field), ring_slot(slots, (b + forward) // prog.table.num_devices, m)
+  ring, slot = getattr(carry.stash, field), ring_slot(slots, prog.table.slot(b + forward), m)
   ring = ring.at[slot].set(jnp.where(ok, value, ring[slot]))
   return carry._replace(stash=carry.stash._replace(**{field: ring}))
 
@@ -777,7 +777,7 @@ def run_explicit(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs,
   `ms_row` [V, Q]. `scale` weighs each microbatch's loss (1 / (M D)): the returned `grads` [V, P] and
   backward tables are those of the weighted sum, as autodiff of the mean loss gives them. An eval step
   (`prog.train` False) runs the table's forwards alone: its loss and metrics."""
-  chunks = prog.table.num_chunks // prog.table.num_devices
+  chunks = prog.table.chunks_per_device
   k, buf = prog.lookup.stash_slots, (microbatch_size(mbs), prog.width)
   indices = tuple(jax.tree.map(lambda a: jnp.zeros((k, *a.shape), a.dtype), _index_shapes(prog, b))
                   for b in range(prog.pipe.num_stages - 1))

@@ -70,6 +70,16 @@ sent at the end of tick t is used from tick t + `hop` (2: overlapped sends). Che
     """The device chunk `chunk` runs on: chunk mod D."""
     return chunk % self.num_devices
 
+  def slot(self, chunk: int) -> int:
+    """Which of its device's chunks `chunk` is: chunk // D, its index in the device's [V, ...] stash rings and
+    state tables."""
+    return chunk // self.num_devices
+
+  @property
+  def chunks_per_device(self) -> int:
+    """V: the chunks each device runs (C = V D)."""
+    return self.num_chunks // self.num_devices
+
 
 def at_ticks(name: str, num_devices: int, microbatches: int, ticks: dict[Op, int], hop: int = 1) -> Schedule:
   """The one-chunk-per-device table that runs each op of `ticks` at its tick (F before BW in a tick)."""
@@ -151,9 +161,7 @@ def interleaved(num_stages: int, microbatches: int, chunks_per_device: int, forw
   S, M, V = num_stages, microbatches, chunks_per_device
   if min(S, M, V) < 1:
     raise ValueError(f"interleaved 1F1B needs S, M, V >= 1, got S={S}, M={M}, V={V}")
-  if M % S:
-    raise ValueError(f"interleaved 1F1B needs the microbatches a multiple of the stages, got M={M} for S={S} "
-                     f"(use M = {M + S - M % S})")
+  _check_microbatches(S, M)
 
   def order(d):
     def op(kind, k):
@@ -217,6 +225,23 @@ def model_stages(stage_devices: int, name: str) -> int:
   return stage_devices * chunks_per_device(name)
 
 
+def _check_microbatches(num_stages: int, microbatches: int) -> None:
+  """Interleaved 1F1B takes the microbatches S at a time: a ValueError unless S divides M."""
+  S, M = num_stages, microbatches
+  if M % S:
+    raise ValueError(f"interleaved 1F1B needs the microbatches a multiple of the stages, got M={M} for S={S} "
+                     f"(use M = {M + S - M % S})")
+
+
+def check(name: str, num_stages: int, microbatches: int, overlap: bool = False) -> None:
+  """The ValueErrors `build` raises for these values, without building the table: an unknown name, M not a
+  multiple of S for interleaved:V, M < 2S with overlapped sends."""
+  if chunks_per_device(name) > 1:
+    _check_microbatches(num_stages, microbatches)
+  if overlap:
+    check_overlap(name, num_stages, microbatches)
+
+
 def check_overlap(name: str, num_stages: int, microbatches: int) -> None:
   """Overlapped sends (the executor runs every schedule with them) need M >= 2S: each message then takes two
   ticks, and with fewer microbatches the pipeline never has every stage computing while every link carries a
@@ -233,9 +258,8 @@ def build(name: str, num_stages: int, microbatches: int, overlap: bool = False) 
   """The table of schedule `name` for S stages and M microbatches: one of SCHEDULES (the sharded executor
   runs these), or "interleaved:V" (the sharded executor runs it with V chunks per device: `chunks_per_device`).
   `overlap`: the table with overlapped sends, `OVERLAP_HOP` ticks a message, M >= 2S (`check_overlap`)."""
+  check(name, num_stages, microbatches, overlap)
   V, hop = chunks_per_device(name), OVERLAP_HOP if overlap else 1
-  if overlap:
-    check_overlap(name, num_stages, microbatches)
   if name.startswith("interleaved:"):
     return interleaved(num_stages, microbatches, V, hop=hop)
   return {**BUILDERS, **SPLIT_BUILDERS}[name](num_stages, microbatches, hop)

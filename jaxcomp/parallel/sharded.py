@@ -98,10 +98,7 @@ class ShardedExecutor(pipeline.Executor):
       per = f" x {self.chunks} chunks per device (schedule {self.schedule})" if self.chunks > 1 else ""
       raise ValueError(f"the model has {pipe.num_stages} stages but the mesh's stage axis has "
                        f"{self.num_stages} devices{per}")
-    if self.chunks > 1:
-      schedules.build(self.schedule, self.num_stages, pipe.microbatches)  # M a multiple of S
-    if self.overlap:
-      schedules.check_overlap(self.schedule, self.num_stages, pipe.microbatches)
+    schedules.check(self.schedule, self.num_stages, pipe.microbatches, self.overlap)
     dataparallel.check_optimizer(optimizer, self.grad_scheme)
 
   def local_batch(self, batch):
