@@ -75,11 +75,16 @@ def unpad(buf, like):
   return buf[:, : feature_size(like.shape)].reshape(like.shape).astype(like.dtype)
 
 
+def _message_rows(rows, features: int, slot: int | None):
+  """The index of `rows`' first `features` entries in a `[rows, F]` table, or in slot `slot` of a `[V, rows, F]` one."""
+  where = (rows, slice(0, features))
+  return where if slot is None else (slot, *where)
+
+
 def gather_rows(table, rows, like, slot: int | None = None):
   """Message rows of a padded `[rows, F]` table (`slot`: of slot `slot` of a `[V, rows, F]` one, read in place),
   reshaped to `like`'s `[B/M, ...]`."""
-  where = (rows, slice(0, feature_size(like.shape)))
-  where = where if slot is None else (slot, *where)
+  where = _message_rows(rows, feature_size(like.shape), slot)
   return jax.tree.map(lambda t: t[where].reshape(like.shape[0], *like.shape[1:]), table)
 
 
@@ -87,9 +92,7 @@ def put_rows(table, rows, new, slot: int | None = None):
   """Writes message rows back into a padded `[rows, F]` table (`slot`: into slot `slot` of a `[V, rows, F]` one,
   in place: only those rows are written, never a copy of the slot's table)."""
   def put(t, n):
-    where = (rows, slice(0, n[0].size))
-    where = where if slot is None else (slot, *where)
-    return t.at[where].set(n.reshape(n.shape[0], -1).astype(t.dtype))
+    return t.at[_message_rows(rows, n[0].size, slot)].set(n.reshape(n.shape[0], -1).astype(t.dtype))
   return jax.tree.map(put, table, new)
 
 
