@@ -255,8 +255,8 @@ def instrument(marks: Marks):
 
 def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict:
   """Seconds per microbatch of this process's stage, on its core, with the executor's own stage programs:
-  forward and backward (`schedule.stage_branch`, `schedule.stage_grads`: the vjp with the forward
-  recomputed), the codec work of its ends of the boundaries (forward message encoded / decoded, backward
+  forward and backward (`schedule.stage_branch`, `schedule.stage_grads` of a fused BW: the vjp with the
+  forward recomputed), the codec work of its ends of the boundaries (forward message encoded / decoded, backward
   message encoded / decoded, per boundary it touches) and its optimizer update on its rows."""
   import jax
   import jax.numpy as jnp
@@ -280,7 +280,7 @@ def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict
   g_buf, rng = noise(x_buf.shape).astype(prog.act_dtype), jax.random.key(0)
   scale = jnp.asarray(1 / (pipe.microbatches * executor.data), jnp.float32)
   forward = jax.jit(schedule.stage_branch(prog, s))
-  backward = jax.jit(schedule.stage_grads(prog, s))
+  backward = jax.jit(schedule.stage_grads(prog, s, "BW"))
   update = jax.jit(lambda g, o, p: lay.optimizer.update(g, o, p, s))
   out = {"stage": int(s), "data": int(d),
          "fwd": median_seconds(forward, params_row, ms_row, x_buf, mb, rng, repeats=repeats),

@@ -19,7 +19,8 @@ from benchmarks import real_link
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT_S = 600
-TINY = ["--batch-size", "8", "--train-examples", "16", "--eval-examples", "8", "--epochs", "1", "--repeats", "0"]
+TINY = ["--batch-size", "8", "--train-examples", "16", "--eval-examples", "8", "--epochs", "1"]
+NO_TIMING = ["--repeats", "0"]  # the interruption test needs no op timing
 
 
 def unavailable() -> str | None:
@@ -50,7 +51,7 @@ def network():
 def rows(network, tmp_path_factory):
   out = tmp_path_factory.mktemp("real_link") / "rows.json"
   proc = subprocess.Popen([sys.executable, "-m", "benchmarks.real_link", "--rate", "100mbit", "--methods",
-                           "fp32,direct-fw2-bw4", *TINY, "--json", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                           "fp32,direct-fw2-bw4", *TINY, "--repeats", "1", "--rounds", "1", "--json", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
   try:
     log, _ = proc.communicate(timeout=TIMEOUT_S)
@@ -68,6 +69,12 @@ def test_a_train_step_moves_at_most_10_percent_more_than_it_counts(rows):
     assert r["counted_bytes_per_step"] <= r["link_bytes_per_step"] <= 1.10 * r["counted_bytes_per_step"], r
 
 
+def test_netsim_and_the_replayed_steps_are_measured(rows):
+  """The documented default path times each stage's ops after training (`--repeats` > 0) and feeds netsim."""
+  for r in rows.values():
+    assert r["netsim_steps_per_s"] > 0 and r["replayed_steps_per_s"] > 0, r
+
+
 def test_compressed_steps_move_fewer_link_bytes_than_fp32(rows):
   assert rows["direct-fw2-bw4"]["link_bytes_per_step"] < 0.5 * rows["fp32"]["link_bytes_per_step"]  # the tied exchange is 131 KB of both
 
@@ -80,7 +87,7 @@ def test_an_epoch_sends_evaluation_besides_its_steps_not_the_state(rows):
 
 
 def test_an_interrupted_benchmark_leaves_nothing_behind(network, tmp_path):
-  proc = subprocess.Popen([sys.executable, "-m", "benchmarks.real_link", "--methods", "fp32", *TINY, "--keep",
+  proc = subprocess.Popen([sys.executable, "-m", "benchmarks.real_link", "--methods", "fp32", *TINY, *NO_TIMING, "--keep",
                            str(tmp_path / "kept")], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   try:
     deadline = time.monotonic() + 120
