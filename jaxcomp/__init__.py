@@ -13,6 +13,8 @@ Layers, data flowing down (a layer imports only those below it):
   runtime/   running experiments: train loop, checkpoints, results, locks, multi-host start-up
 analysis/ and runtime/ sit side by side above parallel/: neither imports the other (training reads no
 program, and a dry run trains nothing); the experiment scripts use both.
+  integrations/  the top: other libraries' pipelines with jaxcomp inside (`integrations.maxtext`); each imports
+             jaxcomp's public API and its library, and is not imported here (jaxcomp needs no MaxText)
 """
 from jaxcomp import losses
 from jaxcomp.compress import codecs, schemes

@@ -1,8 +1,8 @@
 """Bytes in a compiled XLA program, read from its HLO text (CPU, GPU and TPU backends).
 
-`collective_bytes`: what the collectives send per call. `memory_bytes`: the HBM traffic of a
-call (every top-level instruction reads its operands and writes its result; a fusion counts
-at its boundary, as XLA's own cost analysis does). Both count a loop body once per iteration:
+`collective_bytes`: what the collectives send per call (`collective_permutes`: each collective-permute).
+`memory_bytes`: the HBM traffic of a call (every top-level instruction reads its operands and writes its
+result; a fusion counts at its boundary, as XLA's own cost analysis does). Both count a loop body once per iteration:
 a `while` runs `known_trip_count` times when the backend writes it, else, for the counted
 loops JAX emits (`scan`, `fori_loop`), the bound of its condition `i < N` less the counter's
 constant start; a loop whose trip count is data-dependent (`lax.while_loop`) is counted once
@@ -220,6 +220,34 @@ def _start_parts(type_text: str) -> tuple[str, str]:
   return parts[0], parts[min(1, len(parts) - 1)]
 
 
+@dataclasses.dataclass(frozen=True)
+class PermuteSend:
+  """One collective-permute of a compiled program: its instruction, runs per call, the bytes it moves per
+  source->target pair, and those pairs."""
+  inst: Instruction
+  runs: int
+  bytes_per_pair: int
+  pairs: tuple[tuple[int, int], ...]
+
+
+def collective_permutes(hlo: "str | Module") -> list[PermuteSend]:
+  """Every collective-permute (sync or async start) of a compiled program. One in a loop of unknown trip count
+  is a ValueError. `hlo`: the compiled program's text, or its `Module`."""
+  module = parsed(hlo)
+  runs = executions(module)
+  out = []
+  for name, times in runs.counts.items():
+    for inst in module.computations.get(name, ()):
+      if inst.opcode.removesuffix("-start") != "collective-permute":
+        continue
+      if name in runs.uncounted:
+        raise ValueError(f"a collective-permute inside a loop without a known trip count: {inst.line.strip()[:160]}")
+      moved = array_bytes(inst.type if inst.opcode == "collective-permute" else _start_parts(inst.type)[0])
+      pairs = re.findall(r"\{(\d+),(\d+)\}", inst.attributes.split("source_target_pairs=", 1)[1])
+      out.append(PermuteSend(inst, times, moved, tuple((int(a), int(b)) for a, b in pairs)))
+  return out
+
+
 def collective_bytes(hlo: "str | Module", num_stages: int | None = None) -> dict[str, int]:
   """Bytes the collectives of a compiled program send per call, summed over all devices.
 
@@ -239,25 +267,21 @@ def collective_bytes(hlo: "str | Module", num_stages: int | None = None) -> dict
   totals = {"fwd": 0, "bwd": 0, "data": 0}
   for name, times in runs.counts.items():
     for inst in module.computations.get(name, ()):
-      kind = inst.opcode.removesuffix("-start")
-      if kind not in ("all-gather", "collective-permute"):
+      if inst.opcode.removesuffix("-start") != "all-gather":
         continue
       if name in runs.uncounted:
-        raise ValueError(f"a {kind} inside a loop without a known trip count: {inst.line.strip()[:160]}")
-      if kind == "all-gather":  # the gathered result: the sync op's type, the last array of an async start's
-        size, count = _group_size_and_count(inst.line)
-        gathered = array_bytes(inst.type if inst.opcode == kind else _ARRAY_TEXT.findall(inst.type)[-1])
-        totals["data"] += times * (gathered // size * (size - 1) * size * count)
-        continue
-      moved = array_bytes(inst.type if inst.opcode == kind else _start_parts(inst.type)[0])
-      pairs = re.findall(r"\{(\d+),(\d+)\}", inst.attributes.split("source_target_pairs=", 1)[1])
-      if f"/{TIED}/" in inst.line:
-        totals["tied"] = totals.get("tied", 0) + times * moved * len(pairs)
-        continue
-      wrapped = f"/{WRAPPED}/" in inst.line
-      for src, dst in ((int(a), int(b)) for a, b in pairs):
-        same_row = num_stages is None or src // num_stages == dst // num_stages
-        totals[("fwd" if (dst > src) != wrapped else "bwd") if same_row else "data"] += times * moved
+        raise ValueError(f"a all-gather inside a loop without a known trip count: {inst.line.strip()[:160]}")
+      size, count = _group_size_and_count(inst.line)  # the gathered result: the sync op's type, else the last array
+      gathered = array_bytes(inst.type if inst.opcode == "all-gather" else _ARRAY_TEXT.findall(inst.type)[-1])
+      totals["data"] += times * (gathered // size * (size - 1) * size * count)
+  for send in collective_permutes(module):
+    if f"/{TIED}/" in send.inst.line:
+      totals["tied"] = totals.get("tied", 0) + send.runs * send.bytes_per_pair * len(send.pairs)
+      continue
+    wrapped = f"/{WRAPPED}/" in send.inst.line
+    for src, dst in send.pairs:
+      same_row = num_stages is None or src // num_stages == dst // num_stages
+      totals[("fwd" if (dst > src) != wrapped else "bwd") if same_row else "data"] += send.runs * send.bytes_per_pair
   return totals
 
 
