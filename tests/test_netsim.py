@@ -248,16 +248,51 @@ def test_inbound_meter_on_the_executors_ticks():
   assert per_direction.makespan == 12
 
 
+# --- the rendezvous protocol (XLA:CPU's gloo) --------------------------------------------------
+
+
+def test_rendezvous_messages_wait_for_the_receivers_notice():
+  """GPipe ticks, 2 stages, 2 microbatches, 1 s ops, messages 1 s of bytes + 1 s latency (hand timeline). a1
+  leaves at 5, not 4: stage 1 posts its receive when its tick 1 ends (4) and the notice takes 1 s; the sender is
+  done as its bytes leave (F(0, 1) starts at 1, not at a0's last byte). g1 leaves at 13: stage 0 posts at 12."""
+  args = ([1, 1], [1, 1], [1], [1], 2, BW8, 1.0)
+  kw = dict(ticks=True, overlap_sends=False)
+  tl = simulate_step(*args, protocol="rendezvous", **kw)
+  ev = _starts(tl)
+  assert ev["send_fwd", 0, 0] == (1, 3) and ev["fwd", 0, 1] == (1, 2) and ev["fwd", 1, 0] == (3, 4)
+  assert ev["send_fwd", 0, 1] == (5, 7) and ev["fwd", 1, 1] == (7, 8) and ev["bwd", 1, 0] == (8, 9)
+  assert ev["send_bwd", 0, 0] == (9, 11) and ev["bwd", 0, 0] == (11, 12) and ev["bwd", 1, 1] == (9, 10)
+  assert ev["send_bwd", 0, 1] == (13, 15) and ev["bwd", 0, 1] == (15, 16) and tl.makespan == 16
+  assert tl.critical_seconds() == {"compute": 6, "link": 10, "exchange": 0}  # two notices on the path
+  eager = _starts(simulate_step(*args, **kw))
+  assert eager["send_fwd", 0, 1] == (4, 6) and eager["send_bwd", 0, 1] == (11, 13)
+
+
+def test_rendezvous_all_reduce_is_gloos_ring():
+  """An all-reduce of nothing over 3 stages at tick 0 (stage 0 computes 1 s; latency 1 s; hand timeline).
+  Reduce-scatter 2 -> 1 -> 0: hop 0 leaves at 1 (stage 1's notice), hop 1 at 2 (stage 0's: it entered at 1);
+  allgather 0 -> 2 -> 1: hop 2 at 3, hop 3 at 4. Stage 0 leaves at 3 (its send left), stage 2 at 4, stage 1 at
+  5 (its receive landed); tick 0's activation then leaves at 6, once stage 1's notice has crossed. Eager: a
+  barrier at 1, four hops, all leave at 5, the activation leaves at 5."""
+  args = ([1, 1, 1], [1, 1, 1], [0, 0], [0, 0], 1, BW8, 1.0)
+  kw = dict(ticks=True, overlap_sends=False, collectives=[Collective(0, nbytes=0)])
+  tl = simulate_step(*args, protocol="rendezvous", **kw)
+  assert [(e.microbatch, e.start, e.end) for e in tl.collectives] == [(0, 1, 2), (1, 2, 3), (2, 3, 4), (3, 4, 5)]
+  assert _starts(tl)["send_fwd", 0, 0] == (6, 7) and _starts(tl)["fwd", 1, 0] == (7, 8)
+  eager = simulate_step(*args, **kw)
+  assert eager.collectives == (Event("collective", 0, -1, 1, 5),) and _starts(eager)["send_fwd", 0, 0] == (5, 6)
+
+
 # --- collectives ----------------------------------------------------------------------------------
 
 
 def test_collectives_at_a_tick_before_and_after_the_update():
-  """GPipe ticks, 2 stages, 1 microbatch, messages 1 s of bytes + 0.5 s latency; a 2-round collective (1 s) at
-  tick 2 (the last stage's loss, before that tick's gradient message), one before the update (the clipping
-  norm) and one after it (the driver's check): each waits for every device, then holds them all."""
+  """GPipe ticks, 2 stages, 1 microbatch, messages 1 s of bytes + 0.5 s latency; an all-reduce of nothing (2 hops
+  of 0.5 s) at tick 2 (the last stage's loss, before that tick's gradient message), one before the update (the
+  clipping norm) and one after it (the driver's check): each waits for every device, then holds them all."""
   tl = simulate_step([1, 2], [3, 4], [1], [1], 1, BW8, latency_s=0.5, ticks=True, overlap_sends=False,
-                     update_s=[0.25, 0.25], collectives=[Collective(2, 2), Collective("before_update", 2),
-                                                         Collective("after_update", 2)])
+                     update_s=[0.25, 0.25], collectives=[Collective(2, nbytes=0), Collective("before_update", nbytes=0),
+                                                         Collective("after_update", nbytes=0)])
   ev = _starts(tl)
   assert ev["send_fwd", 0, 0] == (1, 2.5) and ev["fwd", 1, 0] == (2.5, 4.5) and ev["bwd", 1, 0] == (4.5, 8.5)
   assert tl.collectives[0] == Event("collective", 0, -1, 8.5, 9.5)
@@ -270,8 +305,8 @@ def test_collectives_at_a_tick_before_and_after_the_update():
   assert tl.critical_seconds() == {"compute": 10.25, "link": 6, "exchange": 0}
   # the bytes of a collective cross at the bandwidth, after its rounds
   heavy = simulate_step([1, 2], [3, 4], [1], [1], 1, BW8, latency_s=0.5, ticks=True, overlap_sends=False,
-                        collectives=[Collective("after_update", 2, nbytes=16)])
-  assert heavy.collectives[0].end - heavy.collectives[0].start == 2 * 0.5 + 16
+                        collectives=[Collective("after_update", ranks=3, nbytes=16)])
+  assert heavy.collectives[0].end - heavy.collectives[0].start == 4 * (0.5 + 16)  # 2 (3 - 1) hops: the replicas' ring
 
 
 
@@ -464,11 +499,14 @@ GOOD = dict(
         (dict(exchange=Exchange([1.0, -2.0], 2)), r"exchange.sent_bytes\[1\].*-2\.0"),
         (dict(exchange=Exchange([1.0, 1.0], -1)), r"exchange.messages must be an integer >= 0, got -1"),
         (dict(meter="outbound"), r"meter must be one of \['per_direction', 'inbound'\], got 'outbound'"),
-        (dict(collectives=[Collective(1, 2)]), r"collectives\[0\] runs at tick 1: a collective at a tick needs "
-                                               r"ticks=True"),
-        (dict(collectives=[Collective(6, 2)], ticks=True, overlap_sends=False),
+        (dict(collectives=[Collective(1)]), r"collectives\[0\] runs at tick 1: a collective at a tick needs "
+                                            r"ticks=True"),
+        (dict(collectives=[Collective(6)], ticks=True, overlap_sends=False),
          r"collectives\[0\].at must be a tick in \[0, 6\) or 'before_update' or 'after_update', got 6"),
-        (dict(collectives=[Collective("after_update", -1)]), r"collectives\[0\].rounds must be an integer >= 0, got -1"),
+        (dict(collectives=[Collective("after_update", 0)]), r"collectives\[0\].ranks must be an integer >= 1, got 0"),
+        (dict(protocol="lazy"), r"protocol must be one of \['eager', 'rendezvous'\], got 'lazy'"),
+        (dict(protocol="rendezvous"), r"protocol 'rendezvous' is the executor's \(ticks=True, meter='per_direction'\), "
+                                      r"got ticks=False"),
     ],
 )
 def test_bad_inputs_raise_naming_the_value(override, message):

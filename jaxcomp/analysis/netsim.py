@@ -78,14 +78,25 @@ ops' order; ticks: the table's order), latency included::
 
 A sender never waits for the meter (its sends are asynchronous; the receiver waits for the landing).
 
-Collectives (`Collective`). Besides its boundary messages a step runs collectives over all its devices: the
-loss and metrics all-reduce, the clipping norm's, the driver's finiteness check between steps. Each is a
-barrier: it starts when the last device reaches it and every device leaves it ``rounds * latency_s + 8 *
-nbytes / bandwidth_bps`` later (a ring all-reduce of a scalar over ``N`` devices: ``2 (N - 1)`` rounds, each
-one message's latency). ``at`` says where the executor runs it: at tick ``t`` (ticks only; after each device's
-compute of that tick, before the tick's messages), ``"before_update"`` (after each device's exchange: the
-clipping norm) or ``"after_update"`` (after every update: the driver's check). On the critical path a
-collective counts as link time.
+Protocols (``protocol``, ticks only). ``"eager"``: a message leaves once its sender is ready. ``"rendezvous"``
+(XLA:CPU's collectives over gloo's TCP transport): the receiver posts its receive when it reaches the collective
+and sends a notice of it; the bytes leave only once the notice has crossed, ``max(sender ready, receiver ready +
+latency_s)``, and the sender is done with the message as they leave (its socket takes them), the receiver when
+they land. A message whose receiver was waiting costs one latency, one whose receiver comes last two.
+
+Collectives (`Collective`). Besides its boundary messages a step runs all-reduces of scalars: the loss and
+metrics, the clipping norm, the driver's finiteness check between steps. ``at`` says where the executor runs
+one: at tick ``t`` (ticks only; after each device's compute of that tick, before the tick's messages),
+``"before_update"`` (after each device's exchange: the clipping norm) or ``"after_update"`` (after every
+update: the driver's check). Each is a ring all-reduce over ``N`` ranks: ``2 (N - 1)`` hops one after another,
+each ``latency_s + 8 * nbytes / bandwidth_bps``. Eager: a barrier (it starts when the last device reaches it)
+then the hops, every device leaving at the end. Rendezvous: gloo's ring of a scalar, rank ``r`` the device
+``r``: the reduce-scatter hops ``N-1 -> N-2 -> ... -> 0`` (every receive posted on entry), the allgather ``0 ->
+N-1 -> ... -> 1`` (a rank posts its receive once its reduce-scatter send has left, before the value can come
+round to it: each allgather hop waits for the value alone), each hop a rendezvous message; a rank leaves when
+its last send has left or its last receive landed. (With ``ranks`` beyond the
+pipeline's devices, the replicas' ring, the eager barrier.) On the critical path collectives and the notices'
+crossings count as link time.
 
 Data-parallel exchange (`Exchange`). With ``D`` replicas of the pipeline, the replicas of
 stage ``s`` exchange its weight gradient (or QuantizedAdam's first moment) once per step.
@@ -123,6 +134,8 @@ from jaxcomp.parallel import schedules
 Kind = Literal["fwd", "bwd", "bwd_input", "bwd_weight", "send_fwd", "send_bwd", "exchange", "update", "collective"]
 Meter = Literal["per_direction", "inbound"]
 METERS = ("per_direction", "inbound")
+Protocol = Literal["eager", "rendezvous"]
+PROTOCOLS = ("eager", "rendezvous")
 Place = Literal["before_update", "after_update"]
 COMPUTE = {"F": "fwd", "BW": "bwd", "B": "bwd_input", "W": "bwd_weight"}  # a table's op kind -> its event kind
 
@@ -138,11 +151,11 @@ class Exchange(NamedTuple):
 
 
 class Collective(NamedTuple):
-  """A collective over every device (module docstring, Collectives): a barrier, then `rounds` one-way latencies
-  and `nbytes` at the bandwidth. `at`: a tick (ticks only), ``"before_update"`` or ``"after_update"``."""
+  """A ring all-reduce of `nbytes` over `ranks` ranks (None: the pipeline's devices; more: its replicas too) at
+  `at`: a tick (ticks only), ``"before_update"`` or ``"after_update"`` (module docstring, Collectives)."""
   at: int | Place
-  rounds: int
-  nbytes: float = 0.0
+  ranks: int | None = None
+  nbytes: float = 4.0
 
 
 @dataclass(frozen=True)
@@ -168,9 +181,9 @@ class Timeline:
   time), one `exchanges` event per stage (none without data parallelism), one `updates` event per
   stage (none without `update_s`), one `collectives` event per collective, and the `critical_path`: from
   t = 0 to the makespan, each event the one the next waited for last (on a tie, the previous event on the
-  same resource). An event on the path counts until the next one starts: its end, or for a message that
-  held up the next message on its link direction (or its sender, without overlapped sends) its last byte
-  sent."""
+  same resource). An event on the path counts until the next one starts, at most to its end (a message that held
+  up the next message on its link direction, or its sender, until its last byte left); a gap before the next one
+  is a receive's notice crossing the link (the rendezvous protocol; also before the first event)."""
   events: tuple[Event, ...]
   exchanges: tuple[Event, ...] = ()
   critical_path: tuple[Event, ...] = ()
@@ -194,8 +207,10 @@ class Timeline:
              "exchange": "exchange", "update": "compute", "collective": "link"}
     seconds = dict.fromkeys(("compute", "link", "exchange"), 0.0)
     path = self.critical_path
+    seconds["link"] += path[0].start if path else 0.0  # a notice crossing before the first event
     for e, after in zip(path, path[1:]):
-      seconds[terms[e.kind]] += after.start - e.start
+      seconds[terms[e.kind]] += min(after.start, e.end) - e.start
+      seconds["link"] += max(0.0, after.start - e.end)
     if path:
       seconds[terms[path[-1].kind]] += path[-1].end - path[-1].start
     return seconds
@@ -266,9 +281,19 @@ def transfer_time(nbytes: float, bandwidth_bps: float, latency_s: float, message
   return messages * latency_s + 8.0 * nbytes / bandwidth_bps
 
 
-class _Sent(NamedTuple):
-  """A message's last byte leaving (its link direction free again), as something to wait for."""
+class _At(NamedTuple):
+  """A moment of an evaluated event to wait for: its ``"end"``, or for a message ``"sent"`` (its sender done with
+  it) or ``"free"`` (its link direction free again); ``after`` seconds later (a receive's notice crossing)."""
   key: tuple
+  what: str = "end"
+  after: float = 0.0
+
+
+def _later(ref, seconds: float):
+  """`ref` (an event key, `_At`, or None: t = 0) `seconds` later."""
+  if ref is None:
+    return _At(None, "end", seconds)
+  return ref._replace(after=ref.after + seconds) if isinstance(ref, _At) else _At(ref, "end", seconds)
 
 
 class _Events:
@@ -277,45 +302,88 @@ class _Events:
   def __init__(self):
     self.evaluated: dict[tuple, Event] = {}  # (kind, index, microbatch) -> its event
     self.cause: dict[tuple, tuple | None] = {}  # the event an event waited for last (None: started at t = 0)
-    self.last: dict[tuple, tuple] = {}  # resource -> what frees it: an event's key (its end) or _Sent
-    self.sent: dict[tuple, float] = {}  # message key -> when its last byte left
+    self.last: dict[tuple, tuple] = {}  # resource -> what frees it: an event's key (its end) or an `_At`
+    self.moments: dict[tuple, dict[str, float]] = {}  # message key -> {"sent": ..., "free": ...}
 
   def time(self, ref) -> float:
-    return self.sent[ref.key] if isinstance(ref, _Sent) else self.evaluated[ref].end
+    if not isinstance(ref, _At):
+      return self.evaluated[ref].end
+    if ref.key is None:
+      return ref.after
+    return (self.evaluated[ref.key].end if ref.what == "end" else self.moments[ref.key][ref.what]) + ref.after
 
-  def run(self, key, resource, inputs, duration, holds=None):
-    """Evaluate event `key` on `resource`: it starts when what frees the resource and its inputs (event keys:
-    their ends; `_Sent`: a message's last byte leaving; None: nothing) are done, and frees the resource at its
-    end, or `holds` seconds after its start."""
+  def run(self, key, resource, inputs, duration, holds=None, sent=None):
+    """Evaluate event `key` on `resource`: it starts when what frees the resource and its inputs (event keys: their
+    ends; `_At`: a moment; None: nothing) are done, and frees the resource at its end, or `holds` seconds after its
+    start; its sender is done with it `sent` seconds after its start (default: `holds`)."""
     waits = [r for r in (self.last.get(resource), *inputs) if r is not None]
     cause = max(waits, key=self.time, default=None)
-    self.cause[key] = cause.key if isinstance(cause, _Sent) else cause
+    self.cause[key] = cause.key if isinstance(cause, _At) else cause
     start = self.time(cause) if cause is not None else 0.0
     self.evaluated[key] = Event(*key, start, start + duration)
     if holds is None:
       self.last[resource] = key
     else:
-      self.sent[key] = start + holds
-      self.last[resource] = _Sent(key)
+      self.moments[key] = {"free": start + holds, "sent": start + (holds if sent is None else sent)}
+      self.last[resource] = _At(key, "free")
 
 
 class _Wires:
-  """How a message crosses (module docstring, Links and Receiver's meter): `send` evaluates it and returns what
-  its sender waits for (its last byte leaving; None under the receiver's meter)."""
+  """How a message crosses (module docstring, Links, Receiver's meter and Protocols): `send` evaluates it and
+  returns what its sender waits for (None under the receiver's meter)."""
 
-  def __init__(self, link: Link, meter: Meter, fwd_bytes, bwd_bytes, num_devices: int):
-    self.link, self.meter, self.num_devices = link, meter, num_devices
+  def __init__(self, link: Link, meter: Meter, protocol: Protocol, fwd_bytes, bwd_bytes, num_devices: int):
+    self.link, self.meter, self.protocol, self.num_devices = link, meter, protocol, num_devices
     self.serial = {"send_fwd": [8.0 * n / link.bandwidth_bps for n in fwd_bytes],
                    "send_bwd": [8.0 * n / link.bandwidth_bps for n in bwd_bytes]}
 
-  def send(self, ev: _Events, key: tuple, receiver: int, inputs) -> _Sent | None:
+  def send(self, ev: _Events, key: tuple, receiver: int, sender_ready, receiver_ready=()) -> _At | None:
+    """Evaluate message `key` once its sender is ready (`sender_ready`) and, per its protocol, its receiver
+    (`receiver_ready`: eager, ready; rendezvous, ready and its notice across the link)."""
     kind, boundary, _ = key
     serial = self.serial[kind][boundary]
+    if self.protocol == "rendezvous":
+      receiver_ready = [_later(r, self.link.latency_s) for r in receiver_ready]
+    inputs = [*sender_ready, *receiver_ready]
     if self.meter == "inbound":
       ev.run(key, ("inbound", receiver), inputs, serial + self.link.latency_s)
       return None
-    ev.run(key, (kind, boundary % self.num_devices), inputs, serial + self.link.latency_s, holds=serial)
-    return _Sent(key)
+    ev.run(key, (kind, boundary % self.num_devices), inputs, serial + self.link.latency_s, holds=serial,
+           sent=0.0 if self.protocol == "rendezvous" else serial)
+    return _At(key, "sent")
+
+
+def _all_reduce(ev: _Events, i: int, ranks: int, ready: list[list], link: Link, protocol: Protocol,
+                nbytes: float) -> list[list]:
+  """Collective `i`, a ring all-reduce of `nbytes` over `ranks` ranks, once each device is ready (`ready`: per
+  device, what it waits for): per device, what it waits for to leave it (module docstring, Collectives)."""
+  hop = 8.0 * nbytes / link.bandwidth_bps + link.latency_s
+  n = len(ready)
+  if protocol == "eager" or ranks != n:  # a barrier, then the ring's hops one after another
+    ev.run(("collective", i, -1), ("collective", i), [r for refs in ready for r in refs], 2 * (ranks - 1) * hop)
+    return [[("collective", i, -1)] for _ in range(n)]
+  if n == 1:
+    return ready
+  notice = lambda refs: [_later(r, link.latency_s) for r in refs]
+  hops = iter(range(2 * (n - 1)))
+
+  def send(have, receiver_posted=()):
+    key = ("collective", i, next(hops))
+    ev.run(key, key, [*have, *notice(receiver_posted)], hop, holds=0.0)
+    return key
+  # reduce-scatter: rank n-1 -> n-2 -> ... -> 0, every receive posted on entry
+  arrived = None
+  for r in range(n - 1, 0, -1):
+    arrived = send(ready[r] + ([arrived] if arrived else []), ready[r - 1])
+  # allgather: rank 0 -> n-1 -> ... -> 1; a rank posts its receive once its reduce-scatter send has left, before
+  # the value can come round to it, so each hop waits for the value alone
+  arrived = send([arrived, *ready[0]])
+  exits = [[_At(arrived, "sent")]] + [None] * (n - 1)
+  for r in range(n - 1, 1, -1):
+    arrived = send([arrived])
+    exits[r] = [_At(arrived, "sent")]
+  exits[1] = [arrived]
+  return exits
 
 
 def _message_key(msg: schedules.Message) -> tuple[Kind, int, int]:
@@ -389,7 +457,7 @@ def _ticks(ev: _Events, table: schedules.Schedule, compute, wires: _Wires, barri
     now, out = ready(), []
     for msg in messages:
       key = _message_key(msg)
-      out.append((msg, key, wires.send(ev, key, msg.receiver, now[msg.sender] + now[msg.receiver])))
+      out.append((msg, key, wires.send(ev, key, msg.receiver, now[msg.sender], now[msg.receiver])))
     return out
 
   made = ()  # overlapped sends: the messages made at the tick before, crossing during this one
@@ -419,7 +487,8 @@ def _check_collectives(collectives: Sequence[Collective], ticks: int | None) -> 
       if not is_integer(c.at) or not 0 <= c.at < ticks:
         raise ValueError(f"collectives[{i}].at must be a tick in [0, {ticks}) or 'before_update' or "
                          f"'after_update', got {c.at!r}")
-    _check_count(f"collectives[{i}].rounds", c.rounds, 0)
+    if c.ranks is not None:
+      _check_count(f"collectives[{i}].ranks", c.ranks, 1)
     _check_time(f"collectives[{i}].nbytes", c.nbytes)
 
 
@@ -439,6 +508,7 @@ def simulate_step(
     ticks: bool = False,
     meter: Meter = "per_direction",
     collectives: Sequence[Collective] = (),
+    protocol: Protocol = "eager",
 ) -> Timeline:
   """Event timeline of one step on `schedule` (a table, or a name `schedules.build` knows: gpipe, 1f1b,
   1f1b-fused, zb-h1, interleaved:V; rules in the module docstring).
@@ -460,7 +530,9 @@ def simulate_step(
   and W(c, m) the rest (default: half each; B + W = the fused backward).
   ``meter``: ``"per_direction"``: a link per boundary and direction; ``"inbound"``: Protocol NanoGPT's
   receiver-side meter, one inbound wire per device.
-  ``collectives``: the step's collectives over all devices (`Collective`), in the order the executor runs them.
+  ``collectives``: the step's all-reduces (`Collective`), in the order the executor runs them.
+  ``protocol``: ``"eager"``: a message leaves once its sender is ready; ``"rendezvous"`` (ticks only; XLA:CPU's
+  gloo): once its receiver has posted its receive too and that notice has crossed the link.
   """
   if isinstance(bandwidth_bps, Link):
     if latency_s:
@@ -478,6 +550,11 @@ def simulate_step(
   _check_count("microbatches", microbatches, 1)
   if meter not in METERS:
     raise ValueError(f"meter must be one of {list(METERS)}, got {meter!r}")
+  if protocol not in PROTOCOLS:
+    raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {protocol!r}")
+  if protocol == "rendezvous" and (not ticks or meter != "per_direction"):
+    raise ValueError(f"protocol 'rendezvous' is the executor's (ticks=True, meter='per_direction'), got "
+                     f"ticks={ticks}, meter={meter!r}")
   if not 0 <= input_grad_share <= 1:  # also rejects NaN
     raise ValueError(f"input_grad_share must be in [0, 1] (B's share of the backward), got {input_grad_share!r}")
   table = table_of(schedule, num_chunks, microbatches, overlap=ticks and overlap_sends)
@@ -499,19 +576,16 @@ def simulate_step(
 
   compute = {"fwd": fwd_s, "bwd": bwd_s, "bwd_input": [input_grad_share * t for t in bwd_s],
              "bwd_weight": [(1 - input_grad_share) * t for t in bwd_s]}
-  wires = _Wires(link, meter, fwd_bytes, bwd_bytes, num_stages)
+  wires = _Wires(link, meter, protocol, fwd_bytes, bwd_bytes, num_stages)
   ev = _Events()
 
   def barrier(at, ready, pending):
-    """The collectives placed `at` (a tick or a place), each once every device is ready (`ready`: per device,
-    what it waits for); then each device waits for the last of them (`pending`, per device, replaced)."""
+    """The collectives placed `at` (a tick or a place), one after another from when each device is ready
+    (`ready`: per device, what it waits for); then each device waits to leave the last (`pending` replaced)."""
     for i, c in enumerate(collectives):
       if c.at == at:
-        ev.run(("collective", i, -1), ("collective", i), [r for refs in ready for r in refs],
-               link.seconds(c.nbytes, c.rounds))
-        ready = [[("collective", i, -1)]] * num_stages
-        pending = [[("collective", i, -1)] for _ in range(num_stages)]
-    return pending
+        ready = pending = _all_reduce(ev, i, c.ranks or num_stages, ready, link, protocol, c.nbytes)
+    return [list(refs) for refs in pending]
 
   if ticks:
     done = _ticks(ev, table, compute, wires, barrier)
