@@ -71,10 +71,11 @@ REPLAYED_STEPS = 4  # timed steps per round of the replay
 # Each stage namespace is tuned as a WAN cluster's hosts are (ESnet's host tuning for long fat links): socket
 # buffers well above the bandwidth-delay product (100 Mbit/s x 100 ms RTT = 1.25 MB), gloo's own SO_SNDBUF
 # (up to 32 MB) not capped below it, no return to slow start after an idle connection (a pipeline's links idle
-# between messages). The congestion control is the machine's (a namespace may only pick one the machine allows).
+# between messages), and a loss-based congestion control, reno (the kernel's default, cubic, is not among those a
+# namespace may pick here; bbr, the other, paced a 262 KB message 30-35 ms longer than its bytes at 100 ms RTT).
 TCP_SETTINGS = {"net.core.rmem_max": "67108864", "net.core.wmem_max": "67108864",
                 "net.ipv4.tcp_rmem": "4096 131072 67108864", "net.ipv4.tcp_wmem": "4096 65536 67108864",
-                "net.ipv4.tcp_slow_start_after_idle": "0"}
+                "net.ipv4.tcp_slow_start_after_idle": "0", "net.ipv4.tcp_congestion_control": "reno"}
 DELAY_LINE_SOURCE = pathlib.Path(__file__).with_name("delay_line.c")
 
 
@@ -278,11 +279,39 @@ def bulk(role: str, peer: str, port: int, seconds: float) -> dict:
       return {"bytes": received, "seconds": time.perf_counter() - first}
 
 
+def messages(role: str, peer: str, port: int, nbytes: int, count: int, idle_s: float = 0.5) -> list[float]:
+  """`count` messages of `nbytes` on one TCP connection, each after `idle_s` of idling, each answered with one
+  byte: `client` sends to `peer`:`port` and returns each round trip in seconds (the bytes at the rate plus two
+  latencies, with windows above the bandwidth-delay product); `server` (on `peer`) answers."""
+  if role == "client":
+    trips = []
+    with socket.create_connection((peer, port), timeout=30) as sock:
+      for _ in range(count):
+        time.sleep(idle_s)
+        sent = time.perf_counter()
+        sock.sendall(b"\0" * nbytes)
+        sock.recv(1)
+        trips.append(time.perf_counter() - sent)
+    return trips
+  with socket.create_server((peer, port)) as server:
+    server.settimeout(30)
+    conn, _ = server.accept()
+    with conn:
+      for _ in range(count):
+        got = 0
+        while got < nbytes:
+          got += len(conn.recv(1 << 20))
+        conn.sendall(b"\1")
+  return []
+
+
 def probe(argv):
-  """`--probe ping TARGET COUNT` or `--probe sink|source ADDRESS PORT SECONDS`, run inside a stage namespace: its
-  result as JSON on stdout."""
+  """`--probe ping TARGET COUNT`, `--probe sink|source ADDRESS PORT SECONDS` or `--probe server|client ADDRESS PORT
+  BYTES COUNT`, run inside a stage namespace: its result as JSON on stdout."""
   if argv[0] == "ping":
     print(json.dumps(ping(argv[1], int(argv[2]))))
+  elif argv[0] in ("server", "client"):
+    print(json.dumps(messages(argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4]))))
   else:
     print(json.dumps(bulk(argv[0], argv[1], int(argv[2]), float(argv[3]))))
 
@@ -290,26 +319,38 @@ def probe(argv):
 def render_check(link: Link, checked: dict, delay_report: str) -> str:
   """`check_link`'s figures as lines: round trips (median, min, max ms) and goodput each way (Mbit/s, and its share of
   the most TCP can carry at the rate: 1448 payload bytes per 1514-byte frame)."""
-  rtt = lambda key: " / ".join(f"{1e3 * v:.2f}" for v in (sorted(checked[key])[len(checked[key]) // 2],
-                                                          min(checked[key]), max(checked[key])))
+  rtt_of = lambda trips: " / ".join(f"{1e3 * v:.2f}" for v in (sorted(trips)[len(trips) // 2], min(trips), max(trips)))
+  rtt = lambda key: rtt_of(checked[key])
   most = link.bandwidth_bps * 1448 / 1514
   goodput = ", ".join(f"{way} {bps / 1e6:.1f} Mbit/s ({bps / most:.1%})" for way, bps in checked["goodput_bps"].items())
   goodput += "" if math.isfinite(most) else " (unshaped)"
+  expected = 8 * checked["message_bytes"] * 1514 / 1448 / link.bandwidth_bps + 2 * link.latency_s
   lines = [f"link {link}: ping round trip, ms (median / min / max): idle {rtt('rtt_idle_s')}, every core loaded "
            f"{rtt('rtt_loaded_s')} (2 x {link.latency_s * 1e3:g} ms expected)",
+           f"a {checked['message_bytes']:,}-byte message and a 1-byte answer, each after 0.5 s idle, ms (median / min "
+           f"/ max of the last {len(checked['message_trips_s']) - 2}): {rtt_of(checked['message_trips_s'][2:])} "
+           f"({1e3 * expected:.1f} expected: the bytes at the rate, with headers, and 2 latencies)",
            f"TCP goodput, both ways at once, every core loaded: {goodput} of the most TCP carries at the rate"]
   return "\n".join(lines + ([delay_report] if delay_report else []))
 
 
-def check_link(net: Network, seconds: float = 5.0, pings: int = 20) -> dict:
+def check_link(net: Network, seconds: float = 5.0, pings: int = 20, message_bytes: int = 262_144,
+               count: int = 12) -> dict:
   """What the link between stages 0 and 1 does: round trips (ICMP echo, idle, then while two busy processes load
-  every core) and the TCP goodput of each direction with both directions sending at once under that load."""
+  every core), `count` messages of `message_bytes` (a tiny GPT-2 activation at batch 8), each after 0.5 s idle and
+  answered with a byte, and the TCP goodput of each direction with both directions sending at once under load."""
   in_ns = lambda i, *args: ["ip", "netns", "exec", net.namespace(i), sys.executable, "-m", "benchmarks.real_link",
                             "--probe", *args]
   env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[1])}
   result = lambda cmd: json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, env=env,
                                                  timeout=120).stdout)
   out = {"rtt_idle_s": result(in_ns(0, "ping", address(1), str(pings)))}
+  server = subprocess.Popen(in_ns(1, "server", address(1), "5202", str(message_bytes), str(count)), env=env,
+                            stdout=subprocess.DEVNULL)
+  time.sleep(1.0)  # listening
+  out["message_bytes"], out["message_trips_s"] = message_bytes, result(
+      in_ns(0, "client", address(1), "5202", str(message_bytes), str(count)))
+  server.wait(timeout=60)
   cores = sorted(os.sched_getaffinity(0))
   load = [subprocess.Popen(["taskset", "-c", str(c), sys.executable, "-c", "while True: pass"]) for c in cores]
   try:
