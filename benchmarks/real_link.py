@@ -30,7 +30,8 @@ each checkpoint it reads its htb class counters. From the marks of all processes
 - steady-state steps/s: the CLI's own figure for the epoch (its first, compiling step excluded);
 - netsim's steps/s for the same setting (`netsim_steps_per_s`), from the stage, codec and update
   times each process measures of its own stage after training (same core, the executor's own
-  stage programs; processes that share a core take turns), against steps/s measured beside them
+  stage programs; the processes take turns, each timing alone while the others wait, as a step of one
+  microbatch computes one stage at a time), against steps/s measured beside them
   (`replayed_steps_per_s`): after training the processes run the epoch's recorded train steps again
   (as the driver's loop does: the step, its loss read back, the finiteness check), alternating with
   the op timing for `--rounds` rounds; both are medians over the rounds. This shared machine's speed
@@ -564,14 +565,14 @@ def probe_bytes(executor, state, calls: int = 50, idle_s: float = 3.0) -> dict:
 
 def worker(argv):
   """A stage process: the experiment CLI with marks (`--hostname` first: gloo binds to that address);
-  with `--time-ops`, its stage's op times once training is over (processes that share a core take turns)."""
+  with `--time-ops`, its stage's op times once training is over (the processes take turns)."""
   parser = argparse.ArgumentParser(prog="python -m benchmarks.real_link --worker")
   parser.add_argument("--hostname", required=True)
   parser.add_argument("--marks", required=True)
   parser.add_argument("--time-ops", type=int, default=0, metavar="REPEATS")
   parser.add_argument("--rounds", type=int, default=3, help="rounds of replayed steps and op timing")
-  parser.add_argument("--turn", type=int, default=0, help="when to time, among the processes of one core")
-  parser.add_argument("--turns", type=int, default=1, help="processes per core")
+  parser.add_argument("--turn", type=int, default=0, help="when to time: this process's turn")
+  parser.add_argument("--turns", type=int, default=1, help="turns: the processes, one after another")
   args, run_flags = parser.parse_known_args(argv)
   socket.sethostname(args.hostname)
   marks = Marks()
@@ -658,8 +659,7 @@ def run_method(net: Network, name: str, args, folder: pathlib.Path) -> Run:
       cmd = ["ip", "netns", "exec", net.namespace(i), "unshare", "--uts", "taskset", "-c", str(i % cores),
              sys.executable, "-m", "benchmarks.real_link", "--worker", "--hostname", address(i),
              "--marks", str(folder / f"marks{i}.json"), "--time-ops", str(args.repeats), "--rounds", str(args.rounds),
-             "--turn", str(i // cores),
-             "--turns", str(-(-processes // cores)), "--", *cli, "--process-id", str(i)]
+             "--turn", str(i), "--turns", str(processes), "--", *cli, "--process-id", str(i)]
       procs.append(subprocess.Popen(cmd, env=env, stdout=logs[-1], stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + WORKER_TIMEOUT_S
     while any(p.poll() is None for p in procs):
@@ -747,7 +747,8 @@ def step_collectives(table, data: int) -> list:
   last = max(t for t in range(table.ticks) for row in table.ops for op in row[t]
              if op.chunk == table.num_chunks - 1 and op.kind != "F")
   losses = [netsim.Collective(last)] + ([netsim.Collective(last, ranks=data)] if data > 1 else [])
-  return [*losses, netsim.Collective("before_update"), netsim.Collective("after_update", ranks=table.num_devices * data)]
+  return [*losses, netsim.Collective("before_update"),
+          netsim.Collective("after_update", ranks=table.num_devices * data)]
 
 
 def netsim_steps_per_s(times: list[dict], record: dict, link_bytes: float, args) -> float:

@@ -118,8 +118,10 @@ def test_interleaved_chunks_cut_the_stage_times():
   assert chunked.fwd_s == (1.0, 1.0, 2.0, 2.0) and chunked.bwd_s == (3.0, 3.0, 4.0, 4.0)
   assert chunked.encode_s == ((0.1, 0.2),) * 3 and chunked.decode_s == ((0.3, 0.4),) * 3 and messages == [(10, 20)] * 3
   assert throughput_vs_bandwidth.on_chunks(costs, [(10, 20)], 1) == (costs, [(10, 20)])
-  rows = {"gpipe": [throughput_vs_bandwidth.Row(Link(1e9, 0.02), m, rate, {}) for m, rate in (("fp32", 2.0), ("q", 5.0))]}
-  assert throughput_vs_bandwidth.render_schedules(rows).splitlines()[2] == "| gpipe | 1 Gbps, 20 ms | 2.00 | 5.00 (2.50x) |"
+  rows = {"gpipe": [throughput_vs_bandwidth.Row(Link(1e9, 0.02), m, rate, {})
+                    for m, rate in (("fp32", 2.0), ("q", 5.0))]}
+  assert (throughput_vs_bandwidth.render_schedules(rows).splitlines()[2]
+          == "| gpipe | 1 Gbps, 20 ms | 2.00 | 5.00 (2.50x) |")
 
 
 def test_data_parallel_exchange_per_stage_device():

@@ -153,8 +153,9 @@ REGISTRY = {
     "python -m experiments.report": Case(
         covered="tests/test_documented_commands.py::test_documented_command_runs",
         why="the module's name in prose; run as the README shows it (runs/resnet_cifar10/results --paper resnet)"),
-    "python -m experiments.boundary_error --fwd hadamard+maxabs:2:group=64:stoch --bwd hadamard+maxabs:4:group=64:stoch "
-    "--every 16 --steps 192 --epochs 6 --train-examples 256 --eval-examples 128 --batch-size 8": Case(
+    "python -m experiments.boundary_error --fwd hadamard+maxabs:2:group=64:stoch "
+    "--bwd hadamard+maxabs:4:group=64:stoch --every 16 --steps 192 --epochs 6 --train-examples 256 "
+    "--eval-examples 128 --batch-size 8": Case(
         ("--fwd", "hadamard+maxabs:2:group=64:stoch", "--bwd", "hadamard+maxabs:4:group=64:stoch", "--every", "16",
          "--steps", "192", "--epochs", "6", "--train-examples", "256", "--eval-examples", "128", "--batch-size", "8",
          "--steps", "2", "--epochs", "1", "--every", "1", "--train-examples", "16", "--eval-examples", "8",
