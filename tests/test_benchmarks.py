@@ -28,7 +28,7 @@ from jaxcomp.compress import spec
     (codec_throughput, ["--shape", "2,16,32", "--repeats", "2"], "| `maxabs:3` |"),
     pytest.param(topk_selection, ["--shape", "2,2048", "--repeats", "2"], "| 1% | sampled threshold |",
                  marks=pytest.mark.slow),
-    pytest.param(wire_bytes, ["--skip-pipeline", "--shape", "4,64"], "| `efmixed+topk:0.1` |", marks=pytest.mark.slow),
+    (wire_bytes, ["--skip-pipeline", "--shape", "4,64"], "| `efmixed+topk:0.1` |"),
     pytest.param(step_overhead, ["--seq", "8", "--batch", "4", "--microbatches", "1", "--repeats", "1", "--presets", "EF21 Top10%"],
      "| EF21 Top10% |", marks=pytest.mark.slow),
     pytest.param(aqsgd_buffers, ["--examples", "8", "--batch", "4", "--seq", "8"], "| host + prefetch |",

@@ -94,9 +94,8 @@ then the hops, every device leaving at the end. Rendezvous: gloo's ring of a sca
 ``r``: the reduce-scatter hops ``N-1 -> N-2 -> ... -> 0`` (every receive posted on entry), the allgather ``0 ->
 N-1 -> ... -> 1`` (a rank posts its receive once its reduce-scatter send has left, before the value can come
 round to it: each allgather hop waits for the value alone), each hop a rendezvous message; a rank leaves when
-its last send has left or its last receive landed. (With ``ranks`` beyond the
-pipeline's devices, the replicas' ring, the eager barrier.) On the critical path collectives and the notices'
-crossings count as link time.
+its last send has left or its last receive landed. (With ``ranks`` beyond the pipeline's devices, the replicas'
+ring: the eager barrier.) On the critical path collectives and the notices' crossings count as link time.
 
 Data-parallel exchange (`Exchange`). With ``D`` replicas of the pipeline, the replicas of
 stage ``s`` exchange its weight gradient (or QuantizedAdam's first moment) once per step.
@@ -114,10 +113,10 @@ schedule, so with equal rows the step ends with stage 0's exchange, the same tim
 Updates. With ``update_s``, stage ``s`` then runs its optimizer step for ``update_s[s]`` seconds,
 after its exchange (or, without one, after its last op and last message).
 
-The makespan is the end of the last op, message, exchange, update or collective. With zero communication and uniform
-stages (``t_f``, ``t_b``), GPipe gives the classic ``(M + S - 1) * (t_f + t_b)``. Every time
-is built from ``max`` and ``+`` over fixed orders, so the makespan never decreases when a
-duration grows: more bandwidth or fewer bytes never slow a step.
+The makespan is the end of the last op, message, exchange, update or collective. With zero communication and
+uniform stages (``t_f``, ``t_b``), GPipe gives the classic ``(M + S - 1) * (t_f + t_b)``. Every time is built from
+``max`` and ``+`` over fixed orders, so the makespan never decreases when a duration grows: more bandwidth or fewer
+bytes never slow a step.
 """
 
 from __future__ import annotations
