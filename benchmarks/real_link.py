@@ -30,7 +30,8 @@ each checkpoint it reads its htb class counters. From the marks of all processes
 - steady-state steps/s: the CLI's own figure for the epoch (its first, compiling step excluded);
 - netsim's steps/s for the same setting (`netsim_steps_per_s`), from the stage, codec and update
   times each process measures of its own stage after training (same core, the executor's own
-  stage programs; processes that share a core take turns), against steps/s measured beside them
+  stage programs; the processes take turns, each timing alone while the others wait, as a step of one
+  microbatch computes one stage at a time), against steps/s measured beside them
   (`replayed_steps_per_s`): after training the processes run the epoch's recorded train steps again
   (as the driver's loop does: the step, its loss read back, the finiteness check), alternating with
   the op timing for `--rounds` rounds; both are medians over the rounds. This shared machine's speed
@@ -44,6 +45,7 @@ bytes of one `train.all_finite`, one scalar all-reduce and one second of idling.
 import argparse
 import contextlib
 import json
+import math
 import os
 import pathlib
 import re
@@ -55,26 +57,27 @@ import sys
 import tempfile
 import time
 
+from jaxcomp.analysis.link import Link, parse_rate
+
 SUBNET = "10.77.0"
+ROUTER_ADDRESS = f"{SUBNET}.254"  # the router's end of every stage's veth pair
 INTERFACE = "veth0"
+DELAY_DEVICE = "delay0"  # the router's TUN device, behind which the delay line holds packets
+DELAY_TABLE = "77"  # the router's routing table that sends what arrives from a stage into the delay line
 COORDINATOR_PORT = 8476
 UNSHAPED_RATE = "100gbit"
-RATE = re.compile(r"(?P<value>\d+(?:\.\d+)?)(?P<unit>bit|kbit|mbit|gbit)", re.IGNORECASE)
 CLASS_SENT = re.compile(r"class htb 1:(\d+) .*?\n\s*Sent (\d+) bytes")
-UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 WORKER_TIMEOUT_S = 1800
 REPLAYED_STEPS = 4  # timed steps per round of the replay
-
-
-def rate_bps(rate: str) -> float:
-  """'100mbit' -> 1e8 bits/s; 'unshaped' -> inf. ValueError naming the bad value otherwise."""
-  if rate == "unshaped":
-    return float("inf")
-  m = RATE.fullmatch(rate)
-  if not m:
-    raise ValueError(f"--rate {rate!r}: give bits per second as tc writes them (e.g. 10mbit, 100mbit, 1gbit) "
-                     "or 'unshaped'")
-  return float(m["value"]) * UNITS[m["unit"].lower()]
+# Each stage namespace is tuned as a WAN cluster's hosts are (ESnet's host tuning for long fat links): socket
+# buffers well above the bandwidth-delay product (100 Mbit/s x 100 ms RTT = 1.25 MB), gloo's own SO_SNDBUF
+# (up to 32 MB) not capped below it, no return to slow start after an idle connection (a pipeline's links idle
+# between messages), and a loss-based congestion control, reno (the kernel's default, cubic, is not among those a
+# namespace may pick here; bbr, the other, paced a 262 KB message 30-35 ms longer than its bytes at 100 ms RTT).
+TCP_SETTINGS = {"net.core.rmem_max": "67108864", "net.core.wmem_max": "67108864",
+                "net.ipv4.tcp_rmem": "4096 131072 67108864", "net.ipv4.tcp_wmem": "4096 65536 67108864",
+                "net.ipv4.tcp_slow_start_after_idle": "0", "net.ipv4.tcp_congestion_control": "reno"}
+DELAY_LINE_SOURCE = pathlib.Path(__file__).with_name("delay_line.c")
 
 
 def address(i: int) -> str:
@@ -82,13 +85,16 @@ def address(i: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- the network
-def missing_prerequisites() -> str | None:
-  """What this machine lacks to build the network (None: nothing)."""
+def missing_prerequisites(latency: bool = False) -> str | None:
+  """What this machine lacks to build the network, with a delay line when `latency` (None: nothing)."""
   if os.geteuid() != 0:
     return "root (network namespaces and tc need it): run as root"
-  tools = [t for t in ("ip", "tc", "unshare", "taskset") if shutil.which(t) is None]
+  tools = [t for t in ("ip", "tc", "unshare", "taskset", "sysctl", *(("gcc",) if latency else ()))
+           if shutil.which(t) is None]
   if tools:
-    return f"the command(s) {', '.join(tools)} (iproute2, util-linux)"
+    return f"the command(s) {', '.join(tools)} (iproute2, util-linux, procps{', gcc' if latency else ''})"
+  if latency and not os.path.exists("/dev/net/tun"):
+    return "/dev/net/tun (the TUN driver) for the delay line"
   return None
 
 
@@ -100,16 +106,26 @@ def _run(*cmd):
 
 
 class Network(contextlib.AbstractContextManager):
-  """`processes` network namespaces on a bridge, each process's egress shaped per peer at `rate`.
+  """`processes` network namespaces behind a router namespace, each process's egress shaped per peer at the
+  link's rate, and, with a latency, a delay line in the router holding every packet for it.
 
-  A context manager: on exit (also after an error or a signal) every namespace it made is deleted,
-  which removes its interfaces and qdiscs with it."""
+  Stage i has address 10.77.0.i+1/32 on its end of a veth pair and reaches the others through the router
+  (10.77.0.254 on every router port). With a latency the router sends every packet that arrives from a stage
+  into a TUN device (policy routing: table DELAY_TABLE for each port), where the delay line (`delay_line.c`,
+  compiled with gcc into a temporary folder) writes it back `latency_s` later, and the router forwards it to
+  its stage: each packet crosses the delay line once, so each direction of each pair has the one-way latency
+  on top of its htb rate. The stage namespaces take `TCP_SETTINGS`. A context manager: on exit (also after an
+  error or a signal) the delay line is stopped (its report kept in `delay_report`) and every namespace it made
+  is deleted, which removes its interfaces and qdiscs with it."""
 
-  def __init__(self, processes: int, rate: str):
-    self.processes, self.rate = processes, rate
+  def __init__(self, processes: int, link: Link):
+    self.processes, self.link = processes, link
     self.prefix = f"jaxcomp-rl{os.getpid()}"
-    self.hub = f"{self.prefix}-hub"
+    self.router = f"{self.prefix}-router"
     self.made: list[str] = []
+    self.delay_line: subprocess.Popen | None = None
+    self.delay_report = ""
+    self.folder = None
 
   def namespace(self, i: int) -> str:
     return f"{self.prefix}-{i}"
@@ -125,25 +141,30 @@ class Network(contextlib.AbstractContextManager):
   def __exit__(self, *exc):
     self.close()
 
-  def _add_namespace(self, name):
+  def _add_namespace(self, name, settings: dict):
     _run("ip", "netns", "add", name)
     self.made.append(name)
     _run("ip", "-n", name, "link", "set", "lo", "up")
+    for key, value in settings.items():
+      _run("ip", "netns", "exec", name, "sysctl", "-q", "-w", f"{key}={value}")
 
   def _build(self):
-    self._add_namespace(self.hub)
-    _run("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
-    _run("ip", "-n", self.hub, "link", "set", "br0", "up")
-    rate = UNSHAPED_RATE if self.rate == "unshaped" else self.rate
-    burst = max(16 * 1024, int(min(rate_bps(rate), 1e10) / 8 / 1000))  # >= 1 ms at the rate
+    self._add_namespace(self.router, {"net.ipv4.ip_forward": "1", "net.ipv4.conf.all.rp_filter": "0",
+                                      "net.ipv4.conf.default.rp_filter": "0"})
+    rate = UNSHAPED_RATE if math.isinf(self.link.bandwidth_bps) else self.link.rate
+    burst = max(16 * 1024, int(min(parse_rate(rate), 1e10) / 8 / 1000))  # >= 1 ms at the rate
+    router = ("ip", "-n", self.router)
     for i in range(self.processes):
       ns, port = self.namespace(i), f"p{i}"
-      self._add_namespace(ns)
-      _run("ip", "link", "add", INTERFACE, "netns", ns, "type", "veth", "peer", "name", port, "netns", self.hub)
-      _run("ip", "-n", self.hub, "link", "set", port, "master", "br0")
-      _run("ip", "-n", self.hub, "link", "set", port, "up")
-      _run("ip", "-n", ns, "addr", "add", f"{address(i)}/24", "dev", INTERFACE)
+      self._add_namespace(ns, TCP_SETTINGS)
+      _run("ip", "link", "add", INTERFACE, "netns", ns, "type", "veth", "peer", "name", port, "netns", self.router)
+      _run(*router, "addr", "add", f"{ROUTER_ADDRESS}/32", "dev", port)
+      _run(*router, "link", "set", port, "up")
+      _run(*router, "route", "add", f"{address(i)}/32", "dev", port)
+      _run("ip", "-n", ns, "addr", "add", f"{address(i)}/32", "dev", INTERFACE)
       _run("ip", "-n", ns, "link", "set", INTERFACE, "up")
+      _run("ip", "-n", ns, "route", "add", f"{ROUTER_ADDRESS}/32", "dev", INTERFACE)
+      _run("ip", "-n", ns, "route", "add", f"{SUBNET}.0/24", "via", ROUTER_ADDRESS, "dev", INTERFACE)
       tc = ("tc", "-n", ns)
       _run(*tc, "qdisc", "add", "dev", INTERFACE, "root", "handle", "1:", "htb", "default", "999")
       _run(*tc, "class", "add", "dev", INTERFACE, "parent", "1:", "classid", "1:999", "htb", "rate", UNSHAPED_RATE,
@@ -154,6 +175,24 @@ class Network(contextlib.AbstractContextManager):
                "ceil", rate, "burst", str(burst), "cburst", str(burst), "quantum", "1514")
           _run(*tc, "filter", "add", "dev", INTERFACE, "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match",
                "ip", "dst", f"{address(j)}/32", "flowid", f"1:{j + 1}")
+    if self.link.latency_s:
+      self._start_delay_line()
+      _run(*router, "link", "set", DELAY_DEVICE, "up", "txqueuelen", "10000")
+      _run(*router, "route", "add", "default", "dev", DELAY_DEVICE, "table", DELAY_TABLE)
+      for i in range(self.processes):
+        _run(*router, "rule", "add", "iif", f"p{i}", "lookup", DELAY_TABLE, "pref", "100")
+
+  def _start_delay_line(self):
+    self.folder = pathlib.Path(tempfile.mkdtemp(prefix=f"real_link_delay{os.getpid()}_"))
+    program = self.folder / "delay_line"
+    _run("gcc", "-O2", "-o", str(program), str(DELAY_LINE_SOURCE))
+    self.report_file = open(self.folder / "report.txt", "w")
+    self.delay_line = subprocess.Popen(
+        ["ip", "netns", "exec", self.router, str(program), DELAY_DEVICE, str(round(self.link.latency_s * 1e6))],
+        stdout=subprocess.PIPE, stderr=self.report_file, text=True, start_new_session=True)
+    if self.delay_line.stdout.readline().strip() != "ready":
+      self.delay_line.wait(timeout=10)
+      raise RuntimeError(f"the delay line did not start: {(self.folder / 'report.txt').read_text().strip()}")
 
   def sent(self) -> dict[tuple[int, int], int]:
     """{(i, j): bytes process i has sent to process j} from the htb class counters."""
@@ -164,6 +203,20 @@ class Network(contextlib.AbstractContextManager):
     return out
 
   def close(self):
+    if self.delay_line is not None:
+      if self.delay_line.poll() is None:
+        self.delay_line.terminate()
+        try:
+          self.delay_line.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+          self.delay_line.kill()
+          self.delay_line.wait()
+      self.report_file.close()
+      self.delay_report = (self.folder / "report.txt").read_text().strip()
+      self.delay_line = None
+    if self.folder is not None:
+      shutil.rmtree(self.folder, ignore_errors=True)
+      self.folder = None
     for name in reversed(self.made):
       subprocess.run(["ip", "netns", "del", name], capture_output=True)
     self.made = []
@@ -173,6 +226,151 @@ def class_bytes(tc=("tc",)) -> dict[int, int]:
   """{peer j: bytes sent to it} of this namespace's htb classes (class 1:j+1), from `tc -s class show`."""
   text = _run(*tc, "-s", "class", "show", "dev", INTERFACE)
   return {int(c) - 1: int(n) for c, n in CLASS_SENT.findall(text) if c != "999"}
+
+
+# ---------------------------------------------------------------------------------------------- checking a link
+def icmp_checksum(data: bytes) -> int:
+  """The internet checksum (RFC 1071) of `data`."""
+  data += b"\0" * (len(data) % 2)
+  total = sum(int.from_bytes(data[i: i + 2], "big") for i in range(0, len(data), 2))
+  while total >> 16:
+    total = (total & 0xFFFF) + (total >> 16)
+  return ~total & 0xFFFF
+
+
+def ping(target: str, count: int, interval_s: float = 0.1) -> list[float]:
+  """Round trips in seconds of `count` ICMP echo requests to `target` (a raw socket: root), as `ping` sends them."""
+  import struct
+  ident, trips = os.getpid() & 0xFFFF, []
+  with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP) as sock:
+    sock.settimeout(5.0)
+    for seq in range(count):
+      header = struct.pack("!BBHHH", 8, 0, 0, ident, seq)
+      payload = b"jaxcomp real_link" * 3
+      packet = struct.pack("!BBHHH", 8, 0, icmp_checksum(header + payload), ident, seq) + payload
+      sent = time.perf_counter()
+      sock.sendto(packet, (target, 0))
+      while True:
+        reply = sock.recv(2048)
+        kind, _, _, their_ident, their_seq = struct.unpack("!BBHHH", reply[20:28])
+        if kind == 0 and (their_ident, their_seq) == (ident, seq):
+          break
+      trips.append(time.perf_counter() - sent)
+      time.sleep(interval_s)
+  return trips
+
+
+def bulk(role: str, peer: str, port: int, seconds: float) -> dict:
+  """One TCP transfer for `seconds`: `source` sends to `peer`:`port`, `sink` (on `peer`, its own address) receives
+  and returns {"bytes", "seconds"} between its first and last byte."""
+  if role == "source":
+    with socket.create_connection((peer, port), timeout=30) as sock:
+      block, end = b"\0" * (1 << 20), time.monotonic() + seconds
+      while time.monotonic() < end:
+        sock.sendall(block)
+    return {}
+  with socket.create_server((peer, port)) as server:
+    server.settimeout(30)
+    conn, _ = server.accept()
+    with conn:
+      received, first = 0, None
+      while chunk := conn.recv(1 << 20):
+        first = first or time.perf_counter()
+        received += len(chunk)
+      return {"bytes": received, "seconds": time.perf_counter() - first}
+
+
+def messages(role: str, peer: str, port: int, nbytes: int, count: int, idle_s: float = 0.5) -> list[float]:
+  """`count` messages of `nbytes` on one TCP connection, each after `idle_s` of idling, each answered with one
+  byte: `client` sends to `peer`:`port` and returns each round trip in seconds (the bytes at the rate plus two
+  latencies, with windows above the bandwidth-delay product); `server` (on `peer`) answers."""
+  if role == "client":
+    trips = []
+    with socket.create_connection((peer, port), timeout=30) as sock:
+      for _ in range(count):
+        time.sleep(idle_s)
+        sent = time.perf_counter()
+        sock.sendall(b"\0" * nbytes)
+        sock.recv(1)
+        trips.append(time.perf_counter() - sent)
+    return trips
+  with socket.create_server((peer, port)) as server:
+    server.settimeout(30)
+    conn, _ = server.accept()
+    with conn:
+      for _ in range(count):
+        got = 0
+        while got < nbytes:
+          got += len(conn.recv(1 << 20))
+        conn.sendall(b"\1")
+  return []
+
+
+def probe(argv):
+  """`--probe ping TARGET COUNT`, `--probe sink|source ADDRESS PORT SECONDS` or `--probe server|client ADDRESS PORT
+  BYTES COUNT`, run inside a stage namespace: its result as JSON on stdout."""
+  if argv[0] == "ping":
+    print(json.dumps(ping(argv[1], int(argv[2]))))
+  elif argv[0] in ("server", "client"):
+    print(json.dumps(messages(argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4]))))
+  else:
+    print(json.dumps(bulk(argv[0], argv[1], int(argv[2]), float(argv[3]))))
+
+
+def render_check(link: Link, checked: dict, delay_report: str) -> str:
+  """`check_link`'s figures as lines: round trips (median, min, max ms) and goodput each way (Mbit/s, and its share of
+  the most TCP can carry at the rate: 1448 payload bytes per 1514-byte frame)."""
+  rtt_of = lambda trips: " / ".join(f"{1e3 * v:.2f}" for v in (sorted(trips)[len(trips) // 2], min(trips), max(trips)))
+  rtt = lambda key: rtt_of(checked[key])
+  most = link.bandwidth_bps * 1448 / 1514
+  goodput = ", ".join(f"{way} {bps / 1e6:.1f} Mbit/s ({bps / most:.1%})" for way, bps in checked["goodput_bps"].items())
+  goodput += "" if math.isfinite(most) else " (unshaped)"
+  expected = 8 * checked["message_bytes"] * 1514 / 1448 / link.bandwidth_bps + 2 * link.latency_s
+  lines = [f"link {link}: ping round trip, ms (median / min / max): idle {rtt('rtt_idle_s')}, every core loaded "
+           f"{rtt('rtt_loaded_s')} (2 x {link.latency_s * 1e3:g} ms expected)",
+           f"a {checked['message_bytes']:,}-byte message and a 1-byte answer, each after 0.5 s idle, ms (median / min "
+           f"/ max of the last {len(checked['message_trips_s']) - 2}): {rtt_of(checked['message_trips_s'][2:])} "
+           f"({1e3 * expected:.1f} expected: the bytes at the rate, with headers, and 2 latencies)",
+           f"TCP goodput, both ways at once, every core loaded: {goodput} of the most TCP carries at the rate"]
+  return "\n".join(lines + ([delay_report] if delay_report else []))
+
+
+def check_link(net: Network, seconds: float = 5.0, pings: int = 20, message_bytes: int = 262_144,
+               count: int = 12) -> dict:
+  """What the link between stages 0 and 1 does: round trips (ICMP echo, idle, then while two busy processes load
+  every core), `count` messages of `message_bytes` (a tiny GPT-2 activation at batch 8), each after 0.5 s idle and
+  answered with a byte, and the TCP goodput of each direction with both directions sending at once under load."""
+  in_ns = lambda i, *args: ["ip", "netns", "exec", net.namespace(i), sys.executable, "-m", "benchmarks.real_link",
+                            "--probe", *args]
+  env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[1])}
+  result = lambda cmd: json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, env=env,
+                                                 timeout=120).stdout)
+  out = {"rtt_idle_s": result(in_ns(0, "ping", address(1), str(pings)))}
+  server = subprocess.Popen(in_ns(1, "server", address(1), "5202", str(message_bytes), str(count)), env=env,
+                            stdout=subprocess.DEVNULL)
+  time.sleep(1.0)  # listening
+  out["message_bytes"], out["message_trips_s"] = message_bytes, result(
+      in_ns(0, "client", address(1), "5202", str(message_bytes), str(count)))
+  server.wait(timeout=60)
+  cores = sorted(os.sched_getaffinity(0))
+  load = [subprocess.Popen(["taskset", "-c", str(c), sys.executable, "-c", "while True: pass"]) for c in cores]
+  try:
+    out["rtt_loaded_s"] = result(in_ns(0, "ping", address(1), str(pings)))
+    sinks = [subprocess.Popen(in_ns(j, "sink", address(j), "5201", "0"), stdout=subprocess.PIPE, text=True, env=env)
+             for j in (1, 0)]
+    time.sleep(1.0)  # listening
+    sources = [subprocess.Popen(in_ns(i, "source", address(j), "5201", str(seconds)), env=env,
+                                stdout=subprocess.DEVNULL) for i, j in ((0, 1), (1, 0))]
+    for p in sources:
+      p.wait(timeout=seconds + 60)
+    received = [json.loads(p.communicate(timeout=60)[0]) for p in sinks]
+    out["goodput_bps"] = {"0->1": 8 * received[0]["bytes"] / received[0]["seconds"],
+                          "1->0": 8 * received[1]["bytes"] / received[1]["seconds"]}
+  finally:
+    for p in load:
+      p.kill()
+      p.wait()
+  return out
 
 
 # ---------------------------------------------------------------------------------------------- one stage process
@@ -310,6 +508,33 @@ def replayed_steps_per_s(calls: list, state, steps: int):
   return (timed / (time.perf_counter() - begin) if timed else None), state
 
 
+def traced_steps(calls: list, state, steps: int = 2) -> list[dict]:
+  """The XLA:CPU thunks of `steps` replayed steps (as `replayed_steps_per_s` runs them, after one untimed), from the
+  profiler: per step, each collective and each conditional (a stage's op) with its start and end in seconds
+  (`time.time()`'s clock, so the processes' traces line up): where the step waits on the link."""
+  from jax._src.lib import _profiler
+  from jax.profiler import ProfileData
+
+  from jaxcomp.runtime import train
+  state = replayed_steps_per_s(calls[:1], state, 0)[1]
+  session, started, begun = _profiler.ProfilerSession(), time.time(), []  # the profile's times count from here
+  for step, args in (calls[k % len(calls)] for k in range(1, steps + 1)):
+    begun.append(time.time())
+    state, metrics = step(state, *args)
+    float(metrics["loss"])
+    bool(train.all_finite(state.params))
+  begun.append(time.time())
+  data = ProfileData.from_serialized_xspace(session.stop())
+  wanted = re.compile(r"(ppermute|psum|all-reduce|collective-permute|conditional)[.\w-]*$")
+  events = sorted((started + e.start_ns / 1e9, started + (e.start_ns + e.duration_ns) / 1e9, e.name)
+                  for plane in data.planes
+                  for line in plane.lines if line.name.startswith("tf_XLA") for e in line.events
+                  if wanted.match(e.name))
+  return [{"begin": begun[k], "end": begun[k + 1],
+           "thunks": [(name, start, end) for start, end, name in events if begun[k] <= start < begun[k + 1]]}
+          for k in range(len(begun) - 1)]
+
+
 def probe_bytes(executor, state, calls: int = 50, idle_s: float = 3.0) -> dict:
   """Bytes this process sends per call of what a step does besides its messages, each alone: the driver's
   `train.all_finite` on the sharded parameters, a scalar all-reduce over the stages (a step has two: its loss
@@ -327,9 +552,10 @@ def probe_bytes(executor, state, calls: int = 50, idle_s: float = 3.0) -> dict:
   for name, call in (("all_finite", lambda: bool(train.all_finite(state.params))),
                      ("scalar all-reduce", lambda: float(scalar(ones)[0]))):
     call()  # compiled, connected
-    before = sum(class_bytes().values())
+    before, start = sum(class_bytes().values()), time.perf_counter()
     for _ in range(calls):
       call()
+    out[f"{name}, s per call"] = (time.perf_counter() - start) / calls
     out[name] = (sum(class_bytes().values()) - before) / calls
   before = sum(class_bytes().values())
   time.sleep(idle_s)
@@ -339,14 +565,14 @@ def probe_bytes(executor, state, calls: int = 50, idle_s: float = 3.0) -> dict:
 
 def worker(argv):
   """A stage process: the experiment CLI with marks (`--hostname` first: gloo binds to that address);
-  with `--time-ops`, its stage's op times once training is over (processes that share a core take turns)."""
+  with `--time-ops`, its stage's op times once training is over (the processes take turns)."""
   parser = argparse.ArgumentParser(prog="python -m benchmarks.real_link --worker")
   parser.add_argument("--hostname", required=True)
   parser.add_argument("--marks", required=True)
   parser.add_argument("--time-ops", type=int, default=0, metavar="REPEATS")
   parser.add_argument("--rounds", type=int, default=3, help="rounds of replayed steps and op timing")
-  parser.add_argument("--turn", type=int, default=0, help="when to time, among the processes of one core")
-  parser.add_argument("--turns", type=int, default=1, help="processes per core")
+  parser.add_argument("--turn", type=int, default=0, help="when to time: this process's turn")
+  parser.add_argument("--turns", type=int, default=1, help="turns: the processes, one after another")
   args, run_flags = parser.parse_known_args(argv)
   socket.sethostname(args.hostname)
   marks = Marks()
@@ -374,6 +600,7 @@ def worker(argv):
           multihost_utils.sync_global_devices(f"timed {r} {turn}")
         out["rounds"].append({"replayed_steps_per_s": replayed, "times": times})
       out["probe"] = probe_bytes(executor, state)
+      out["trace"] = traced_steps(calls[-1], state)
       marks.mark("timed")
   finally:
     pathlib.Path(args.marks).write_text(json.dumps({"marks": marks.events, **out}))
@@ -403,7 +630,10 @@ class Run:
     self.rounds = [{"times": [r["rounds"][k]["times"] for r in recorded],
                     "replayed_steps_per_s": recorded[0]["rounds"][k]["replayed_steps_per_s"]}
                    for k in range(len(recorded[0].get("rounds", [])))]
-    self.probe = {k: sum(r["probe"][k] for r in recorded) for k in recorded[0].get("probe", {})}  # all processes
+    # bytes of all processes; seconds per call (the slowest process's)
+    self.probe = {k: (max if k.endswith("s per call") else sum)(r["probe"][k] for r in recorded)
+                  for k in recorded[0].get("probe", {})}
+    self.trace = [r.get("trace", []) for r in recorded]  # per process, per traced step: its thunks
 
 
 def run_method(net: Network, name: str, args, folder: pathlib.Path) -> Run:
@@ -429,8 +659,7 @@ def run_method(net: Network, name: str, args, folder: pathlib.Path) -> Run:
       cmd = ["ip", "netns", "exec", net.namespace(i), "unshare", "--uts", "taskset", "-c", str(i % cores),
              sys.executable, "-m", "benchmarks.real_link", "--worker", "--hostname", address(i),
              "--marks", str(folder / f"marks{i}.json"), "--time-ops", str(args.repeats), "--rounds", str(args.rounds),
-             "--turn", str(i // cores),
-             "--turns", str(-(-processes // cores)), "--", *cli, "--process-id", str(i)]
+             "--turn", str(i), "--turns", str(processes), "--", *cli, "--process-id", str(i)]
       procs.append(subprocess.Popen(cmd, env=env, stdout=logs[-1], stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + WORKER_TIMEOUT_S
     while any(p.poll() is None for p in procs):
@@ -507,13 +736,32 @@ class Accounting:
     return (self.total - self.step_bytes) / len(self.epochs)
 
 
-def netsim_steps_per_s(times: list[dict], record: dict, link_bytes: float, args) -> float:
-  """netsim's steps/s for one epoch of the run: each stage's forward and backward with the codec work of its
-  ends (none in a dense warm-up epoch) and its update, as the processes measured them (`times`: one round's,
-  per process; replicas averaged);
-  each message's counted bytes, and the tied-parameter exchange's, scaled by the epoch's link bytes / counted
-  bytes (headers, ACKs, the scalar collectives); each link direction at `--rate`, no latency."""
+def step_collectives(table, data: int) -> list:
+  """The collectives over the devices that a train step of the sharded executor runs besides its boundary messages
+  and the tied exchange, as its compiled programs order them (2 and 4 stages, 1 microbatch: docs/benchmarks.md):
+  the loss and metrics all-reduce over the stages at the tick of the last chunk's last backward, before that
+  tick's messages (then the mean over the replicas), the clipping norm's all-reduce over the stages before the
+  update (the GPT-2 recipes clip), and after the update the driver's `train.all_finite` over every device: gloo's
+  ring all-reduces of a scalar."""
   from jaxcomp.analysis import netsim
+  last = max(t for t in range(table.ticks) for row in table.ops for op in row[t]
+             if op.chunk == table.num_chunks - 1 and op.kind != "F")
+  losses = [netsim.Collective(last)] + ([netsim.Collective(last, ranks=data)] if data > 1 else [])
+  return [*losses, netsim.Collective("before_update"),
+          netsim.Collective("after_update", ranks=table.num_devices * data)]
+
+
+def netsim_steps_per_s(times: list[dict], record: dict, link_bytes: float, args) -> float:
+  """netsim's steps/s for one epoch of the run, on the executor's ticks (GPipe, no overlapped sends): each stage's
+  forward and backward with the codec work of its ends (none in a dense warm-up epoch) and its update, as the
+  processes measured them (`times`: one round's, per process; replicas averaged); each message's counted bytes,
+  and the tied-parameter exchange's, scaled by the epoch's link bytes / counted bytes (headers, ACKs); each link
+  direction at `--link`'s rate and latency, with the step's collectives (`step_collectives`), under gloo's
+  rendezvous protocol (netsim's module docstring). The tied exchange is a swap between the first and the last stage
+  that the first reaches last: its own send leaves at once, but its receive's notice must cross before the last
+  stage's bytes leave, two latencies."""
+  from jaxcomp.analysis import netsim
+  from jaxcomp.parallel import schedules
   stages, m, d = args.stages, args.microbatches, args.data_parallel
   dense = record["mode"] == "warmup"
   per_stage = [[t for t in times if t["stage"] == s] for s in range(stages)]
@@ -526,10 +774,12 @@ def netsim_steps_per_s(times: list[dict], record: dict, link_bytes: float, args)
   tied = scale * record.get("wire_bytes_tied", 0) / (2 * d)  # each way, per replica
   data = scale * record.get("wire_bytes_data", 0) / (stages * d)  # per stage device
   exchange = netsim.Exchange([data + (tied if s in (0, stages - 1) else 0.0) for s in range(stages)],
-                             (1 if tied else 0) + (2 * (d - 1) if data else 0))
+                             (2 if tied else 0) + (2 * (d - 1) if data else 0))
+  table = schedules.build("gpipe", stages, m)
   timeline = netsim.simulate_step(fwd_s, bwd_s, [message("fwd")] * (stages - 1), [message("bwd")] * (stages - 1), m,
-                                  rate_bps(args.rate), 0.0, exchange, update_s=[mean(s, lambda t: t["update"])
-                                                                               for s in range(stages)])
+                                  Link.parse(args.link), exchange=exchange, schedule=table, ticks=True,
+                                  overlap_sends=False, update_s=[mean(s, lambda t: t["update"]) for s in range(stages)],
+                                  collectives=step_collectives(table, d), protocol="rendezvous")
   return 1 / timeline.makespan
 
 
@@ -551,7 +801,7 @@ def rows_of(run: Run, acc: Accounting, args) -> list[dict]:
     record, e = run.history[e], e % len(run.history)
     netsim = [netsim_steps_per_s(r["times"], record, acc.epochs[e]["step"], args) for r in run.rounds]
     replayed = [r["replayed_steps_per_s"].get(str(e)) for r in run.rounds]
-    rows.append({"method": run.name + (" (warm-up)" if record["mode"] == "warmup" else ""), "rate": args.rate,
+    rows.append({"method": run.name + (" (warm-up)" if record["mode"] == "warmup" else ""), "link": args.link,
                  "stages": args.stages, "steps_per_s": record["steps_per_s"], "x_fp32": None,
                  "link_bytes_per_step": acc.epochs[e]["step"], "counted_bytes_per_step": counted_bytes(record),
                  "other_link_bytes_per_epoch": acc.other_per_epoch,
@@ -560,10 +810,15 @@ def rows_of(run: Run, acc: Accounting, args) -> list[dict]:
   return rows
 
 
+def link_of(row: dict) -> str:
+  """A row's link (rows written before links had a latency name their rate)."""
+  return row.get("link") or row["rate"]
+
+
 def with_x_fp32(rows: list[dict]) -> list[dict]:
-  """The rows with x_fp32: steps/s over the fp32 row's of the same rate and stages (None without one)."""
-  base = {(r["rate"], r["stages"]): r["steps_per_s"] for r in rows if r["method"] == "fp32"}
-  return [{**r, "x_fp32": r["steps_per_s"] / base[r["rate"], r["stages"]] if (r["rate"], r["stages"]) in base
+  """The rows with x_fp32: steps/s over the fp32 row's of the same link and stages (None without one)."""
+  base = {(link_of(r), r["stages"]): r["steps_per_s"] for r in rows if r["method"] == "fp32"}
+  return [{**r, "x_fp32": r["steps_per_s"] / base[link_of(r), r["stages"]] if (link_of(r), r["stages"]) in base
            else None} for r in rows]
 
 
@@ -576,7 +831,7 @@ def render(rows: list[dict], details: dict[str, Accounting]) -> str:
   number = lambda v, spec: "" if v is None else format(v, spec)
   for r in rows:
     netsim, replayed = r["netsim_steps_per_s"], r.get("replayed_steps_per_s")
-    lines.append(f"| {r['rate']} | {r['stages']} | {r['method']} | {r['steps_per_s']:.3f} "
+    lines.append(f"| {link_of(r)} | {r['stages']} | {r['method']} | {r['steps_per_s']:.3f} "
                  f"| {number(r['x_fp32'], '.2f')} | {number(replayed, '.3f')} | {number(netsim, '.3f')} "
                  f"| {'' if None in (netsim, replayed) else format(netsim / replayed, '.2f')} "
                  f"| {r['link_bytes_per_step']:,.0f} | {r['counted_bytes_per_step']:,} "
@@ -596,7 +851,19 @@ def render(rows: list[dict], details: dict[str, Accounting]) -> str:
     lines += ["", "Link bytes per call of what a step does besides its messages, each measured alone after the run "
               "(all processes):", "", "| method | " + " | ".join(next(iter(probed.values()))) + " |",
               "|---|" + "---:|" * len(next(iter(probed.values())))]
-    lines += [f"| {name} | " + " | ".join(f"{v:,.0f}" for v in probe.values()) + " |" for name, probe in probed.items()]
+    lines += [f"| {name} | " + " | ".join(f"{v * 1e3:.2f} ms" if k.endswith("s per call") else f"{v:,.0f}"
+                                          for k, v in probe.items()) + " |" for name, probe in probed.items()]
+  traced = {name: run.trace for name, (run, _) in details.items() if all(run.trace)}
+  if traced:
+    lines += ["", "The collectives of the last traced step, per process (XLA:CPU's profiler: each from its start to "
+              "its end, ms from the step's start; the waits in them are the link's):", ""]
+    for name, trace in traced.items():
+      begin = min(steps[-1]["begin"] for steps in trace)
+      for i, steps in enumerate(trace):
+        spans = [f"{op} {1e3 * (start - begin):.0f}-{1e3 * (end - begin):.0f}" for op, start, end in steps[-1]["thunks"]
+                 if not op.startswith("conditional")]
+        lines.append(f"- {name}, process {i} (step {1e3 * (steps[-1]['end'] - steps[-1]['begin']):.0f} ms): "
+                     + ", ".join(spans))
   return "\n".join(lines)
 
 
@@ -604,9 +871,15 @@ def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   if argv[:1] == ["--worker"]:
     return worker(argv[1:])
+  if argv[:1] == ["--probe"]:
+    return probe(argv[1:])
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--rate", default="100mbit", help="each link direction's rate as tc writes it (10mbit, 1gbit), "
-                      "or unshaped")
+  parser.add_argument("--link", "--rate", dest="link", default="100mbit",
+                      help="each link direction's rate as tc writes it (10mbit, 1gbit, or unshaped) and its one-way "
+                      "latency (100mbit:20ms; none: 0); --rate is the older name")
+  parser.add_argument("--check-link", action="store_true", help="run no training: build the network of --stages "
+                      "processes and measure the link between stages 0 and 1 (ping round trips, idle and with every "
+                      "core loaded; TCP goodput each way, both at once, loaded)")
   parser.add_argument("--stages", type=int, default=2)
   parser.add_argument("--data-parallel", type=int, default=1)
   parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated method names, fp32 first "
@@ -633,7 +906,7 @@ def main(argv=None):
     return
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]
   try:
-    rate_bps(args.rate)
+    link = Link.parse(args.link)
     if "fp32" in methods[1:]:
       raise ValueError(f"--methods: fp32, the baseline of x fp32, goes first, got {args.methods!r}")
     for m in methods:
@@ -643,7 +916,7 @@ def main(argv=None):
                        f"{args.data_parallel}, {args.epochs})")
   except ValueError as err:
     sys.exit(f"error: {err}")
-  missing = missing_prerequisites()
+  missing = missing_prerequisites(latency=link.latency_s > 0)
   if missing:
     sys.exit(f"error: the real-link benchmark needs {missing}")
 
@@ -651,10 +924,21 @@ def main(argv=None):
     raise KeyboardInterrupt(f"signal {signum}")
   for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGINT too: a background job inherits it ignored
     signal.signal(sig, stop)
+  if args.check_link:
+    try:
+      with Network(args.stages * args.data_parallel, link) as net:
+        checked = check_link(net)
+    except (RuntimeError, subprocess.SubprocessError) as err:
+      sys.exit("error: " + str(err))
+    print(render_check(link, checked, net.delay_report))
+    if args.json:
+      pathlib.Path(args.json).write_text(json.dumps({"link": str(link), **checked, "delay_line": net.delay_report}))
+    return
+  args.link = str(link)
   folder = pathlib.Path(args.keep) if args.keep else pathlib.Path(tempfile.mkdtemp(prefix="real_link"))
   rows, details = [], {}
   try:
-    with Network(args.stages * args.data_parallel, args.rate) as net:
+    with Network(args.stages * args.data_parallel, link) as net:
       for name in methods:
         run = run_method(net, name, args, folder / name)
         acc = Accounting(run)
@@ -668,8 +952,10 @@ def main(argv=None):
       shutil.rmtree(folder, ignore_errors=True)
   rows = with_x_fp32(rows)
   print(render(rows, details))
+  if net.delay_report:
+    print("\n" + net.delay_report)
   if args.json:
-    pathlib.Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
+    pathlib.Path(args.json).write_text(json.dumps({"rows": rows, "delay_line": net.delay_report}, indent=1))
 
 
 if __name__ == "__main__":

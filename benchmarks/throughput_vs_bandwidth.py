@@ -2,7 +2,8 @@
 
 `python -m benchmarks.throughput_vs_bandwidth [--model tiny|small|medium|large|xl] [--stages 4]
     [--schedule gpipe,1f1b,1f1b-fused,zb-h1,interleaved:V] [--overlap [off|on|both]] [--data-parallel 2]
-    [--dp-scheme ef+quant:4] [--methods fp32,aqsgd-fw3-bw6,...] [--compile-for v5e-8]`
+    [--dp-scheme ef+quant:4] [--methods fp32,aqsgd-fw3-bw6,...] [--compile-for v5e-8]
+    [--link 1gbit:20ms,100mbit:20ms | --latency-ms 1]`
 
 For every method (its name in the frontier / GPT-2 presets), and again with QuantizedAdam's data-parallel exchange:
 1. a clock gives the method's `StageCosts` (seconds per microbatch: each stage's forward and backward, each
@@ -12,7 +13,8 @@ For every method (its name in the frontier / GPT-2 presets), and again with Quan
 2. bytes per message come from the boundary's `wire_bytes`, the data-parallel exchange of each stage from
    `dataparallel.exchange_bytes` (fp32 gradients: dense ring all-reduce; QuantizedAdam: all-gather of the
    compressed first moment, `--dp-scheme`);
-3. `jaxcomp.analysis.netsim` simulates one step at each bandwidth on each `--schedule` as the sharded executor
+3. `jaxcomp.analysis.netsim` simulates one step on each link (`--link`: rate and one-way latency; by default
+   AQ-SGD's bandwidths, 10 Gbps to 100 Mbps, each with `--latency-ms`) on each `--schedule` as the sharded executor
    runs its table (`ticks=True`): without `--overlap` each tick computes, then sends, then waits; with it
    (`on`, or `both` for each schedule with and without) a message crosses during the next tick (the hop-2 table,
    M >= 2S; every schedule has one). The stage and codec times are taken once and reused for every schedule:
@@ -36,6 +38,7 @@ from benchmarks.common import gpt2_config, gpt2_parser, median_seconds, select
 from experiments import frontier, gpt2_wikitext, paper
 from jaxcomp import pipeline
 from jaxcomp.analysis import dryrun, netsim, targets
+from jaxcomp.analysis.link import Link
 from jaxcomp.compress import spec
 from jaxcomp.models import gpt2
 from jaxcomp.parallel import dataparallel, schedules
@@ -201,23 +204,33 @@ def exchange(scheme, rows, replicas) -> netsim.Exchange:
 
 
 class Row(NamedTuple):
-  bandwidth_bps: float
+  link: Link
   method: str
   samples_per_s: float
   critical: dict  # seconds of the step's critical path in compute, link, exchange
 
 
+def link_label(link: Link) -> str:
+  """'100 Mbps, 20 ms': the bandwidth and the one-way latency."""
+  return f"{netsim.format_bandwidth(link.bandwidth_bps)}, {link.latency_s * 1e3:g} ms"
+
+
+def by_link(link: Link):
+  """Links in table order: fastest bandwidth first, then least latency."""
+  return -link.bandwidth_bps, link.latency_s
+
+
 def render(rows: list[Row], baseline: str = "fp32") -> str:
-  """`bandwidth | method | samples/s | x fp32 | critical path | AQ-SGD paper`, bandwidth-major; the critical
-  path's shares of the step say which term dominates it."""
-  base = {r.bandwidth_bps: r.samples_per_s for r in rows if r.method == baseline}
-  lines = [f"| bandwidth | method | samples/s | x {baseline} | critical path % compute / link / exchange "
+  """`link | method | samples/s | x fp32 | critical path | AQ-SGD paper`, link-major; the critical path's shares of
+  the step say which term dominates it."""
+  base = {r.link: r.samples_per_s for r in rows if r.method == baseline}
+  lines = [f"| link | method | samples/s | x {baseline} | critical path % compute / link / exchange "
            "| AQ-SGD paper (Table 2) |", "|---|---|---:|---:|---:|---|"]
-  for r in sorted(rows, key=lambda r: -r.bandwidth_bps):
-    reported = paper.AQSGD_THROUGHPUT.get((r.method, r.bandwidth_bps), "")
+  for r in sorted(rows, key=lambda r: by_link(r.link)):
+    reported = paper.AQSGD_THROUGHPUT.get((r.method, r.link.bandwidth_bps), "")
     shares = " / ".join(f"{100 * t / sum(r.critical.values()):.0f}" for t in r.critical.values())
-    lines.append(f"| {netsim.format_bandwidth(r.bandwidth_bps)} | {r.method} | {r.samples_per_s:.2f} "
-                 f"| {r.samples_per_s / base[r.bandwidth_bps]:.2f} | {shares} | {reported} |")
+    lines.append(f"| {link_label(r.link)} | {r.method} | {r.samples_per_s:.2f} "
+                 f"| {r.samples_per_s / base[r.link]:.2f} | {shares} | {reported} |")
   return "\n".join(lines)
 
 
@@ -259,34 +272,46 @@ def label(table: schedules.Schedule) -> str:
 
 
 def method_rows(name, costs, per_message, exchanges, args, table) -> list[Row]:
-  """netsim's samples/s of one method on `table`, run as the executor runs it, at every bandwidth, with each
+  """netsim's samples/s of one method on `table`, run as the executor runs it, on every link, with each
   data-parallel exchange."""
   costs, per_message = on_chunks(costs, per_message, table.chunks_per_device)
   fwd_s, bwd_s = op_seconds(costs)
   rows = []
   for suffix, ex in exchanges.items():
-    for bw in netsim.DEFAULT_BANDWIDTHS_BPS:
+    for link in args.links:
       tl = netsim.simulate_step(fwd_s, bwd_s, [m[0] for m in per_message], [m[1] for m in per_message],
-                                args.microbatches, bw, args.latency_ms * 1e-3, ex, table,
-                                overlap_sends=table.hop > 1, ticks=True)
-      rows.append(Row(bw, name + suffix, netsim.throughput(args.batch * args.data_parallel, tl),
+                                args.microbatches, link, 0.0, ex, table, overlap_sends=table.hop > 1, ticks=True)
+      rows.append(Row(link, name + suffix, netsim.throughput(args.batch * args.data_parallel, tl),
                       tl.critical_seconds()))
   return rows
 
 
 def render_schedules(results: dict[str, list[Row]], baseline: str = "fp32") -> str:
-  """`schedule | bandwidth | each method's samples/s (x baseline on that schedule)`: one row per schedule and
-  bandwidth."""
+  """`schedule | link | each method's samples/s (x baseline on that schedule)`: one row per schedule and link."""
   methods = list(dict.fromkeys(r.method for rows in results.values() for r in rows))
-  lines = ["| schedule | bandwidth | " + " | ".join(f"{m} samples/s" for m in methods) + " |",
+  lines = ["| schedule | link | " + " | ".join(f"{m} samples/s" for m in methods) + " |",
            "|---|---|" + "---:|" * len(methods)]
   for name, rows in results.items():
-    rate = {(r.bandwidth_bps, r.method): r.samples_per_s for r in rows}
-    for bw in sorted({r.bandwidth_bps for r in rows}, reverse=True):
-      cells = [f"{rate[bw, m]:.2f}" + ("" if m == baseline else f" ({rate[bw, m] / rate[bw, baseline]:.2f}x)")
+    rate = {(r.link, r.method): r.samples_per_s for r in rows}
+    for link in sorted({r.link for r in rows}, key=by_link):
+      cells = [f"{rate[link, m]:.2f}" + ("" if m == baseline else f" ({rate[link, m] / rate[link, baseline]:.2f}x)")
                for m in methods]
-      lines.append(f"| {name} | {netsim.format_bandwidth(bw)} | " + " | ".join(cells) + " |")
+      lines.append(f"| {name} | {link_label(link)} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
+
+
+def links_of(parser, args) -> list[Link]:
+  """The links `--link` names, or AQ-SGD's bandwidths with `--latency-ms` (parser.error naming a bad value)."""
+  if args.link is None:
+    return [Link(bw, (1.0 if args.latency_ms is None else args.latency_ms) * 1e-3)
+            for bw in netsim.DEFAULT_BANDWIDTHS_BPS]
+  if args.latency_ms is not None:
+    parser.error(f"--latency-ms {args.latency_ms:g} with --link {args.link}: give each link's latency in --link "
+                 f"(e.g. 100mbit:{args.latency_ms:g}ms)")
+  try:
+    return [Link.parse(text.strip()) for text in args.link.split(",") if text.strip()]
+  except ValueError as err:
+    parser.error(f"--link: {err}")
 
 
 def main(argv=None):
@@ -300,7 +325,11 @@ def main(argv=None):
                       "where it has an overlapped table, with)")
   parser.add_argument("--data-parallel", type=int, default=2, help="replicas of the pipeline (D)")
   parser.add_argument("--dp-scheme", default="ef+quant:4", help="QuantizedAdam's first-moment compression")
-  parser.add_argument("--latency-ms", type=float, default=1.0)
+  parser.add_argument("--link", help="comma-separated links, each a rate as tc writes it and a one-way latency "
+                      "(1gbit:20ms,100mbit:20ms; default: AQ-SGD's bandwidths 10gbit,1gbit,500mbit,300mbit,100mbit "
+                      "with --latency-ms)")
+  parser.add_argument("--latency-ms", type=float, help="the one-way latency of the default links (default 1; "
+                      "with --link, give each link's latency there)")
   parser.add_argument("--repeats", type=int, default=10, help="timed runs per op (measured costs)")
   parser.add_argument("--compile-for", metavar="TARGET",
                       help="estimate stage and codec times from their programs compiled for TARGET's chip (e.g. "
@@ -314,6 +343,7 @@ def main(argv=None):
     parser.error(f"--data-parallel must be >= 1, got {args.data_parallel}")
   if args.stages < 2:
     parser.error(f"--stages must be >= 2 (links join stages), got {args.stages}")
+  args.links = links_of(parser, args)
   try:
     runs, left_out = tables(args.schedule, args.overlap, args.stages, args.microbatches)
   except ValueError as err:
@@ -364,7 +394,7 @@ def main(argv=None):
   source = costs["fp32"].source
   print(f"GPT-2 {args.model}, {args.stages} stages, schedule {', '.join(results)}, {args.microbatches} microbatches of "
         f"{list(shapes[0].shape)} activations, {args.data_parallel} data-parallel replicas "
-        f"(QuantizedAdam: `{args.dp_scheme}`), {args.latency_ms} ms latency")
+        f"(QuantizedAdam: `{args.dp_scheme}`), links {', '.join(map(str, args.links))}")
   print(f"\nStage and codec times ({source}), ms per microbatch:")
   print("stage forward:", [float(f"{t * 1e3:.4g}") for t in costs["fp32"].fwd_s],
         "stage backward:", [float(f"{t * 1e3:.4g}") for t in costs["fp32"].bwd_s])

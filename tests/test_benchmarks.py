@@ -1,5 +1,6 @@
 """Every benchmark runs end to end at toy sizes and prints its table (its figures are not asserted; the error
 bounds of quantizer_error are checked against brute force)."""
+import argparse
 import itertools
 import json
 import re
@@ -19,6 +20,7 @@ from benchmarks import (
   wire_bytes,
 )
 from jaxcomp.analysis import netsim
+from jaxcomp.analysis.link import Link
 from jaxcomp.compress import spec
 
 
@@ -26,7 +28,7 @@ from jaxcomp.compress import spec
     (codec_throughput, ["--shape", "2,16,32", "--repeats", "2"], "| `maxabs:3` |"),
     pytest.param(topk_selection, ["--shape", "2,2048", "--repeats", "2"], "| 1% | sampled threshold |",
                  marks=pytest.mark.slow),
-    pytest.param(wire_bytes, ["--skip-pipeline", "--shape", "4,64"], "| `efmixed+topk:0.1` |", marks=pytest.mark.slow),
+    (wire_bytes, ["--skip-pipeline", "--shape", "4,64"], "| `efmixed+topk:0.1` |"),
     pytest.param(step_overhead, ["--seq", "8", "--batch", "4", "--microbatches", "1", "--repeats", "1", "--presets", "EF21 Top10%"],
      "| EF21 Top10% |", marks=pytest.mark.slow),
     pytest.param(aqsgd_buffers, ["--examples", "8", "--batch", "4", "--seq", "8"], "| host + prefetch |",
@@ -44,14 +46,31 @@ def test_throughput_table_rows_and_label(capsys):
                                 "--methods", "aqsgd-fw3-bw6"])
   out = capsys.readouterr().out
   assert "Training throughput, samples/s (measured on cpu; netsim, 1f1b)" in out
-  table = out[out.index("| bandwidth | method | samples/s | x fp32 |"):].splitlines()[2:]
+  table = out[out.index("| link | method | samples/s | x fp32 |"):].splitlines()[2:]
   cells = [[c.strip() for c in line.split("|")[1:-1]] for line in table]
   methods = ["fp32", "fp32 + QuantizedAdam", "aqsgd-fw3-bw6", "aqsgd-fw3-bw6 + QuantizedAdam"]
-  bandwidths = ["10 Gbps", "1 Gbps", "500 Mbps", "300 Mbps", "100 Mbps"]
+  bandwidths = ["10 Gbps, 1 ms", "1 Gbps, 1 ms", "500 Mbps, 1 ms", "300 Mbps, 1 ms", "100 Mbps, 1 ms"]
   assert [c[:2] for c in cells] == [[b, m] for b in bandwidths for m in methods]
   assert all(float(c[2]) > 0 for c in cells) and {c[3] for c in cells if c[1] == "fp32"} == {"1.00"}
   assert all(abs(sum(map(int, c[4].split(" / "))) - 100) <= 2 for c in cells)  # critical path shares, rounded
   assert cells[-2][5] == "3.4 (up to 4.3x end-to-end)"  # the paper's figure, labelled as such in the header
+
+
+def test_throughput_links_are_rate_and_latency(capsys):
+  """--link names each link (rate:latency); --latency-ms, the older flag, sets the default links' latency and is
+  refused beside --link; a bad link is one error line naming it."""
+  parser = argparse.ArgumentParser()
+  links = lambda link, latency_ms: throughput_vs_bandwidth.links_of(parser, argparse.Namespace(link=link,
+                                                                                                latency_ms=latency_ms))
+  assert links("1gbit:20ms, 100mbit:50ms", None) == [Link(1e9, 0.02), Link(1e8, 0.05)]
+  assert links(None, 20.0) == [Link(bw, 0.02) for bw in netsim.DEFAULT_BANDWIDTHS_BPS]
+  assert links(None, None)[-1] == Link(100e6, 1e-3)
+  with pytest.raises(SystemExit):
+    links("100mbit:20ms", 5.0)
+  assert "give each link's latency in --link (e.g. 100mbit:5ms)" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    throughput_vs_bandwidth.main(["--link", "100mbit:20"])
+  assert "--link: link latency '20': give the one-way latency of a message with its unit" in capsys.readouterr().err
 
 
 def test_throughput_from_a_compiled_target_is_labelled_an_estimate(capsys):
@@ -99,8 +118,10 @@ def test_interleaved_chunks_cut_the_stage_times():
   assert chunked.fwd_s == (1.0, 1.0, 2.0, 2.0) and chunked.bwd_s == (3.0, 3.0, 4.0, 4.0)
   assert chunked.encode_s == ((0.1, 0.2),) * 3 and chunked.decode_s == ((0.3, 0.4),) * 3 and messages == [(10, 20)] * 3
   assert throughput_vs_bandwidth.on_chunks(costs, [(10, 20)], 1) == (costs, [(10, 20)])
-  rows = {"gpipe": [throughput_vs_bandwidth.Row(1e9, m, rate, {}) for m, rate in (("fp32", 2.0), ("q", 5.0))]}
-  assert throughput_vs_bandwidth.render_schedules(rows).splitlines()[2] == "| gpipe | 1 Gbps | 2.00 | 5.00 (2.50x) |"
+  rows = {"gpipe": [throughput_vs_bandwidth.Row(Link(1e9, 0.02), m, rate, {})
+                    for m, rate in (("fp32", 2.0), ("q", 5.0))]}
+  assert (throughput_vs_bandwidth.render_schedules(rows).splitlines()[2]
+          == "| gpipe | 1 Gbps, 20 ms | 2.00 | 5.00 (2.50x) |")
 
 
 def test_data_parallel_exchange_per_stage_device():

@@ -1,13 +1,16 @@
-"""`benchmarks.real_link` on a shaped network: two stage processes of tiny GPT-2, 2 steps per method.
+"""`benchmarks.real_link` on a shaped network with latency: two stage processes of tiny GPT-2, 2 steps per method.
 
-Needs root, `ip`/`tc`/`unshare`/`taskset` and network namespaces (skipped, with the reason, where any is
-missing). A train step's link bytes (htb counters: headers, ACKs and the step's scalar collectives
-included) are within 10% of the bytes the driver counts; compressed steps move fewer link bytes than
-fp32 ones; what an epoch sends besides its steps is evaluation (this tiny run evaluates one dense batch
-twice), not a gathered state; an interrupted benchmark leaves no namespace and no process behind.
+Needs root, `ip`/`tc`/`unshare`/`taskset`/`sysctl`, gcc, the TUN driver and network namespaces (skipped, with
+the reason, where any is missing). The fixture runs the documented command (docs/throughput.md) at toy sizes on
+a 100 Mbit/s link with 20 ms one-way latency. A train step's link bytes (htb counters: headers, ACKs and the
+step's scalar collectives included) are within 10% of the bytes the driver counts; compressed steps move fewer
+link bytes than fp32 ones; what an epoch sends besides its steps is evaluation (this tiny run evaluates one dense
+batch twice), not a gathered state; the delay line drops nothing; `--check-link` sees the round trip and the
+rate; an interrupted benchmark leaves no namespace and no process behind.
 """
 import json
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -16,23 +19,25 @@ import time
 import pytest
 
 from benchmarks import real_link
+from jaxcomp.analysis.link import Link
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT_S = 600
+LINK = "100mbit:20ms"
 TINY = ["--batch-size", "8", "--train-examples", "16", "--eval-examples", "8", "--epochs", "1"]
 NO_TIMING = ["--repeats", "0"]  # the interruption test needs no op timing
 
 
 def unavailable() -> str | None:
   """Why the benchmark cannot build its network here (None: it can)."""
-  missing = real_link.missing_prerequisites()
+  missing = real_link.missing_prerequisites(latency=True)
   if missing:
     return missing
   try:
-    with real_link.Network(2, "100mbit"):
+    with real_link.Network(2, Link.parse(LINK)):
       return None
   except RuntimeError as err:
-    return f"network namespaces, veth and htb ({err})"
+    return f"network namespaces, veth, htb and a TUN device ({err})"
 
 
 def namespaces(pid: int) -> list[str]:
@@ -48,10 +53,14 @@ def network():
 
 
 @pytest.fixture(scope="module")
-def rows(network, tmp_path_factory):
-  out = tmp_path_factory.mktemp("real_link") / "rows.json"
-  proc = subprocess.Popen([sys.executable, "-m", "benchmarks.real_link", "--rate", "100mbit", "--methods",
-                           "fp32,direct-fw2-bw4", *TINY, "--repeats", "1", "--rounds", "1", "--json", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+def run(network, tmp_path_factory):
+  """The documented command (`--stages S --link LINK --methods METHOD --json ... --keep ...`), two methods, toy
+  sizes: its JSON (rows and the delay line's report)."""
+  folder = tmp_path_factory.mktemp("real_link")
+  out = folder / f"s2-{LINK}-fp32.json"
+  proc = subprocess.Popen([sys.executable, "-m", "benchmarks.real_link", "--stages", "2", "--link", LINK, "--methods",
+                           "fp32,direct-fw2-bw4", "--json", str(out), "--keep", str(folder / f"s2-{LINK}-fp32.d"),
+                           *TINY, "--repeats", "1", "--rounds", "1"], cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
   try:
     log, _ = proc.communicate(timeout=TIMEOUT_S)
@@ -61,7 +70,12 @@ def rows(network, tmp_path_factory):
       proc.wait(timeout=60)
   assert proc.returncode == 0, log[-3000:]
   assert not namespaces(proc.pid)
-  return {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+  return out
+
+
+@pytest.fixture(scope="module")
+def rows(run):
+  return {r["method"]: r for r in json.loads(run.read_text())["rows"]}
 
 
 def test_a_train_step_moves_at_most_10_percent_more_than_it_counts(rows):
@@ -86,9 +100,47 @@ def test_an_epoch_sends_evaluation_besides_its_steps_not_the_state(rows):
     assert r["other_link_bytes_per_epoch"] < 1.5 * rows["fp32"]["counted_bytes_per_step"], r
 
 
+def test_the_delay_line_carries_every_packet(run):
+  report = json.loads(run.read_text())["delay_line"]
+  carried = re.search(r"delay 20\.000 ms, .* carried (\d+) packets, dropped (\d+) \(ring full\) \+ (\d+)", report)
+  assert carried and int(carried[1]) > 1000 and carried.groups()[1:] == ("0", "0"), report
+
+
+def test_merged_runs_are_one_table(run, capsys):
+  real_link.main(["--merge", str(run)])
+  table = capsys.readouterr().out.splitlines()
+  assert table[2].startswith(f"| {LINK} | 2 | fp32 | ") and "| 1.00 |" in table[2]
+  assert table[3].startswith(f"| {LINK} | 2 | direct-fw2-bw4 | ")
+
+
+def test_rate_is_the_older_name_of_link(capsys):
+  """`--rate RATE` (the table measured before links had a latency) is parsed as `--link`."""
+  with pytest.raises(SystemExit) as exit_:
+    real_link.main(["--rate", "100mbit:20", "--methods", "fp32"])
+  assert str(exit_.value).startswith("error: link latency '20': give the one-way latency of a message with its unit")
+
+
+def test_check_link_sees_the_round_trip_and_the_rate(network, tmp_path):
+  """`--check-link`: ping's round trip is twice the one-way latency (within 5 ms idle), a 262 KB message and its
+  1-byte answer take the bytes at the rate and two latencies (within 25 ms), and each direction's TCP goodput, both
+  at once with every core loaded, is at least 80% of what TCP carries at the rate."""
+  out = tmp_path / "check.json"
+  done = subprocess.run([sys.executable, "-m", "benchmarks.real_link", "--check-link", "--link", LINK, "--json",
+                         str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stdout + done.stderr
+  checked = json.loads(out.read_text())
+  median = lambda values: sorted(values)[len(values) // 2]
+  assert 0.040 <= median(checked["rtt_idle_s"]) <= 0.045, checked
+  # a message takes its bytes at the rate (with headers) and a latency, its answer another (netsim's link)
+  expected = 8 * checked["message_bytes"] * 1514 / 1448 / 100e6 + 2 * 0.020
+  assert expected <= median(checked["message_trips_s"][2:]) <= expected + 0.025, checked
+  assert all(bps >= 0.8 * 100e6 * 1448 / 1514 for bps in checked["goodput_bps"].values()), checked
+
+
 def test_an_interrupted_benchmark_leaves_nothing_behind(network, tmp_path):
-  proc = subprocess.Popen([sys.executable, "-m", "benchmarks.real_link", "--methods", "fp32", *TINY, *NO_TIMING, "--keep",
-                           str(tmp_path / "kept")], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  proc = subprocess.Popen([sys.executable, "-m", "benchmarks.real_link", "--link", LINK, "--methods", "fp32", *TINY,
+                           *NO_TIMING, "--keep", str(tmp_path / "kept")], cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
   try:
     deadline = time.monotonic() + 120
     while not list((tmp_path / "kept").glob("*/process*.log")) and time.monotonic() < deadline:
@@ -103,6 +155,8 @@ def test_an_interrupted_benchmark_leaves_nothing_behind(network, tmp_path):
   assert proc.returncode != 0 and not namespaces(proc.pid)
   workers = subprocess.run(["pgrep", "-f", "--", f"--marks {tmp_path / 'kept'}"], capture_output=True, text=True).stdout
   assert not workers.split(), workers
+  delay_line = subprocess.run(["pgrep", "-f", f"real_link_delay{proc.pid}_"], capture_output=True, text=True).stdout
+  assert not delay_line.split(), delay_line
 
 
 def test_without_root_it_says_what_is_missing(monkeypatch, capsys):
@@ -115,4 +169,11 @@ def test_without_root_it_says_what_is_missing(monkeypatch, capsys):
 def test_without_tc_it_says_what_is_missing(monkeypatch):
   monkeypatch.setattr(real_link.os, "geteuid", lambda: 0)
   monkeypatch.setattr(real_link.shutil, "which", lambda tool: None if tool == "tc" else f"/usr/bin/{tool}")
-  assert real_link.missing_prerequisites() == "the command(s) tc (iproute2, util-linux)"
+  assert real_link.missing_prerequisites() == "the command(s) tc (iproute2, util-linux, procps)"
+
+
+def test_a_latency_needs_gcc_for_the_delay_line(monkeypatch):
+  monkeypatch.setattr(real_link.os, "geteuid", lambda: 0)
+  monkeypatch.setattr(real_link.shutil, "which", lambda tool: None if tool == "gcc" else f"/usr/bin/{tool}")
+  assert real_link.missing_prerequisites() is None
+  assert real_link.missing_prerequisites(latency=True) == "the command(s) gcc (iproute2, util-linux, procps, gcc)"

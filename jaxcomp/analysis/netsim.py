@@ -31,7 +31,8 @@ name: ``schedules.build(name, S, M, overlap=overlap_sends)``; a table's ``hop`` 
 - ``overlap_sends=False`` (hop 1, the executor without ``--overlap``): every tick is compute, then
   send, then wait. A message of tick ``t`` (sender ``p``, receiver ``q``) starts when both ends have
   computed their tick ``t`` (the collective needs both) and ``ready[d][t+1]`` is the end of ``d``'s
-  compute at ``t`` and of every message it sent or received at the end of ``t``;
+  compute at ``t``, of every message it sent at the end of ``t`` (its last byte left) and of every message
+  it received there (landed);
 - ``overlap_sends=True`` (hop 2, ``--overlap``): the message an op makes at tick ``t`` crosses during
   tick ``t+1``: it starts at ``max(ready[p][t+1], ready[q][t+1])`` while both ends compute, and
   ``ready[d][t+2]`` is the end of ``d``'s compute at ``t+1`` and of the messages crossing to or from
@@ -49,20 +50,52 @@ boundary's, and boundary ``b`` crosses device ``b mod D``'s link to the next dev
 last device's to device 0 included), shared by the boundaries on it; exchanges and updates are per
 device. One chunk per device, none of this changes a timeline.
 
-Links. One link per direction per boundary (full duplex: the two directions are
-independent). A message occupies its link direction for ``latency_s + 8 * bytes /
-bandwidth_bps`` seconds (`transfer_time`), latency included; each direction sends its
-messages one at a time, FIFO in production order, and a message starts when its producer op
-has ended and the link direction is free::
+Links (``meter="per_direction"``, the default). One link per direction per boundary (full duplex: the two
+directions are independent), ``link.bandwidth_bps`` and ``link.latency_s`` each. A message's bytes hold its
+link direction for ``8 * bytes / bandwidth_bps`` seconds and land ``latency_s`` after its last byte left (the
+propagation delay holds no sender: the next message may leave behind it, as on a wire); each direction sends its
+messages one at a time, FIFO in production order, and a message starts when its producer op has ended and the
+link direction is free::
 
     fwd(s, m).start      = max(stage s free, send_fwd(s-1, m).end)  # s = 0: input at t = 0
     send_fwd(b, m).start = max(link b fwd free, fwd(b, m).end)
     bwd(s, m).start      = max(stage s free, send_bwd(s, m).end)    # s = S-1: after fwd(S-1, m)
     send_bwd(b, m).start = max(link b bwd free, bwd(b+1, m).end)
-    end = start + duration
-    stage s free = its last op's end (its last message's end without overlap_sends)
+    send(b, m).end       = start + 8 * bytes / bandwidth_bps + latency_s   # it has landed
+    link b free          = its last message's start + 8 * bytes / bandwidth_bps   # its last byte left
+    stage s free = its last op's end (its last message's last byte sent, without overlap_sends)
 
-(dataflow timing; the tick timing adds the waits above).
+(dataflow timing; the tick timing adds the waits above: a sender's tick ends when its message's last byte has
+left, the receiver's when it has landed).
+
+Receiver's meter (``meter="inbound"``: Protocol NanoGPT's `SimPipelineStage.add_delay`). Instead of one link
+per direction, each device has one inbound wire shared by everything it receives (activations from the stage
+before, gradients from the stage after), billed in the order the device consumes its messages (dataflow: its
+ops' order; ticks: the table's order), latency included::
+
+    send(b, m).end = max(wire of the receiver free, producer end) + 8 * bytes / bandwidth_bps + latency_s
+    wire of the receiver free = its last message's end
+
+A sender never waits for the meter (its sends are asynchronous; the receiver waits for the landing).
+
+Protocols (``protocol``, ticks only). ``"eager"``: a message leaves once its sender is ready. ``"rendezvous"``
+(XLA:CPU's collectives over gloo's TCP transport): the receiver posts its receive when it reaches the collective
+and sends a notice of it; the bytes leave only once the notice has crossed, ``max(sender ready, receiver ready +
+latency_s)``, and the sender is done with the message as they leave (its socket takes them), the receiver when
+they land. A message whose receiver was waiting costs one latency, one whose receiver comes last two.
+
+Collectives (`Collective`). Besides its boundary messages a step runs all-reduces of scalars: the loss and
+metrics, the clipping norm, the driver's finiteness check between steps. ``at`` says where the executor runs
+one: at tick ``t`` (ticks only; after each device's compute of that tick, before the tick's messages),
+``"before_update"`` (after each device's exchange: the clipping norm) or ``"after_update"`` (after every
+update: the driver's check). Each is a ring all-reduce over ``N`` ranks: ``2 (N - 1)`` hops one after another,
+each ``latency_s + 8 * nbytes / bandwidth_bps``. Eager: a barrier (it starts when the last device reaches it)
+then the hops, every device leaving at the end. Rendezvous: gloo's ring of a scalar, rank ``r`` the device
+``r``: the reduce-scatter hops ``N-1 -> N-2 -> ... -> 0`` (every receive posted on entry), the allgather ``0 ->
+N-1 -> ... -> 1`` (a rank posts its receive once its reduce-scatter send has left, before the value can come
+round to it: each allgather hop waits for the value alone), each hop a rendezvous message; a rank leaves when
+its last send has left or its last receive landed. (With ``ranks`` beyond the pipeline's devices, the replicas'
+ring: the eager barrier.) On the critical path collectives and the notices' crossings count as link time.
 
 Data-parallel exchange (`Exchange`). With ``D`` replicas of the pipeline, the replicas of
 stage ``s`` exchange its weight gradient (or QuantizedAdam's first moment) once per step.
@@ -80,10 +113,10 @@ schedule, so with equal rows the step ends with stage 0's exchange, the same tim
 Updates. With ``update_s``, stage ``s`` then runs its optimizer step for ``update_s[s]`` seconds,
 after its exchange (or, without one, after its last op and last message).
 
-The makespan is the end of the last op, exchange or update. With zero communication and uniform
-stages (``t_f``, ``t_b``), GPipe gives the classic ``(M + S - 1) * (t_f + t_b)``. Every time
-is built from ``max`` and ``+`` over fixed orders, so the makespan never decreases when a
-duration grows: more bandwidth or fewer bytes never slow a step.
+The makespan is the end of the last op, message, exchange, update or collective. With zero communication and
+uniform stages (``t_f``, ``t_b``), GPipe gives the classic ``(M + S - 1) * (t_f + t_b)``. Every time is built from
+``max`` and ``+`` over fixed orders, so the makespan never decreases when a duration grows: more bandwidth or fewer
+bytes never slow a step.
 """
 
 from __future__ import annotations
@@ -93,10 +126,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+from jaxcomp.analysis.link import Link
 from jaxcomp.arguments import is_integer
 from jaxcomp.parallel import schedules
 
-Kind = Literal["fwd", "bwd", "bwd_input", "bwd_weight", "send_fwd", "send_bwd", "exchange", "update"]
+Kind = Literal["fwd", "bwd", "bwd_input", "bwd_weight", "send_fwd", "send_bwd", "exchange", "update", "collective"]
+Meter = Literal["per_direction", "inbound"]
+METERS = ("per_direction", "inbound")
+Protocol = Literal["eager", "rendezvous"]
+PROTOCOLS = ("eager", "rendezvous")
+Place = Literal["before_update", "after_update"]
 COMPUTE = {"F": "fwd", "BW": "bwd", "B": "bwd_input", "W": "bwd_weight"}  # a table's op kind -> its event kind
 
 # The bandwidths of AQ-SGD's Table 2.
@@ -110,14 +149,23 @@ class Exchange(NamedTuple):
   messages: int
 
 
+class Collective(NamedTuple):
+  """A ring all-reduce of `nbytes` over `ranks` ranks (None: the pipeline's devices; more: its replicas too) at
+  `at`: a tick (ticks only), ``"before_update"`` or ``"after_update"`` (module docstring, Collectives)."""
+  at: int | Place
+  ranks: int | None = None
+  nbytes: float = 4.0
+
+
 @dataclass(frozen=True)
 class Event:
   """One compute op, one message, one stage's data-parallel exchange or its optimizer update.
 
   ``index`` is the chunk (the stage, one chunk per device) for ``fwd``/``bwd``/``bwd_input``/``bwd_weight``,
-  the device for ``exchange``/``update`` and the boundary ``b`` (chunk ``b`` to ``b + 1``) for
-  ``send_fwd``/``send_bwd``; ``microbatch`` is -1 for an ``exchange`` or ``update``. Times
-  are seconds from the start of the step.
+  the device for ``exchange``/``update``, the boundary ``b`` (chunk ``b`` to ``b + 1``) for
+  ``send_fwd``/``send_bwd`` and the position in `simulate_step`'s ``collectives`` for ``collective``;
+  ``microbatch`` is -1 for an ``exchange``, ``update`` or ``collective``. Times are seconds from the start of
+  the step; a message's are its first byte leaving and its landing.
   """
   kind: Kind
   index: int
@@ -130,12 +178,16 @@ class Event:
 class Timeline:
   """All events of one step: `events` (compute ops and messages, in evaluation order, not by
   time), one `exchanges` event per stage (none without data parallelism), one `updates` event per
-  stage (none without `update_s`), and the `critical_path`: from t = 0 to the makespan, each
-  event the one the next waited for last (on a tie, the previous event on the same resource)."""
+  stage (none without `update_s`), one `collectives` event per collective, and the `critical_path`: from
+  t = 0 to the makespan, each event the one the next waited for last (on a tie, the previous event on the
+  same resource). An event on the path counts until the next one starts, at most to its end (a message that held
+  up the next message on its link direction, or its sender, until its last byte left); a gap before the next one
+  is a receive's notice crossing the link (the rendezvous protocol; also before the first event)."""
   events: tuple[Event, ...]
   exchanges: tuple[Event, ...] = ()
   critical_path: tuple[Event, ...] = ()
   updates: tuple[Event, ...] = ()
+  collectives: tuple[Event, ...] = ()
 
   @property
   def pipeline_end(self) -> float:
@@ -144,17 +196,22 @@ class Timeline:
 
   @property
   def makespan(self) -> float:
-    """Step time in seconds: the end of the last op, message, exchange or update."""
-    return max(e.end for e in self.events + self.exchanges + self.updates)
+    """Step time in seconds: the end of the last op, message, exchange, update or collective."""
+    return max(e.end for e in self.events + self.exchanges + self.updates + self.collectives)
 
   def critical_seconds(self) -> dict[str, float]:
-    """Seconds of the critical path spent in ``compute`` (forwards, backwards), on a ``link``
-    and in an ``exchange``: they sum to the makespan, and say which term dominates the step."""
+    """Seconds of the critical path spent in ``compute`` (forwards, backwards, updates), on a ``link`` (messages
+    and collectives) and in an ``exchange``: they sum to the makespan, and say which term dominates the step."""
     terms = {**dict.fromkeys(COMPUTE.values(), "compute"), "send_fwd": "link", "send_bwd": "link",
-             "exchange": "exchange", "update": "compute"}
+             "exchange": "exchange", "update": "compute", "collective": "link"}
     seconds = dict.fromkeys(("compute", "link", "exchange"), 0.0)
-    for e in self.critical_path:
-      seconds[terms[e.kind]] += e.end - e.start
+    path = self.critical_path
+    seconds["link"] += path[0].start if path else 0.0  # a notice crossing before the first event
+    for e, after in zip(path, path[1:]):
+      seconds[terms[e.kind]] += min(after.start, e.end) - e.start
+      seconds["link"] += max(0.0, after.start - e.end)
+    if path:
+      seconds[terms[path[-1].kind]] += path[-1].end - path[-1].start
     return seconds
 
 
@@ -223,31 +280,121 @@ def transfer_time(nbytes: float, bandwidth_bps: float, latency_s: float, message
   return messages * latency_s + 8.0 * nbytes / bandwidth_bps
 
 
+class _At(NamedTuple):
+  """A moment of an evaluated event to wait for: its ``"end"``, or for a message ``"sent"`` (its sender done with
+  it) or ``"free"`` (its link direction free again); ``after`` seconds later (a receive's notice crossing)."""
+  key: tuple
+  what: str = "end"
+  after: float = 0.0
+
+
+def _later(ref, seconds: float):
+  """`ref` (an event key, `_At`, or None: t = 0) `seconds` later."""
+  if ref is None:
+    return _At(None, "end", seconds)
+  return ref._replace(after=ref.after + seconds) if isinstance(ref, _At) else _At(ref, "end", seconds)
+
+
 class _Events:
-  """Events evaluated so far, each with what it waited for last, and each resource's last event."""
+  """Events evaluated so far, each with what it waited for last, and what frees each resource."""
 
   def __init__(self):
     self.evaluated: dict[tuple, Event] = {}  # (kind, index, microbatch) -> its event
-    self.cause: dict[tuple, tuple | None] = {}  # what an event waited for last (None: started at t = 0)
-    self.last: dict[tuple, tuple] = {}  # resource -> its last event's key
+    self.cause: dict[tuple, tuple | None] = {}  # the event an event waited for last (None: started at t = 0)
+    self.last: dict[tuple, tuple] = {}  # resource -> what frees it: an event's key (its end) or an `_At`
+    self.moments: dict[tuple, dict[str, float]] = {}  # message key -> {"sent": ..., "free": ...}
 
-  def run(self, key, resource, inputs, duration):
-    """Evaluate event `key` on `resource`: it starts when the resource's previous event and its inputs end."""
-    waits = [k for k in (self.last.get(resource), *inputs) if k is not None]
-    self.cause[key] = max(waits, key=lambda k: self.evaluated[k].end, default=None)
-    start = self.evaluated[self.cause[key]].end if self.cause[key] is not None else 0.0
+  def time(self, ref) -> float:
+    if not isinstance(ref, _At):
+      return self.evaluated[ref].end
+    if ref.key is None:
+      return ref.after
+    return (self.evaluated[ref.key].end if ref.what == "end" else self.moments[ref.key][ref.what]) + ref.after
+
+  def run(self, key, resource, inputs, duration, holds=None, sent=None):
+    """Evaluate event `key` on `resource`: it starts when what frees the resource and its inputs (event keys: their
+    ends; `_At`: a moment; None: nothing) are done, and frees the resource at its end, or `holds` seconds after its
+    start; its sender is done with it `sent` seconds after its start (default: `holds`)."""
+    waits = [r for r in (self.last.get(resource), *inputs) if r is not None]
+    cause = max(waits, key=self.time, default=None)
+    self.cause[key] = cause.key if isinstance(cause, _At) else cause
+    start = self.time(cause) if cause is not None else 0.0
     self.evaluated[key] = Event(*key, start, start + duration)
-    self.last[resource] = key
+    if holds is None:
+      self.last[resource] = key
+    else:
+      self.moments[key] = {"free": start + holds, "sent": start + (holds if sent is None else sent)}
+      self.last[resource] = _At(key, "free")
+
+
+class _Wires:
+  """How a message crosses (module docstring, Links, Receiver's meter and Protocols): `send` evaluates it and
+  returns what its sender waits for (None under the receiver's meter)."""
+
+  def __init__(self, link: Link, meter: Meter, protocol: Protocol, fwd_bytes, bwd_bytes, num_devices: int):
+    self.link, self.meter, self.protocol, self.num_devices = link, meter, protocol, num_devices
+    self.serial = {"send_fwd": [8.0 * n / link.bandwidth_bps for n in fwd_bytes],
+                   "send_bwd": [8.0 * n / link.bandwidth_bps for n in bwd_bytes]}
+
+  def send(self, ev: _Events, key: tuple, receiver: int, sender_ready, receiver_ready=()) -> _At | None:
+    """Evaluate message `key` once its sender is ready (`sender_ready`) and, per its protocol, its receiver
+    (`receiver_ready`: eager, ready; rendezvous, ready and its notice across the link)."""
+    kind, boundary, _ = key
+    serial = self.serial[kind][boundary]
+    if self.protocol == "rendezvous":
+      receiver_ready = [_later(r, self.link.latency_s) for r in receiver_ready]
+    inputs = [*sender_ready, *receiver_ready]
+    if self.meter == "inbound":
+      ev.run(key, ("inbound", receiver), inputs, serial + self.link.latency_s)
+      return None
+    ev.run(key, (kind, boundary % self.num_devices), inputs, serial + self.link.latency_s, holds=serial,
+           sent=0.0 if self.protocol == "rendezvous" else serial)
+    return _At(key, "sent")
+
+
+def _all_reduce(ev: _Events, i: int, ranks: int, ready: list[list], link: Link, protocol: Protocol,
+                nbytes: float) -> list[list]:
+  """Collective `i`, a ring all-reduce of `nbytes` over `ranks` ranks, once each device is ready (`ready`: per
+  device, what it waits for): per device, what it waits for to leave it (module docstring, Collectives)."""
+  hop = 8.0 * nbytes / link.bandwidth_bps + link.latency_s
+  n = len(ready)
+  if protocol == "eager" or ranks != n:  # a barrier, then the ring's hops one after another
+    ev.run(("collective", i, -1), ("collective", i), [r for refs in ready for r in refs], 2 * (ranks - 1) * hop)
+    return [[("collective", i, -1)] for _ in range(n)]
+  if n == 1:
+    return ready
+  notice = lambda refs: [_later(r, link.latency_s) for r in refs]
+  hops = iter(range(2 * (n - 1)))
+
+  def send(have, receiver_posted=()):
+    key = ("collective", i, next(hops))
+    ev.run(key, key, [*have, *notice(receiver_posted)], hop, holds=0.0)
+    return key
+  # reduce-scatter: rank n-1 -> n-2 -> ... -> 0, every receive posted on entry
+  arrived = None
+  for r in range(n - 1, 0, -1):
+    arrived = send(ready[r] + ([arrived] if arrived else []), ready[r - 1])
+  # allgather: rank 0 -> n-1 -> ... -> 1; a rank posts its receive once its reduce-scatter send has left, before
+  # the value can come round to it, so each hop waits for the value alone
+  arrived = send([arrived, *ready[0]])
+  exits = [[_At(arrived, "sent")]] + [None] * (n - 1)
+  for r in range(n - 1, 1, -1):
+    arrived = send([arrived])
+    exits[r] = [_At(arrived, "sent")]
+  exits[1] = [arrived]
+  return exits
 
 
 def _message_key(msg: schedules.Message) -> tuple[Kind, int, int]:
   return ("send_fwd" if msg.forward else "send_bwd", msg.boundary, msg.microbatch)
 
 
-def _dataflow(ev: _Events, table: schedules.Schedule, compute, transfer, overlap_sends: bool) -> list[list]:
+def _dataflow(ev: _Events, table: schedules.Schedule, compute, wires: _Wires, overlap_sends: bool) -> list[list]:
   """Each device's ops in its order, each as soon as its stage is free and its input has arrived (module
-  docstring, Dataflow); per device, the events it has done when its last op and last message have ended."""
+  docstring, Dataflow); per device, the events it has done when its last op has ended and its last message
+  has left."""
   num_chunks, num_devices = table.num_chunks, table.num_devices
+  inbound = wires.meter == "inbound"
 
   def input_key(kind, c, m):
     """The op or message whose end this op waits for (None: its input is there at t = 0)."""
@@ -257,51 +404,60 @@ def _dataflow(ev: _Events, table: schedules.Schedule, compute, transfer, overlap
       return ("bwd_input", c, m)
     return ("send_bwd", c, m) if c < num_chunks - 1 else ("fwd", c, m)
 
-  # A device waits (is skipped) until its next op's input has been evaluated. Messages are evaluated with
-  # their producer, so each link direction is FIFO in production order. Boundary b crosses link b mod D
-  # (device b mod D to the next on the ring): one chunk per device, link b.
+  # A device waits (is skipped) until its next op's input has been evaluated. Per direction, messages are
+  # evaluated with their producer, so each link direction is FIFO in production order; under the receiver's
+  # meter, when their receiver comes to consume them (its wire bills them in its order). Boundary b crosses
+  # link b mod D (device b mod D to the next on the ring): one chunk per device, link b.
   orders = [[(COMPUTE[op.kind], op.chunk, op.microbatch) for op in schedules.device_order(table, d)]
             for d in range(num_devices)]
-  position = [0] * num_devices
+  position, made = [0] * num_devices, {}  # made: message key -> (its producer op, its receiver)
+  sent = {("stage", s): [] for s in range(num_devices)}  # per device, what its last messages wait for
   while any(p < len(o) for p, o in zip(position, orders)):
     progressed = False
     for s, order in enumerate(orders):
       while position[s] < len(order):
         kind, c, m = order[position[s]]
         needs = input_key(kind, c, m)
+        if needs in made and needs not in ev.evaluated:  # under the meter: billed now, in consumption order
+          wires.send(ev, needs, s, [made[needs]])
         if needs is not None and needs not in ev.evaluated:
           break
         ev.run((kind, c, m), ("stage", s), [needs], compute[kind][c])
         boundary = {"fwd": c, "bwd": c - 1, "bwd_input": c - 1}.get(kind, -1)
         if 0 <= boundary < num_chunks - 1:
-          message = "send_fwd" if kind == "fwd" else "send_bwd"
-          ev.run((message, boundary, m), (message, boundary % num_devices), [(kind, c, m)], transfer[message][boundary])
-          if not overlap_sends:
-            ev.last[("stage", s)] = (message, boundary, m)
+          message = ("send_fwd" if kind == "fwd" else "send_bwd", boundary, m)
+          if inbound:
+            made[message] = (kind, c, m)
+          else:
+            left = wires.send(ev, message, -1, [(kind, c, m)])
+            sent[("stage", s)] = [left]
+            if not overlap_sends:
+              ev.last[("stage", s)] = left
         position[s] += 1
         progressed = True
     if not progressed:
       raise RuntimeError(f"schedule {table.name!r} deadlocks at stage positions {position}")
-  # Device s is done when its last op has ended and its last messages (link s-1 mod D backward,
-  # link s forward) have left.
-  return [[ev.last[("stage", s)], ev.last.get(("send_bwd", (s - 1) % num_devices)), ev.last.get(("send_fwd", s))]
+  # Device s is done when its last op has ended and its last messages (link s-1 mod D backward, link s
+  # forward) have left; under the meter, when its last op has ended.
+  return [[ev.last[("stage", s)], *([] if inbound else [ev.last.get(("send_bwd", (s - 1) % num_devices)),
+                                                        ev.last.get(("send_fwd", s))])]
           for s in range(num_devices)]
 
 
-def _ticks(ev: _Events, table: schedules.Schedule, compute, transfer) -> list[list]:
-  """The table tick by tick, as the sharded executor runs it (module docstring, Ticks); per device, the events
-  it has done when its last tick ends."""
+def _ticks(ev: _Events, table: schedules.Schedule, compute, wires: _Wires, barrier) -> list[list]:
+  """The table tick by tick, as the sharded executor runs it (module docstring, Ticks), with `barrier(t,
+  ready)` running the collectives of tick t; per device, the events it has done when its last tick ends."""
   num_devices = table.num_devices
-  pending = [[] for _ in range(num_devices)]  # messages a device waits for, beyond its last op, before its next op
+  pending = [[] for _ in range(num_devices)]  # what a device waits for, beyond its last op, before its next op
+  ready = lambda: [[ev.last.get(("stage", d)), *pending[d]] for d in range(num_devices)]
 
   def start(messages):
-    """Each message once both its ends are ready (their last op, and the messages they wait for, ended)."""
-    ready = [[ev.last.get(("stage", d)), *pending[d]] for d in range(num_devices)]
+    """Each message once both its ends are ready (their last op, and what they wait for, ended)."""
+    now, out = ready(), []
     for msg in messages:
       key = _message_key(msg)
-      ev.run(key, (key[0], msg.boundary % num_devices), ready[msg.sender] + ready[msg.receiver],
-             transfer[key[0]][msg.boundary])
-    return messages
+      out.append((msg, key, wires.send(ev, key, msg.receiver, now[msg.sender], now[msg.receiver])))
+    return out
 
   made = ()  # overlapped sends: the messages made at the tick before, crossing during this one
   for t in range(table.ticks):
@@ -311,13 +467,28 @@ def _ticks(ev: _Events, table: schedules.Schedule, compute, transfer) -> list[li
         kind = COMPUTE[op.kind]
         ev.run((kind, op.chunk, op.microbatch), ("stage", d), pending[d], compute[kind][op.chunk])
         pending[d] = []
+    pending = barrier(t, ready(), pending)
     made = schedules.messages(table, t)
     if table.hop == 1:
       crossing = start(made)
-    for msg in crossing:
-      pending[msg.sender].append(_message_key(msg))
-      pending[msg.receiver].append(_message_key(msg))
-  return [[ev.last.get(("stage", d)), *pending[d]] for d in range(num_devices)]
+    for msg, key, left in crossing:
+      pending[msg.sender].append(left)
+      pending[msg.receiver].append(key)
+  return ready()
+
+
+def _check_collectives(collectives: Sequence[Collective], ticks: int | None) -> None:
+  for i, c in enumerate(collectives):
+    if c.at not in ("before_update", "after_update"):
+      if ticks is None:
+        raise ValueError(f"collectives[{i}] runs at tick {c.at!r}: a collective at a tick needs ticks=True (the "
+                         f"executor's timeline); without ticks, place it 'before_update' or 'after_update'")
+      if not is_integer(c.at) or not 0 <= c.at < ticks:
+        raise ValueError(f"collectives[{i}].at must be a tick in [0, {ticks}) or 'before_update' or "
+                         f"'after_update', got {c.at!r}")
+    if c.ranks is not None:
+      _check_count(f"collectives[{i}].ranks", c.ranks, 1)
+    _check_time(f"collectives[{i}].nbytes", c.nbytes)
 
 
 def simulate_step(
@@ -326,7 +497,7 @@ def simulate_step(
     fwd_bytes: Sequence[float],
     bwd_bytes: Sequence[float],
     microbatches: int,
-    bandwidth_bps: float,
+    bandwidth_bps: float | Link,
     latency_s: float = 0.0,
     exchange: Exchange | None = None,
     schedule: str | schedules.Schedule = "gpipe",
@@ -334,6 +505,9 @@ def simulate_step(
     overlap_sends: bool = True,
     input_grad_share: float = 0.5,
     ticks: bool = False,
+    meter: Meter = "per_direction",
+    collectives: Sequence[Collective] = (),
+    protocol: Protocol = "eager",
 ) -> Timeline:
   """Event timeline of one step on `schedule` (a table, or a name `schedules.build` knows: gpipe, 1f1b,
   1f1b-fused, zb-h1, interleaved:V; rules in the module docstring).
@@ -341,6 +515,8 @@ def simulate_step(
   ``fwd_s``/``bwd_s``: per-chunk compute seconds per microbatch (length ``C``: the stages, one chunk
   per device; interleaved tables: chunk c's times).
   ``fwd_bytes``/``bwd_bytes``: per-boundary bytes per microbatch (length ``C - 1``).
+  ``bandwidth_bps``: bits per second of each link, or a `Link` (its bandwidth and latency; ``latency_s`` is then
+  left at 0). ``latency_s``: the one-way latency of every message.
   ``exchange``: the data-parallel exchange (``sent_bytes`` per device), or None.
   ``update_s``: per-device seconds of the optimizer step that ends the step, or None.
   ``ticks``: False: the dataflow timing (the table gives each device's order; by name, its table without
@@ -351,14 +527,33 @@ def simulate_step(
   each tick compute, then send, then wait.
   ``input_grad_share``: in a table with split backwards, B(c, m) takes ``input_grad_share * bwd_s[c]``
   and W(c, m) the rest (default: half each; B + W = the fused backward).
+  ``meter``: ``"per_direction"``: a link per boundary and direction; ``"inbound"``: Protocol NanoGPT's
+  receiver-side meter, one inbound wire per device.
+  ``collectives``: the step's all-reduces (`Collective`), in the order the executor runs them.
+  ``protocol``: ``"eager"``: a message leaves once its sender is ready; ``"rendezvous"`` (ticks only; XLA:CPU's
+  gloo): once its receiver has posted its receive too and that notice has crossed the link.
   """
+  if isinstance(bandwidth_bps, Link):
+    if latency_s:
+      raise ValueError(f"give the latency once: bandwidth_bps is {bandwidth_bps} (with its latency), so latency_s "
+                       f"must be left at 0, got {latency_s!r}")
+    link = bandwidth_bps
+  else:
+    _check_bandwidth(bandwidth_bps)
+    _check_time("latency_s", latency_s)
+    link = Link(bandwidth_bps, latency_s)
   _check_stage_times(fwd_s, bwd_s)
   num_chunks = len(fwd_s)
   _check_bytes("fwd_bytes", fwd_bytes, num_chunks - 1, "links")
   _check_bytes("bwd_bytes", bwd_bytes, num_chunks - 1, "links")
   _check_count("microbatches", microbatches, 1)
-  _check_bandwidth(bandwidth_bps)
-  _check_time("latency_s", latency_s)
+  if meter not in METERS:
+    raise ValueError(f"meter must be one of {list(METERS)}, got {meter!r}")
+  if protocol not in PROTOCOLS:
+    raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {protocol!r}")
+  if protocol == "rendezvous" and (not ticks or meter != "per_direction"):
+    raise ValueError(f"protocol 'rendezvous' is the executor's (ticks=True, meter='per_direction'), got "
+                     f"ticks={ticks}, meter={meter!r}")
   if not 0 <= input_grad_share <= 1:  # also rejects NaN
     raise ValueError(f"input_grad_share must be in [0, 1] (B's share of the backward), got {input_grad_share!r}")
   table = table_of(schedule, num_chunks, microbatches, overlap=ticks and overlap_sends)
@@ -366,6 +561,7 @@ def simulate_step(
     raise ValueError(f"schedule {table.name!r} has hop {table.hop}, so with ticks=True overlap_sends must be "
                      f"{table.hop > 1} (the executor's --overlap runs the hop-2 table: "
                      f"schedules.build(name, S, M, overlap=True)), got {overlap_sends}")
+  _check_collectives(collectives, table.ticks if ticks else None)
   num_stages = table.num_devices
   if exchange is not None:
     _check_bytes("exchange.sent_bytes", exchange.sent_bytes, num_stages, "stages")
@@ -377,27 +573,41 @@ def simulate_step(
     for i, v in enumerate(update_s):
       _check_time(f"update_s[{i}]", v)
 
-  transfer = {"send_fwd": [transfer_time(n, bandwidth_bps, latency_s) for n in fwd_bytes],
-              "send_bwd": [transfer_time(n, bandwidth_bps, latency_s) for n in bwd_bytes]}
   compute = {"fwd": fwd_s, "bwd": bwd_s, "bwd_input": [input_grad_share * t for t in bwd_s],
              "bwd_weight": [(1 - input_grad_share) * t for t in bwd_s]}
+  wires = _Wires(link, meter, protocol, fwd_bytes, bwd_bytes, num_stages)
   ev = _Events()
-  done = _ticks(ev, table, compute, transfer) if ticks else _dataflow(ev, table, compute, transfer, overlap_sends)
+
+  def barrier(at, ready, pending):
+    """The collectives placed `at` (a tick or a place), one after another from when each device is ready
+    (`ready`: per device, what it waits for); then each device waits to leave the last (`pending` replaced)."""
+    for i, c in enumerate(collectives):
+      if c.at == at:
+        ready = pending = _all_reduce(ev, i, c.ranks or num_stages, ready, link, protocol, c.nbytes)
+    return [list(refs) for refs in pending]
+
+  if ticks:
+    done = _ticks(ev, table, compute, wires, barrier)
+  else:
+    done = _dataflow(ev, table, compute, wires, overlap_sends)
   events = tuple(ev.evaluated.values())
   if exchange is not None:
     for s, n in enumerate(exchange.sent_bytes):
-      ev.run(("exchange", s, -1), ("exchange", s), done[s],
-             transfer_time(n, bandwidth_bps, latency_s, exchange.messages))
-  exchanges = tuple(ev.evaluated.values())[len(events):]
+      ev.run(("exchange", s, -1), ("exchange", s), done[s], link.seconds(n, exchange.messages))
+    done = [[("exchange", s, -1)] for s in range(num_stages)]
+  done = barrier("before_update", done, done)
   if update_s is not None:
     for s, t in enumerate(update_s):
-      ev.run(("update", s, -1), ("update", s), [("exchange", s, -1)] if exchange is not None else done[s], t)
-  updates = tuple(ev.evaluated.values())[len(events) + len(exchanges):]
+      ev.run(("update", s, -1), ("update", s), done[s], t)
+    done = [[("update", s, -1)] for s in range(num_stages)]
+  barrier("after_update", done, done)
+  by_kind = lambda kind: tuple(e for e in ev.evaluated.values() if e.kind == kind)
 
   path = [max(ev.evaluated, key=lambda k: ev.evaluated[k].end)]
   while ev.cause[path[-1]] is not None:
     path.append(ev.cause[path[-1]])
-  return Timeline(events, exchanges, tuple(ev.evaluated[k] for k in reversed(path)), updates)
+  return Timeline(events, by_kind("exchange"), tuple(ev.evaluated[k] for k in reversed(path)), by_kind("update"),
+                  by_kind("collective"))
 
 
 def throughput(samples_per_step: float, timeline: Timeline) -> float:

@@ -1,0 +1,281 @@
+"""Every `python -m benchmarks.X` / `python -m experiments.X` command that README.md, docs/benchmarks.md,
+docs/experiments.md and docs/throughput.md show runs, with the flags as documented, at toy sizes.
+
+`REGISTRY` holds each documented command (as the docs write it, continuation lines joined, comments dropped) and
+how it is checked: run here as `python -m` runs it (`runpy`, in a fresh folder, so its default output paths are
+the documented ones) with its documented arguments (placeholders filled in) followed by toy-size flags, or by an
+existing test that already runs it with those flags. A command the docs show that the registry lacks fails
+`test_every_documented_command_is_registered`, so a newly documented command cannot go untested; each module's
+default path is reached by a test of the default suite, heavier variants are `slow`.
+"""
+import ast
+import glob
+import pathlib
+import re
+import runpy
+import sys
+from typing import NamedTuple
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PAGES = ("README.md", "docs/benchmarks.md", "docs/experiments.md", "docs/throughput.md")
+COMMAND = re.compile(r"python -m ((?:benchmarks|experiments)\.\w+)(.*)")
+GPT2_TINY = ("--steps", "2", "--epochs", "1", "--batch-size", "4", "--block-size", "32", "--train-examples", "16",
+             "--eval-examples", "8", "--no-progress")
+RESNET_TINY = ("--steps", "2", "--epochs", "1", "--width", "8", "--batch-size", "10", "--train-examples", "40",
+               "--eval-examples", "20", "--no-progress")
+FRONTIER_TINY = ("--steps", "1", "--train-examples", "16", "--eval-examples", "8", "--batch-size", "8",
+                 "--methods", "fp32")
+# placeholders of the docs' commands (whole arguments) and what stands in for them here
+PLACEHOLDERS = {"runs/E/results": "runs/gpt2_wikitext/results", "resnet|gpt2": "gpt2", "S": "2"}
+
+
+class Case(NamedTuple):
+  """How one documented command is checked: `argv` (its documented arguments, placeholders filled in, then toy-size
+  flags) run here after the documented commands `before` (a baseline, results to report on), in one fresh folder,
+  printing `expect`; or `covered`: the existing test (file::name) that runs it with its documented flags. `slow`:
+  only in `pytest -m slow`; then `reached_by` may name a default-suite test that runs the module's default path
+  with other toy flags (a heavy part skipped)."""
+  argv: tuple[str, ...] | None = None
+  before: tuple[str, ...] = ()
+  expect: str = ""
+  covered: str = ""
+  slow: bool = False
+  why: str = ""  # why it is covered elsewhere, or slow
+  reached_by: str = ""
+
+
+def documented() -> dict[str, str]:
+  """{command: the page that shows it first} for every `python -m benchmarks.X|experiments.X` in a fenced or
+  indented code block or an inline code span of PAGES."""
+  found = {}
+  for page in PAGES:
+    text = (ROOT / page).read_text()
+    fenced = re.findall(r"```.*?```", text, re.S)
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    indented = re.findall(r"(?m)^(?: {4}.*\n?)+", prose)
+    spans = [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", re.sub(r"(?m)^(?: {4}.*\n?)+", "", prose))]
+    for block in fenced + indented + spans:
+      for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+        m = COMMAND.search(line)
+        if m:
+          args = re.sub(r"(^|\s)#.*", "", m.group(2)).split()
+          found.setdefault(" ".join(["python -m", m.group(1), *args]), page)
+  return found
+
+
+def _module(command: str) -> str:
+  return command.split()[2]
+
+
+REGISTRY = {
+    # --- README.md
+    "python -m experiments.gpt2_wikitext --preset aqsgd-fw2-bw4 --train-examples 2000": Case(
+        covered="tests/test_experiments.py::test_gpt2_presets_smoke", why="--preset aqsgd-fw2-bw4, toy sizes"),
+    "python -m experiments.resnet_cifar10 --list-presets": Case(
+        ("--list-presets",), expect="ef21-top10-base20"),
+    "python -m experiments.resnet_cifar10 --preset top10": Case(
+        ("--preset", "top10", *RESNET_TINY), slow=True, why="runs by default as the report's first command"),
+    "python -m experiments.resnet_cifar10 --preset baseline --epochs 20": Case(
+        ("--preset", "baseline", "--epochs", "20", *RESNET_TINY), slow=True, why="a second ResNet run"),
+    "python -m experiments.resnet_cifar10 --preset ef21-top10-base20 --init-from runs/resnet_cifar10/baseline": Case(
+        ("--preset", "ef21-top10-base20", "--init-from", "runs/resnet_cifar10/baseline", "--init-epoch", "1",
+         *RESNET_TINY),
+        before=("python -m experiments.resnet_cifar10 --preset baseline --epochs 20",), slow=True,
+        why="two ResNet runs: the baseline (its toy run ends at epoch 1, hence --init-epoch 1), then the warm start "
+            "from its folder"),
+    "python -m experiments.gpt2_wikitext --recipe paper --preset top10-reuse --pretrained gpt2 --data-dir "
+    "WIKITEXT2_RAW_DIR --tokenizer-dir GPT2_TOKENIZER_DIR": Case(
+        covered="tests/test_gpt2.py::test_hub_name_loads_from_a_local_hub_cache_offline",
+        why="needs the user's downloads (WikiText-2 raw, the GPT-2 tokenizer and weights); the offline parts are "
+            "tested on stand-ins: the hub cache here, --data-dir and the BPE tokenizer in tests/test_data.py"),
+    "python -m experiments.gpt2_wikitext --preset aqsgd-fw3-bw6": Case(
+        ("--preset", "aqsgd-fw3-bw6", *GPT2_TINY), slow=True, why="the README's first run's path, another preset"),
+    "python -m experiments.gpt2_wikitext --preset top10-reuse --executor gpipe --stages 4 --data-parallel 2": Case(
+        ("--preset", "top10-reuse", "--executor", "gpipe", "--stages", "4", "--data-parallel", "2", *GPT2_TINY),
+        slow=True, why="the sharded executor on 8 devices; by default 2 x 2 in test_gpipe_executor_from_the_cli"),
+    "python -m experiments.gpt2_wikitext --recipe paper --preset top10-reuse --compile-for v5e-1": Case(
+        ("--recipe", "paper", "--preset", "top10-reuse", "--compile-for", "v5e-1", "--model", "tiny",
+         "--block-size", "32", "--batch-size", "4", "--train-examples", "64"), expect="--compile-for v5e-1",
+        slow=True, why="compiles for a TPU target; by default tests/test_dryrun.py compiles the tiny recipe"),
+    "python -m experiments.report runs/resnet_cifar10/results --paper resnet": Case(
+        ("runs/resnet_cifar10/results", "--paper", "resnet"),
+        before=("python -m experiments.resnet_cifar10 --preset top10",), expect="| top10 |"),
+    "python -m experiments.report runs/E/results --paper resnet|gpt2": Case(
+        ("runs/gpt2_wikitext/results", "--paper", "gpt2"), before=("python -m experiments.gpt2_wikitext",),
+        expect="wrote runs/gpt2_wikitext/results/report.md", slow=True, why="a GPT-2 run to report on"),
+    "python -m experiments.frontier --seeds 3": Case(("--seeds", "3", *FRONTIER_TINY), expect="| fp32 |"),
+    # --- docs/benchmarks.md
+    "python -m benchmarks.X": Case(covered="tests/test_documented_commands.py::test_each_module_reaches_its_default_"
+                                           "path_by_default", why="the page's pattern for the commands below"),
+    "python -m benchmarks.wire_bytes": Case(
+        ("--shape", "4,64"), expect="| `efmixed+topk:0.1` |", slow=True,
+        why="compiles the 4-stage GPipe program of every method (minutes); by default its codec table runs",
+        reached_by="tests/test_benchmarks.py::test_benchmark_prints_its_table"),
+    "python -m benchmarks.codec_throughput": Case(
+        covered="tests/test_benchmarks.py::test_benchmark_prints_its_table", why="toy --shape and --repeats"),
+    "python -m benchmarks.device_check": Case(
+        covered="tests/test_device_check.py::test_a_failing_step_is_recorded_and_the_next_one_runs",
+        why="a GPU's acceptance run; on the CPU --tiny (its quick sections by default, every section in the slow "
+            "test_a_tiny_run_fills_every_section)"),
+    "python -m benchmarks.topk_selection": Case(("--shape", "2,2048", "--repeats", "1"), expect="| 1% |"),
+    "python -m benchmarks.topk_selection --fractions 0.1,0.001 --repeats 7": Case(
+        ("--fractions", "0.1,0.001", "--repeats", "7", "--shape", "2,2048"), expect="| 10% |", slow=True,
+        why="the default path runs by default"),
+    "python -m benchmarks.step_overhead": Case(
+        ("--seq", "8", "--batch", "4", "--microbatches", "1", "--repeats", "1", "--presets", "fp32"),
+        expect="| fp32 (again) |"),
+    "python -m benchmarks.throughput_vs_bandwidth": Case(
+        covered="tests/test_benchmarks.py::test_throughput_table_rows_and_label", why="toy --seq and --batch"),
+    "python -m benchmarks.real_link": Case(
+        covered="tests/test_real_link.py::test_a_train_step_moves_at_most_10_percent_more_than_it_counts",
+        why="as root, the documented flags at toy sizes (skipped with the reason without root)"),
+    "python -m benchmarks.aqsgd_buffers": Case(("--examples", "8", "--batch", "4", "--seq", "8"),
+                                               expect="| host + prefetch |"),
+    "python -m benchmarks.quantizer_error": Case(
+        covered="tests/test_benchmarks.py::test_benchmark_prints_its_table", why="toy shapes"),
+    "python -m benchmarks.accelerator_fit": Case(
+        covered="tests/test_benchmarks.py::test_fit_table_renders_the_cached_cells_and_marks_the_rest",
+        why="its default columns compile GPT-2 xl for many targets: toy models and cached cells"),
+    "python -m benchmarks.aqsgd_drift": Case(GPT2_TINY, expect="| epoch |"),
+    "python -m benchmarks.ppermute": Case(
+        covered="tests/test_benchmarks.py::test_benchmark_prints_its_table", why="a toy --shape on 2 devices"),
+    "python -m benchmarks.pipeline_scale": Case(
+        ("--stages", "2", "--microbatches", "2", "--executors", "gpipe", "--repeats", "1", "--seq", "8"),
+        expect="| 2 | 2 | gpipe |"),
+    "python -m benchmarks.pipeline_scale --repeats 2": Case(
+        ("--repeats", "2", "--stages", "2", "--microbatches", "2", "--executors", "gpipe", "--seq", "8"),
+        expect="| 2 | 2 | gpipe |", slow=True, why="the default path runs by default"),
+    "python -m benchmarks.init_memory": Case(("--stages", "2", "--models", "small", "--seq", "8"),
+                                             expect="small"),
+    # --- docs/experiments.md
+    "python -m experiments.resnet_cifar10 --recipe tiny --preset fw4-bw8 --train-examples 2500": Case(
+        ("--recipe", "tiny", "--preset", "fw4-bw8", "--train-examples", "2500", *RESNET_TINY), slow=True,
+        why="another preset of the default path"),
+    "python -m experiments.gpt2_wikitext --preset aqsgd-fw2-bw4": Case(
+        covered="tests/test_experiments.py::test_gpt2_presets_smoke", why="--preset aqsgd-fw2-bw4, toy sizes"),
+    "python -m experiments.resnet_cifar10": Case(RESNET_TINY, slow=True, why="the README's ResNet rows run by default"),
+    "python -m experiments.gpt2_wikitext": Case(GPT2_TINY, slow=True, why="the README's first run runs by default"),
+    "python -m experiments.report": Case(
+        covered="tests/test_documented_commands.py::test_documented_command_runs",
+        why="the module's name in prose; run as the README shows it (runs/resnet_cifar10/results --paper resnet)"),
+    "python -m experiments.boundary_error --fwd hadamard+maxabs:2:group=64:stoch "
+    "--bwd hadamard+maxabs:4:group=64:stoch --every 16 --steps 192 --epochs 6 --train-examples 256 "
+    "--eval-examples 128 --batch-size 8": Case(
+        ("--fwd", "hadamard+maxabs:2:group=64:stoch", "--bwd", "hadamard+maxabs:4:group=64:stoch", "--every", "16",
+         "--steps", "192", "--epochs", "6", "--train-examples", "256", "--eval-examples", "128", "--batch-size", "8",
+         "--steps", "2", "--epochs", "1", "--every", "1", "--train-examples", "16", "--eval-examples", "8",
+         "--batch-size", "4", "--block-size", "32", "--no-progress"), expect="[boundary_error] fwd hadamard",
+        slow=True, why="a GPT-2 run with its probes; by default with other flags",
+        reached_by="tests/test_experiments.py::test_boundary_error_measures_each_boundary_and_refuses_aqsgd"),
+    # --- docs/throughput.md
+    "python -m benchmarks.throughput_vs_bandwidth --compile-for v5e-8 --model xl --stages 8 --data-parallel 1 --batch "
+    "16 --microbatches 16 --schedule gpipe,1f1b,1f1b-fused,zb-h1,interleaved:2 --overlap both --methods "
+    "fp32,aqsgd-fw3-bw6,aqsgd-fw2-bw4,top10-q8-reuse,tile64-fw3-bw4": Case(
+        ("--compile-for", "v5e-8", "--model", "xl", "--stages", "8", "--data-parallel", "1", "--batch", "16",
+         "--microbatches", "16", "--schedule", "gpipe,1f1b,1f1b-fused,zb-h1,interleaved:2", "--overlap", "both",
+         "--methods", "fp32,aqsgd-fw3-bw6,aqsgd-fw2-bw4,top10-q8-reuse,tile64-fw3-bw4", "--model", "medium",
+         "--seq", "8", "--methods", "fp32,aqsgd-fw2-bw4"), expect="interleaved:2 with overlapped sends", slow=True,
+        why="compiles every op for a TPU target; by default test_throughput_from_a_compiled_target_is_labelled_an_"
+            "estimate compiles the toy model for v5e-8"),
+    "python -m benchmarks.throughput_vs_bandwidth --compile-for v5e-8 --model xl --stages 8 --data-parallel 1": Case(
+        ("--compile-for", "v5e-8", "--model", "xl", "--stages", "8", "--data-parallel", "1", "--model", "small",
+         "--seq", "8", "--methods", "fp32"), expect="estimated for TPU v5e", slow=True,
+        why="compiles every op for a TPU target (see the command above)"),
+    "python -m benchmarks.throughput_vs_bandwidth --compile-for v5e-8 --model xl": Case(
+        covered="tests/test_benchmarks.py::test_throughput_from_a_compiled_target_is_labelled_an_estimate",
+        why="--compile-for v5e-8 with the default stages and replicas, the toy model"),
+    "python -m benchmarks.throughput_vs_bandwidth --compile-for v5e-8 --model small": Case(
+        covered="tests/test_benchmarks.py::test_throughput_from_a_compiled_target_is_labelled_an_estimate",
+        why="--compile-for v5e-8 with the default stages and replicas, the toy model"),
+    "python -m benchmarks.real_link --stages S --link LINK --methods METHOD --json sS-LINK-METHOD.json --keep "
+    "sS-LINK-METHOD.d": Case(
+        covered="tests/test_real_link.py::test_a_train_step_moves_at_most_10_percent_more_than_it_counts",
+        why="its fixture runs these flags (S 2, a link with latency, two methods) as root"),
+    "python -m benchmarks.real_link --stages S --rate RATE --methods METHOD --json sS-RATE-METHOD.json --keep "
+    "sS-RATE-METHOD.d": Case(
+        covered="tests/test_real_link.py::test_rate_is_the_older_name_of_link",
+        why="the table measured before links had a latency; --rate RATE is --link RATE, run by the fixture"),
+    "python -m experiments.gpt2_wikitext --executor gpipe --stages S --microbatches 1": Case(
+        ("--executor", "gpipe", "--stages", "2", "--microbatches", "1", *GPT2_TINY), slow=True,
+        why="the page's command to dump a step's program; by default the real-link fixture runs the CLI so, one "
+            "process per stage (as root)",
+        reached_by="tests/test_real_link.py::test_a_train_step_moves_at_most_10_percent_more_than_it_counts"),
+    "python -m benchmarks.real_link --merge s*.json": Case(
+        covered="tests/test_real_link.py::test_merged_runs_are_one_table", why="on the fixture's --json"),
+}
+
+
+def test_every_documented_command_is_registered():
+  """Each command the pages show has a case, and each case a command the pages show (none left stale)."""
+  shown = documented()
+  assert sorted(set(shown) - set(REGISTRY)) == [], "documented but not in REGISTRY (add how it is tested)"
+  assert sorted(set(REGISTRY) - set(shown)) == [], "in REGISTRY but no longer documented"
+
+
+def test_cases_keep_the_documented_flags():
+  """A case runs its command's documented arguments (placeholders filled in) first; toy-size flags only follow."""
+  for command, case in REGISTRY.items():
+    if case.argv is not None:
+      documented_args = [PLACEHOLDERS.get(a, a) for a in command.split()[3:]]
+      assert list(case.argv[: len(documented_args)]) == documented_args, command
+
+
+def _test_names(path: pathlib.Path) -> dict[str, bool]:
+  """{test function: whether it is marked slow} of a test file."""
+  names = {}
+  for node in ast.parse(path.read_text()).body:
+    if isinstance(node, ast.FunctionDef):
+      names[node.name] = any(ast.unparse(d) == "pytest.mark.slow" for d in node.decorator_list)
+  return names
+
+
+def test_covered_commands_name_a_test_that_runs_by_default():
+  """A command checked elsewhere names a test that exists, and runs in the default suite unless the case is slow."""
+  for command, case in REGISTRY.items():
+    if case.covered:
+      path, name = case.covered.split("::")
+      names = _test_names(ROOT / path)
+      assert name in names, (command, case.covered)
+      assert case.slow or not names[name], command
+    assert (case.argv is None) != (not case.covered), f"{command}: run here (argv) or covered, not both"
+    assert case.why or (case.argv is not None and not case.slow), f"{command}: say why it is slow or covered"
+
+
+def test_each_module_reaches_its_default_path_by_default():
+  """Every module the pages show has a case of the default suite (run here, or by a default-suite test), or a
+  slow case whose `reached_by` default-suite test runs the module with other toy flags."""
+  modules = {_module(c) for c in REGISTRY if _module(c) != "benchmarks.X"}
+  by_default = {_module(c) for c, case in REGISTRY.items() if not case.slow or case.reached_by}
+  assert sorted(modules - by_default) == []
+  for command, case in REGISTRY.items():
+    if case.reached_by:
+      path, name = case.reached_by.split("::")
+      assert _test_names(ROOT / path).get(name) is False, (command, case.reached_by)  # exists, not slow
+
+
+def _run(command: str, capsys) -> str:
+  """`command`'s case run as `python -m` runs it, in the current folder: what it printed."""
+  case = REGISTRY[command]
+  module = _module(command)
+  argv = [a for arg in case.argv for a in (glob.glob(arg) if "*" in arg else [arg])]
+  old = sys.argv
+  sys.argv = [module, *argv]
+  try:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+  except SystemExit as exit_:
+    assert exit_.code in (0, None), f"{command} exited with {exit_.code}"
+  finally:
+    sys.argv = old
+  return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [pytest.param(c, marks=[pytest.mark.slow] if case.slow else [], id=c[10:80])
+                                     for c, case in REGISTRY.items() if case.argv is not None])
+def test_documented_command_runs(command, tmp_path, monkeypatch, capsys):
+  monkeypatch.chdir(tmp_path)  # default output folders (runs/...) as the docs name them
+  for first in REGISTRY[command].before:
+    _run(first, capsys)
+  out = _run(command, capsys)
+  assert REGISTRY[command].expect in out
