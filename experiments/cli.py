@@ -37,13 +37,16 @@ COMMON_FLAGS = {  # flag -> (group, type, help); defaults come from the recipe
     "batch_size": ("training", int, "global batch size"),
     "lr": ("training", float, "peak learning rate"),
     "init_epoch": ("training", int, "warm start from the baseline's checkpoint after this many epochs (baseN)"),
+    "eval_every": ("training", int, "also evaluate (compression on and off) after every N steps and after the last"),
+    "target_loss": ("training", float, "record the first evaluated step whose eval loss with compression on is <= L "
+                    "(results' target: its step, or the best loss seen)"),
     "stages": ("parallel", int, "pipeline stages"),
     "microbatches": ("parallel", int, "GPipe microbatches per batch (per data shard)"),
     "data_parallel": ("parallel", int, "data-parallel replicas (gpipe executor)"),
     "train_examples": ("data", int, "use only the first N training examples (quick runs)"),
     "eval_examples": ("data", int, "use only the first N evaluation examples"),
 }
-UNSET_MEANS = {"steps": "every epoch's", "train_examples": "all", "eval_examples": "all",
+UNSET_MEANS = {"steps": "every epoch's", "train_examples": "all", "eval_examples": "all", "eval_every": "epoch ends",
                "grad_compression": "none, the dense mean", "bottleneck": "none"}  # --help's words for None
 # settings that change what a step sends, not the shapes of what it sends (--list-presets traces a shape once)
 COMPRESSION_KEYS = ("preset", "fwd", "bwd", "warmup_epochs", "init_epoch", "grad_compression")
@@ -74,6 +77,8 @@ def parser_for(exp: config.Experiment) -> argparse.ArgumentParser:
                                   help=f"defaults that presets and flags override (default: {exp.default_recipe})")
   for flag, (group, kind, text) in COMMON_FLAGS.items():
     groups[group].add_argument("--" + flag.replace("_", "-"), type=kind, help=text + recipe_default(exp, flag))
+  groups["training"].add_argument("--stop-at-target", action="store_true",
+                                  help="end the run at the first evaluated step that reaches --target-loss")
   parallel = groups["parallel"]
   parallel.add_argument("--executor", choices=["simulate", "gpipe"],
                         help="simulate: every stage on one device; gpipe: stage s on device s"
