@@ -35,15 +35,18 @@ from jaxcomp.runtime import train
 
 PAPER = dict(fwd="none", bwd="none", epochs=4, batch_size=8, microbatches=1, stages=4, lr=5e-5, seed=0,
              weight_decay=0.0, grad_clip=1.0, model="small", pretrained=None, block_size=1024, tokenizer="gpt2")
+# Protocol NanoGPT's optimizer settings where a flag leaves them unset (train_gpt.py, its dense record)
+MUON_DEFAULTS = dict(embed_lr=0.7, head_lr=0.004, scalar_lr=0.015, muon_weight_decay=0.05)
+MUON_ADAMW = dict(b1=0.8, b2=0.95, eps=1e-10)  # its AdamW beside Muon
+MUON = dict(ns_coeffs=(2.0, -1.5, 0.5), ns_steps=12, beta=0.95, eps=1e-7, nesterov=True)  # its Newton-Schulz and momentum
 # Protocol NanoGPT's dense record (PluralisResearch/ProtocolNanoGPT, train_gpt.py, records/20260917_vanilla_baseline):
 # 512 x 1024 tokens a step in 64 microbatches of 8 (ReparamSSN's record: 32 of 16, `--microbatches 32`) over 8 stages
 # on 1F1B; Muon lr 0.025 (wd 0.05) for the blocks' matrices, AdamW (0.8, 0.95, eps 1e-10, wd 0.001) at 0.7 for the
 # embedding, 0.004 for the head, 0.015 for the vectors; a schedule of 3,000 steps, constant for 30%, then linearly to
 # 0; validated every 25 steps against 3.276. The benchmark streams FineWeb (GPT-2 BPE); here --train-file or
 # --data-dir and --tokenizer-dir give the text. `epochs` only bounds the run: its 3,000 steps end it.
-PROTOCOL = dict(PAPER, model="protocol-203m", optimizer="muon", lr=0.025, embed_lr=0.7, head_lr=0.004,
-                scalar_lr=0.015, weight_decay=0.001, muon_weight_decay=0.05, cooldown=0.7, lr_steps=3000, steps=3000,
-                epochs=3000, grad_clip=None, batch_size=512,
+PROTOCOL = dict(PAPER, model="protocol-203m", optimizer="muon", lr=0.025, **MUON_DEFAULTS, weight_decay=0.001,
+                cooldown=0.7, lr_steps=3000, steps=3000, epochs=3000, grad_clip=None, batch_size=512,
                 microbatches=paper.PROTOCOL_RECORDS["dense-bf16"]["microbatches"], stages=8, executor="gpipe",
                 schedule="1f1b", eval_every=25, target_loss=paper.PROTOCOL_TARGET_LOSS)
 # The same at 2-CPU-core scale: `protocol-tiny` (4 blocks of width 128, one per stage on 4 stages) on the shipped
@@ -170,12 +173,6 @@ def lr_schedule(run: config.RunConfig, lr: float, steps: int) -> optax.Schedule:
   linearly from the start; Protocol NanoGPT's stable-then-decay with 0.7)."""
   decay = round(run.options.cooldown * steps)
   return optax.linear_schedule(lr, 0.0, decay, transition_begin=steps - decay)
-
-
-# Protocol NanoGPT's optimizer settings where a flag leaves them unset (train_gpt.py, its dense record)
-MUON_DEFAULTS = dict(embed_lr=0.7, head_lr=0.004, scalar_lr=0.015, muon_weight_decay=0.05)
-MUON_ADAMW = dict(b1=0.8, b2=0.95, eps=1e-10)  # its AdamW beside Muon
-MUON = dict(ns_coeffs=(2.0, -1.5, 0.5), ns_steps=12, beta=0.95, eps=1e-7, nesterov=True)  # its Newton-Schulz and momentum
 
 
 def optimizer_for(run: config.RunConfig, steps: int) -> optax.GradientTransformation:

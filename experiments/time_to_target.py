@@ -51,14 +51,15 @@ def steps_to_target(run: dict, target: float) -> dict:
 class StepTimes:
   """Predicted step times of runs (`config.RunConfig`s) on `link`, on `schedule`'s table: each run's pipeline built
   without data (`gpt2_wikitext.abstract`), its stages timed once per stage set (the methods of a frontier share
-  theirs unless a bottleneck changes them) and its codecs per method, by the throughput benchmark's `Measured`
-  clock (`repeats` timed runs per op), netsim's timeline as the sharded executor runs the table. `meter`, when
-  given, is passed to netsim (its link model; netsim's default otherwise)."""
+  theirs unless a bottleneck changes them) and its codecs per method, by a clock of the throughput benchmark
+  (`clock`; default its `Measured` clock, `repeats` timed runs per op; its `Estimated` clock takes the times of
+  programs compiled for a target), netsim's timeline as the sharded executor runs the table. `meter`, when given, is
+  passed to netsim (its link model; netsim's default otherwise)."""
 
-  def __init__(self, link: Link, schedule: str, repeats: int = 10, meter: str | None = None):
+  def __init__(self, link: Link, schedule: str, repeats: int = 10, meter: str | None = None, clock=None):
     from benchmarks import throughput_vs_bandwidth  # here: it imports the frontier's method table
     self.clocked, self.link, self.schedule = throughput_vs_bandwidth, link, schedule
-    self.clock = throughput_vs_bandwidth.Measured(repeats)
+    self.clock = clock or throughput_vs_bandwidth.Measured(repeats)
     self.meters = {} if meter is None else {"meter": meter}
     self.stage_costs = {}  # stage set -> the benchmark's CostSource
 

@@ -35,9 +35,6 @@ import jax.numpy as jnp
 from jaxcomp.models.gpt2 import block_splits
 from jaxcomp.pipeline import FlaxStage
 
-GROUPS = ("matrix", "embedding", "head", "vector")  # `param_groups`' labels
-
-
 @dataclasses.dataclass(frozen=True)
 class ProtocolConfig:
   vocab_size: int = 50304
@@ -149,7 +146,7 @@ def protocol_stages(cfg: ProtocolConfig, num_stages: int = 8) -> tuple[FlaxStage
 
 
 def param_group(path: tuple, leaf) -> str:
-  """One parameter's group (`GROUPS`) by its path in a stage's (or the pipeline's) params: "matrix" for a block's
+  """One parameter's group by its path in a stage's (or the pipeline's) params: "matrix" for a block's
   2-D weight (stacked [n_blocks, in, out]), "embedding", "head" (the head's weight), "vector" otherwise (biases,
   gains, the head's bias)."""
   keys = [getattr(k, "key", None) for k in path]
