@@ -5,6 +5,7 @@ recipe < preset < flags, printed before training) that `runner.run` trains or `c
 accelerator. Library code says what is so (a report, an error); this module says which flags would change it.
 """
 import argparse
+import dataclasses
 import json
 import pathlib
 import sys
@@ -47,21 +48,27 @@ COMMON_FLAGS = {  # flag -> (group, type, help); defaults come from the recipe
     "eval_examples": ("data", int, "use only the first N evaluation examples"),
 }
 UNSET_MEANS = {"steps": "every epoch's", "train_examples": "all", "eval_examples": "all", "eval_every": "epoch ends",
+               "target_loss": "none", "lr_steps": "every epoch's steps",
                "grad_compression": "none, the dense mean", "bottleneck": "none"}  # --help's words for None
 # settings that change what a step sends, not the shapes of what it sends (--list-presets traces a shape once)
 COMPRESSION_KEYS = ("preset", "fwd", "bwd", "warmup_epochs", "init_epoch", "grad_compression")
 
 
 def recipe_default(exp: config.Experiment, key: str) -> str:
-  """' (default: V)' from the recipes (' (default: V; W with --recipe R)' where they differ), '' if none sets it."""
-  values = {name: recipe.get(key) for name, recipe in exp.recipes.items()}
-  default = values[exp.default_recipe]
-  if all(v is None for v in values.values()):
-    default = config.RUN_DEFAULTS.get(key)
-    default = UNSET_MEANS.get(key) if default is None else default
-    return "" if default is None else f" (default: {default})"
-  others = "".join(f"; {v} with --recipe {name}" for name, v in values.items() if v != default)
-  return f" (default: {default}{others})"
+  """' (default: V)' from the recipes (' (default: V; W with --recipe R)' where they differ), '' if none sets it;
+  where the default recipe does not set it, V is RUN_DEFAULTS', the experiment's own (`exp.options`) or UNSET_MEANS'
+  words ('(W with --recipe R)' without any)."""
+  values = {name: recipe[key] for name, recipe in exp.recipes.items() if key in recipe}
+  default = values.get(exp.default_recipe)
+  if default is None:
+    own = {f.name: f.default for f in dataclasses.fields(exp.options) if f.default is not dataclasses.MISSING}
+    default = next((v for v in (config.RUN_DEFAULTS.get(key), own.get(key), UNSET_MEANS.get(key)) if v is not None),
+                   None)
+  others = [f"{v} with --recipe {name}" for name, v in values.items() if v != default and (v is not None or
+                                                                                           default is not None)]
+  if default is None:
+    return f" ({'; '.join(others)})" if others else ""
+  return f" (default: {'; '.join([str(default), *others])})"
 
 
 def parser_for(exp: config.Experiment) -> argparse.ArgumentParser:

@@ -299,7 +299,7 @@ FLAGS = {
                   "the blocks' matrices at --lr, AdamW on the rest", dict(choices=["adamw", "muon"])),
     "cooldown": ("training", "share of the lr schedule, at its end, over which lr falls linearly to 0 (1: from the "
                  "start)", dict(type=float)),
-    "lr_steps": ("training", "the lr schedule's length in steps (unset: every epoch's steps)", dict(type=int)),
+    "lr_steps": ("training", "the lr schedule's length in steps", dict(type=int)),
     "embed_lr": ("training", "--optimizer muon: AdamW's lr for the embedding (unset: Protocol NanoGPT's 0.7)",
                  dict(type=float)),
     "head_lr": ("training", "--optimizer muon: AdamW's lr for the head (unset: 0.004)", dict(type=float)),

@@ -106,8 +106,13 @@ def test_help_groups_the_flags_and_shows_each_recipes_default(capsys):
   assert titles == ["options", "compression", "model and training", "parallelism and multi-host", "data",
                     "output and resume"]
   text = re.sub(r"\s+", " ", out)
-  assert "--epochs EPOCHS training epochs (default: 2; 4 with --recipe paper)" in text
-  assert "--block-size BLOCK_SIZE tokens per example (default: 128; 1024 with --recipe paper)" in text
+  assert "--epochs EPOCHS training epochs (default: 2; 4 with --recipe paper; 3000 with --recipe protocol; 1 with" in text
+  assert "--block-size BLOCK_SIZE tokens per example (default: 128; 1024 with --recipe paper; 1024 with --recipe " \
+         "protocol)" in text
+  # unset by the default recipe: RUN_DEFAULTS', the experiment's own default, or the CLI's words for it
+  assert "after the last (default: epoch ends; 25 with --recipe protocol; 25 with --recipe" in text
+  assert "falls linearly to 0 (1: from the start) (default: 1.0; 0.7 with --recipe protocol; 0.7 with" in text
+  assert "(default: simulate; gpipe with --recipe protocol)" in text
   assert "--warmup-epochs WARMUP_EPOCHS epochs sent uncompressed first (AQ-SGD fills its buffers) (default: 0)" in text
 
 
