@@ -19,7 +19,7 @@ from jaxcomp.parallel import schedules
 from jaxcomp.runtime import checkpoint, train
 
 AT_LEAST = {**{k: 1 for k in ("epochs", "steps", "batch_size", "microbatches", "stages", "train_examples",
-                                "eval_examples", "data_parallel", "width", "init_epoch")},
+                                "eval_examples", "data_parallel", "width", "init_epoch", "eval_every", "lr_steps")},
             "block_size": 2, "warmup_epochs": 0}
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
@@ -31,6 +31,11 @@ def check_choices(choices: dict, preset: str | None):
       raise ValueError(f"--{key.replace('_', '-')} must be at least {least}, got {choices[key]}")
   if not (math.isfinite(choices["lr"]) and choices["lr"] > 0):
     raise ValueError(f"--lr must be a finite positive number, got {choices['lr']}")
+  target = choices.get("target_loss")
+  if target is not None and not math.isfinite(target):
+    raise ValueError(f"--target-loss must be a finite number, got {target}")
+  if choices.get("stop_at_target") and target is None:
+    raise ValueError("--stop-at-target ends the run at --target-loss: give --target-loss L")
   if not 0 <= choices["seed"] < 2**63:
     raise ValueError(f"--seed must be an integer in 0..2^63-1, got {choices['seed']}")
   name = choices.get("run_name")

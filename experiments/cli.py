@@ -5,6 +5,7 @@ recipe < preset < flags, printed before training) that `runner.run` trains or `c
 accelerator. Library code says what is so (a report, an error); this module says which flags would change it.
 """
 import argparse
+import dataclasses
 import json
 import pathlib
 import sys
@@ -37,28 +38,37 @@ COMMON_FLAGS = {  # flag -> (group, type, help); defaults come from the recipe
     "batch_size": ("training", int, "global batch size"),
     "lr": ("training", float, "peak learning rate"),
     "init_epoch": ("training", int, "warm start from the baseline's checkpoint after this many epochs (baseN)"),
+    "eval_every": ("training", int, "also evaluate (compression on and off) after every N steps and after the last"),
+    "target_loss": ("training", float, "record the first evaluated step whose eval loss with compression on is <= L "
+                    "(results' target: its step, or the best loss seen)"),
     "stages": ("parallel", int, "pipeline stages"),
     "microbatches": ("parallel", int, "GPipe microbatches per batch (per data shard)"),
     "data_parallel": ("parallel", int, "data-parallel replicas (gpipe executor)"),
     "train_examples": ("data", int, "use only the first N training examples (quick runs)"),
     "eval_examples": ("data", int, "use only the first N evaluation examples"),
 }
-UNSET_MEANS = {"steps": "every epoch's", "train_examples": "all", "eval_examples": "all",
+UNSET_MEANS = {"steps": "every epoch's", "train_examples": "all", "eval_examples": "all", "eval_every": "epoch ends",
+               "target_loss": "none", "lr_steps": "every epoch's steps",
                "grad_compression": "none, the dense mean", "bottleneck": "none"}  # --help's words for None
 # settings that change what a step sends, not the shapes of what it sends (--list-presets traces a shape once)
 COMPRESSION_KEYS = ("preset", "fwd", "bwd", "warmup_epochs", "init_epoch", "grad_compression")
 
 
 def recipe_default(exp: config.Experiment, key: str) -> str:
-  """' (default: V)' from the recipes (' (default: V; W with --recipe R)' where they differ), '' if none sets it."""
-  values = {name: recipe.get(key) for name, recipe in exp.recipes.items()}
-  default = values[exp.default_recipe]
-  if all(v is None for v in values.values()):
-    default = config.RUN_DEFAULTS.get(key)
-    default = UNSET_MEANS.get(key) if default is None else default
-    return "" if default is None else f" (default: {default})"
-  others = "".join(f"; {v} with --recipe {name}" for name, v in values.items() if v != default)
-  return f" (default: {default}{others})"
+  """' (default: V)' from the recipes (' (default: V; W with --recipe R)' where they differ), '' if none sets it;
+  where the default recipe does not set it, V is RUN_DEFAULTS', the experiment's own (`exp.options`) or UNSET_MEANS'
+  words ('(W with --recipe R)' without any)."""
+  values = {name: recipe[key] for name, recipe in exp.recipes.items() if key in recipe}
+  default = values.get(exp.default_recipe)
+  if default is None:
+    own = {f.name: f.default for f in dataclasses.fields(exp.options) if f.default is not dataclasses.MISSING}
+    default = next((v for v in (config.RUN_DEFAULTS.get(key), own.get(key), UNSET_MEANS.get(key)) if v is not None),
+                   None)
+  others = [f"{v} with --recipe {name}" for name, v in values.items() if v != default and (v is not None or
+                                                                                           default is not None)]
+  if default is None:
+    return f" ({'; '.join(others)})" if others else ""
+  return f" (default: {'; '.join([str(default), *others])})"
 
 
 def parser_for(exp: config.Experiment) -> argparse.ArgumentParser:
@@ -74,6 +84,8 @@ def parser_for(exp: config.Experiment) -> argparse.ArgumentParser:
                                   help=f"defaults that presets and flags override (default: {exp.default_recipe})")
   for flag, (group, kind, text) in COMMON_FLAGS.items():
     groups[group].add_argument("--" + flag.replace("_", "-"), type=kind, help=text + recipe_default(exp, flag))
+  groups["training"].add_argument("--stop-at-target", action="store_true",
+                                  help="end the run at the first evaluated step that reaches --target-loss")
   parallel = groups["parallel"]
   parallel.add_argument("--executor", choices=["simulate", "gpipe"],
                         help="simulate: every stage on one device; gpipe: stage s on device s"

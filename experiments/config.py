@@ -61,6 +61,9 @@ class TrainingConfig:
   lr: float
   init_epoch: int | None = None  # warm start from the baseline's checkpoint of this epoch ...
   init_from: str | None = None  # ... in this run folder
+  eval_every: int | None = None  # also evaluate every this many steps and after the last (`train.RunConfig`)
+  target_loss: float | None = None  # record the first evaluated step whose eval loss (compression on) is <= this
+  stop_at_target: bool = False  # and end the run there
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -100,7 +103,7 @@ RUN_DEFAULTS = {name: field.default for name in ("executor", "schedule", "data_p
 # and every schedule give the same numbers bitwise; the stage devices may change with the schedule as long as
 # the model keeps its stages, --stages x V: `check_resumed_config`)
 RESUMABLE = ("epochs", "steps", "resume", "no_progress", "out", "coordinator", "num_processes", "process_id",
-             "compile_for", "train_only", "overlap", "schedule", "stages")
+             "compile_for", "train_only", "overlap", "schedule", "stages", "target_loss", "stop_at_target")
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:

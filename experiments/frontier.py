@@ -14,8 +14,19 @@ the table gives each method's mean +- sample std over its seeds; the Pareto set 
 dominance verdict compare means, the plot shows the std as error bars. A run is done when
 its results file records the full budget; a rerun skips done runs and resumes an interrupted
 one from its checkpoint. Writes <out>/frontier.md (table) and <out>/frontier.png (Pareto plot).
+
+Time to target (`--target-loss L`): every run also evaluates every `--eval-every` steps (default 16) and records
+the first evaluated step whose eval loss with compression on is <= L (`--stop-at-target` ends it there); each
+method's step time is predicted on `--link` (e.g. 200mbit:50ms, Protocol NanoGPT's) from its stage and codec
+times measured here and `--schedule`'s table (`experiments.time_to_target`), and T = steps x step time, against
+fp32's and bf16's (both always run). Writes <out>/time_to_target.md and <out>/time_to_target.png (T against bytes
+per token). `--recipe protocol-cpu` runs the methods on Protocol NanoGPT's model at CPU scale:
+
+    python -m experiments.frontier --target-loss 2.0 --link 200mbit:50ms --seeds 3 --recipe protocol-cpu \
+        --steps 400 --batch-size 16 --train-examples 6400 --eval-examples 256 --eval-every 25 --out runs/ttt
 """
 import argparse
+import inspect
 import json
 import math
 import pathlib
@@ -24,7 +35,10 @@ import sys
 import numpy as np
 
 from experiments import config, gpt2_wikitext, plots, runner
+from jaxcomp.analysis import netsim
+from jaxcomp.analysis.link import Link
 from jaxcomp.data import batching
+from jaxcomp.runtime import train
 
 BWD4 = "maxabs:4:stoch"
 METHODS = {  # name -> (forward spec, backward spec, warm-up epochs[, bottleneck]); the reference and new codecs first
@@ -73,11 +87,13 @@ def run_config(name: str, args, seed: int = 0, resume: bool = False) -> config.R
   """The gpt2_wikitext run of one method and seed (its own run name, budget and folder)."""
   fwd, bwd, warmup, *learned = METHODS[name]
   spe = batching.num_batches(args.train_examples, args.batch_size)
-  return config.resolve(gpt2_wikitext.EXPERIMENT, fwd=fwd, bwd=bwd, warmup_epochs=warmup, steps=args.steps,
-                        epochs=math.ceil(args.steps / spe), batch_size=args.batch_size, seed=seed,
+  return config.resolve(gpt2_wikitext.EXPERIMENT, args.recipe, fwd=fwd, bwd=bwd, warmup_epochs=warmup,
+                        steps=args.steps, epochs=math.ceil(args.steps / spe), batch_size=args.batch_size, seed=seed,
                         train_examples=args.train_examples, eval_examples=args.eval_examples,
                         out=str(args.out), run_name=run_name(name, seed), resume=resume, no_progress=True,
-                        bottleneck=learned[0] if learned else None, outliers=args.outliers)
+                        bottleneck=learned[0] if learned else None, outliers=args.outliers,
+                        lr_steps=args.steps if args.recipe else None, eval_every=args.eval_every,
+                        target_loss=args.target_loss, stop_at_target=args.stop_at_target)
 
 
 def method_list() -> str:
@@ -88,17 +104,26 @@ def method_list() -> str:
   return "\n".join(lines)
 
 
-def finished(out: pathlib.Path, name: str, steps: int, outliers: str | None = None) -> dict | None:
-  """The method's results if they cover the whole budget, else None; ValueError if they are of a model with
-  other `--outliers`."""
+def finished(out: pathlib.Path, name: str, steps: int, outliers: str | None = None, target: float | None = None,
+             **settings) -> dict | None:
+  """The method's results if they cover the whole budget, or evaluate at or below `target`, else None; ValueError
+  if they are of a model with other `--outliers`, or other `settings` (`recipe`, `eval_every`: None for the
+  defaults)."""
   path = out / "results" / f"{name}.json"
   if not path.is_file():
     return None
   run = json.loads(path.read_text())
-  if run["config"].get("outliers") != outliers:
-    raise ValueError(f"{path} is a run with --outliers {run['config'].get('outliers')}, this frontier has "
-                     f"--outliers {outliers}: give each model its own --out")
-  return run if run["history"] and run["history"][-1]["step"] >= steps else None
+  expected = {"outliers": outliers, **settings}
+  if "recipe" in expected:
+    expected["recipe"] = expected["recipe"] or gpt2_wikitext.EXPERIMENT.default_recipe
+  for key, value in expected.items():
+    if run["config"].get(key) != value:
+      raise ValueError(f"{path} is a run with --{key.replace('_', '-')} {run['config'].get(key)}, this frontier has "
+                       f"--{key.replace('_', '-')} {value}: give each its own --out")
+  if not run["history"]:
+    return None
+  reached = target is not None and train.target_summary(run["history"], target)["step"] is not None
+  return run if reached or run["history"][-1]["step"] >= steps else None
 
 
 def summarize(run: dict, method: str | None = None) -> dict:
@@ -206,6 +231,14 @@ def plot(rows: list[dict], path: pathlib.Path, title: str) -> pathlib.Path:
   return path
 
 
+def link_arg(text: str) -> Link:
+  """--link's value (`Link.parse`), its error as argparse's."""
+  try:
+    return Link.parse(text)
+  except ValueError as err:
+    raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m experiments.frontier", description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=192, help="training steps per method (the budget)")
@@ -220,10 +253,34 @@ def main(argv=None):
                            "(experiments.gpt2_wikitext --outliers), e.g. 4:64:1024")
   parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs/frontier"))
   parser.add_argument("--list-methods", action="store_true", help="print every method's specs and exit")
+  parser.add_argument("--recipe", choices=list(gpt2_wikitext.RECIPES),
+                      help="experiments.gpt2_wikitext's recipe the runs start from (default: tiny; its lr schedule "
+                           "then spans --steps), e.g. protocol-cpu")
+  timed = parser.add_argument_group("time to target (--target-loss)")
+  timed.add_argument("--target-loss", type=float, metavar="L",
+                     help="time to target: each method's first evaluated step with eval loss (compression on) <= L, "
+                          "its step time predicted on --link, T = steps x step time")
+  timed.add_argument("--eval-every", type=int, help="evaluate every N steps (default with --target-loss: 16; "
+                                                    "without: at epoch ends)")
+  timed.add_argument("--stop-at-target", action="store_true", help="end each run at its target")
+  timed.add_argument("--link", type=link_arg, default=Link.parse("200mbit:50ms"),
+                     help="bandwidth and one-way latency per message of every stage boundary (default: Protocol "
+                          "NanoGPT's 200mbit:50ms)")
+  timed.add_argument("--meter", help="netsim's link model, passed to it as meter= (default: netsim's own)")
+  timed.add_argument("--schedule", default="1f1b",
+                     help="the pipeline schedule whose table netsim times (default: 1f1b, Protocol NanoGPT's)")
+  timed.add_argument("--repeats", type=int, default=10, help="timed runs per stage and codec op")
   args = parser.parse_args(argv)
   if args.list_methods:
     print(method_list())
     return []
+  if args.target_loss is None and (args.stop_at_target or args.eval_every):
+    parser.error("--stop-at-target and --eval-every belong to the time-to-target mode: add --target-loss L")
+  if args.target_loss is not None:
+    args.eval_every = args.eval_every or 16
+    if args.meter is not None and "meter" not in inspect.signature(netsim.simulate_step).parameters:
+      parser.error(f"--meter {args.meter}: this netsim has no link meter to choose (it models each boundary as one "
+                   "link per direction); leave --meter out")
   names = args.methods.split(",") if args.methods else list(METHODS)
   unknown = [n for n in names if n not in METHODS]
   if unknown:
@@ -231,19 +288,24 @@ def main(argv=None):
   if args.steps < 1 or args.train_examples < args.batch_size or args.seeds < 1:
     parser.error(f"need --steps >= 1, --train-examples >= --batch-size and --seeds >= 1, got {args.steps}, "
                  f"{args.train_examples}, {args.seeds}")
+  if args.target_loss is not None:  # T is relative to fp32's and bf16's
+    names = list(dict.fromkeys(["fp32", "bf16", *names]))
   exp = gpt2_wikitext.EXPERIMENT
+  settings = dict(target=args.target_loss, recipe=args.recipe, eval_every=args.eval_every)
   runs, per_run = [], []
   for name in names:
     for seed in range(args.seed, args.seed + args.seeds):
       run = run_name(name, seed)
-      done = finished(args.out, run, args.steps, args.outliers)
+      done = finished(args.out, run, args.steps, args.outliers, **settings)
       if done is None:  # resumed when interrupted: continue from its last checkpoint
         runner.run(exp, run_config(name, args, seed, resume=(args.out / run / "ckpt").is_dir()))
-        done = finished(args.out, run, args.steps, args.outliers)
+        done = finished(args.out, run, args.steps, args.outliers, **settings)
       else:
         print(f"[frontier] {run}: done, skipped")
       runs.append(done)
       per_run.append(summarize(done, name))
+  if args.target_loss is not None:
+    return time_to_target(args, names, runs, per_run)
   rows = over_seeds(per_run)
   text = table(rows)
   winners = dominating(rows)
@@ -259,6 +321,33 @@ def main(argv=None):
   print(text)
   print(verdict)
   print(f"wrote {args.out / 'frontier.md'} and {png}")
+  return rows
+
+
+def time_to_target(args, names: list[str], runs: list[dict], per_run: list[dict]) -> list[dict]:
+  """The time-to-target table and plot of the methods' finished runs (`experiments.time_to_target`)."""
+  from experiments import time_to_target as ttt  # here: it imports the throughput benchmark, which imports this module
+  step_times = ttt.StepTimes(args.link, args.schedule, args.repeats, args.meter)
+  summaries = {r["method"]: r for r in over_seeds(per_run)}
+  rows = []
+  for name in names:
+    step = step_times(run_config(name, args))
+    print(f"[frontier] {name}: predicted step {step.seconds:.4g} s on {args.link} ({args.schedule})")
+    rows.append(ttt.row(name, [r for r, p in zip(runs, per_run) if p["method"] == name], summaries[name], step,
+                        args.target_loss))
+  rows = ttt.relative(rows)
+  first = runs[0]["config"]
+  seeds = f"seed {args.seed}" if args.seeds == 1 else f"seeds {args.seed}..{args.seed + args.seeds - 1}"
+  title = (f"time to eval loss {args.target_loss:g} (compression on): {first['model']} ({first['recipe']} recipe), "
+           f"{first['stages']} stages x {first['microbatches']} microbatches, {args.steps} steps at most x "
+           f"{args.batch_size} x {first['block_size']} tokens, evaluated every {args.eval_every}, {seeds}; step "
+           f"times {step.source}, netsim {args.schedule} on {args.link}" + (f" (meter {args.meter})" if args.meter
+                                                                            else ""))
+  text = ttt.table(rows, args.target_loss, args.link)
+  (args.out / "time_to_target.md").write_text(f"{title}\n\n{text}\n")
+  png = ttt.plot(rows, args.out / "time_to_target.png", title)
+  print(text)
+  print(f"wrote {args.out / 'time_to_target.md'} and {png}")
   return rows
 
 

@@ -7,13 +7,17 @@
 Recipes (`--recipe`; explicit flags override them): `paper` is the HF Trainer's (4 epochs,
 batch 8, AdamW lr 5e-5 linearly decayed to 0, weight decay 0, gradient clipping at norm 1.0,
 blocks of 1024 GPT-2 BPE tokens, GPT-2 small cut after blocks 2, 5, 8); `tiny` (the default)
-trains a tiny GPT-2 from scratch on byte tokens, blocks of 128, lr 1e-3, 2 epochs. Text:
+trains a tiny GPT-2 from scratch on byte tokens, blocks of 128, lr 1e-3, 2 epochs. `protocol` is Protocol
+NanoGPT's benchmark (its dense record's recipe: `--model protocol-203m`, Muon + AdamW, 512 x 1024 tokens a step,
+1F1B over 8 stages of 64 microbatches, 3,000 steps, eval every 25 steps, target eval loss 3.276);
+`protocol-cpu` the same architecture and optimizer at 2-CPU-core scale (`protocol-tiny`, byte tokens). Text:
 `--train-file/--valid-file` (any names, raw or tokenized WikiText), `--data-dir` (wiki.train
 and wiki.valid .raw or .tokens), else the WikiText-2 validation text shipped with jaxcomp,
 split by article 90/10 and labelled as such in every output.
 """
 import dataclasses
 import json
+import math
 import pathlib
 
 import jax
@@ -25,14 +29,34 @@ from jaxcomp import losses
 from jaxcomp.compress import bottleneck
 from jaxcomp.compress.spec import parse_boundary
 from jaxcomp.data import batching, text
-from jaxcomp.models import gpt2, gpt2_weights
+from jaxcomp.models import gpt2, gpt2_weights, protocol_gpt
 from jaxcomp.pipeline import Pipeline
 from jaxcomp.runtime import train
 
 PAPER = dict(fwd="none", bwd="none", epochs=4, batch_size=8, microbatches=1, stages=4, lr=5e-5, seed=0,
              weight_decay=0.0, grad_clip=1.0, model="small", pretrained=None, block_size=1024, tokenizer="gpt2")
+# Protocol NanoGPT's optimizer settings where a flag leaves them unset (train_gpt.py, its dense record)
+MUON_DEFAULTS = dict(embed_lr=0.7, head_lr=0.004, scalar_lr=0.015, muon_weight_decay=0.05)
+MUON_ADAMW = dict(b1=0.8, b2=0.95, eps=1e-10)  # its AdamW beside Muon
+MUON = dict(ns_coeffs=(2.0, -1.5, 0.5), ns_steps=12, beta=0.95, eps=1e-7, nesterov=True)  # its Newton-Schulz and momentum
+# Protocol NanoGPT's dense record (PluralisResearch/ProtocolNanoGPT, train_gpt.py, records/20260917_vanilla_baseline):
+# 512 x 1024 tokens a step in 64 microbatches of 8 (ReparamSSN's record: 32 of 16, `--microbatches 32`) over 8 stages
+# on 1F1B; Muon lr 0.025 (wd 0.05) for the blocks' matrices, AdamW (0.8, 0.95, eps 1e-10, wd 0.001) at 0.7 for the
+# embedding, 0.004 for the head, 0.015 for the vectors; a schedule of 3,000 steps, constant for 30%, then linearly to
+# 0; validated every 25 steps against 3.276. The benchmark streams FineWeb (GPT-2 BPE); here --train-file or
+# --data-dir and --tokenizer-dir give the text. `epochs` only bounds the run: its 3,000 steps end it.
+PROTOCOL = dict(PAPER, model="protocol-203m", optimizer="muon", lr=0.025, **MUON_DEFAULTS, weight_decay=0.001,
+                cooldown=0.7, lr_steps=3000, steps=3000, epochs=3000, grad_clip=None, batch_size=512,
+                microbatches=paper.PROTOCOL_RECORDS["dense-bf16"]["microbatches"], stages=8, executor="gpipe",
+                schedule="1f1b", eval_every=25, target_loss=paper.PROTOCOL_TARGET_LOSS)
+# The same at 2-CPU-core scale: `protocol-tiny` (4 blocks of width 128, one per stage on 4 stages) on the shipped
+# text's byte tokens, blocks of 128, 16 a step in 4 microbatches, the benchmark's optimizer settings over 200 steps,
+# evaluated every 25 on 256 blocks (docs/frontier.md: the loss it reaches, and how fast)
+PROTOCOL_CPU = dict({k: v for k, v in PROTOCOL.items() if k != "target_loss"}, model="protocol-tiny",
+                    tokenizer="bytes", block_size=128, batch_size=16, microbatches=4, stages=4, executor="simulate",
+                    schedule="gpipe", lr_steps=200, steps=200, epochs=1, eval_examples=256)
 RECIPES = {"paper": PAPER, "tiny": {**PAPER, "model": "tiny", "block_size": 128, "lr": 1e-3, "epochs": 2,
-                                    "tokenizer": "bytes"}}
+                                    "tokenizer": "bytes"}, "protocol": PROTOCOL, "protocol-cpu": PROTOCOL_CPU}
 
 
 def _presets():
@@ -62,6 +86,13 @@ class Options:
   tokenizer: str
   dropout: float | None = None  # None: the model's
   outliers: str | None = None  # N:SCALE[:MASSIVE]: outlier channels across the boundaries (`outliers`)
+  optimizer: str = "adamw"  # adamw: AdamW for every parameter; muon: Muon for the blocks' matrices (`optimizer_for`)
+  cooldown: float = 1.0  # the share of the lr schedule's steps, at its end, over which lr falls linearly to 0
+  lr_steps: int | None = None  # the lr schedule's length in steps (None: every epoch's steps)
+  embed_lr: float | None = None  # --optimizer muon: AdamW's lr for the embedding (None: Protocol NanoGPT's) ...
+  head_lr: float | None = None  # ... for the head ...
+  scalar_lr: float | None = None  # ... and for the vectors (biases, gains)
+  muon_weight_decay: float | None = None  # --optimizer muon: Muon's decoupled weight decay (None: Protocol NanoGPT's)
   tokenizer_dir: str | None = None
   train_file: str | None = None
   valid_file: str | None = None
@@ -101,8 +132,21 @@ WIKITEXT2_TRAIN_TOKENS = 2_400_000
 HUB_SIZES = {"gpt2": "small", "gpt2-medium": "medium", "gpt2-large": "large", "gpt2-xl": "xl"}
 
 
-def model_config(own: Options, vocab_size: int, size: str | None = None) -> gpt2.GPT2Config:
-  """--model's GPT-2 (or `size`'s; random initialisation) with the tokenizer's vocabulary."""
+PROTOCOL_MODELS = {"protocol-203m": protocol_gpt.ProtocolConfig.b203m, "protocol-tiny": protocol_gpt.ProtocolConfig.tiny}
+
+
+def model_config(own: Options, vocab_size: int, size: str | None = None):
+  """--model's GPT-2 (or `size`'s; random initialisation) with the tokenizer's vocabulary, or its Protocol NanoGPT
+  model (`protocol_gpt.ProtocolConfig`: protocol-203m keeps the benchmark's 50,304 tokens, which must hold the
+  tokenizer's; protocol-tiny takes the tokenizer's)."""
+  if own.model in PROTOCOL_MODELS:
+    base = PROTOCOL_MODELS[own.model]()
+    if own.model == "protocol-tiny":
+      return dataclasses.replace(base, vocab_size=vocab_size)
+    if vocab_size > base.vocab_size:
+      raise ValueError(f"--model {own.model} has the benchmark's {base.vocab_size:,}-token vocabulary; the tokenizer "
+                       f"has {vocab_size:,}: use --tokenizer gpt2 or --model protocol-tiny")
+    return base
   base = getattr(gpt2.GPT2Config, size or own.model)()
   return gpt2.GPT2Config(**{**base.__dict__, "vocab_size": vocab_size,
                             "n_positions": max(base.n_positions, own.block_size)})
@@ -124,9 +168,45 @@ def outliers(text: str, width: int) -> dict:
   return fields
 
 
-def assemble(run: config.RunConfig, cfg: gpt2.GPT2Config, num_train: int):
+def lr_schedule(run: config.RunConfig, lr: float, steps: int) -> optax.Schedule:
+  """`lr` for the first 1 - --cooldown of the schedule's `steps`, then linearly to 0 at `steps` (--cooldown 1:
+  linearly from the start; Protocol NanoGPT's stable-then-decay with 0.7)."""
+  decay = round(run.options.cooldown * steps)
+  return optax.linear_schedule(lr, 0.0, decay, transition_begin=steps - decay)
+
+
+def optimizer_for(run: config.RunConfig, steps: int) -> optax.GradientTransformation:
+  """The run's optimizer for an lr schedule of `steps` (`lr_schedule`). --optimizer adamw: AdamW at --lr
+  (--weight-decay) on every parameter. --optimizer muon (protocol models): `optax.contrib.muon` at --lr on the blocks'
+  matrices (each [in, out] of the stacked [blocks, in, out] its own matrix), AdamW on the embedding, the head and
+  the vectors at --embed-lr, --head-lr and --scalar-lr (`protocol_gpt.param_groups`), each on the same schedule."""
+  own, lr = run.options, run.training.lr
+  if own.optimizer == "adamw":
+    return optax.adamw(lr_schedule(run, lr, steps), weight_decay=own.weight_decay)
+  if own.model not in PROTOCOL_MODELS:
+    raise ValueError(f"--optimizer muon splits a Protocol NanoGPT model's parameters (blocks' matrices, embedding, "
+                     f"head, vectors); --model {own.model} is GPT-2: use --model protocol-tiny or protocol-203m")
+  hyper = {k: MUON_DEFAULTS[k] if getattr(own, k) is None else getattr(own, k) for k in MUON_DEFAULTS}
+  for k, v in hyper.items():
+    if not (math.isfinite(v) and v >= 0):
+      raise ValueError(f"--{k.replace('_', '-')} must be a finite number >= 0, got {v}")
+  adamw = lambda group_lr: optax.adamw(lr_schedule(run, group_lr, steps), weight_decay=own.weight_decay, **MUON_ADAMW)
+  matrices = optax.contrib.muon(lr_schedule(run, lr, steps), weight_decay=hyper["muon_weight_decay"],
+                                muon_weight_dimension_numbers=optax.contrib.MuonDimensionNumbers(1, 2), **MUON)
+  return optax.partition({"matrix": matrices, "embedding": adamw(hyper["embed_lr"]), "head": adamw(hyper["head_lr"]),
+                          "vector": adamw(hyper["scalar_lr"])}, protocol_gpt.param_groups)
+
+
+def assemble(run: config.RunConfig, cfg, num_train: int):
   """(Pipeline, optimizer) of the run for `num_train` training blocks (AQ-SGD tables, lr schedule)."""
   own, learned_spec = run.options, run.compression.bottleneck
+  protocol = isinstance(cfg, protocol_gpt.ProtocolConfig)
+  if protocol and (own.outliers or own.dropout is not None):
+    raise ValueError(f"--outliers and --dropout change GPT-2 models; --model {own.model} has neither")
+  if own.optimizer not in ("adamw", "muon"):
+    raise ValueError(f"--optimizer {own.optimizer!r}: choose adamw or muon")
+  if not 0.0 < own.cooldown <= 1.0:
+    raise ValueError(f"--cooldown must be in (0, 1] (the share of the schedule that decays), got {own.cooldown}")
   if own.outliers:
     try:
       cfg = dataclasses.replace(cfg, **outliers(own.outliers, cfg.n_embd))
@@ -142,10 +222,10 @@ def assemble(run: config.RunConfig, cfg: gpt2.GPT2Config, num_train: int):
         if s > run.executor.stages else ""
     raise ValueError(f"--stages {run.executor.stages}{chunks}: this GPT-2 has {cfg.n_layer} blocks, so it splits "
                      f"into 1..{cfg.n_layer} stages; pass one of those (or a larger --model)")
-  steps = batching.num_batches(num_train, bs, shards) * run.training.epochs
-  optimizer = optax.adamw(optax.linear_schedule(run.training.lr, 0.0, steps), weight_decay=own.weight_decay)
+  optimizer = optimizer_for(run, own.lr_steps or batching.num_batches(num_train, bs, shards) * run.training.epochs)
   boundary = parse_boundary(run.compression.fwd, run.compression.bwd, num_examples=num_train)
-  stages, tied = gpt2.gpt2_stages(cfg, s), gpt2.gpt2_tied(s)
+  stages, tied = (protocol_gpt.protocol_stages(cfg, s), ()) if protocol else (gpt2.gpt2_stages(cfg, s),
+                                                                              gpt2.gpt2_tied(s))
   if learned_spec:
     try:
       learned = bottleneck.parse(learned_spec)
@@ -164,6 +244,8 @@ def build(run: config.RunConfig):
   eval_blocks = data.validation[: run.data.eval_examples]
   checks.check_batch_size(bs, len(train_blocks), len(eval_blocks))
   data = text.TextData(data.name, train_blocks, eval_blocks, data.vocab_size)
+  if own.pretrained and own.model in PROTOCOL_MODELS:
+    raise ValueError(f"--pretrained loads GPT-2 weights; --model {own.model} trains from scratch")
   if own.pretrained:
     cfg, params = gpt2_weights.from_pretrained(own.pretrained, run.executor.model_stages)
     if run.compression.bottleneck:  # pretrained weights kept; P and Q start as in a fresh run
@@ -210,7 +292,19 @@ def abstract(run: config.RunConfig):
 FLAGS = {
     "bottleneck": ("compression", "learned rank-R projection at every boundary, proj:R or subspace:R (sends z = x P, "
                    "R wide; --fwd/--bwd compress z and its gradient)", {}),
-    "model": ("training", "GPT-2 size", dict(choices=["tiny", "small", "medium", "large", "xl"])),
+    "model": ("training", "GPT-2 size, or Protocol NanoGPT's model (protocol-203m) or its 2-CPU-core scale "
+              "(protocol-tiny; jaxcomp.models.protocol_gpt)",
+              dict(choices=["tiny", "small", "medium", "large", "xl", *PROTOCOL_MODELS])),
+    "optimizer": ("training", "adamw: AdamW on every parameter; muon (protocol models): Muon (optax.contrib.muon) on "
+                  "the blocks' matrices at --lr, AdamW on the rest", dict(choices=["adamw", "muon"])),
+    "cooldown": ("training", "share of the lr schedule, at its end, over which lr falls linearly to 0 (1: from the "
+                 "start)", dict(type=float)),
+    "lr_steps": ("training", "the lr schedule's length in steps", dict(type=int)),
+    "embed_lr": ("training", "--optimizer muon: AdamW's lr for the embedding (unset: Protocol NanoGPT's 0.7)",
+                 dict(type=float)),
+    "head_lr": ("training", "--optimizer muon: AdamW's lr for the head (unset: 0.004)", dict(type=float)),
+    "scalar_lr": ("training", "--optimizer muon: AdamW's lr for biases and gains (unset: 0.015)", dict(type=float)),
+    "muon_weight_decay": ("training", "--optimizer muon: Muon's weight decay (unset: 0.05)", dict(type=float)),
     "outliers": ("training", "N:SCALE[:MASSIVE]: what crosses the stage boundaries carries N residual channels "
                  "times SCALE and MASSIVE added at the first token in two of them, as pretrained transformers' "
                  "residual streams do (same model function; jaxcomp.models.gpt2), e.g. 4:64:1024", {}),

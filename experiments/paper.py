@@ -28,6 +28,16 @@ AQSGD_THROUGHPUT = {
     ("aqsgd-fw3-bw6 + QuantizedAdam", 100e6): "up to 4.9x end-to-end",
 }
 
+# Protocol NanoGPT's published records (github PluralisResearch/ProtocolNanoGPT, records/*/README.md and log.txt; n=1,
+# 8 x H100, every boundary metered at 200 Mb/s + 50 ms per message on the receiver's one inbound wire): the first
+# validated step at or below 3.276, the steady-state step time over the links, bytes per token over a boundary both
+# ways, 1F1B microbatches, and T = steps x step time
+PROTOCOL_TARGET_LOSS = 3.276
+PROTOCOL_RECORDS = {
+    "dense-bf16": dict(steps=2925, step_s=100.475, bytes_per_token=4096, microbatches=64, T=293889.4),
+    "reparamssn": dict(steps=9125, step_s=19.889, bytes_per_token=644, microbatches=32, T=181487.1),
+}
+
 RESNET_FAMILIES = (("fw", "quantization"), ("top", "TopK"), ("ef", "error feedback"), ("aqsgd", "AQ-SGD+TopK"))
 
 

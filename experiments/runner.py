@@ -55,16 +55,20 @@ def run(exp: config.Experiment, cfg: config.RunConfig):
   if cfg.output.resume:
     config.check_resumed_config(record, out / "results" / f"{name}.json")
 
+  training = cfg.training
+  target = (lambda history: {"target": train.target_summary(history, training.target_loss)}) \
+      if training.target_loss is not None else (lambda history: {})
+
   def write(history):  # after every epoch: the results files and the run's plot
-    results.write(out / "results", name, record, history)
+    results.write(out / "results", name, record, history, **target(history))
     plots.run_figure(out / "results" / f"{name}.png", name, history)
 
-  training = cfg.training
   init_from = (str(pathlib.Path(training.init_from).resolve() / "ckpt"), training.init_epoch) \
       if training.init_epoch else None
   driver = train.RunConfig(epochs=training.epochs, steps=training.steps, warmup_epochs=cfg.compression.warmup_epochs,
                            checkpoint_dir=str((run_dir / "ckpt").resolve()), resume=cfg.output.resume,
-                           init_from=init_from, progress=not cfg.output.no_progress)
+                           init_from=init_from, progress=not cfg.output.no_progress, eval_every=training.eval_every,
+                           target_loss=training.target_loss, stop_at_target=training.stop_at_target)
   with contextlib.ExitStack() as locks:  # one run per run folder and per AQ-SGD table folder
     held = locks.enter_context(run_lock(run_dir, "--run-name or --out", "--out"))
     if buffers not in ("device", "host"):
@@ -90,5 +94,10 @@ def run(exp: config.Experiment, cfg: config.RunConfig):
     last = history[-1]
     print(json.dumps({k: last[k] for k in ("epoch", "train_loss", "eval_off", "eval_on", "wire_bytes_fwd",
                                            "wire_bytes_bwd", "steps_per_s")}))
+    for summary in target(history).values():
+      print(f"target eval loss {summary['loss']:g} (compression on): "
+            + (f"reached at step {summary['step']}" if summary["step"] is not None else
+               f"not reached in {last['step']} steps; best {summary['best_loss']:.4f} at step {summary['best_step']}")
+            + f" ({summary['evaluated']} evaluated steps)")
     print(f"results: {out / 'results' / name}.json/.csv/.md, plot: {out / 'results' / name}.png")
   return state, history

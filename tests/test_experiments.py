@@ -61,8 +61,14 @@ def _check_gpt2_run(run, preset):
 @pytest.mark.parametrize("preset", ["aqsgd-fw2-bw4", *(pytest.param(p, marks=pytest.mark.slow)
                                                        for p in ("top10-reuse", "top10-separate", "direct-fw3-bw6"))])
 def test_gpt2_presets_smoke(tmp_path, preset):
-  main(gpt2_wikitext.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *GPT2_TINY])
-  _check_gpt2_run(_result(tmp_path, preset), preset)
+  main(gpt2_wikitext.EXPERIMENT, ["--preset", preset, "--out", str(tmp_path), *GPT2_TINY, "--eval-every", "1",
+                                  "--target-loss", "10"])
+  run = _result(tmp_path, preset)
+  _check_gpt2_run(run, preset)
+  assert [e["step"] for r in run["history"] for e in r["evals"]] == [1, 2]
+  assert run["target"] == {"loss": 10.0, "step": 1, "evaluated": 2,
+                           **min(({"best_loss": e["eval_on"]["loss"], "best_step": e["step"]}
+                                  for r in run["history"] for e in r["evals"]), key=lambda b: b["best_loss"])}
   assert (tmp_path / "results" / f"{preset}.png").stat().st_size > 10_000  # the run's own plot
 
 
@@ -100,8 +106,13 @@ def test_help_groups_the_flags_and_shows_each_recipes_default(capsys):
   assert titles == ["options", "compression", "model and training", "parallelism and multi-host", "data",
                     "output and resume"]
   text = re.sub(r"\s+", " ", out)
-  assert "--epochs EPOCHS training epochs (default: 2; 4 with --recipe paper)" in text
-  assert "--block-size BLOCK_SIZE tokens per example (default: 128; 1024 with --recipe paper)" in text
+  assert "--epochs EPOCHS training epochs (default: 2; 4 with --recipe paper; 3000 with --recipe protocol; 1 with" in text
+  assert "--block-size BLOCK_SIZE tokens per example (default: 128; 1024 with --recipe paper; 1024 with --recipe " \
+         "protocol)" in text
+  # unset by the default recipe: RUN_DEFAULTS', the experiment's own default, or the CLI's words for it
+  assert "after the last (default: epoch ends; 25 with --recipe protocol; 25 with --recipe" in text
+  assert "falls linearly to 0 (1: from the start) (default: 1.0; 0.7 with --recipe protocol; 0.7 with" in text
+  assert "(default: simulate; gpipe with --recipe protocol)" in text
   assert "--warmup-epochs WARMUP_EPOCHS epochs sent uncompressed first (AQ-SGD fills its buffers) (default: 0)" in text
 
 
@@ -243,6 +254,15 @@ WIDTH_64 = "does not fit this model's boundary activations float32[8, 128, 64]: 
     (["--outliers", "4x64"], "--outliers '4x64': expected N:SCALE[:MASSIVE], e.g. 4:64:1024"),
     (["--outliers", "65:64"], "--outliers '65:64': N must be in 1..64 (the model's width)"),
     (["--outliers", "1:64:100"], "--outliers '1:64:100': massive=100.0 sits in two outlier channels"),
+    (["--eval-every", "0"], "--eval-every must be at least 1, got 0"),
+    (["--target-loss", "nan"], "--target-loss must be a finite number, got nan"),
+    (["--stop-at-target"], "--stop-at-target ends the run at --target-loss: give --target-loss L"),
+    (["--optimizer", "muon"], "--optimizer muon splits a Protocol NanoGPT model's parameters"),
+    (["--model", "protocol-tiny", "--dropout", "0.1"], "--outliers and --dropout change GPT-2 models; --model "
+                                                       "protocol-tiny has neither"),
+    (["--cooldown", "0"], "--cooldown must be in (0, 1] (the share of the schedule that decays), got 0.0"),
+    (["--model", "protocol-tiny", "--optimizer", "muon", "--embed-lr", "-1"],
+     "--embed-lr must be a finite number >= 0, got -1.0"),
 ])
 def test_bad_input_is_one_error_line_before_anything_is_created(tmp_path, capsys, flags, message):
   """Each is refused before the run line is printed or a folder is made (the specs by an abstract trace)."""

@@ -5,6 +5,8 @@ import json
 import pytest
 
 from experiments import frontier
+from jaxcomp.analysis import netsim
+from jaxcomp.analysis.link import Link
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
@@ -47,7 +49,8 @@ def test_pareto_and_domination():
 
 
 def test_seeds_run_separately_and_the_table_compares_means(tmp_path):
-  args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path, outliers=None)
+  args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path, outliers=None,
+                            recipe=None, eval_every=None, target_loss=None, stop_at_target=False)
   assert frontier.run_name("fp32", 0) == "fp32" and frontier.run_name("fp32", 2) == "fp32-seed2"
   run = frontier.run_config("fp32", args, 2)
   assert run.training.seed == 2 and run.output.run_name == "fp32-seed2"
@@ -82,7 +85,7 @@ def test_list_methods_names_every_method_with_its_specs(capsys):
 
 def test_outlier_model_runs_carry_the_flag_and_keep_their_own_folder(tmp_path):
   args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path,
-                            outliers="4:64:1024")
+                            outliers="4:64:1024", recipe=None, eval_every=None, target_loss=None, stop_at_target=False)
   run = frontier.run_config("tile64-fw3-bw4", args)
   assert run.options.outliers == "4:64:1024" and run.record()["outliers"] == "4:64:1024"
   (tmp_path / "results").mkdir()
@@ -91,3 +94,95 @@ def test_outlier_model_runs_carry_the_flag_and_keep_their_own_folder(tmp_path):
   assert frontier.finished(tmp_path, "fp32", 4, "4:64:1024")["history"][-1]["step"] == 4
   with pytest.raises(ValueError, match="a run with --outliers 4:64:1024, this frontier has --outliers None"):
     frontier.finished(tmp_path, "fp32", 4)
+
+
+def _results(steps_losses, dense=(0, 0), epoch_steps=4, method="m", seed=0):
+  """A run's results: scheduled evaluations (step, eval loss with compression on) over epochs of `epoch_steps`."""
+  history = []
+  for epoch, end in enumerate(range(epoch_steps, max(s for s, _ in steps_losses) + 1, epoch_steps)):
+    evals = [{"step": s, "eval_on": {"loss": l}, "eval_off": {"loss": l}} for s, l in steps_losses
+             if end - epoch_steps < s <= end]
+    history.append({"epoch": epoch + 1, "step": end, "dense_steps": dense[epoch], "evals": evals,
+                    "eval_on": evals[-1]["eval_on"], "eval_off": evals[-1]["eval_off"]})
+  return {"run": method, "config": {"seed": seed}, "history": history}
+
+
+def test_time_to_target_counts_steps_dense_warmup_and_seeds():
+  from experiments import time_to_target as ttt
+  step = ttt.StepTime(seconds=2.0, dense_seconds=5.0, critical={"compute": 1.0, "link": 3.0, "exchange": 0.0},
+                      source="test")
+  # seed 0 reaches 2.5 at step 6, seed 1 at step 4; the first epoch (4 steps) was a dense warm-up
+  runs = [_results([(2, 3.0), (4, 2.6), (6, 2.4), (8, 2.2)], dense=(4, 0)),
+          _results([(2, 3.0), (4, 2.5), (6, 2.3), (8, 2.1)], dense=(4, 0), seed=1)]
+  assert ttt.steps_to_target(runs[0], 2.5) == {"loss": 2.5, "step": 6, "best_loss": 2.2, "best_step": 8,
+                                               "evaluated": 4, "dense_steps": 4}
+  summary = {"fwd": "f", "bwd": "b", "bottleneck": None, "bytes_steady": 10.0, "bytes": 12.0}
+  row = ttt.row("m", runs, summary, step, 2.5)
+  assert (row["steps"], row["steps_std"], row["reached"], row["cap"]) == (5.0, pytest.approx(2 ** 0.5), 2, 8)
+  # T = steps x 2 s + 4 warm-up steps x (5 - 2) s: 24 and 20
+  assert (row["T"], row["T_std"]) == (22.0, pytest.approx(8 ** 0.5))
+  missed = ttt.row("slow", [runs[0], _results([(2, 3.0), (4, 2.9), (6, 2.8), (8, 2.7)], seed=1)], summary, step, 2.5)
+  assert missed["T"] is None and missed["reached"] == 1 and missed["best_loss"] == pytest.approx(2.45)
+  fast = {**row, "method": "fp32", "T": 11.0}
+  rows = ttt.relative([row, missed, fast, {**row, "method": "bf16", "T": 44.0}])
+  assert (rows[0]["T_over_fp32"], rows[0]["T_over_bf16"], rows[1]["T_over_fp32"]) == (2.0, 0.5, None)
+  text = ttt.table(rows, 2.5, Link.parse("200mbit:50ms"))
+  assert "| m | `f` | `b` | 10.0 | 5 ± 1 | 2/2 | 2.1500 ± 0.0707 | 2 | 25 / 75 | 22 ± 2.828 | 2.000 | 0.500 |" in text
+  assert "| slow | `f` | `b` | 10.0 | 6 ± 0 | 1/2 | 2.4500 ± 0.3536 | 2 | 25 / 75 | - | - | - |" in text
+  assert text.splitlines()[-1].startswith("| slow |")  # no T: last
+
+
+def test_a_run_stopped_at_its_target_is_finished_for_that_target_only(tmp_path):
+  (tmp_path / "results").mkdir()
+  run = _results([(2, 3.0), (4, 2.5)])
+  run["config"].update(outliers=None, recipe="tiny", eval_every=2)
+  (tmp_path / "results" / "m.json").write_text(json.dumps(run))
+  assert frontier.finished(tmp_path, "m", 8, target=2.5, recipe=None, eval_every=2) == run
+  assert frontier.finished(tmp_path, "m", 8, target=2.4, recipe=None, eval_every=2) is None
+  assert frontier.finished(tmp_path, "m", 4, recipe=None, eval_every=2) == run  # the budget done
+  with pytest.raises(ValueError, match="is a run with --eval-every 2, this frontier has --eval-every 4"):
+    frontier.finished(tmp_path, "m", 8, target=2.5, recipe=None, eval_every=4)
+  with pytest.raises(ValueError, match="is a run with --recipe tiny, this frontier has --recipe protocol-cpu"):
+    frontier.finished(tmp_path, "m", 8, target=2.5, recipe="protocol-cpu", eval_every=2)
+
+
+def test_the_predicted_step_over_a_slow_link_is_its_messages_and_the_meter_passes_through(tmp_path, monkeypatch):
+  """fp32 on 4 stages, 1 microbatch: 1F1B sends 3 forward and 3 backward messages of 8 x 128 x 64 fp32 one after
+  another; at 1 Mbit/s and 10 ms each they take 6 x (8 x 262,144 / 1e6 + 0.01) s, the rest is compute."""
+  from experiments import time_to_target as ttt
+  meters = []
+  simulate_step = netsim.simulate_step
+  monkeypatch.setattr(netsim, "simulate_step", lambda *a, meter, **kw: meters.append(meter) or simulate_step(*a, **kw))
+  args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path, outliers=None,
+                            recipe=None, eval_every=None, target_loss=None, stop_at_target=False)
+  step = ttt.StepTimes(Link.parse("1mbit:10ms"), "1f1b", repeats=1, meter="inbound")(frontier.run_config("fp32", args))
+  link = 6 * (8 * 8 * 128 * 64 * 4 / 1e6 + 0.01)
+  assert step.seconds == pytest.approx(step.dense_seconds, rel=0.01) and link < step.seconds < link + 5.0
+  assert step.critical["link"] == pytest.approx(link) and meters == ["inbound", "inbound"]
+
+
+def test_the_time_to_target_flags_are_checked(capsys):
+  with pytest.raises(SystemExit):
+    frontier.main(["--stop-at-target"])
+  assert "--stop-at-target and --eval-every belong to the time-to-target mode: add --target-loss L" in \
+      capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    frontier.main(["--target-loss", "2", "--meter", "inbound"])
+  assert "--meter inbound: this netsim has no link meter to choose" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    frontier.main(["--target-loss", "2", "--link", "200mb"])
+  assert "link rate '200mb'" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # heavy: python -m pytest -m slow
+def test_time_to_target_table_and_plot(tmp_path):
+  argv = ["--steps", "4", "--train-examples", "16", "--eval-examples", "8", "--batch-size", "8", "--methods",
+          "direct-fw4-bw8", "--out", str(tmp_path), "--target-loss", "5.45", "--eval-every", "2", "--repeats", "1",
+          "--stop-at-target"]
+  rows = {r["method"]: r for r in frontier.main(argv)}
+  assert list(rows) == ["fp32", "bf16", "direct-fw4-bw8"]  # fp32 and bf16 always run
+  for r in rows.values():
+    assert r["reached"] == 1 and r["steps"] in (2, 4) and r["T"] == pytest.approx(r["steps"] * r["step_s"])
+  assert rows["fp32"]["T_over_fp32"] == 1.0 and rows["bf16"]["step_s"] < rows["fp32"]["step_s"]
+  assert (tmp_path / "time_to_target.png").stat().st_size > 0
+  assert "| direct-fw4-bw8 |" in (tmp_path / "time_to_target.md").read_text()

@@ -17,12 +17,13 @@ def _atomic_write(path: pathlib.Path, text: str):
 
 
 def flatten(record: dict, prefix: str = "") -> dict:
-  """{'eval_on': {'accuracy': 1}} -> {'eval_on.accuracy': 1}."""
+  """{'eval_on': {'accuracy': 1}} -> {'eval_on.accuracy': 1}; lists (an epoch's scheduled `evals`) are left out:
+  the JSON keeps them."""
   out = {}
   for k, v in record.items():
     if isinstance(v, dict):
       out.update(flatten(v, f"{prefix}{k}."))
-    else:
+    elif not isinstance(v, list):
       out[f"{prefix}{k}"] = v
   return out
 
@@ -36,12 +37,13 @@ def markdown(rows: list[dict], columns: list[str] | None = None) -> str:
   return "\n".join(lines)
 
 
-def write(out_dir, run: str, config: dict, history: list[dict]) -> dict[str, pathlib.Path]:
-  """Writes <run>.json, <run>.csv, <run>.md under out_dir; returns their paths."""
+def write(out_dir, run: str, config: dict, history: list[dict], **summary) -> dict[str, pathlib.Path]:
+  """Writes <run>.json, <run>.csv, <run>.md under out_dir; returns their paths. `summary`: more top-level fields of
+  the JSON (e.g. `target`: when the run reached its target loss), each also a line of the markdown."""
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   paths = {ext: out_dir / f"{run}.{ext}" for ext in ("json", "csv", "md")}
-  _atomic_write(paths["json"], json.dumps({"run": run, "config": config, "history": history}, indent=1))
+  _atomic_write(paths["json"], json.dumps({"run": run, "config": config, "history": history, **summary}, indent=1))
   flat = [flatten(r) for r in history]
   buf = io.StringIO()
   if flat:
@@ -49,7 +51,8 @@ def write(out_dir, run: str, config: dict, history: list[dict]) -> dict[str, pat
     writer.writeheader()
     writer.writerows(flat)
   _atomic_write(paths["csv"], buf.getvalue())
-  _atomic_write(paths["md"], f"# {run}\n\n{markdown(history)}\n")
+  lines = "".join(f"{k}: {json.dumps(v)}\n" for k, v in summary.items())
+  _atomic_write(paths["md"], f"# {run}\n\n{markdown(history)}\n" + (f"\n{lines}" if lines else ""))
   return paths
 
 

@@ -10,6 +10,14 @@ checkpointed (its record is written, then the run stops the same way). A checkpo
 executor's own state (each process writes its own shards) and restores into the simulate layout
 (`checkpoint`), so a run resumes or warm-starts from one of any executor, mesh shape or process
 count; resume takes the newest intact checkpoint, warning about corrupt newer ones.
+Evaluation schedule (`RunConfig.eval_every`): a run also evaluates, with compression on and off, after every
+`eval_every`-th step (global steps N, 2N, ...) and after its last step; each epoch's record lists those
+evaluations (`evals`). The run's evaluated steps are these, or without `eval_every` its epoch ends
+(`evaluations`). With `target_loss` L, the first evaluated step whose eval loss with compression on is <= L is
+the run's step to target (`target_summary`); `stop_at_target` ends the run there (its epoch recorded and
+checkpointed as one cut short by `steps`). A resumed run continues the schedule; the last step of an earlier,
+shorter run is not on it and leaves it.
+
 Resume restores the latest checkpoint; data order, keys and every state continue exactly,
 also from an epoch that `RunConfig.steps` cut short (its checkpoint records how many of the
 epoch's batches were done and their losses; the resumed run finishes that epoch).
@@ -90,12 +98,21 @@ class RunConfig:
   resume: bool = False
   init_from: tuple[str, int] | None = None  # (baseline checkpoint dir, epoch): warm start
   progress: bool = True
+  eval_every: int | None = None  # also evaluate after every this many steps and after the last (module doc)
+  target_loss: float | None = None  # the eval loss (compression on) whose first evaluated step is recorded
+  stop_at_target: bool = False  # end the run at that step
 
   def __post_init__(self):
     if self.epochs < 1:
       raise ValueError(f"epochs must be >= 1, got {self.epochs}")
     if self.steps is not None and self.steps < 1:
       raise ValueError(f"steps must be >= 1, got {self.steps}")
+    if self.eval_every is not None and self.eval_every < 1:
+      raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
+    if self.target_loss is not None and not math.isfinite(self.target_loss):
+      raise ValueError(f"target_loss must be a finite number, got {self.target_loss}")
+    if self.stop_at_target and self.target_loss is None:
+      raise ValueError("stop_at_target needs a target_loss")
 
 
 class FirstVisits:
@@ -133,6 +150,24 @@ def evaluate(eval_step, state, batches, summary: Callable[[dict], dict] = dict, 
       totals[k] = totals.get(k, 0.0) + float(v) * n
     count += n
   return summary({k: v / count for k, v in totals.items()})
+
+
+def evaluations(history: list[dict]) -> list[dict]:
+  """The run's evaluated steps in order, each {"step", "eval_on", "eval_off"}: the `evals` its epochs list (a run
+  with `RunConfig.eval_every`), else its epoch ends."""
+  if any("evals" in r for r in history):
+    return [e for r in history for e in r.get("evals", ())]
+  return [{"step": r["step"], "eval_on": r["eval_on"], "eval_off": r["eval_off"]} for r in history]
+
+
+def target_summary(history: list[dict], target_loss: float) -> dict:
+  """When the run reached `target_loss`: {"loss": the target, "step": the first evaluated step whose eval loss with
+  compression on is <= it (None: none), "best_loss", "best_step": the lowest such loss and its step, "evaluated":
+  how many evaluated steps there were}."""
+  evals = evaluations(history)
+  best = min(evals, key=lambda e: e["eval_on"]["loss"], default=None)
+  return {"loss": target_loss, "step": next((e["step"] for e in evals if e["eval_on"]["loss"] <= target_loss), None),
+          "best_loss": best and best["eval_on"]["loss"], "best_step": best and best["step"], "evaluated": len(evals)}
 
 
 def _with_next(batches):
@@ -251,14 +286,37 @@ class Run:
   wire: dict  # bytes per step, per Mode
   eval_steps: dict  # with compression on (True) and off (False)
   place: Callable[[dict], dict]  # how a batch reaches the executor (`batch_placement`)
+  done_evals: list = dataclasses.field(default_factory=list)  # of `done_losses`' steps (`RunConfig.eval_every`)
+  reached: int | None = None  # the first evaluated step at or below `RunConfig.target_loss`
   steps: dict = dataclasses.field(default_factory=dict)  # compiled train steps, per Mode
 
   def epoch_mode(self, epoch: int) -> Mode:
     return Mode.WARMUP if epoch < self.cfg.warmup_epochs else Mode.TRAIN
 
+  def evaluate(self) -> dict:
+    """{"step", "eval_on", "eval_off"}: the model now, evaluated with compression on and off."""
+    data = self.data
+    return {"step": self.global_step, **{
+        f"eval_{way}": evaluate(self.eval_steps[compressed], self.state, data.eval_batches(), data.eval_summary,
+                                self.place) for way, compressed in (("on", True), ("off", False))}}
+
+  def note(self, evaluated: dict):
+    """An evaluated step (of the schedule): `reached` if it is the first to reach the target."""
+    target = self.cfg.target_loss
+    if self.reached is None and target is not None and evaluated["eval_on"].get("loss", math.inf) <= target:
+      self.reached = evaluated["step"]
+
+  def finished(self) -> bool:
+    """Whether the run is over before its last epoch: its `steps` done, or its target reached with
+    `stop_at_target`."""
+    cfg = self.cfg
+    return (cfg.steps is not None and self.global_step >= cfg.steps) or (cfg.stop_at_target and
+                                                                        self.reached is not None)
+
 
 class EpochResult(NamedTuple):
   losses: list  # every step's loss of the epoch (resumed ones included)
+  evals: list  # the epoch's scheduled evaluations (`RunConfig.eval_every`; resumed ones included)
   sent: dict  # bytes sent in the epoch, each way
   dense_steps: int  # warm-up and AQ-SGD first-visit steps (activations sent dense)
   steps_per_s: float | None  # steady-state steps (the compiling step excluded)
@@ -287,8 +345,9 @@ def start(pipe: pipeline.Pipeline, optimizer, executor: pipeline.Executor, data:
     state = from_layout(restored)
     history, start_epoch = meta["history"], meta["epoch"]
     done_losses = meta.get("epoch_losses", [])
-    if done_losses:
-      history = history[:-1]  # that epoch's record is redone when the epoch is finished
+    if cfg.eval_every:  # the last step of an earlier, shorter run is off this run's evaluation schedule
+      history = [{**r, "evals": [e for e in r["evals"] if e["step"] % cfg.eval_every == 0]} if "evals" in r else r
+                 for r in history]
   visits = FirstVisits(pipe)
   if cfg.resume and visits.seen is not None:  # examples sent in finished epochs, from the data order
     for epoch in range(start_epoch):
@@ -297,8 +356,13 @@ def start(pipe: pipeline.Pipeline, optimizer, executor: pipeline.Executor, data:
   wire = {m: executor.wire_bytes_per_step(pipe, data.example_batch, m) for m in (Mode.TRAIN, Mode.WARMUP,
                                                                                  Mode.FIRST_VISIT)}
   eval_steps = {c: executor.make_eval_step(pipe, c) for c in (True, False)}
-  return Run(pipe, optimizer, executor, data, cfg, state, history, start_epoch, done_losses, ckpt, visits,
-             int(state.step), wire, eval_steps, batch_placement(executor))
+  run = Run(pipe, optimizer, executor, data, cfg, state, history, start_epoch, done_losses, ckpt, visits,
+            int(state.step), wire, eval_steps, batch_placement(executor))
+  for evaluated in evaluations(history):
+    run.note(evaluated)
+  if done_losses and not run.finished():  # that epoch's record is redone when the epoch is finished
+    run.done_evals, run.history = history[-1].get("evals", []), history[:-1]
+  return run
 
 
 def run_epoch(run: Run, epoch: int) -> EpochResult:
@@ -307,6 +371,7 @@ def run_epoch(run: Run, epoch: int) -> EpochResult:
   from tqdm.auto import tqdm  # here, not at import: dry runs and benchmarks import this module without tqdm
   cfg, data, mode, main = run.cfg, run.data, run.epoch_mode(epoch), distributed.is_main_process()
   losses, run.done_losses = run.done_losses, []
+  evals, run.done_evals = run.done_evals, []
   skip = len(losses)
   sent, dense_steps = {k: 0 for k in run.wire[mode]}, 0
 
@@ -324,7 +389,7 @@ def run_epoch(run: Run, epoch: int) -> EpochResult:
   desc = f"epoch {epoch + 1}/{cfg.epochs}"
   # the first step (compiling when the step is new) runs under its own status line, outside the
   # bar, so the bar's rate and ETA count only steady-state steps
-  bar, timed_steps, begin = None, 0, None
+  bar, timed_steps, begin, evaluating = None, 0, None, 0.0  # evaluating: seconds spent in scheduled evaluations
   batches = _with_next(itertools.islice(data.train_batches(epoch), skip, skip + todo))
   for i, (batch, following) in enumerate(batches, start=skip):
     step_start = time.perf_counter()
@@ -355,26 +420,43 @@ def run_epoch(run: Run, epoch: int) -> EpochResult:
       timed_steps += 1
       bar.update(1)
     bar.set_postfix(loss=f"{loss:.4f}")
-  elapsed = time.perf_counter() - begin if begin is not None else 0.0
+    if cfg.eval_every and run.global_step % cfg.eval_every == 0:
+      eval_start = time.perf_counter()
+      evals.append(run.evaluate())
+      run.note(evals[-1])
+      evaluating += time.perf_counter() - eval_start
+      eval_losses = [evals[-1][k].get("loss", 0.0) for k in ("eval_on", "eval_off")]
+      bar.set_postfix(loss=f"{loss:.4f}", eval_on=f"{eval_losses[0]:.4f}")
+      if run.finished() or not all(map(math.isfinite, eval_losses)):  # a diverged evaluation: `record` stops the run
+        break
+  elapsed = time.perf_counter() - begin - evaluating if begin is not None else 0.0
   if bar is not None:
     bar.close()
-  return EpochResult(losses, sent, dense_steps, timed_steps / elapsed if timed_steps and elapsed > 0 else None)
+  return EpochResult(losses, evals, sent, dense_steps, timed_steps / elapsed if timed_steps and elapsed > 0 else None)
 
 
-def record(run: Run, epoch: int, result: EpochResult, on_epoch=None):
-  """Evaluates with compression on and off, appends the epoch's record to the history, checkpoints
-  (unless an evaluation diverged: then NonFiniteLossError after `on_epoch`), calls `on_epoch`."""
-  place, mode, data = run.place, run.epoch_mode(epoch), run.data
-  eval_steps, losses = run.eval_steps, result.losses
+def record(run: Run, epoch: int, result: EpochResult, on_epoch=None, last: bool = False):
+  """Evaluates with compression on and off (unless a scheduled evaluation just did), appends the epoch's record to
+  the history, checkpoints (unless an evaluation diverged: then NonFiniteLossError after `on_epoch`), calls
+  `on_epoch`. `last`: the run ends with this epoch, so its evaluation is a scheduled one (`RunConfig.eval_every`)."""
+  mode, data, losses, evals = run.epoch_mode(epoch), run.data, result.losses, list(result.evals)
+  if evals and evals[-1]["step"] == run.global_step:
+    now = evals[-1]
+  else:
+    now = run.evaluate()
+    if not run.cfg.eval_every or last:  # an evaluated step of the run (module doc)
+      run.note(now)
+    if run.cfg.eval_every and last:
+      evals.append(now)
   entry = {
       "epoch": epoch + 1, "step": run.global_step, "mode": mode.value, "epoch_batches": len(losses),
       "train_loss": float(np.mean(losses)) if losses else float("nan"),
-      "eval_on": evaluate(eval_steps[True], run.state, data.eval_batches(), data.eval_summary, place),
-      "eval_off": evaluate(eval_steps[False], run.state, data.eval_batches(), data.eval_summary, place),
+      "eval_on": now["eval_on"], "eval_off": now["eval_off"],
       **{f"wire_bytes_{k}": v for k, v in run.wire[mode].items()},
       "dense_steps": result.dense_steps,  # warm-up and AQ-SGD first-visit steps (activations sent dense)
       **{f"epoch_wire_bytes_{k}": v for k, v in result.sent.items()},
       "steps_per_s": result.steps_per_s,
+      **({"evals": evals} if run.cfg.eval_every else {}),
   }
   run.history.append(entry)
   total_steps = sum(r["epoch_batches"] for r in run.history)
@@ -402,9 +484,10 @@ def fit(pipe: pipeline.Pipeline, optimizer, executor: pipeline.Executor, data: D
   run = start(pipe, optimizer, executor, data, cfg, rng, initial_params)
   try:
     for epoch in range(run.start_epoch, cfg.epochs):
-      if cfg.steps is not None and run.global_step >= cfg.steps:
+      if run.finished():
         break
-      record(run, epoch, run_epoch(run, epoch), on_epoch)
+      result = run_epoch(run, epoch)
+      record(run, epoch, result, on_epoch, last=epoch == cfg.epochs - 1 or run.finished())
   finally:  # steps that hold resources (a host-buffered step's prefetch thread) release them, however the run ends
     for step in run.steps.values():
       if hasattr(step, "close"):

@@ -1,0 +1,142 @@
+"""Time to a target loss over a link: T = steps to the target x the step time predicted on the link.
+
+Protocol NanoGPT's score (PluralisResearch/ProtocolNanoGPT): T = the steps a run takes to reach the target eval loss
+x its steady-state step time over the metered links. Here the steps come from the frontier's runs (the first
+evaluated step whose eval loss with compression on is <= the target, `train.target_summary`, per seed) and the step
+time from `netsim`: each stage's forward and backward and each boundary's codec timed on this machine by the
+throughput benchmark's clock (`benchmarks.throughput_vs_bandwidth.stage_costs`, `op_seconds`), the bytes of each
+message from the boundary, the schedule's table run as the sharded executor runs it (`ticks=True`, without
+overlapped sends) over `link`. Steps in a dense warm-up epoch (AQ-SGD) take the dense (fp32) step's time. A method
+whose seeds do not all reach the target within the budget has no T; its best loss is reported.
+"""
+import dataclasses
+import pathlib
+import textwrap
+
+import numpy as np
+
+from experiments import config, gpt2_wikitext, plots
+from jaxcomp import pipeline
+from jaxcomp.analysis import netsim
+from jaxcomp.analysis.link import Link
+from jaxcomp.compress.spec import parse_boundary
+from jaxcomp.parallel import schedules
+from jaxcomp.runtime import train
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+  """One method's predicted step on the link: `seconds` (compressed steps), `dense_seconds` (its dense warm-up
+  steps), the critical path's seconds by term (`netsim.Timeline.critical_seconds`), and where the times come from."""
+  seconds: float
+  dense_seconds: float
+  critical: dict
+  source: str
+
+
+def steps_to_target(run: dict, target: float) -> dict:
+  """`train.target_summary` of one run's results, with `dense_steps`: how many of the steps up to the target (or
+  the run's end) sent dense activations (warm-up epochs; AQ-SGD first visits, at most the epoch's)."""
+  history = run["history"]
+  summary = train.target_summary(history, target)
+  until, dense, start = summary["step"] or history[-1]["step"], 0, 0
+  for record in history:
+    if start >= until:
+      break
+    dense += min(record["dense_steps"], min(record["step"], until) - start)
+    start = record["step"]
+  return {**summary, "dense_steps": dense}
+
+
+class StepTimes:
+  """Predicted step times of runs (`config.RunConfig`s) on `link`, on `schedule`'s table: each run's pipeline built
+  without data (`gpt2_wikitext.abstract`), its stages timed once per stage set (the methods of a frontier share
+  theirs unless a bottleneck changes them) and its codecs per method, by a clock of the throughput benchmark
+  (`clock`; default its `Measured` clock, `repeats` timed runs per op; its `Estimated` clock takes the times of
+  programs compiled for a target), netsim's timeline as the sharded executor runs the table. `meter`, when given, is
+  passed to netsim (its link model; netsim's default otherwise)."""
+
+  def __init__(self, link: Link, schedule: str, repeats: int = 10, meter: str | None = None, clock=None):
+    from benchmarks import throughput_vs_bandwidth  # here: it imports the frontier's method table
+    self.clocked, self.link, self.schedule = throughput_vs_bandwidth, link, schedule
+    self.clock = clock or throughput_vs_bandwidth.Measured(repeats)
+    self.meters = {} if meter is None else {"meter": meter}
+    self.stage_costs = {}  # stage set -> the benchmark's CostSource
+
+  def __call__(self, cfg: config.RunConfig) -> StepTime:
+    pipe, _, batch, _ = gpt2_wikitext.abstract(cfg)
+    stage_set = (cfg.compression.bottleneck, cfg.training.batch_size, pipe.microbatches)
+    if stage_set not in self.stage_costs:
+      self.stage_costs[stage_set] = self.clocked.stage_costs(pipeline.uncompressed(pipe), batch, self.clock)
+    costs_of = self.stage_costs[stage_set]
+    shapes = pipeline.activation_shapes(pipe, batch)
+    table = schedules.build(self.schedule, pipe.num_stages, pipe.microbatches)
+
+    def timeline(boundary):
+      fwd_s, bwd_s = self.clocked.op_seconds(costs_of(boundary))
+      sent = [boundary.wire_bytes(s.shape, s.dtype) for s in shapes]
+      return netsim.simulate_step(fwd_s, bwd_s, [f for f, _ in sent], [b for _, b in sent], pipe.microbatches,
+                                  self.link.bandwidth_bps, self.link.latency_s, schedule=table, overlap_sends=False,
+                                  ticks=True, **self.meters)
+    compressed, dense = timeline(pipe.boundary), timeline(parse_boundary("none", "none"))
+    return StepTime(compressed.makespan, dense.makespan, compressed.critical_seconds(), self.clock.source)
+
+
+def row(method: str, runs: list[dict], summary: dict, step: StepTime, target_loss: float) -> dict:
+  """One method over its seeds' results (`runs`): steps to the target and T (mean, sample std; T only when every
+  seed reached it), the best eval loss (compression on), its predicted step; bytes from the frontier's `summary`."""
+  target = [steps_to_target(run, target_loss) for run in runs]
+  reached = [t for t in target if t["step"] is not None]
+  seconds = [t["step"] * step.seconds + t["dense_steps"] * (step.dense_seconds - step.seconds) for t in reached]
+  stats = lambda v: (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0) if v else (None, None)
+  out = {"method": method, **{k: summary[k] for k in ("fwd", "bwd", "bottleneck", "bytes_steady", "bytes")},
+         "seeds": len(runs), "reached": len(reached), "cap": max(r["history"][-1]["step"] for r in runs),
+         "step_s": step.seconds, "dense_step_s": step.dense_seconds, "critical": step.critical}
+  out["steps"], out["steps_std"] = stats([t["step"] for t in reached])
+  out["best_loss"], out["best_loss_std"] = stats([t["best_loss"] for t in target])
+  out["T"], out["T_std"] = stats(seconds) if len(reached) == len(runs) else (None, None)
+  return out
+
+
+def relative(rows: list[dict], baselines=("fp32", "bf16")) -> list[dict]:
+  """Each row with `T_over_<baseline>`: its mean T / the baseline's (None where either has none)."""
+  base = {r["method"]: r["T"] for r in rows}
+  return [{**r, **{f"T_over_{b}": r["T"] / base[b] if r["T"] is not None and base.get(b) else None
+                   for b in baselines}} for r in rows]
+
+
+def table(rows: list[dict], target: float, link: Link) -> str:
+  """Markdown: one row per method, by T (methods without one last)."""
+  pm = lambda r, k, fmt: "-" if r[k] is None else format(r[k], fmt) + (
+      f" ± {format(r[k + '_std'], fmt)}" if r["seeds"] > 1 else "")
+  ratio = lambda v: "-" if v is None else f"{v:.3f}"
+  lines = [f"| method | fwd | bwd | B/token (steady) | steps to {target:g} | seeds reached | best eval loss (on) | "
+           f"step s on {link} | critical % compute / link | T s | T / fp32 | T / bf16 |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  for r in sorted(rows, key=lambda r: (r["T"] is None, r["T"] or 0.0, r["bytes_steady"])):
+    fwd = f"`{r['bottleneck']}` then `{r['fwd']}`" if r.get("bottleneck") else f"`{r['fwd']}`"
+    crit = r["critical"]
+    shares = f"{100 * crit['compute'] / sum(crit.values()):.0f} / {100 * crit['link'] / sum(crit.values()):.0f}"
+    steps = pm(r, "steps", ".0f") if r["reached"] else f"not in {r['cap']}"
+    lines.append(f"| {r['method']} | {fwd} | `{r['bwd']}` | {r['bytes_steady']:.1f} | {steps} | "
+                 f"{r['reached']}/{r['seeds']} | {pm(r, 'best_loss', '.4f')} | {r['step_s']:.4g} | {shares} | "
+                 f"{pm(r, 'T', '.4g')} | {ratio(r['T_over_fp32'])} | {ratio(r['T_over_bf16'])} |")
+  return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: pathlib.Path, title: str) -> pathlib.Path:
+  """T (std over seeds as error bars) against steady-state bytes per token, log-log; methods without a T listed."""
+  plt = plots.pyplot()
+  fig, ax = plt.subplots(figsize=(8, 5))
+  timed = [r for r in rows if r["T"] is not None]
+  for r in timed:
+    ax.errorbar(r["bytes_steady"], r["T"], yerr=r["T_std"], fmt="o", ms=4.5, capsize=2.5, color="tab:blue", zorder=3)
+    ax.annotate(r["method"], (r["bytes_steady"], r["T"]), fontsize=6.5, xytext=(3, 2), textcoords="offset points")
+  missed = [r["method"] for r in rows if r["T"] is None]
+  ax.set(xscale="log", yscale="log", xlabel="bytes per token, all boundaries, both directions (steady state, log)",
+         ylabel="T = steps to target x predicted step time, s (log)")
+  missed = [f"no T (target not reached by every seed): {', '.join(missed)}"] if missed else []
+  ax.set_title("\n".join(textwrap.wrap(title, 130) + missed), fontsize=7)
+  ax.grid(alpha=0.3, which="both")
+  fig.tight_layout()
+  return plots.save(fig, path)
