@@ -26,7 +26,7 @@ per token). `--recipe protocol-cpu` runs the methods on Protocol NanoGPT's model
         --steps 400 --batch-size 16 --train-examples 6400 --eval-examples 256 --eval-every 25 --out runs/ttt
 """
 import argparse
-import inspect
+import typing
 import json
 import math
 import pathlib
@@ -266,7 +266,9 @@ def main(argv=None):
   timed.add_argument("--link", type=link_arg, default=Link.parse("200mbit:50ms"),
                      help="bandwidth and one-way latency per message of every stage boundary (default: Protocol "
                           "NanoGPT's 200mbit:50ms)")
-  timed.add_argument("--meter", help="netsim's link model, passed to it as meter= (default: netsim's own)")
+  timed.add_argument("--meter", choices=typing.get_args(netsim.Meter), default="per_direction",
+                     help="netsim's link model: per_direction (one link each way per boundary) or inbound (Protocol "
+                          "NanoGPT's receiver meter: one inbound wire per stage)")
   timed.add_argument("--schedule", default="1f1b",
                      help="the pipeline schedule whose table netsim times (default: 1f1b, Protocol NanoGPT's)")
   timed.add_argument("--repeats", type=int, default=10, help="timed runs per stage and codec op")
@@ -278,9 +280,6 @@ def main(argv=None):
     parser.error("--stop-at-target and --eval-every belong to the time-to-target mode: add --target-loss L")
   if args.target_loss is not None:
     args.eval_every = args.eval_every or 16
-    if args.meter is not None and "meter" not in inspect.signature(netsim.simulate_step).parameters:
-      parser.error(f"--meter {args.meter}: this netsim has no link meter to choose (it models each boundary as one "
-                   "link per direction); leave --meter out")
   names = args.methods.split(",") if args.methods else list(METHODS)
   unknown = [n for n in names if n not in METHODS]
   if unknown:
@@ -341,8 +340,7 @@ def time_to_target(args, names: list[str], runs: list[dict], per_run: list[dict]
   title = (f"time to eval loss {args.target_loss:g} (compression on): {first['model']} ({first['recipe']} recipe), "
            f"{first['stages']} stages x {first['microbatches']} microbatches, {args.steps} steps at most x "
            f"{args.batch_size} x {first['block_size']} tokens, evaluated every {args.eval_every}, {seeds}; step "
-           f"times {step.source}, netsim {args.schedule} on {args.link}" + (f" (meter {args.meter})" if args.meter
-                                                                            else ""))
+           f"times {step.source}, netsim {args.schedule} on {args.link} (meter {args.meter})")
   text = ttt.table(rows, args.target_loss, args.link)
   (args.out / "time_to_target.md").write_text(f"{title}\n\n{text}\n")
   png = ttt.plot(rows, args.out / "time_to_target.png", title)

@@ -53,14 +53,14 @@ class StepTimes:
   without data (`gpt2_wikitext.abstract`), its stages timed once per stage set (the methods of a frontier share
   theirs unless a bottleneck changes them) and its codecs per method, by a clock of the throughput benchmark
   (`clock`; default its `Measured` clock, `repeats` timed runs per op; its `Estimated` clock takes the times of
-  programs compiled for a target), netsim's timeline as the sharded executor runs the table. `meter`, when given, is
-  passed to netsim (its link model; netsim's default otherwise)."""
+  programs compiled for a target), netsim's timeline as the sharded executor runs the table with `meter` (netsim's
+  link model: per_direction, or inbound, Protocol NanoGPT's receiver meter)."""
 
-  def __init__(self, link: Link, schedule: str, repeats: int = 10, meter: str | None = None, clock=None):
+  def __init__(self, link: Link, schedule: str, repeats: int = 10, meter: str = "per_direction", clock=None):
     from benchmarks import throughput_vs_bandwidth  # here: it imports the frontier's method table
     self.clocked, self.link, self.schedule = throughput_vs_bandwidth, link, schedule
     self.clock = clock or throughput_vs_bandwidth.Measured(repeats)
-    self.meters = {} if meter is None else {"meter": meter}
+    self.meter = meter
     self.stage_costs = {}  # stage set -> the benchmark's CostSource
 
   def __call__(self, cfg: config.RunConfig) -> StepTime:
@@ -77,7 +77,7 @@ class StepTimes:
       sent = [boundary.wire_bytes(s.shape, s.dtype) for s in shapes]
       return netsim.simulate_step(fwd_s, bwd_s, [f for f, _ in sent], [b for _, b in sent], pipe.microbatches,
                                   self.link.bandwidth_bps, self.link.latency_s, schedule=table, overlap_sends=False,
-                                  ticks=True, **self.meters)
+                                  ticks=True, meter=self.meter)
     compressed, dense = timeline(pipe.boundary), timeline(parse_boundary("none", "none"))
     return StepTime(compressed.makespan, dense.makespan, compressed.critical_seconds(), self.clock.source)
 

@@ -167,8 +167,8 @@ def test_the_time_to_target_flags_are_checked(capsys):
   assert "--stop-at-target and --eval-every belong to the time-to-target mode: add --target-loss L" in \
       capsys.readouterr().err
   with pytest.raises(SystemExit):
-    frontier.main(["--target-loss", "2", "--meter", "inbound"])
-  assert "--meter inbound: this netsim has no link meter to choose" in capsys.readouterr().err
+    frontier.main(["--target-loss", "2", "--meter", "receiver"])
+  assert "--meter: invalid choice: 'receiver'" in capsys.readouterr().err
   with pytest.raises(SystemExit):
     frontier.main(["--target-loss", "2", "--link", "200mb"])
   assert "link rate '200mb'" in capsys.readouterr().err
