@@ -77,10 +77,19 @@ and their exchanges overlap the drain of earlier stages. Stage 0 finishes last u
 schedule, so with equal rows the step ends with stage 0's exchange, the same time as
 "after the whole pipeline"; the choice matters only when a later stage's row is larger.
 
-Updates. With ``update_s``, stage ``s`` then runs its optimizer step for ``update_s[s]`` seconds,
-after its exchange (or, without one, after its last op and last message).
+Tied parameters (`Tied`). Each tied pair's two member devices (GPT-2's embedding on device 0, its head on
+device S-1) exchange their gradient segments once per step, one message each way, both at once on a link of
+their own between the two (full duplex, at the same bandwidth and latency), taking ``compute_s`` (the codec's
+encode and decodes, when compressed) plus ``messages * latency_s + 8 * sent_bytes / bandwidth_bps``. As the
+executor's step: a pair's exchange starts when both members are ready, after their data-parallel exchanges
+(`dataparallel.DenseMean`, `CompressedMean`: ties after the mean), or before them with ``before_exchange``
+(QuantizedAdam ties each replica's gradient before its momentum exchange); a device in several pairs runs them
+in order.
 
-The makespan is the end of the last op, exchange or update. With zero communication and uniform
+Updates. With ``update_s``, stage ``s`` then runs its optimizer step for ``update_s[s]`` seconds,
+after its exchange and its tied exchanges (or, without either, after its last op and last message).
+
+The makespan is the end of the last op, exchange, tied exchange or update. With zero communication and uniform
 stages (``t_f``, ``t_b``), GPipe gives the classic ``(M + S - 1) * (t_f + t_b)``. Every time
 is built from ``max`` and ``+`` over fixed orders, so the makespan never decreases when a
 duration grows: more bandwidth or fewer bytes never slow a step.
@@ -96,7 +105,7 @@ from typing import Literal, NamedTuple
 from jaxcomp.arguments import is_integer
 from jaxcomp.parallel import schedules
 
-Kind = Literal["fwd", "bwd", "bwd_input", "bwd_weight", "send_fwd", "send_bwd", "exchange", "update"]
+Kind = Literal["fwd", "bwd", "bwd_input", "bwd_weight", "send_fwd", "send_bwd", "exchange", "tied", "update"]
 COMPUTE = {"F": "fwd", "BW": "bwd", "B": "bwd_input", "W": "bwd_weight"}  # a table's op kind -> its event kind
 
 # The bandwidths of AQ-SGD's Table 2.
@@ -110,13 +119,25 @@ class Exchange(NamedTuple):
   messages: int
 
 
+class Tied(NamedTuple):
+  """One step's tied-parameter exchanges: per tied pair, its member devices `ends[k]` = (a, b), the bytes each
+  sends the other `sent_bytes[k]` (in `messages` messages each way) and the seconds of codec work `compute_s[k]`
+  (None: none); `before_exchange`: they run before the data-parallel exchange, not after it."""
+  ends: Sequence[tuple[int, int]]
+  sent_bytes: Sequence[float]
+  messages: int = 1
+  compute_s: Sequence[float] | None = None
+  before_exchange: bool = False
+
+
 @dataclass(frozen=True)
 class Event:
   """One compute op, one message, one stage's data-parallel exchange or its optimizer update.
 
   ``index`` is the chunk (the stage, one chunk per device) for ``fwd``/``bwd``/``bwd_input``/``bwd_weight``,
-  the device for ``exchange``/``update`` and the boundary ``b`` (chunk ``b`` to ``b + 1``) for
-  ``send_fwd``/``send_bwd``; ``microbatch`` is -1 for an ``exchange`` or ``update``. Times
+  the device for ``exchange``/``update``, the boundary ``b`` (chunk ``b`` to ``b + 1``) for
+  ``send_fwd``/``send_bwd`` and the pair for ``tied``; ``microbatch`` is -1 for an ``exchange``, ``tied`` or
+  ``update``. Times
   are seconds from the start of the step.
   """
   kind: Kind
@@ -130,12 +151,14 @@ class Event:
 class Timeline:
   """All events of one step: `events` (compute ops and messages, in evaluation order, not by
   time), one `exchanges` event per stage (none without data parallelism), one `updates` event per
-  stage (none without `update_s`), and the `critical_path`: from t = 0 to the makespan, each
-  event the one the next waited for last (on a tie, the previous event on the same resource)."""
+  stage (none without `update_s`), one `tied` event per tied pair (none without `tied`), and the
+  `critical_path`: from t = 0 to the makespan, each event the one the next waited for last (on a tie,
+  the previous event on the same resource)."""
   events: tuple[Event, ...]
   exchanges: tuple[Event, ...] = ()
   critical_path: tuple[Event, ...] = ()
   updates: tuple[Event, ...] = ()
+  tied: tuple[Event, ...] = ()
 
   @property
   def pipeline_end(self) -> float:
@@ -145,14 +168,15 @@ class Timeline:
   @property
   def makespan(self) -> float:
     """Step time in seconds: the end of the last op, message, exchange or update."""
-    return max(e.end for e in self.events + self.exchanges + self.updates)
+    return max(e.end for e in self.events + self.exchanges + self.updates + self.tied)
 
   def critical_seconds(self) -> dict[str, float]:
-    """Seconds of the critical path spent in ``compute`` (forwards, backwards), on a ``link``
-    and in an ``exchange``: they sum to the makespan, and say which term dominates the step."""
+    """Seconds of the critical path spent in ``compute`` (forwards, backwards), on a ``link``, in an
+    ``exchange`` and, when the step has tied exchanges, in a ``tied`` one: they sum to the makespan, and say
+    which term dominates the step."""
     terms = {**dict.fromkeys(COMPUTE.values(), "compute"), "send_fwd": "link", "send_bwd": "link",
-             "exchange": "exchange", "update": "compute"}
-    seconds = dict.fromkeys(("compute", "link", "exchange"), 0.0)
+             "exchange": "exchange", "tied": "tied", "update": "compute"}
+    seconds = dict.fromkeys(("compute", "link", "exchange") + (("tied",) if self.tied else ()), 0.0)
     for e in self.critical_path:
       seconds[terms[e.kind]] += e.end - e.start
     return seconds
@@ -189,6 +213,22 @@ def _check_bytes(name: str, values: Sequence[float], count: int, per: str) -> No
   for i, v in enumerate(values):
     if not (math.isfinite(v) and v >= 0):
       raise ValueError(f"{name}[{i}] must be a finite number of bytes >= 0, got {v!r}")
+
+
+def _check_tied(tied: Tied, num_devices: int) -> None:
+  if len(tied.sent_bytes) != len(tied.ends):
+    raise ValueError(f"tied.sent_bytes has {len(tied.sent_bytes)} entries but tied.ends has {len(tied.ends)} pairs "
+                     "(one entry each)")
+  for k, ends in enumerate(tied.ends):
+    if len(ends) != 2 or ends[0] == ends[1] or not all(is_integer(d) and 0 <= d < num_devices for d in ends):
+      raise ValueError(f"tied.ends[{k}] must be two different devices in 0..{num_devices - 1}, got {ends!r}")
+  _check_bytes("tied.sent_bytes", tied.sent_bytes, len(tied.ends), "tied pairs")
+  _check_count("tied.messages", tied.messages, 0)
+  if tied.compute_s is not None:
+    if len(tied.compute_s) != len(tied.ends):
+      raise ValueError(f"tied.compute_s has {len(tied.compute_s)} entries but tied.ends has {len(tied.ends)} pairs")
+    for k, t in enumerate(tied.compute_s):
+      _check_time(f"tied.compute_s[{k}]", t)
 
 
 def table_of(schedule: str | schedules.Schedule, num_chunks: int, microbatches: int,
@@ -334,6 +374,7 @@ def simulate_step(
     overlap_sends: bool = True,
     input_grad_share: float = 0.5,
     ticks: bool = False,
+    tied: Tied | None = None,
 ) -> Timeline:
   """Event timeline of one step on `schedule` (a table, or a name `schedules.build` knows: gpipe, 1f1b,
   1f1b-fused, zb-h1, interleaved:V; rules in the module docstring).
@@ -342,6 +383,7 @@ def simulate_step(
   per device; interleaved tables: chunk c's times).
   ``fwd_bytes``/``bwd_bytes``: per-boundary bytes per microbatch (length ``C - 1``).
   ``exchange``: the data-parallel exchange (``sent_bytes`` per device), or None.
+  ``tied``: the tied parameters' exchanges (per pair: its two devices and the bytes each sends), or None.
   ``update_s``: per-device seconds of the optimizer step that ends the step, or None.
   ``ticks``: False: the dataflow timing (the table gives each device's order; by name, its table without
   overlapped sends); True: the sharded executor's ticks.
@@ -370,6 +412,8 @@ def simulate_step(
   if exchange is not None:
     _check_bytes("exchange.sent_bytes", exchange.sent_bytes, num_stages, "stages")
     _check_count("exchange.messages", exchange.messages, 0)
+  if tied is not None:
+    _check_tied(tied, num_stages)
   if update_s is not None:
     if len(update_s) != num_stages:
       raise ValueError(f"update_s has {len(update_s)} entries but the schedule has {num_stages} devices "
@@ -384,20 +428,35 @@ def simulate_step(
   ev = _Events()
   done = _ticks(ev, table, compute, transfer) if ticks else _dataflow(ev, table, compute, transfer, overlap_sends)
   events = tuple(ev.evaluated.values())
+  ready = [list(d) for d in done]  # what each device's next event after its pipeline waits for
+
+  def tie():
+    for k, ((a, b), n) in enumerate(zip(tied.ends, tied.sent_bytes)):
+      codec = tied.compute_s[k] if tied.compute_s is not None else 0.0
+      ev.run(("tied", k, -1), ("tied", k), ready[a] + ready[b],
+             codec + transfer_time(n, bandwidth_bps, latency_s, tied.messages))
+      ready[a] = ready[b] = [("tied", k, -1)]
+
+  if tied is not None and tied.before_exchange:
+    tie()
   if exchange is not None:
     for s, n in enumerate(exchange.sent_bytes):
-      ev.run(("exchange", s, -1), ("exchange", s), done[s],
+      ev.run(("exchange", s, -1), ("exchange", s), ready[s],
              transfer_time(n, bandwidth_bps, latency_s, exchange.messages))
-  exchanges = tuple(ev.evaluated.values())[len(events):]
+      ready[s] = [("exchange", s, -1)]
+  if tied is not None and not tied.before_exchange:
+    tie()
   if update_s is not None:
     for s, t in enumerate(update_s):
-      ev.run(("update", s, -1), ("update", s), [("exchange", s, -1)] if exchange is not None else done[s], t)
-  updates = tuple(ev.evaluated.values())[len(events) + len(exchanges):]
+      ev.run(("update", s, -1), ("update", s), ready[s], t)
+  after = tuple(ev.evaluated.values())[len(events):]
+  kinds = lambda kind: tuple(e for e in after if e.kind == kind)
+  exchanges, tied_events, updates = kinds("exchange"), kinds("tied"), kinds("update")
 
   path = [max(ev.evaluated, key=lambda k: ev.evaluated[k].end)]
   while ev.cause[path[-1]] is not None:
     path.append(ev.cause[path[-1]])
-  return Timeline(events, exchanges, tuple(ev.evaluated[k] for k in reversed(path)), updates)
+  return Timeline(events, exchanges, tuple(ev.evaluated[k] for k in reversed(path)), updates, tied_events)
 
 
 def throughput(samples_per_step: float, timeline: Timeline) -> float:
