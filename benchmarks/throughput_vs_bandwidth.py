@@ -2,17 +2,21 @@
 
 `python -m benchmarks.throughput_vs_bandwidth [--model tiny|small|medium|large|xl] [--stages 4]
     [--schedule gpipe,1f1b,1f1b-fused,zb-h1,interleaved:V] [--overlap [off|on|both]] [--data-parallel 2]
-    [--dp-scheme ef+quant:4] [--methods fp32,aqsgd-fw3-bw6,...] [--compile-for v5e-8]
-    [--link 1gbit:20ms,100mbit:20ms | --latency-ms 1]`
+    [--dp-scheme ef+quant:4] [--tied-exchange dense,untied,ef+maxabs:4:group=64:scales=group]
+    [--methods fp32,aqsgd-fw3-bw6,...] [--compile-for v5e-8] [--link 1gbit:20ms,100mbit:20ms | --latency-ms 1]`
 
 For every method (its name in the frontier / GPT-2 presets), and again with QuantizedAdam's data-parallel exchange:
 1. a clock gives the method's `StageCosts` (seconds per microbatch: each stage's forward and backward, each
    boundary's encode and decode of both messages), labelled with where they come from: `Measured` times them on
    this machine's default device; `Estimated` (`--compile-for TARGET`) compiles each op for the target's chip and
    takes its roofline time (FLOPs / peak vs HBM traffic / bandwidth, `dryrun.compile_op`): an estimate;
-2. bytes per message come from the boundary's `wire_bytes`, the data-parallel exchange of each stage from
-   `dataparallel.exchange_bytes` (fp32 gradients: dense ring all-reduce; QuantizedAdam: all-gather of the
-   compressed first moment, `--dp-scheme`);
+2. bytes per message come from the boundary's `wire_bytes`, the data-parallel exchange of each stage device from
+   `dataparallel.exchange_bytes` of the row the executor sends, its stage's parameters padded to the longest
+   stage's (`layout.FlatRows`; `interleaved:V`: V rows of the S*V-chunk model's) (fp32 gradients: dense ring
+   all-reduce; QuantizedAdam: all-gather of the compressed first moment, `--dp-scheme`); the tied exchange (GPT-2's
+   embedding on device 0 and head on device S-1) from `StateLayout.tied_messages`, for each `--tied-exchange`:
+   `dense` (fp32 both ways), `untied` (`--untie-embeddings`: none) or a scheme (`--tied-compression`; its encode
+   and two decodes timed by the clock), after the data-parallel exchange (before it with QuantizedAdam);
 3. `jaxcomp.analysis.netsim` simulates one step on each link (`--link`: rate and one-way latency; by default
    AQ-SGD's bandwidths, 10 Gbps to 100 Mbps, each with `--latency-ms`) on each `--schedule` as the sharded executor
    runs its table (`ticks=True`): without `--overlap` each tick computes, then sends, then waits; with it
@@ -22,11 +26,12 @@ For every method (its name in the frontier / GPT-2 presets), and again with Quan
    `interleaved:V` cuts each stage into V chunks of 1/V of its compute, each of the S*V-1 chunk boundaries
    sending the stage boundaries' message (every boundary must carry the same shape, as GPT-2's residual stream
    does) with their codec times.
-`x fp32` is over fp32 with the dense exchange at the same bandwidth; the critical path's shares (compute / link
-/ exchange) say which term dominates the step. AQ-SGD rows are its steady state (after the
+`x fp32` is over fp32 with the dense exchange on the same link; the critical path's shares (compute / link /
+exchange / tied) say which term dominates the step. AQ-SGD rows are its steady state (after the
 dense warm-up epoch), QuantizedAdam's after its dense warm-up. The paper's column holds its reported figures
 (`experiments.paper.AQSGD_THROUGHPUT`: another model and cluster), not results of this run.
 """
+import dataclasses
 from typing import Callable, NamedTuple
 
 import jax
@@ -40,8 +45,10 @@ from jaxcomp import pipeline
 from jaxcomp.analysis import dryrun, netsim, targets
 from jaxcomp.analysis.link import Link
 from jaxcomp.compress import spec
+from jaxcomp.compress.tied import check_scheme
 from jaxcomp.models import gpt2
-from jaxcomp.parallel import dataparallel, schedules
+from jaxcomp.parallel import dataparallel, layout, schedules
+from jaxcomp.parallel.state_layout import StateLayout
 
 # The stateless quantizer of the frontier table (docs/frontier.md) with the fewest bytes among those that learn
 # (192 B/token, eval loss 2.617 vs fp32's 2.576).
@@ -195,19 +202,55 @@ def stage_costs(pipe, batch, clock: Clock) -> CostSource:
   return costs
 
 
-def exchange(scheme, rows, replicas) -> netsim.Exchange:
-  """Each stage device's data-parallel exchange of its [P] row, as `dataparallel.exchange_bytes` counts it:
-  dense (scheme None) a ring all-reduce, 2(D-1) messages; compressed an all-gather, D-1 messages."""
+def exchange(scheme, row, stages, replicas, chunks=1) -> netsim.Exchange:
+  """Each of the `stages` stage devices' data-parallel exchange of its `chunks` [row] rows (the executor's: every
+  stage's parameters padded to the longest's), as `dataparallel.exchange_bytes` counts it: dense (scheme None) a
+  ring all-reduce of them all, 2(D-1) messages; compressed a ring all-gather per row, chunks x (D-1) messages."""
   dense = scheme is None
-  sent = [dataparallel.exchange_bytes(scheme, p, 1, replicas, dense) / replicas for p in rows]
-  return netsim.Exchange(sent, (2 if dense else 1) * (replicas - 1))
+  sent = dataparallel.exchange_bytes(scheme, row, chunks, replicas, dense) / replicas
+  return netsim.Exchange([sent] * stages, (2 if dense else chunks) * (replicas - 1))
+
+
+def padded_row(cfg, num_stages: int, batch, microbatches: int) -> int:
+  """The parameter row every stage device of GPT-2 cut into `num_stages` stages exchanges (`layout.FlatRows`: each
+  stage's parameters, padded to the longest stage's), traced abstractly."""
+  pipe = jaxcomp.Pipeline(gpt2.gpt2_stages(cfg, num_stages), spec.parse_boundary("none", "none"),
+                          jaxcomp.losses.language_model, "tokens", microbatches)
+  return layout.FlatRows(jax.eval_shape(lambda: pipeline.init_state(pipe, optax.sgd(0.0), jax.random.key(1),
+                                                                     batch)).params).size
+
+
+TIED_CHOICES = ("dense", "untied")  # --tied-exchange's words; anything else is a scheme spec
+
+
+def tied_exchange(choice: str, pipe, batch, clock: Clock) -> netsim.Tied | None:
+  """netsim's tied exchange of one replica of the S-stage `pipe` (GPT-2's embedding and head tied) for
+  `--tied-exchange` `choice`: None when untied; else the executor's messages (`StateLayout.tied_messages`: devices
+  and bytes each way), with the scheme's encode and two decodes of one member's segment when compressed (the
+  clock's seconds); after the data-parallel exchange (`before_exchange` False)."""
+  if choice == "untied":
+    return None
+  scheme = None if choice == "dense" else spec.parse_scheme(choice)
+  lay = StateLayout(dataclasses.replace(pipe, tied_scheme=scheme), None, batch, pipe.num_stages, 1)
+  codec = []
+  for (a, _, _), (b, _, _), n in lay.tied_ends():
+    if a != b and scheme is not None:
+      encode, decode, _ = scheme_seconds(scheme, clock.input(jax.ShapeDtypeStruct((1, n), jnp.float32)), clock)
+      codec.append(encode + 2 * decode)
+    elif a != b:
+      codec.append(0.0)
+  messages = lay.tied_messages()
+  return netsim.Tied([m.ends for m in messages], [m.nbytes for m in messages], 1, codec)
 
 
 class Row(NamedTuple):
   link: Link
   method: str
   samples_per_s: float
-  critical: dict  # seconds of the step's critical path in compute, link, exchange
+  critical: dict  # seconds of the step's critical path in compute, link, exchange, tied exchange
+
+
+CRITICAL = ("compute", "link", "exchange", "tied")
 
 
 def link_label(link: Link) -> str:
@@ -224,7 +267,7 @@ def render(rows: list[Row], baseline: str = "fp32") -> str:
   """`link | method | samples/s | x fp32 | critical path | AQ-SGD paper`, link-major; the critical path's shares of
   the step say which term dominates it."""
   base = {r.link: r.samples_per_s for r in rows if r.method == baseline}
-  lines = [f"| link | method | samples/s | x {baseline} | critical path % compute / link / exchange "
+  lines = [f"| link | method | samples/s | x {baseline} | critical path % {' / '.join(CRITICAL)} "
            "| AQ-SGD paper (Table 2) |", "|---|---|---:|---:|---:|---|"]
   for r in sorted(rows, key=lambda r: by_link(r.link)):
     reported = paper.AQSGD_THROUGHPUT.get((r.method, r.link.bandwidth_bps), "")
@@ -273,16 +316,18 @@ def label(table: schedules.Schedule) -> str:
 
 def method_rows(name, costs, per_message, exchanges, args, table) -> list[Row]:
   """netsim's samples/s of one method on `table`, run as the executor runs it, on every link, with each
-  data-parallel exchange."""
+  data-parallel exchange and its tied exchange (`exchanges`: suffix -> (exchange of each V, tied exchange))."""
   costs, per_message = on_chunks(costs, per_message, table.chunks_per_device)
   fwd_s, bwd_s = op_seconds(costs)
   rows = []
-  for suffix, ex in exchanges.items():
+  for suffix, (ex, tied) in exchanges.items():
     for link in args.links:
       tl = netsim.simulate_step(fwd_s, bwd_s, [m[0] for m in per_message], [m[1] for m in per_message],
-                                args.microbatches, link, 0.0, ex, table, overlap_sends=table.hop > 1, ticks=True)
+                                args.microbatches, link, 0.0, ex[table.chunks_per_device], table,
+                                overlap_sends=table.hop > 1, ticks=True, tied=tied)
+      critical = tl.critical_seconds()
       rows.append(Row(link, name + suffix, netsim.throughput(args.batch * args.data_parallel, tl),
-                      tl.critical_seconds()))
+                      {k: critical.get(k, 0.0) for k in CRITICAL}))
   return rows
 
 
@@ -330,6 +375,10 @@ def main(argv=None):
                       "with --latency-ms)")
   parser.add_argument("--latency-ms", type=float, help="the one-way latency of the default links (default 1; "
                       "with --link, give each link's latency there)")
+  parser.add_argument("--tied-exchange", default="dense",
+                      help="comma-separated: what the tied embedding and head exchange each step, a table each: dense "
+                      "(fp32 both ways, the default run), untied (--untie-embeddings: nothing) or a data-parallel "
+                      "gradient scheme (--tied-compression, e.g. ef+maxabs:4:group=64:scales=group)")
   parser.add_argument("--repeats", type=int, default=10, help="timed runs per op (measured costs)")
   parser.add_argument("--compile-for", metavar="TARGET",
                       help="estimate stage and codec times from their programs compiled for TARGET's chip (e.g. "
@@ -363,36 +412,50 @@ def main(argv=None):
   try:
     stages = gpt2.gpt2_stages(cfg, args.stages)
     dp_scheme = spec.parse_scheme(args.dp_scheme)
+    choices = [c.strip() for c in args.tied_exchange.split(",") if c.strip()]
+    for choice in choices:
+      if choice not in TIED_CHOICES:
+        check_scheme(spec.parse_scheme(choice))
   except ValueError as err:
     parser.error(str(err))
+  if not choices:
+    parser.error(f"--tied-exchange names no choice: got {args.tied_exchange!r}")
   tokens = jax.random.randint(jax.random.key(0), (args.batch, args.seq), 0, cfg.vocab_size)
   batch = {"tokens": tokens, "id": jnp.arange(args.batch)}
   base = jaxcomp.Pipeline(stages, spec.parse_boundary("none", "none"), jaxcomp.losses.language_model,
-                          "tokens", args.microbatches)
+                          "tokens", args.microbatches, tied=gpt2.gpt2_tied(args.stages))
   abstract = jax.eval_shape(lambda: pipeline.init_state(base, optax.sgd(0.0), jax.random.key(1), batch))
   microbatch = jax.tree.map(lambda a: a[0], pipeline.split_microbatches(batch, args.microbatches))
   shapes = pipeline.boundary_shapes(base, abstract.params, abstract.model_state, microbatch["tokens"])
   if any(t.num_chunks > t.num_devices for t in runs) and len({(s.shape, s.dtype) for s in shapes}) > 1:
     parser.error(f"interleaved schedules send each stage boundary's message on every chunk boundary; the stage "
                  f"boundaries of this model differ ({shapes}): drop interleaved:V")
-  rows_p = [sum(a.size for a in jax.tree.leaves(p)) for p in abstract.params]
-  exchanges = {"": exchange(None, rows_p, args.data_parallel)}
+  rows = {v: padded_row(cfg, args.stages * v, batch, args.microbatches) for v in {t.chunks_per_device for t in runs}}
+  data_exchanges = {"": {v: exchange(None, p, args.stages, args.data_parallel, v) for v, p in rows.items()}}
   if args.data_parallel > 1:  # one replica exchanges nothing: QuantizedAdam's rows would repeat fp32's
-    exchanges[QADAM] = exchange(dp_scheme, rows_p, args.data_parallel)
-  costs_of = stage_costs(base, batch, Estimated(target) if target else Measured(args.repeats))
+    data_exchanges[QADAM] = {v: exchange(dp_scheme, p, args.stages, args.data_parallel, v) for v, p in rows.items()}
+  clock = Estimated(target) if target else Measured(args.repeats)
+  costs_of = stage_costs(base, batch, clock)
+  # per --tied-exchange choice: (suffix -> (data-parallel exchange per V, tied exchange)); QuantizedAdam ties first
+  ties = {choice: tied_exchange(choice, base, batch, clock) for choice in choices}
+  exchanges = {choice: {suffix: (ex, tie and tie._replace(before_exchange=suffix == QADAM))
+                        for suffix, ex in data_exchanges.items()} for choice, tie in ties.items()}
 
-  results, cost_lines, costs = {label(t): [] for t in runs}, [], {}
+  results = {choice: {label(t): [] for t in runs} for choice in choices}
+  cost_lines, costs = [], {}
   for name, (fwd_text, bwd_text) in methods.items():
     boundary = spec.parse_boundary(fwd_text, bwd_text, num_examples=args.batch)
     costs[name] = c = costs_of(boundary)
     per_message = [boundary.wire_bytes(s.shape, s.dtype) for s in shapes]
     cost_lines.append(f"| {name} | `{fwd_text}` | `{bwd_text}` | {per_message[0][0]:,} | {per_message[0][1]:,} | "
                       + " | ".join(f"{t * 1e3:.4g}" for t in (*c.encode_s[0], *c.decode_s[0])) + " |")
-    for table in runs:
-      results[label(table)] += method_rows(name, c, per_message, exchanges, args, table)
+    for choice in choices:
+      for table in runs:
+        results[choice][label(table)] += method_rows(name, c, per_message, exchanges[choice], args, table)
 
   source = costs["fp32"].source
-  print(f"GPT-2 {args.model}, {args.stages} stages, schedule {', '.join(results)}, {args.microbatches} microbatches of "
+  print(f"GPT-2 {args.model}, {args.stages} stages, schedule {', '.join(map(label, runs))}, {args.microbatches} "
+        f"microbatches of "
         f"{list(shapes[0].shape)} activations, {args.data_parallel} data-parallel replicas "
         f"(QuantizedAdam: `{args.dp_scheme}`), links {', '.join(map(str, args.links))}")
   print(f"\nStage and codec times ({source}), ms per microbatch:")
@@ -402,17 +465,27 @@ def main(argv=None):
         "| decode fwd ms | decode bwd ms |")
   print("|---|---|---|---:|---:|---:|---:|---:|---:|")
   print("\n".join(cost_lines))
-  print("\nData-parallel bytes sent per stage device and step:", "; ".join(
-      f"{suffix.removeprefix(' + ') or 'dense'} {[round(b) for b in ex.sent_bytes]}" for suffix, ex in exchanges.items()))
+  print("\nData-parallel bytes sent per stage device and step (its padded row" + (", V rows with interleaved:V"
+        if len(rows) > 1 else "") + "):", "; ".join(
+      f"{suffix.removeprefix(' + ') or 'dense'} " + ", ".join(f"{round(e.sent_bytes[0]):,}" + (f" (V = {v})"
+                                                             if len(rows) > 1 else "") for v, e in ex.items())
+      for suffix, ex in data_exchanges.items()))
+  for choice in choices:
+    tie = exchanges[choice][""][1]
+    print(f"Tied exchange {choice}: " + ("nothing sent (the head trains on its own)" if tie is None else "; ".join(
+        f"devices {a} <-> {b}, {n:,} B each way per replica" + (f", codec {t * 1e3:.4g} ms" if t else "")
+        for (a, b), n, t in zip(tie.ends, tie.sent_bytes, tie.compute_s))))
   for line in left_out:
     print(f"\nNo overlapped table for {line}")
-  if len(results) == 1:
-    print(f"\nTraining throughput, samples/s ({source}; netsim, {', '.join(results)}):\n")
-    print(render(*results.values()))
-  else:
-    print(f"\nTraining throughput, samples/s, and x fp32 on the same schedule ({source}; netsim, each schedule's "
-          "table run as the executor runs it):\n")
-    print(render_schedules(results))
+  for choice in choices:
+    heading = f", tied exchange {choice}"
+    if len(runs) == 1:
+      print(f"\nTraining throughput, samples/s ({source}; netsim, {', '.join(results[choice])}{heading}):\n")
+      print(render(*results[choice].values()))
+    else:
+      print(f"\nTraining throughput, samples/s, and x fp32 on the same schedule ({source}; netsim, each schedule's "
+            f"table run as the executor runs it{heading}):\n")
+      print(render_schedules(results[choice]))
 
 
 if __name__ == "__main__":

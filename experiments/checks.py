@@ -14,7 +14,8 @@ import jax
 from jaxcomp import pipeline
 from jaxcomp.compress.boundary import Reuse
 from jaxcomp.compress.schemes import AQSGD
-from jaxcomp.compress.spec import parse_boundary
+from jaxcomp.compress import tied as tied_exchange
+from jaxcomp.compress.spec import parse_boundary, parse_scheme
 from jaxcomp.parallel import schedules
 from jaxcomp.runtime import checkpoint, train
 
@@ -55,6 +56,14 @@ def check_choices(choices: dict, preset: str | None):
   if buffers != "device" and choices["executor"] != "simulate":
     raise ValueError(f"--aqsgd-buffers {buffers} needs --executor simulate; the {choices['executor']} executor "
                      "keeps AQ-SGD tables on the stage devices")
+  if choices.get("tied_compression"):
+    if choices.get("untie_embeddings"):
+      raise ValueError(f"--untie-embeddings leaves no tied exchange for --tied-compression "
+                       f"{choices['tied_compression']} to compress; drop one of them")
+    try:
+      tied_exchange.check_scheme(parse_scheme(choices["tied_compression"]))
+    except ValueError as err:
+      raise ValueError(f"--tied-compression {choices['tied_compression']}: {err}") from None
   if choices.get("init_epoch") and not choices.get("init_from"):
     raise ValueError(f"preset {preset!r} warm-starts from a baseline after {choices['init_epoch']} epochs: "
                      "run the baseline preset first and pass its folder with --init-from")

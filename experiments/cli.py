@@ -23,6 +23,8 @@ GROUPS = {  # --help's argument groups: key -> title
     "training": "model and training",
     "parallel": "parallelism and multi-host (SLURM, Open MPI and Cloud TPU pods are detected without the "
                 "multi-process flags)",
+    "tied": "tied parameters (GPT-2's embedding on the first stage and its head on the last: their gradient "
+            "exchange each step)",
     "data": "data",
     "output": "output and resume",
 }
@@ -32,6 +34,9 @@ COMMON_FLAGS = {  # flag -> (group, type, help); defaults come from the recipe
     "warmup_epochs": ("compression", int, "epochs sent uncompressed first (AQ-SGD fills its buffers)"),
     "grad_compression": ("compression", str,
                          "compress data-parallel weight gradients, e.g. ef+quant:4 (gpipe; dense in warm-up)"),
+    "tied_compression": ("tied", str, "compress the tied parameters' gradient exchange with a data-parallel gradient "
+                         "scheme, e.g. ef+maxabs:4:group=64: each end sends C(g + e), both apply the same sum of "
+                         "the two decoded messages (every train step, warm-up included)"),
     "epochs": ("training", int, "training epochs"),
     "steps": ("training", int, "stop after this many steps in total (short runs)"),
     "seed": ("training", int, "random seed (init, data order, stochastic rounding)"),
@@ -49,9 +54,10 @@ COMMON_FLAGS = {  # flag -> (group, type, help); defaults come from the recipe
 }
 UNSET_MEANS = {"steps": "every epoch's", "train_examples": "all", "eval_examples": "all", "eval_every": "epoch ends",
                "target_loss": "none", "lr_steps": "every epoch's steps",
-               "grad_compression": "none, the dense mean", "bottleneck": "none"}  # --help's words for None
+               "grad_compression": "none, the dense mean", "bottleneck": "none",
+               "tied_compression": "none, the dense exchange"}  # --help's words for None
 # settings that change what a step sends, not the shapes of what it sends (--list-presets traces a shape once)
-COMPRESSION_KEYS = ("preset", "fwd", "bwd", "warmup_epochs", "init_epoch", "grad_compression")
+COMPRESSION_KEYS = ("preset", "fwd", "bwd", "warmup_epochs", "init_epoch", "grad_compression", "tied_compression")
 
 
 def recipe_default(exp: config.Experiment, key: str) -> str:
@@ -86,6 +92,9 @@ def parser_for(exp: config.Experiment) -> argparse.ArgumentParser:
     groups[group].add_argument("--" + flag.replace("_", "-"), type=kind, help=text + recipe_default(exp, flag))
   groups["training"].add_argument("--stop-at-target", action="store_true",
                                   help="end the run at the first evaluated step that reaches --target-loss")
+  groups["tied"].add_argument("--untie-embeddings", action="store_true",
+                              help="GPT-2: the head starts as a copy of the embedding (pretrained weights load into "
+                                   "both) and then trains on its own: no tied exchange")
   parallel = groups["parallel"]
   parallel.add_argument("--executor", choices=["simulate", "gpipe"],
                         help="simulate: every stage on one device; gpipe: stage s on device s"

@@ -49,6 +49,8 @@ class CompressionConfig:
   bwd: str
   warmup_epochs: int = 0  # epochs sent dense first (AQ-SGD fills its buffers)
   bottleneck: str | None = None  # a learned rank-R projection at every boundary (GPT-2)
+  tied_compression: str | None = None  # the tied parameters' gradient exchange's scheme (None: dense, exact)
+  untie_embeddings: bool = False  # GPT-2's head starts as a copy of the embedding and trains on its own
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -97,7 +99,8 @@ SECTIONS = {"executor": ExecutorConfig, "compression": CompressionConfig, "train
 # what a run uses where neither its recipe, its preset nor a flag says otherwise: every results file records
 # these, first, in this order
 RUN_DEFAULTS = {name: field.default for name in ("executor", "schedule", "data_parallel", "aqsgd_buffers",
-                                                  "warmup_epochs", "grad_compression", "bottleneck")
+                                                  "warmup_epochs", "grad_compression", "bottleneck",
+                                                  "tied_compression", "untie_embeddings")
                 for section in SECTIONS.values() for field in dataclasses.fields(section) if field.name == name}
 # may change when a run is resumed: where and how long it runs is not what it computes (overlapped sends
 # and every schedule give the same numbers bitwise; the stage devices may change with the schedule as long as

@@ -27,7 +27,7 @@ import optax
 from experiments import checks, cli, config, paper
 from jaxcomp import losses
 from jaxcomp.compress import bottleneck
-from jaxcomp.compress.spec import parse_boundary
+from jaxcomp.compress.spec import parse_boundary, parse_scheme
 from jaxcomp.data import batching, text
 from jaxcomp.models import gpt2, gpt2_weights, protocol_gpt
 from jaxcomp.pipeline import Pipeline
@@ -224,16 +224,19 @@ def assemble(run: config.RunConfig, cfg, num_train: int):
                      f"into 1..{cfg.n_layer} stages; pass one of those (or a larger --model)")
   optimizer = optimizer_for(run, own.lr_steps or batching.num_batches(num_train, bs, shards) * run.training.epochs)
   boundary = parse_boundary(run.compression.fwd, run.compression.bwd, num_examples=num_train)
-  stages, tied = (protocol_gpt.protocol_stages(cfg, s), ()) if protocol else (gpt2.gpt2_stages(cfg, s),
-                                                                              gpt2.gpt2_tied(s))
+  stages, tied, copies = (protocol_gpt.protocol_stages(cfg, s), (), ()) if protocol else (gpt2.gpt2_stages(cfg, s),
+                                                                                          gpt2.gpt2_tied(s), ())
+  if run.compression.untie_embeddings:
+    tied, copies = (), tied
   if learned_spec:
     try:
       learned = bottleneck.parse(learned_spec)
       stages, tied = bottleneck.wrap(stages, learned, cfg.n_embd), tied + bottleneck.tied(learned, s)
     except ValueError as err:
       raise ValueError(f"--bottleneck {learned_spec}: {err}") from None
+  tied_scheme = parse_scheme(run.compression.tied_compression) if run.compression.tied_compression else None
   pipe = Pipeline(stages, boundary, losses.language_model, "tokens", run.executor.microbatches, tied=tied,
-                  grad_clip_norm=own.grad_clip)
+                  grad_clip_norm=own.grad_clip, tied_scheme=tied_scheme, init_copies=copies)
   return pipe, optimizer
 
 

@@ -79,6 +79,10 @@ def assemble(run: config.RunConfig, num_train: int):
         if stages > run.executor.stages else ""
     raise ValueError(f"--stages {run.executor.stages}{chunks}: ResNet18 splits into {list(resnet.STAGE_COUNTS)} "
                      "stages; pass one of those")
+  given = [flag for flag, value in (("--untie-embeddings", run.compression.untie_embeddings),
+                                    ("--tied-compression", run.compression.tied_compression)) if value]
+  if given:
+    raise ValueError(f"{' and '.join(given)}: ResNet18 has no tied parameters; drop {' and '.join(given)}")
   boundary = parse_boundary(run.compression.fwd, run.compression.bwd, num_examples=num_train)
   model = resnet.resnet18_stages(resnet.ResNet18Config(width=own.width), stages)
   return Pipeline(model, boundary, losses.classification, "image", run.executor.microbatches), optimizer

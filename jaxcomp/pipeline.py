@@ -16,6 +16,7 @@ import optax
 
 from jaxcomp.arguments import is_integer
 from jaxcomp.compress import codecs, schemes
+from jaxcomp.compress import tied as tied_exchange
 from jaxcomp.compress.boundary import Boundary, LinkState, Mode
 
 
@@ -118,7 +119,10 @@ class Pipeline:
 
   loss_fn(outputs, microbatch) -> (scalar loss, dict of scalar metrics); metrics are
   averaged over microbatches. `tied` lists pairs ((stage, param path), (stage, param path))
-  of parameters kept equal (their gradients are summed), e.g. GPT-2's embedding and head.
+  of parameters kept equal (their gradients are summed), e.g. GPT-2's embedding and head;
+  `tied_scheme` (a Plain or EF scheme) compresses that sum's exchange (`compress.tied`; None:
+  the exact g_a + g_b). `init_copies` lists pairs of the same form whose second member starts as
+  a copy of the first and then trains on its own (GPT-2 with an untied head).
   `grad_clip_norm` clips the global gradient norm over all stages (an executor's job: no
   single stage's optimizer sees the global norm).
   """
@@ -129,10 +133,13 @@ class Pipeline:
   microbatches: int = 1
   tied: tuple = ()
   grad_clip_norm: float | None = None
+  tied_scheme: Any = None
+  init_copies: tuple = ()
 
   def __post_init__(self):
     if len(self.stages) < 1:
       raise ValueError("a pipeline needs at least one stage")
+    tied_exchange.check_scheme(self.tied_scheme)
     m = self.microbatches
     if not is_integer(m) or m < 1:
       raise ValueError(f"microbatches must be a positive integer, got {m!r}")
@@ -150,6 +157,7 @@ class TrainState(NamedTuple):
   opt_state: Any
   links: tuple  # LinkState per boundary
   grad_state: Any = ()  # data-parallel gradient compression state (gpipe executor)
+  tied_state: Any = ()  # per tied pair, its members' states of the compressed tied exchange (`tie_grads`)
 
 
 def split_microbatches(batch, m: int):
@@ -286,13 +294,35 @@ def init_state(pipe: Pipeline, optimizer: optax.GradientTransformation, rng, bat
   if given is not None:
     jax.tree.map(lambda a, b: _check_shape(a, b), given, tuple(params))
     params = [jax.tree.map(jnp.asarray, p) for p in given]
-  params = tie_params(tuple(params), pipe.tied)
+  params = tie_params(tuple(params), pipe.tied + pipe.init_copies)
   model_state = tuple(model_state)
   shapes = outputs[:-1]  # the activation at each boundary
   batch_size = jax.tree.leaves(batch)[0].shape[0]
   links = tuple(pipe.boundary.init(batch_size, s.shape[1:], s.dtype) for s in shapes)
   return TrainState(jnp.zeros((), jnp.int32), state_rng, params, model_state,
-                    optimizer.init(params), links)
+                    optimizer.init(params), links, (), init_tied_state(pipe, params))
+
+
+def ties(pipe: Pipeline) -> dict:
+  """JSON: the pipeline's tied pairs, how their exchange is compressed and its initial copies (what a checkpoint
+  records: a run resumes only with the same)."""
+  pairs = lambda pairs: [[[s, list(path)] for s, path in pair] for pair in pairs]
+  return {"tied": pairs(pipe.tied), "tied_scheme": None if pipe.tied_scheme is None else repr(pipe.tied_scheme),
+          "init_copies": pairs(pipe.init_copies)}
+
+
+def tied_sizes(pipe: Pipeline, params) -> list[int]:
+  """Each tied pair's parameter size (entries of one member)."""
+  return [int(jnp.size(_at(params[sa], pa))) for (sa, pa), _ in pipe.tied]
+
+
+def init_tied_state(pipe: Pipeline, params, replicas: int = 1) -> tuple:
+  """The compressed tied exchange's state: per tied pair (member a's, member b's), each the scheme's state of
+  one row per replica (`compress.tied.init_member`); () when the exchange is exact."""
+  if pipe.tied_scheme is None:
+    return ()
+  member = lambda n: tied_exchange.init_member(pipe.tied_scheme, n, replicas)
+  return tuple((member(n), member(n)) for n in tied_sizes(pipe, params))
 
 
 def uncompressed(pipe: Pipeline) -> Pipeline:
@@ -350,13 +380,14 @@ def clip_factor(squared_norm, max_norm):
   return jnp.where(norm > max_norm, max_norm / jnp.where(norm > 0, norm, 1.0), 1.0)
 
 
-def finish_grads(pipe: Pipeline, grads: tuple) -> tuple:
-  """Ties, then global-norm clipping: what happens to the gradients of all stages at once."""
-  grads = tie_grads(grads, pipe.tied)
+def finish_grads(pipe: Pipeline, grads: tuple, tied_state=(), step_key=None) -> tuple:
+  """(gradients, tied_state'): ties (`tie_grads`), then global-norm clipping: what happens to the gradients of
+  all stages at once."""
+  grads, tied_state = tie_grads(grads, pipe.tied, pipe.tied_scheme, tied_state, step_key)
   if pipe.grad_clip_norm is None:
-    return grads
+    return grads, tied_state
   factor = clip_factor(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)), pipe.grad_clip_norm)
-  return jax.tree.map(lambda g: g * factor, grads)
+  return jax.tree.map(lambda g: g * factor, grads), tied_state
 
 
 def tie_params(params: tuple, tied) -> tuple:
@@ -367,11 +398,20 @@ def tie_params(params: tuple, tied) -> tuple:
   return tuple(params)
 
 
-def tie_grads(grads: tuple, tied) -> tuple:
-  """Sums the gradients of each tied pair and gives the sum to both members."""
-  grads = list(grads)
-  for (sa, pa), (sb, pb) in tied:
-    total = _at(grads[sa], pa) + _at(grads[sb], pb)
+def tie_grads(grads: tuple, tied, scheme=None, tied_state=(), step_key=None) -> tuple:
+  """(gradients, tied_state'): each tied pair's members both get the pair's sum g_a + g_b, exact (`scheme`
+  None), or D(m_a) + D(m_b) of their compressed messages (`compress.tied`; `tied_state`: the pairs' member
+  states of one replica, `step_key` the step's)."""
+  grads, states = list(grads), []
+  for k, ((sa, pa), (sb, pb)) in enumerate(tied):
+    g_a, g_b = _at(grads[sa], pa), _at(grads[sb], pb)
+    if scheme is None:
+      total = g_a + g_b
+    else:
+      sent = [tied_exchange.send(scheme, g.reshape(-1), state, tied_exchange.member_key(step_key, k, member))
+              for member, (g, state) in enumerate(zip((g_a, g_b), tied_state[k]))]
+      total = tied_exchange.total(scheme, sent[0][0], sent[1][0]).reshape(g_a.shape).astype(g_a.dtype)
+      states.append((sent[0][1], sent[1][1]))
     grads[sa] = _set(grads[sa], pa, total)
     grads[sb] = _set(grads[sb], pb, total)
-  return tuple(grads)
+  return tuple(grads), tuple(states)

@@ -56,7 +56,8 @@ def assert_trees_close(a, b, atol):
 def compare_with_simulate(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.TRAIN,), atol=2e-6, schedule="gpipe",
                           overlap=False, stage_devices=None):
   """`steps` train steps per mode, then eval steps (compressed and not), on the sharded executor (`stage_devices`,
-  default one per stage) and on simulate (`sim_pipe`): the same losses and states."""
+  default one per stage) and on simulate (`sim_pipe`): the same losses and states (the tied exchange's on every
+  replica)."""
   sim_pipe = sim_pipe or pipe
   ex = sharded.ShardedExecutor(sharded.make_mesh(stage_devices or pipe.num_stages, data), schedule=schedule,
                                overlap=overlap)
@@ -72,6 +73,8 @@ def compare_with_simulate(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.T
   back = ex.unstack(pipe, opt, flat, BATCH)
   assert_trees_close(back.params, state.params, atol)
   assert_trees_close(back.model_state, state.model_state, atol)
+  every_replica = lambda sim, sharded_: np.broadcast_to(np.asarray(sim), sharded_.shape)  # simulate: one replica's
+  assert_trees_close(back.tied_state, jax.tree.map(every_replica, state.tied_state, back.tied_state), atol)
   if data == 1 or not pipe.boundary.fwd.keyed_by_example:
     assert_trees_close(back.links, state.links, atol)
   for compressed in (True, False):

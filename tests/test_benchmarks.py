@@ -45,7 +45,7 @@ def test_throughput_table_rows_and_label(capsys):
   throughput_vs_bandwidth.main(["--seq", "8", "--batch", "4", "--repeats", "1", "--schedule", "1f1b",
                                 "--methods", "aqsgd-fw3-bw6"])
   out = capsys.readouterr().out
-  assert "Training throughput, samples/s (measured on cpu; netsim, 1f1b)" in out
+  assert "Training throughput, samples/s (measured on cpu; netsim, 1f1b, tied exchange dense)" in out
   table = out[out.index("| link | method | samples/s | x fp32 |"):].splitlines()[2:]
   cells = [[c.strip() for c in line.split("|")[1:-1]] for line in table]
   methods = ["fp32", "fp32 + QuantizedAdam", "aqsgd-fw3-bw6", "aqsgd-fw3-bw6 + QuantizedAdam"]
@@ -73,12 +73,32 @@ def test_throughput_links_are_rate_and_latency(capsys):
   assert "--link: link latency '20': give the one-way latency of a message with its unit" in capsys.readouterr().err
 
 
+def test_throughput_counts_each_choice_of_the_tied_exchange(capsys):
+  """--tied-exchange dense,untied,SCHEME: a table each; the tied embedding's gradient crosses between devices 0 and 3
+  (257 x 64 fp32 each way; compressed, its payload), and on a slow link costs fp32 samples/s that untied does not."""
+  throughput_vs_bandwidth.main(["--seq", "8", "--batch", "4", "--repeats", "1", "--data-parallel", "1",
+                                "--methods", "fp32", "--tied-exchange", "dense,untied,ef+topk:0.1"])
+  out = capsys.readouterr().out
+  assert "Tied exchange dense: devices 0 <-> 3, 65,792 B each way per replica" in out
+  assert "Tied exchange untied: nothing sent (the head trains on its own)" in out
+  assert re.search(r"Tied exchange ef\+topk:0.1: devices 0 <-> 3, 8,636 B each way per replica, codec [\d.]+ ms", out)
+  rates, shares = {}, {}
+  for choice in ("dense", "untied", "ef+topk:0.1"):
+    table = out[out.index(f"tied exchange {choice}):"):].split("\n\n")[1].splitlines()[2:]
+    cells = {c[0]: c for c in ([x.strip() for x in line.split("|")[1:-1]] for line in table)}
+    rates[choice] = float(cells["100 Mbps, 1 ms"][2])
+    shares[choice] = int(cells["100 Mbps, 1 ms"][4].split(" / ")[3])  # the tied exchange's share of the critical path
+  assert rates["untied"] > rates["dense"] and rates["untied"] >= rates["ef+topk:0.1"]
+  assert shares["untied"] == 0 < shares["dense"]
+
+
 def test_throughput_from_a_compiled_target_is_labelled_an_estimate(capsys):
   """--compile-for: stage and codec times are the roofline of their programs compiled for the target's chip."""
   throughput_vs_bandwidth.main(["--compile-for", "v5e-8", "--seq", "8", "--batch", "4", "--methods", "aqsgd-fw3-bw6"])
   out = capsys.readouterr().out
   label = "estimated for TPU v5e from programs compiled for v5e-8 (roofline, not run)"
-  assert f"Stage and codec times ({label})" in out and f"Training throughput, samples/s ({label}; netsim, gpipe)" in out
+  assert f"Stage and codec times ({label})" in out and f"Training throughput, samples/s ({label}; netsim, gpipe, " \
+      "tied exchange dense)" in out
   stage_ms = re.search(r"stage forward: \[(.*)\] stage backward: \[(.*)\]", out)
   assert all(float(t) > 0 for part in stage_ms.groups() for t in part.split(","))
   with pytest.raises(SystemExit):

@@ -103,8 +103,8 @@ def test_help_groups_the_flags_and_shows_each_recipes_default(capsys):
     main(gpt2_wikitext.EXPERIMENT, ["--help"])
   out = capsys.readouterr().out
   titles = [title.split(" (")[0] for title in re.findall(r"^(\S.*):$", out, re.M)]
-  assert titles == ["options", "compression", "model and training", "parallelism and multi-host", "data",
-                    "output and resume"]
+  assert titles == ["options", "compression", "model and training", "parallelism and multi-host", "tied parameters",
+                    "data", "output and resume"]
   text = re.sub(r"\s+", " ", out)
   assert "--epochs EPOCHS training epochs (default: 2; 4 with --recipe paper; 3000 with --recipe protocol; 1 with" in text
   assert "--block-size BLOCK_SIZE tokens per example (default: 128; 1024 with --recipe paper; 1024 with --recipe " \
@@ -141,6 +141,31 @@ def test_gpipe_executor_from_the_cli(tmp_path):
   _check_gpt2_run(run, "top10-reuse")
   last = run["history"][-1]
   assert last["steps_per_s"] is not None and last["wire_bytes_data"] > 0
+
+
+@pytest.mark.slow  # heavy: python -m pytest -m slow
+def test_the_tied_exchange_from_the_cli_and_a_resume_that_changes_it(tmp_path, capsys):
+  """--untie-embeddings (GPT-2's head a copy of the embedding, trained on its own: nothing tied, nothing exchanged)
+  and --tied-compression on the gpipe executor; a resumed run with another choice is one error line, whether the
+  results file or only the checkpoint says what the run chose."""
+  gpipe = ["--executor", "gpipe", "--stages", "2", "--microbatches", "2", "--out", str(tmp_path), *GPT2_TINY]
+  main(gpt2_wikitext.EXPERIMENT, [*gpipe, "--untie-embeddings", "--run-name", "untied", "--epochs", "1"])
+  main(gpt2_wikitext.EXPERIMENT, [*gpipe, "--tied-compression", "ef+maxabs:4:group=64:scales=group",
+                                  "--run-name", "blocks"])
+  untied, blocks = _result(tmp_path, "untied"), _result(tmp_path, "blocks")
+  assert untied["config"]["untie_embeddings"] is True and "wire_bytes_tied" not in untied["history"][-1]
+  assert blocks["config"]["tied_compression"] == "ef+maxabs:4:group=64:scales=group"
+  segment = 257 * 64  # the byte vocabulary's embedding, [257, 64]
+  assert blocks["history"][-1]["wire_bytes_tied"] == 2 * (segment // 2 + segment // 64 * 4)  # 4-bit codes, a scale / 64
+  capsys.readouterr()
+  assert _refused(gpt2_wikitext.EXPERIMENT, [*gpipe, "--run-name", "untied", "--resume", "--epochs", "2"]) == (
+      "error: --resume with a changed configuration (untie_embeddings True -> False); resume with the original "
+      "values, or start a new run with another --run-name")
+  (tmp_path / "results" / "untied.json").unlink()  # only the checkpoint remembers
+  message = _refused(gpt2_wikitext.EXPERIMENT, [*gpipe, "--run-name", "untied", "--resume", "--epochs", "2"])
+  assert message.startswith("error: the checkpoint of epoch 1 in ") and "was saved by a run with other tied " \
+      "parameters (tied [] -> [[[0, ['wte']], [1, ['wte']]]]; init_copies [[[0, ['wte']], [1, ['wte']]]] -> [])" \
+      in message, message
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow

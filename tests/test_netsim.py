@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from jaxcomp.analysis import netsim
 from jaxcomp.analysis.link import Link
-from jaxcomp.analysis.netsim import Collective, Event, Exchange, simulate_step
+from jaxcomp.analysis.netsim import Collective, Event, Exchange, Tied, simulate_step
 from jaxcomp.parallel import schedule, schedules
 
 # With bandwidth_bps = 8, sending n bytes takes n seconds: hand timelines stay readable.
@@ -662,3 +662,41 @@ def test_ticks_are_never_faster_than_dataflow(name):
       path = tl.critical_path
       assert path[0].start == 0 and path[-1].end == tl.makespan
       assert _gapless(path, args[-1])
+
+
+def test_tied_exchange_after_and_before_the_data_parallel_exchange():
+  """The 1f1b timeline above (stage 0 done at 17, stage 1 at 14.5: its last message has left) with a tied pair on
+  devices 0 and 1: 3 bytes each way (3 s), one message (0.5 s latency), 0.25 s of codec work. After the exchanges (the dense or compressed mean:
+  ties after it) it starts when both exchanges have ended; before them (QuantizedAdam) when both stages are done,
+  and the exchanges wait for it. The updates wait for each device's last event."""
+  run = lambda before: simulate_step([1, 2], [2, 3], [1], [2], 2, BW8, latency_s=0.5, exchange=Exchange([4, 1], 2),
+                                     schedule="1f1b", update_s=[1, 2],
+                                     tied=Tied([(0, 1)], [3], 1, [0.25], before_exchange=before))
+  after = run(False)
+  assert after.exchanges == (Event("exchange", 0, -1, 17, 22), Event("exchange", 1, -1, 14.5, 16.5))
+  assert after.tied == (Event("tied", 0, -1, 22, 25.75),)
+  assert after.updates == (Event("update", 0, -1, 25.75, 26.75), Event("update", 1, -1, 25.75, 27.75))
+  assert after.makespan == 27.75
+  assert [e.kind for e in after.critical_path[-3:]] == ["exchange", "tied", "update"]
+  assert after.critical_seconds() == {"compute": 15, "link": 4, "exchange": 5, "tied": 3.75}
+  before = run(True)
+  assert before.tied == (Event("tied", 0, -1, 17, 20.75),)
+  assert before.exchanges == (Event("exchange", 0, -1, 20.75, 25.75), Event("exchange", 1, -1, 20.75, 22.75))
+  assert before.updates == (Event("update", 0, -1, 25.75, 26.75), Event("update", 1, -1, 22.75, 24.75))
+  assert before.makespan == 26.75
+  no_tie = simulate_step([1, 2], [2, 3], [1], [2], 2, BW8, latency_s=0.5, exchange=Exchange([4, 1], 2),
+                         schedule="1f1b", update_s=[1, 2])
+  assert no_tie.makespan == 23 and no_tie.tied == () and "tied" not in no_tie.critical_seconds()
+
+
+def test_a_tied_pair_couples_only_its_two_devices():
+  """3 stages, GPipe, the pair on devices 0 and 2: device 1 updates right after its own last op."""
+  tl = simulate_step([1, 1, 1], [1, 1, 1], [0, 0], [0, 0], 1, BW8, update_s=[0, 0, 0], tied=Tied([(0, 2)], [8]))
+  assert tl.pipeline_end == 6 and tl.tied == (Event("tied", 0, -1, 6, 14),)
+  assert [u.start for u in tl.updates] == [14, 5, 14]
+  for bad, match in [(Tied([(0, 0)], [1]), r"tied.ends\[0\] must be two different devices"),
+                     (Tied([(0, 3)], [1]), r"tied.ends\[0\] must be two different devices in 0..2"),
+                     (Tied([(0, 2)], [1, 2]), "tied.sent_bytes has 2 entries but tied.ends has 1"),
+                     (Tied([(0, 2)], [-1]), r"tied.sent_bytes\[0\] must be a finite number of bytes")]:
+    with pytest.raises(ValueError, match=match):
+      simulate_step([1, 1, 1], [1, 1, 1], [0, 0], [0, 0], 1, BW8, tied=bad)

@@ -96,8 +96,9 @@ def test_quantized_adam_exchange_bytes_match_the_hlo():
     predicted[scheme] = ex.wire_bytes_per_step(pipe, BATCH)["data"]
   warm = dryrun.collective_bytes(ex, pipe, opt, state, BATCH, Mode.WARMUP)
   assert sent == predicted
-  assert warm["data"] == 0  # warm-up: a dense all-reduce, no all-gather
   row = state.params.shape[1]
+  assert warm["data"] == ex.wire_bytes_per_step(pipe, BATCH, Mode.WARMUP)["data"] == 4 * 2 * row * 4  # a dense ring
+  # all-reduce: 4 stages x 2 (D-1) x the fp32 row
   assert sent["none"] == row * 4 * 4 * 2  # 4 stages x fp32 row x 2 replicas x 1 peer
   assert sent["ef+quant:4"] == sent["none"] // 8 + 4 * 2 * 8  # + fp32 (min, max) per message
 

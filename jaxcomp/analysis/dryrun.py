@@ -125,9 +125,10 @@ class DryRun:
     if not self.compared:
       return f"counted {counted} (one device: no link in the program)"
     sent = self.steps[0].collectives
-    same = all(sent[k] == self.counted.get(k) for k in self.compared)
+    ways = [k for k in self.compared if k in sent or k in self.counted]  # a way neither has is not in this run
+    same = all(sent.get(k, 0) == self.counted.get(k, 0) for k in ways)
     return (f"counted {counted}; the target's compiled collectives send "
-            + ", ".join(f"{k} {sent[k]:,}" for k in self.compared) + (" (equal)" if same else " (DIFFERENT)"))
+            + ", ".join(f"{k} {sent.get(k, 0):,}" for k in ways) + (" (equal)" if same else " (DIFFERENT)"))
 
 
 def _abstract(tree, sharding):

@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 
-from jaxcomp.parallel.mesh import TIED, WRAPPED
+from jaxcomp.parallel.mesh import DATA_EXCHANGE, TIED, WRAPPED
 
 _ARRAY = re.compile(r"(pred|[suf]\d+|bf16|f8e4m3fn|f8e5m2|f8e4m3fnuz|f8e5m2fnuz|f8e4m3b11fnuz|f8e4m3|f8e3m4)"
                     r"\[([\d,]*)\]")
@@ -248,6 +248,37 @@ def collective_permutes(hlo: "str | Module") -> list[PermuteSend]:
   return out
 
 
+def _tuple_parts(type_text: str) -> list[str]:
+  """The element types of a tuple type's text (one element: the text itself)."""
+  text = type_text.strip()
+  if not text.startswith("("):
+    return [text]
+  parts, depth, start = [], 0, 1
+  for i, c in enumerate(text[1:-1] + ",", start=1):
+    depth += (c in "([{") - (c in ")]}")
+    if c == "," and depth == 0:
+      parts.append(text[start:i].strip())
+      start = i + 1
+  return parts
+
+
+def _exchanged_bytes(module: Module, computation: str, inst: Instruction) -> int:
+  """Bytes of one member's operands of an all-reduce(-start) that the scope `DATA_EXCHANGE` issued. XLA combines
+  small all-reduces into one of a tuple: then each element's get-tuple-element (of the all-reduce, or of the
+  all-reduce-done of a start) keeps the scope of the all-reduce it came from."""
+  if not inst.type.strip().startswith("("):
+    return array_bytes(inst.type) if f"/{DATA_EXCHANGE}/" in inst.line else 0
+  holders = {inst.name} | {i.name for i in module.computations[computation]
+                           if i.opcode == "all-reduce-done" and i.operands == (inst.name,)}
+  parts = _tuple_parts(next(module.types[(computation, h)] for h in holders if h != inst.name)
+                       if len(holders) > 1 else inst.type)
+  total = 0
+  for user in module.computations[computation]:
+    if user.opcode == "get-tuple-element" and user.operands[0] in holders and f"/{DATA_EXCHANGE}/" in user.line:
+      total += array_bytes(parts[int(re.search(r"index=(\d+)", user.attributes).group(1))])
+  return total
+
+
 def collective_bytes(hlo: "str | Module", num_stages: int | None = None) -> dict[str, int]:
   """Bytes the collectives of a compiled program send per call, summed over all devices.
 
@@ -259,20 +290,28 @@ def collective_bytes(hlo: "str | Module", num_stages: int | None = None) -> dict
   `num_stages` every pair is a pipeline message); a collective-permute issued under the scope
   `TIED` is the tied-parameter exchange (`tied`, a key present only when the program has one).
   Each all-gather over a group of n also counts as `data`: every member's operand (result / n)
-  to the n-1 others. All-reduces are not counted. A collective in a loop of unknown trip count is
-  a ValueError. `hlo`: the compiled program's text, or its `Module`.
+  to the n-1 others; so does an all-reduce issued under the scope `DATA_EXCHANGE` (the dense
+  data-parallel exchange; of an all-reduce XLA combined from several, the parts that scope issued), as a
+  ring all-reduce sends it: 2 (n-1)/n of its operand from each of the n members. Other all-reduces
+  (scalars: losses, norms) are not counted. A collective in a loop of
+  unknown trip count is a ValueError. `hlo`: the compiled program's text, or its `Module`.
   """
   module = parsed(hlo)
   runs = executions(module)
   totals = {"fwd": 0, "bwd": 0, "data": 0}
   for name, times in runs.counts.items():
     for inst in module.computations.get(name, ()):
-      if inst.opcode.removesuffix("-start") != "all-gather":
+      kind = inst.opcode.removesuffix("-start")
+      if kind not in ("all-gather", "all-reduce"):
         continue
       if name in runs.uncounted:
-        raise ValueError(f"a all-gather inside a loop without a known trip count: {inst.line.strip()[:160]}")
-      size, count = _group_size_and_count(inst.line)  # the gathered result: the sync op's type, else the last array
-      gathered = array_bytes(inst.type if inst.opcode == "all-gather" else _ARRAY_TEXT.findall(inst.type)[-1])
+        raise ValueError(f"a {kind} inside a loop without a known trip count: {inst.line.strip()[:160]}")
+      size, count = _group_size_and_count(inst.line)
+      if kind == "all-reduce":
+        totals["data"] += times * 2 * (size - 1) * _exchanged_bytes(module, name, inst) * count
+        continue
+      # the gathered result: the sync op's type, the last array of an async start's
+      gathered = array_bytes(inst.type if inst.opcode == kind else _ARRAY_TEXT.findall(inst.type)[-1])
       totals["data"] += times * (gathered // size * (size - 1) * size * count)
   for send in collective_permutes(module):
     if f"/{TIED}/" in send.inst.line:

@@ -110,13 +110,22 @@ and their exchanges overlap the drain of earlier stages. Stage 0 finishes last u
 schedule, so with equal rows the step ends with stage 0's exchange, the same time as
 "after the whole pipeline"; the choice matters only when a later stage's row is larger.
 
-Updates. With ``update_s``, stage ``s`` then runs its optimizer step for ``update_s[s]`` seconds,
-after its exchange (or, without one, after its last op and last message).
+Tied parameters (`Tied`). Each tied pair's two member devices (GPT-2's embedding on device 0, its head on
+device S-1) exchange their gradient segments once per step, one message each way, both at once on a link of
+their own between the two (full duplex, at the same bandwidth and latency), taking ``compute_s`` (the codec's
+encode and decodes, when compressed) plus ``messages * latency_s + 8 * sent_bytes / bandwidth_bps``. As the
+executor's step: a pair's exchange starts when both members are ready, after their data-parallel exchanges
+(`dataparallel.DenseMean`, `CompressedMean`: ties after the mean), or before them with ``before_exchange``
+(QuantizedAdam ties each replica's gradient before its momentum exchange); a device in several pairs runs them
+in order.
 
-The makespan is the end of the last op, message, exchange, update or collective. With zero communication and
-uniform stages (``t_f``, ``t_b``), GPipe gives the classic ``(M + S - 1) * (t_f + t_b)``. Every time is built from
-``max`` and ``+`` over fixed orders, so the makespan never decreases when a duration grows: more bandwidth or fewer
-bytes never slow a step.
+Updates. With ``update_s``, stage ``s`` then runs its optimizer step for ``update_s[s]`` seconds,
+after its exchange and its tied exchanges (or, without either, after its last op and last message).
+
+The makespan is the end of the last op, message, exchange, tied exchange, update or collective. With zero
+communication and uniform stages (``t_f``, ``t_b``), GPipe gives the classic ``(M + S - 1) * (t_f + t_b)``. Every
+time is built from ``max`` and ``+`` over fixed orders, so the makespan never decreases when a duration grows: more
+bandwidth or fewer bytes never slow a step.
 """
 
 from __future__ import annotations
@@ -130,7 +139,8 @@ from jaxcomp.analysis.link import Link
 from jaxcomp.arguments import is_integer
 from jaxcomp.parallel import schedules
 
-Kind = Literal["fwd", "bwd", "bwd_input", "bwd_weight", "send_fwd", "send_bwd", "exchange", "update", "collective"]
+Kind = Literal["fwd", "bwd", "bwd_input", "bwd_weight", "send_fwd", "send_bwd", "exchange", "tied", "update",
+               "collective"]
 Meter = Literal["per_direction", "inbound"]
 METERS = ("per_direction", "inbound")
 Protocol = Literal["eager", "rendezvous"]
@@ -155,6 +165,15 @@ class Collective(NamedTuple):
   at: int | Place
   ranks: int | None = None
   nbytes: float = 4.0
+class Tied(NamedTuple):
+  """One step's tied-parameter exchanges: per tied pair, its member devices `ends[k]` = (a, b), the bytes each
+  sends the other `sent_bytes[k]` (in `messages` messages each way) and the seconds of codec work `compute_s[k]`
+  (None: none); `before_exchange`: they run before the data-parallel exchange, not after it."""
+  ends: Sequence[tuple[int, int]]
+  sent_bytes: Sequence[float]
+  messages: int = 1
+  compute_s: Sequence[float] | None = None
+  before_exchange: bool = False
 
 
 @dataclass(frozen=True)
@@ -163,9 +182,9 @@ class Event:
 
   ``index`` is the chunk (the stage, one chunk per device) for ``fwd``/``bwd``/``bwd_input``/``bwd_weight``,
   the device for ``exchange``/``update``, the boundary ``b`` (chunk ``b`` to ``b + 1``) for
-  ``send_fwd``/``send_bwd`` and the position in `simulate_step`'s ``collectives`` for ``collective``;
-  ``microbatch`` is -1 for an ``exchange``, ``update`` or ``collective``. Times are seconds from the start of
-  the step; a message's are its first byte leaving and its landing.
+  ``send_fwd``/``send_bwd``, the pair for ``tied`` and the position in `simulate_step`'s ``collectives`` for
+  ``collective``; ``microbatch`` is -1 for an ``exchange``, ``tied``, ``update`` or ``collective``. Times are
+  seconds from the start of the step; a message's are its first byte leaving and its landing.
   """
   kind: Kind
   index: int
@@ -178,16 +197,18 @@ class Event:
 class Timeline:
   """All events of one step: `events` (compute ops and messages, in evaluation order, not by
   time), one `exchanges` event per stage (none without data parallelism), one `updates` event per
-  stage (none without `update_s`), one `collectives` event per collective, and the `critical_path`: from
-  t = 0 to the makespan, each event the one the next waited for last (on a tie, the previous event on the
-  same resource). An event on the path counts until the next one starts, at most to its end (a message that held
-  up the next message on its link direction, or its sender, until its last byte left); a gap before the next one
-  is a receive's notice crossing the link (the rendezvous protocol; also before the first event)."""
+  stage (none without `update_s`), one `tied` event per tied pair (none without `tied`), one `collectives` event
+  per collective, and the `critical_path`: from t = 0 to the makespan, each event the one the next waited for last
+  (on a tie, the previous event on the same resource). An event on the path counts until the next one starts, at
+  most to its end (a message that held up the next message on its link direction, or its sender, until its last
+  byte left); a gap before the next one is a receive's notice crossing the link (the rendezvous protocol; also
+  before the first event)."""
   events: tuple[Event, ...]
   exchanges: tuple[Event, ...] = ()
   critical_path: tuple[Event, ...] = ()
   updates: tuple[Event, ...] = ()
   collectives: tuple[Event, ...] = ()
+  tied: tuple[Event, ...] = ()
 
   @property
   def pipeline_end(self) -> float:
@@ -196,15 +217,16 @@ class Timeline:
 
   @property
   def makespan(self) -> float:
-    """Step time in seconds: the end of the last op, message, exchange, update or collective."""
-    return max(e.end for e in self.events + self.exchanges + self.updates + self.collectives)
+    """Step time in seconds: the end of the last op, message, exchange, tied exchange, update or collective."""
+    return max(e.end for e in self.events + self.exchanges + self.updates + self.collectives + self.tied)
 
   def critical_seconds(self) -> dict[str, float]:
     """Seconds of the critical path spent in ``compute`` (forwards, backwards, updates), on a ``link`` (messages
-    and collectives) and in an ``exchange``: they sum to the makespan, and say which term dominates the step."""
+    and collectives), in an ``exchange`` and, when the step has tied exchanges, in a ``tied`` one: they sum to the
+    makespan, and say which term dominates the step."""
     terms = {**dict.fromkeys(COMPUTE.values(), "compute"), "send_fwd": "link", "send_bwd": "link",
-             "exchange": "exchange", "update": "compute", "collective": "link"}
-    seconds = dict.fromkeys(("compute", "link", "exchange"), 0.0)
+             "exchange": "exchange", "tied": "tied", "update": "compute", "collective": "link"}
+    seconds = dict.fromkeys(("compute", "link", "exchange") + (("tied",) if self.tied else ()), 0.0)
     path = self.critical_path
     seconds["link"] += path[0].start if path else 0.0  # a notice crossing before the first event
     for e, after in zip(path, path[1:]):
@@ -246,6 +268,22 @@ def _check_bytes(name: str, values: Sequence[float], count: int, per: str) -> No
   for i, v in enumerate(values):
     if not (math.isfinite(v) and v >= 0):
       raise ValueError(f"{name}[{i}] must be a finite number of bytes >= 0, got {v!r}")
+
+
+def _check_tied(tied: Tied, num_devices: int) -> None:
+  if len(tied.sent_bytes) != len(tied.ends):
+    raise ValueError(f"tied.sent_bytes has {len(tied.sent_bytes)} entries but tied.ends has {len(tied.ends)} pairs "
+                     "(one entry each)")
+  for k, ends in enumerate(tied.ends):
+    if len(ends) != 2 or ends[0] == ends[1] or not all(is_integer(d) and 0 <= d < num_devices for d in ends):
+      raise ValueError(f"tied.ends[{k}] must be two different devices in 0..{num_devices - 1}, got {ends!r}")
+  _check_bytes("tied.sent_bytes", tied.sent_bytes, len(tied.ends), "tied pairs")
+  _check_count("tied.messages", tied.messages, 0)
+  if tied.compute_s is not None:
+    if len(tied.compute_s) != len(tied.ends):
+      raise ValueError(f"tied.compute_s has {len(tied.compute_s)} entries but tied.ends has {len(tied.ends)} pairs")
+    for k, t in enumerate(tied.compute_s):
+      _check_time(f"tied.compute_s[{k}]", t)
 
 
 def table_of(schedule: str | schedules.Schedule, num_chunks: int, microbatches: int,
@@ -508,6 +546,7 @@ def simulate_step(
     meter: Meter = "per_direction",
     collectives: Sequence[Collective] = (),
     protocol: Protocol = "eager",
+    tied: Tied | None = None,
 ) -> Timeline:
   """Event timeline of one step on `schedule` (a table, or a name `schedules.build` knows: gpipe, 1f1b,
   1f1b-fused, zb-h1, interleaved:V; rules in the module docstring).
@@ -518,6 +557,7 @@ def simulate_step(
   ``bandwidth_bps``: bits per second of each link, or a `Link` (its bandwidth and latency; ``latency_s`` is then
   left at 0). ``latency_s``: the one-way latency of every message.
   ``exchange``: the data-parallel exchange (``sent_bytes`` per device), or None.
+  ``tied``: the tied parameters' exchanges (per pair: its two devices and the bytes each sends), or None.
   ``update_s``: per-device seconds of the optimizer step that ends the step, or None.
   ``ticks``: False: the dataflow timing (the table gives each device's order; by name, its table without
   overlapped sends); True: the sharded executor's ticks.
@@ -566,6 +606,8 @@ def simulate_step(
   if exchange is not None:
     _check_bytes("exchange.sent_bytes", exchange.sent_bytes, num_stages, "stages")
     _check_count("exchange.messages", exchange.messages, 0)
+  if tied is not None:
+    _check_tied(tied, num_stages)
   if update_s is not None:
     if len(update_s) != num_stages:
       raise ValueError(f"update_s has {len(update_s)} entries but the schedule has {num_stages} devices "
@@ -591,23 +633,36 @@ def simulate_step(
   else:
     done = _dataflow(ev, table, compute, wires, overlap_sends)
   events = tuple(ev.evaluated.values())
+  ready = [list(d) for d in done]  # what each device's next event after its pipeline waits for
+
+  def tie():
+    for k, ((a, b), n) in enumerate(zip(tied.ends, tied.sent_bytes)):
+      codec = tied.compute_s[k] if tied.compute_s is not None else 0.0
+      ev.run(("tied", k, -1), ("tied", k), ready[a] + ready[b],
+             codec + link.seconds(n, tied.messages))
+      ready[a] = ready[b] = [("tied", k, -1)]
+
+  if tied is not None and tied.before_exchange:
+    tie()
   if exchange is not None:
     for s, n in enumerate(exchange.sent_bytes):
-      ev.run(("exchange", s, -1), ("exchange", s), done[s], link.seconds(n, exchange.messages))
-    done = [[("exchange", s, -1)] for s in range(num_stages)]
-  done = barrier("before_update", done, done)
+      ev.run(("exchange", s, -1), ("exchange", s), ready[s], link.seconds(n, exchange.messages))
+      ready[s] = [("exchange", s, -1)]
+  if tied is not None and not tied.before_exchange:
+    tie()
+  ready = barrier("before_update", ready, ready)
   if update_s is not None:
     for s, t in enumerate(update_s):
-      ev.run(("update", s, -1), ("update", s), done[s], t)
-    done = [[("update", s, -1)] for s in range(num_stages)]
-  barrier("after_update", done, done)
+      ev.run(("update", s, -1), ("update", s), ready[s], t)
+    ready = [[("update", s, -1)] for s in range(num_stages)]
+  barrier("after_update", ready, ready)
   by_kind = lambda kind: tuple(e for e in ev.evaluated.values() if e.kind == kind)
 
   path = [max(ev.evaluated, key=lambda k: ev.evaluated[k].end)]
   while ev.cause[path[-1]] is not None:
     path.append(ev.cause[path[-1]])
   return Timeline(events, by_kind("exchange"), tuple(ev.evaluated[k] for k in reversed(path)), by_kind("update"),
-                  by_kind("collective"))
+                  by_kind("collective"), by_kind("tied"))
 
 
 def throughput(samples_per_step: float, timeline: Timeline) -> float:

@@ -84,6 +84,12 @@ class Plain(Scheme):
   """m = C(x)."""
 
 
+def sender_only(scheme) -> bool:
+  """Whether `scheme` keeps no receiver state (Plain, EF): what an exchange that only decodes what it receives
+  (the data-parallel and the tied-parameter exchanges) can run."""
+  return isinstance(scheme, Scheme) and type(scheme) in (Plain, EF)
+
+
 @dataclasses.dataclass(frozen=True)
 class EF(Scheme):
   """Error feedback (Seide): m = C(x + e); e' = x + e - m. Sender-only fp32 state."""

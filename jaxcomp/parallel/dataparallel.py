@@ -1,7 +1,8 @@
 """The data-parallel exchange of weight gradients (or QuantizedAdam's first moment), and the
 optimizer step of one stage device that follows it: three `Exchange`s, one chosen per step.
 
-Dense: a mean over the `data` axis (XLA's all-reduce). Compressed by a Plain/EF scheme:
+Dense: a mean over the `data` axis (XLA's all-reduce, under the scope `mesh.DATA_EXCHANGE` that names it in the
+compiled program). Compressed by a Plain/EF scheme:
 each replica sends C(g + e) (one `[1, P]` message) to the D-1 others around a ring of
 collective-permutes (D-1 rounds, each passing on the message received last), every replica
 averages the decoded messages in replica order (so all replicas compute the same mean),
@@ -14,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxcomp.compress import packing
-from jaxcomp.parallel.mesh import DATA, STAGE
+from jaxcomp.parallel.mesh import DATA, DATA_EXCHANGE, STAGE
 from jaxcomp.parallel.qadam import QuantizedAdam
 
 
@@ -65,13 +66,14 @@ class StageStep(NamedTuple):
   s: jax.Array  # the stage index (traced; [V] chunk indices: `StateLayout.chunks_of`)
   key: jax.Array  # this step's key (stochastic codecs)
   real: jax.Array  # mask of the row's (rows') entries that are not padding
-  finish: Callable  # ties and clipping of a device's gradient row(s) (`StateLayout.finish`)
+  finish: Callable  # (row(s), tied state) -> (tied and clipped row(s), tied state') (`StateLayout.finish`)
   optimizer: Any  # the optimizer's rows (`state_layout.OptimizerRows`, as the device holds them)
+  tied: Any = ()  # this replica's state of the compressed tied exchange (`StateLayout.finish`)
 
 
 class Exchange(Protocol):
   def __call__(self, grads_row, opt_row, params_row, grad_state, at: StageStep) -> tuple:
-    """(params row', optimizer row', error rows') from this replica's gradient row of loss / D."""
+    """(params row', optimizer row', error rows', tied state') from this replica's gradient row of loss / D."""
 
 
 class DenseMean:
@@ -79,8 +81,10 @@ class DenseMean:
   (warm-up steps, and runs without a gradient scheme)."""
 
   def __call__(self, grads_row, opt_row, params_row, grad_state, at):
-    grads = at.finish(jax.lax.psum(grads_row, DATA))
-    return (*at.optimizer.update(grads, opt_row, params_row, at.s), grad_state)
+    with jax.named_scope(DATA_EXCHANGE):
+      grads = jax.lax.psum(grads_row, DATA)
+    grads, tied = at.finish(grads, at.tied)
+    return (*at.optimizer.update(grads, opt_row, params_row, at.s), grad_state, tied)
 
 
 class CompressedMean(NamedTuple):
@@ -90,7 +94,8 @@ class CompressedMean(NamedTuple):
   def __call__(self, grads_row, opt_row, params_row, grad_state, at):
     grads, grad_state = compressed_mean(self.scheme, grads_row * jax.lax.axis_size(DATA), grad_state, at.key,
                                         at.real, at.s)
-    return (*at.optimizer.update(at.finish(grads), opt_row, params_row, at.s), grad_state)
+    grads, tied = at.finish(grads, at.tied)
+    return (*at.optimizer.update(grads, opt_row, params_row, at.s), grad_state, tied)
 
 
 class MomentumExchange(NamedTuple):
@@ -100,11 +105,11 @@ class MomentumExchange(NamedTuple):
   optimizer: QuantizedAdam
 
   def __call__(self, grads_row, opt_row, params_row, grad_state, at):
-    grads = at.finish(grads_row * jax.lax.axis_size(DATA))
+    grads, tied = at.finish(grads_row * jax.lax.axis_size(DATA), at.tied)
     mu, grad_state = compressed_mean(self.scheme, self.optimizer.local_momentum(grads, opt_row), grad_state, at.key,
                                      at.real, at.s)  # decoded padding need not be 0:
     update = self.optimizer.frozen_update if grads_row.ndim == 1 else jax.vmap(self.optimizer.frozen_update)
-    return (*update(jnp.where(at.real, mu, 0.0), opt_row, params_row), grad_state)
+    return (*update(jnp.where(at.real, mu, 0.0), opt_row, params_row), grad_state, tied)
 
 
 def check_optimizer(optimizer, scheme):

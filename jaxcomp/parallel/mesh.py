@@ -4,6 +4,8 @@ import jax
 STAGE, DATA = "stage", "data"
 # the jax.named_scope of the tied-parameter exchange's collective-permutes (`analysis.hlo_bytes` counts them apart)
 TIED = "tied_exchange"
+# the jax.named_scope of the data-parallel exchange's dense all-reduce (`analysis.hlo_bytes` counts it as `data`)
+DATA_EXCHANGE = "data_exchange"
 # the jax.named_scope of the messages of a boundary whose ring wraps around (interleaved schedules: its
 # activations go from the last stage device to device 0, its gradients back), which `analysis.hlo_bytes`
 # counts with their directions reversed

@@ -68,7 +68,7 @@ class ShardedExecutor(pipeline.Executor):
 
   def __post_init__(self):
     g = self.grad_scheme
-    if g is not None and (not isinstance(g, schemes.Scheme) or type(g) not in (schemes.Plain, schemes.EF)):
+    if g is not None and not schemes.sender_only(g):
       raise ValueError(f"grad_scheme must be a Plain or EF scheme (no receiver state), got {g!r}")
     if self.remat not in schedule.REMAT:
       raise ValueError(f"remat must be one of {schedule.REMAT}, got {self.remat!r}")
@@ -100,6 +100,11 @@ class ShardedExecutor(pipeline.Executor):
                        f"{self.num_stages} devices{per}")
     schedules.check(self.schedule, self.num_stages, pipe.microbatches, self.overlap)
     dataparallel.check_optimizer(optimizer, self.grad_scheme)
+    if pipe.tied_scheme is not None:
+      one_device = [(a, b) for (a, _), (b, _) in pipe.tied if a % self.num_stages == b % self.num_stages]
+      if one_device:
+        raise ValueError(f"tied pairs of stages {one_device} are held by one stage device: nothing to compress "
+                         "there; use tied_scheme=None")
 
   def local_batch(self, batch):
     """Shapes of one data shard's share of a global batch (arrays or ShapeDtypeStructs): B/D examples."""
@@ -190,10 +195,10 @@ class ShardedExecutor(pipeline.Executor):
     return dataparallel.exchange_bytes(self.grad_scheme, params.size, pipe.num_stages, self.data, dense)
 
   def collective_ways(self, mode: Mode = Mode.TRAIN) -> tuple[str, ...]:
-    """Executor protocol: the pipeline's messages each way, and the data-parallel exchange when it is
-    compressed (all-gathers; the dense mean of warm-up and of `grad_scheme=None` is an all-reduce)."""
-    compressed = self.grad_scheme is not None and self.data > 1 and mode is not Mode.WARMUP
-    return ("fwd", "bwd", "data") if compressed else ("fwd", "bwd")
+    """Executor protocol: the pipeline's messages each way, the data-parallel exchange (a ring of permutes when
+    compressed; the dense mean of warm-up and of `grad_scheme=None` an all-reduce under `mesh.DATA_EXCHANGE`) and
+    the tied-parameter exchange (permutes under `mesh.TIED`)."""
+    return ("fwd", "bwd", "data", "tied")
 
   def describe(self) -> str:
     return (f"sharded: {self.num_stages} stages x {self.data} data, schedule {self.schedule}"
@@ -268,15 +273,16 @@ class ShardedExecutor(pipeline.Executor):
         (_, (loss, metrics, ms, fwd)), (grads, bwd) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(
             state.params[0], bwd)
       chunks = lay.chunks_of(jax.lax.axis_index(STAGE))  # this device's stage, or its chunks' [V]
-      at = dataparallel.StageStep(chunks, jax.random.fold_in(step_key, 2), lay.real(chunks), lay.finish,
-                                  lay.device_optimizer)
-      params_row, opt, grad_state = exchange(grads.reshape(state.params.shape[1:]), mine(state.opt_state),
-                                             state.params[0], state.grad_state, at)
+      at = dataparallel.StageStep(chunks, jax.random.fold_in(step_key, 2), lay.real(chunks),
+                                  lambda g, tied: lay.finish(g, tied, step_key), lay.device_optimizer,
+                                  mine(state.tied_state))
+      params_row, opt, grad_state, tied = exchange(grads.reshape(state.params.shape[1:]), mine(state.opt_state),
+                                                   state.params[0], state.grad_state, at)
       ms = jax.lax.pmean(ms, DATA).reshape(state.model_state.shape[1:])  # BatchNorm statistics synchronised
       add = lambda tree: jax.tree.map(lambda a: a[None], tree)
       links = LinkState(add(fwd[0]), add(fwd[1]), add(bwd[0]), add(bwd[1]))
       new_state = pipeline.TrainState(state.step + 1, state.rng, params_row[None], ms[None], add(opt), links,
-                                      grad_state)
+                                      grad_state, add(tied))
       return new_state, jax.tree.map(total, {"loss": loss, **metrics})
 
     state_specs = StateLayout.specs(state)

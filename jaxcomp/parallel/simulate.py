@@ -64,8 +64,9 @@ def _tables(state: pipeline.TrainState):
           tuple((l.bwd_send, l.bwd_recv) for l in state.links))
 
 
-def loss_and_grads(pipe: pipeline.Pipeline, state: pipeline.TrainState, batch, mode: Mode = Mode.TRAIN):
-  """One step's (loss, metrics, model_state, weight grads, new LinkStates), no optimizer.
+def step_grads(pipe: pipeline.Pipeline, state: pipeline.TrainState, batch, mode: Mode = Mode.TRAIN):
+  """One step's (loss, metrics, model_state, finished weight grads, new LinkStates, new tied_state), no
+  optimizer.
 
   The new backward states are the gradients w.r.t. the backward tables (see boundary.py).
   """
@@ -75,7 +76,13 @@ def loss_and_grads(pipe: pipeline.Pipeline, state: pipeline.TrainState, batch, m
   (loss, (metrics, model_state, fwd)), (grads, bwd) = jax.value_and_grad(
       run, argnums=(0, 1), has_aux=True)(state.params, bwd)
   links = tuple(LinkState(*f, *b) for f, b in zip(fwd, bwd))
-  return loss, metrics, model_state, pipeline.finish_grads(pipe, grads), links
+  grads, tied_state = pipeline.finish_grads(pipe, grads, state.tied_state, step_key)
+  return loss, metrics, model_state, grads, links, tied_state
+
+
+def loss_and_grads(pipe: pipeline.Pipeline, state: pipeline.TrainState, batch, mode: Mode = Mode.TRAIN):
+  """One step's (loss, metrics, model_state, weight grads, new LinkStates): `step_grads` without the tied state."""
+  return step_grads(pipe, state, batch, mode)[:5]
 
 
 def make_train_step(pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation, mode: Mode = Mode.TRAIN):
@@ -84,10 +91,10 @@ def make_train_step(pipe: pipeline.Pipeline, optimizer: optax.GradientTransforma
     raise ValueError(f"train step mode must be TRAIN, WARMUP or FIRST_VISIT, got {mode}")
 
   def step(state: pipeline.TrainState, batch):
-    loss, metrics, model_state, grads, links = loss_and_grads(pipe, state, batch, mode)
+    loss, metrics, model_state, grads, links, tied_state = step_grads(pipe, state, batch, mode)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     new_state = pipeline.TrainState(state.step + 1, state.rng, optax.apply_updates(state.params, updates),
-                              model_state, opt_state, links)
+                                    model_state, opt_state, links, state.grad_state, tied_state)
     return new_state, {"loss": loss, **metrics}
 
   return jax.jit(step, donate_argnums=0)

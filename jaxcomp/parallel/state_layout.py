@@ -9,11 +9,13 @@ Per device (d, s) of the (data, stage) mesh, every per-stage quantity is a zero-
   table's rows are split over the data shards, a per-example (AQ-SGD) table is held whole
   by every data shard (shard d's copy holds its own examples' rows, zeros elsewhere).
   grad_state [S, D, P] ([S, V, D, P]): each replica's error row of the data-parallel exchange.
+  tied_state, per tied pair, [S, D, n]: each replica's state of the compressed tied exchange of the member
+  its stage device holds (zeros on the devices that hold neither member).
 `StateRows` converts between the simulate layout and these rows from shapes alone (a checkpoint
 of the rows records its `description`); `StateLayout` adds what the executor needs of the
 pipeline. `StateLayout.specs` is the one source of every partition spec.
 """
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -22,20 +24,29 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxcomp import pipeline
+from jaxcomp.compress import packing
+from jaxcomp.compress import tied as tied_exchange
 from jaxcomp.compress.boundary import LinkState
 from jaxcomp.parallel import layout
 from jaxcomp.parallel.mesh import DATA, STAGE, TIED
 from jaxcomp.parallel.qadam import QuantizedAdam
 
+class TiedMessage(NamedTuple):
+  """One tied pair's exchange in a train step: its members' stage devices, and the bytes each sends the other."""
+  ends: tuple[int, int]
+  nbytes: int
+
+
 _OWNER = {"fwd_send": 0, "bwd_recv": 0, "fwd_recv": 1, "bwd_send": 1}  # boundary of chunk c: c - offset
 
 
-def exchange_tied(segment, pairs):
-  """`segment` sent between the stages of `pairs` ((source, target) on the stage axis; zeros where
-  nothing arrives), under the scope `mesh.TIED` that names these collectives in the compiled
-  program."""
+def exchange_tied(message, pairs):
+  """`message` (an array or a codec's payload) sent between the stages of `pairs` ((source, target) on the stage
+  axis; zeros where nothing arrives), bit patterns on the wire (`packing.as_bits`), under the scope `mesh.TIED`
+  that names these collectives in the compiled program."""
   with jax.named_scope(TIED):
-    return jax.lax.ppermute(segment, STAGE, pairs)
+    return jax.tree.map(lambda a: packing.from_bits(jax.lax.ppermute(packing.as_bits(a), STAGE, pairs), a.dtype),
+                        message)
 
 
 def abstract_state(pipe: pipeline.Pipeline, optimizer, batch) -> pipeline.TrainState:
@@ -154,13 +165,16 @@ class StateRows:
   forward link state is per example (`keyed`), the optimizer's rows, the tables' width `f_max`
   and one replica's data-parallel error state `grad_template` (None: no such state); `chunks` V per
   device (the template's S V stages, chunk c on device c mod S).
+  `tied_stages` ((stage a, stage b) of each tied pair) places the template's `tied_state`, when it has one.
   `description` is what a checkpoint of the rows records, `from_description` rebuilds them
   from it and the simulate layout's shapes alone (no pipeline needed)."""
 
   def __init__(self, template: pipeline.TrainState, num_stages: int, data: int, keyed: bool,
-               optimizer: OptimizerRows | None, f_max: int, grad_template=None, chunks: int = 1):
+               optimizer: OptimizerRows | None, f_max: int, grad_template=None, chunks: int = 1,
+               tied_stages: tuple = ()):
     self.template, self.num_stages, self.data, self.keyed = template, num_stages, data, keyed
     self.chunks = chunks
+    self.tied_stages = tuple(tuple(pair) for pair in tied_stages) if template.tied_state else ()
     self.params = layout.FlatRows(template.params)
     self.model_state = layout.FlatRows(template.model_state)
     self.optimizer, self.f_max, self.grad_template = optimizer, f_max, grad_template
@@ -172,7 +186,8 @@ class StateRows:
             "data": self.data, "keyed": self.keyed, "width": self.f_max,
             "optimizer": None if opt is None else OPTIMIZER_ROWS[type(opt)],
             "optimizer_leaves": [] if not isinstance(opt, OptaxRows) else
-            [[list(leaf.shape) for leaf in stage] for stage in opt.fl.leaves]}
+            [[list(leaf.shape) for leaf in stage] for stage in opt.fl.leaves],
+            **({"tied": [list(pair) for pair in self.tied_stages]} if self.tied_stages else {})}
 
   @classmethod
   def from_description(cls, template: pipeline.TrainState, described: dict) -> "StateRows":
@@ -187,7 +202,7 @@ class StateRows:
       if [[list(leaf.shape) for leaf in stage] for stage in optimizer.fl.leaves] != described["optimizer_leaves"]:
         raise ValueError("the optimizer state of these rows has other shapes than this run's")
     return cls(template, described["stages"], described["data"], described["keyed"], optimizer, described["width"],
-               chunks=described.get("chunks", 1))
+               chunks=described.get("chunks", 1), tied_stages=described.get("tied", ()))
 
   # ------------------------------------------------------------ whole states
   def by_device(self, rows):
@@ -209,13 +224,16 @@ class StateRows:
       opt_state = self.by_device(self.optimizer.stack(layout.split_by_stage(state.opt_state, state.params)))
     return pipeline.TrainState(state.step, state.rng, self.by_device(self.params.stack(state.params)),
                                self.by_device(self.model_state.stack(state.model_state)), opt_state,
-                               self.tables(state.links), self.grad_rows(state.grad_state))
+                               self.tables(state.links), self.grad_rows(state.grad_state),
+                               self.tied_rows(state.tied_state))
 
   def unstack(self, flat: pipeline.TrainState) -> pipeline.TrainState:
     """Inverse of `stack`: the optimizer state in `optimizer.init(params)`'s structure, `grad_state`
-    per stage a tree of [D, ...] error rows, each example's row from the shard that owns it."""
+    per stage a tree of [D, ...] error rows, each example's row from the shard that owns it, `tied_state`
+    per pair its members' [D, n] rows."""
     return pipeline.TrainState(flat.step, flat.rng, *self.unstack_model(flat.params, flat.model_state, flat.opt_state),
-                               self.untables(flat.links), self.grad_canonical(flat.grad_state))
+                               self.untables(flat.links), self.grad_canonical(flat.grad_state),
+                               self.tied_canonical(flat.tied_state))
 
   def unstack_model(self, params, model_state, opt_state) -> tuple:
     """(params, model state, optimizer state) rows -> their simulate layout (part of `unstack`)."""
@@ -294,6 +312,34 @@ class StateRows:
                  for leaf in jax.tree.leaves(self.by_chunk(rows))]
     return jax.tree.unflatten(jax.tree.structure(rows), canonical)
 
+  # ------------------------------------------------------------ the compressed tied exchange's rows
+  def tied_devices(self) -> list[tuple[int, int]]:
+    """The stage devices of each tied pair's members (stage c on device c mod S)."""
+    return [(sa % self.num_stages, sb % self.num_stages) for sa, sb in self.tied_stages]
+
+  def tied_rows(self, canonical):
+    """tied_state: per pair (member a's, member b's) trees of [D', n] rows (D' = D, or 1 when every replica's is
+    the same, as one replica's is) -> per pair a tree of [S, D, n] rows, each member's on its own device, zeros
+    on the others; fresh (zero) states if (); () without a compressed tied exchange."""
+    if not self.tied_stages:
+      return ()
+    if canonical == ():
+      canonical = jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype), self.template.tied_state)
+
+    def pair(devices, members):
+      def leaf(a, b):
+        rows = jnp.zeros((self.num_stages, self.data, a.shape[-1]), a.dtype)
+        for device, member in zip(devices, (a, b)):
+          rows = rows.at[device].set(jnp.broadcast_to(member, (self.data, a.shape[-1])))
+        return rows
+      return jax.tree.map(leaf, *members)
+    return tuple(pair(devices, members) for devices, members in zip(self.tied_devices(), canonical))
+
+  def tied_canonical(self, rows):
+    """Inverse of `tied_rows`."""
+    return tuple(tuple(jax.tree.map(lambda r, d=d: r[d], tree) for d in devices)
+                 for devices, tree in zip(self.tied_devices(), rows))
+
 
 class StateLayout(StateRows):
   """The layout of one (pipeline, optimizer, global batch) on a mesh of `num_stages` x `data`
@@ -314,7 +360,7 @@ class StateLayout(StateRows):
                      optimizer_rows(optimizer, params, template.params),
                      max([layout.feature_size(s.shape) for s in self.shapes] or [1]),
                      None if grad_scheme is None else grad_scheme.init_sender(1, (params.size,), jnp.float32),
-                     chunks)
+                     chunks, tuple((sa, sb) for (sa, _), (sb, _) in pipe.tied))
 
   # ------------------------------------------------------------ partition specs
   @staticmethod
@@ -328,7 +374,7 @@ class StateLayout(StateRows):
     """Every partition spec of a sharded state (arrays or shapes)."""
     rows = lambda tree: jax.tree.map(lambda a: StateLayout.table_spec(a.ndim), tree)
     return pipeline.TrainState(P(), P(), P(STAGE), P(STAGE), jax.tree.map(lambda _: P(STAGE), state.opt_state),
-                               rows(state.links), rows(state.grad_state))
+                               rows(state.links), rows(state.grad_state), rows(state.tied_state))
 
   @classmethod
   def shardings(cls, mesh, state: pipeline.TrainState) -> pipeline.TrainState:
@@ -363,7 +409,7 @@ class StateLayout(StateRows):
       rows = jax.shard_map(stage_rows, mesh=mesh, in_specs=P(), out_specs=specs, check_vma=False)
       p_rows, ms_rows, opt_rows, tables = rows(init_rng)
       return pipeline.TrainState(jnp.zeros((), jnp.int32), state_rng, p_rows, ms_rows, opt_rows, tables,
-                           self.grad_rows(()))
+                                 self.grad_rows(()), self.tied_rows(()))
 
     return build
 
@@ -400,47 +446,68 @@ class StateLayout(StateRows):
     return LinkState(*(table(f) for f in LinkState._fields))
 
   # ------------------------------------------------------------ tied parameters, clipping
-  def tied_ends(self):
-    """Per tied pair: ((device, slot, offset) of each member's segment), its length: chunk c at slot c // S
-    of device c mod S."""
-    for (sa, pa), (sb, pb) in self.pipe.tied:
+  def tied_ends(self, pairs=None):
+    """Per pair of `pairs` (default: the pipeline's tied pairs): ((device, slot, offset) of each member's segment),
+    its length: chunk c at slot c // S of device c mod S."""
+    for (sa, pa), (sb, pb) in self.pipe.tied if pairs is None else pairs:
       (oa, n), (ob, _) = self.params.leaf_span(sa, pa), self.params.leaf_span(sb, pb)
       yield (sa % self.num_stages, sa // self.num_stages, oa), (sb % self.num_stages, sb // self.num_stages, ob), n
 
   def tie(self, rows):
-    """Tied parameters start equal: each pair's second member takes the first's value, sent from
-    the first member's device to the second's (`exchange_tied`; none when one device holds both).
-    `rows`: this device's parameter row [P] (a stage per device) or its chunks' rows [V, P]."""
+    """Tied parameters and initial copies (`Pipeline.init_copies`) start equal: each pair's second member takes
+    the first's value, sent from the first member's device to the second's (`exchange_tied`; none when one device
+    holds both). `rows`: this device's parameter row [P] (a stage per device) or its chunks' rows [V, P]."""
     d, chunk_rows = jax.lax.axis_index(STAGE), rows.reshape(self.chunks, -1)
-    for (da, va, oa), (db, vb, ob), n in self.tied_ends():
+    for (da, va, oa), (db, vb, ob), n in self.tied_ends(self.pipe.tied + self.pipe.init_copies):
       first = chunk_rows[va, oa: oa + n]
       first = first if da == db else exchange_tied(first, [(da, db)])
       chunk_rows = jnp.where(d == db, chunk_rows.at[vb, ob: ob + n].set(first), chunk_rows)
     return chunk_rows.reshape(rows.shape)
 
-  def finish(self, grads):
-    """Ties (each member's gradient segment sent to the other member's device and added: g_a + g_b on
-    both) and global-norm clipping. `grads`: this device's gradient row [P] (a stage per device) or its
-    chunks' rows [V, P]."""
-    d, rows = jax.lax.axis_index(STAGE), grads.reshape(self.chunks, -1)
-    for (da, va, oa), (db, vb, ob), n in self.tied_ends():
+  def finish(self, grads, tied_state, step_key):
+    """(gradient row(s), tied_state'): ties (each member's gradient segment, or with `Pipeline.tied_scheme` its
+    compressed message m = C(g + e) (`compress.tied`), sent to the other member's device: g_a + g_b, or
+    D(m_a) + D(m_b), on both) and global-norm clipping. `grads`: this device's gradient row [P] (a stage per
+    device) or its chunks' rows [V, P]; `tied_state`: per pair this replica's state of the member it holds
+    ([1, n] leaves; () for an exact exchange); `step_key`: the step's (`compress.tied.member_key`)."""
+    d, rows, scheme, states = jax.lax.axis_index(STAGE), grads.reshape(self.chunks, -1), self.pipe.tied_scheme, []
+    for k, ((da, va, oa), (db, vb, ob), n) in enumerate(self.tied_ends()):
       g_a, g_b = rows[va, oa: oa + n], rows[vb, ob: ob + n]
       if da == db:
-        total_a = total_b = g_a + g_b
+        total = g_a + g_b
+        rows = jnp.where(d == da, rows.at[va, oa: oa + n].set(total).at[vb, ob: ob + n].set(total), rows)
+        continue
+      is_a = d == da
+      pick = lambda first, second: jax.tree.map(lambda x, y: jnp.where(is_a, x, y), first, second)
+      mine = jnp.where(is_a, g_a, g_b)
+      if scheme is None:
+        other = exchange_tied(mine, [(da, db), (db, da)])
+        total = pick(mine, other) + pick(other, mine)  # g_a + g_b in simulate's order on both
       else:
-        other = exchange_tied(jnp.where(d == da, g_a, g_b), [(da, db), (db, da)])
-        total_a, total_b = g_a + other, other + g_b  # g_a + g_b in simulate's order on both
-      rows = jnp.where(d == da, rows.at[va, oa: oa + n].set(total_a), rows)
-      rows = jnp.where(d == db, rows.at[vb, ob: ob + n].set(total_b), rows)
+        mine, state = tied_exchange.send(scheme, mine, tied_state[k],
+                                         tied_exchange.member_key(step_key, k, jnp.where(is_a, 0, 1)))
+        other = exchange_tied(mine, [(da, db), (db, da)])
+        total = tied_exchange.total(scheme, pick(mine, other), pick(other, mine)).astype(rows.dtype)
+        states.append(jax.tree.map(lambda e: jnp.where(is_a | (d == db), e, 0), state))  # zero off the pair
+      # one write of the one sum at this device's member: were each member's write its own, XLA would compute the
+      # sum in each write's fusion, whose code may round it differently (an FMA in one), and the copies drift apart
+      at = (jnp.where(is_a, va, vb), jnp.where(is_a, oa, ob))
+      rows = jnp.where(is_a | (d == db), jax.lax.dynamic_update_slice(rows, total[None], at), rows)
     if self.pipe.grad_clip_norm is not None:
       rows = rows * pipeline.clip_factor(jax.lax.psum(jnp.sum(jnp.square(rows)), STAGE), self.pipe.grad_clip_norm)
-    return rows.reshape(grads.shape)
+    return rows.reshape(grads.shape), tuple(states)
+
+  def tied_messages(self) -> list["TiedMessage"]:
+    """What one replica's stage devices send per train step to keep tied parameters equal (`finish`): per pair
+    whose members are on two devices, one message each way, of the member's gradient segment (fp32) or, with
+    `Pipeline.tied_scheme`, of its payload (nothing where one device holds both)."""
+    scheme, dtype = self.pipe.tied_scheme, self.params.dtype
+    size = (lambda n: scheme.wire_bytes((1, n), dtype)) if scheme else (lambda n: n * jnp.dtype(dtype).itemsize)
+    return [TiedMessage((da, db), size(n)) for (da, _, _), (db, _, _), n in self.tied_ends() if da != db]
 
   def tied_bytes(self) -> int:
-    """Bytes one replica's stages send per train step to keep tied parameters equal (`finish`: each
-    member's gradient segment to the other member's device; nothing where one device holds both)."""
-    return sum(2 * n * jnp.dtype(self.params.dtype).itemsize for (da, _, _), (db, _, _), n in self.tied_ends()
-               if da != db)
+    """Bytes one replica's stages send per train step to keep tied parameters equal (`tied_messages`, both ways)."""
+    return sum(2 * m.nbytes for m in self.tied_messages())
 
   def real(self, s):
     """Mask of stage s's row that is not padding (of each chunk's row: `chunks_of`)."""

@@ -16,8 +16,9 @@ Items per saved epoch: `model` (step, PRNG key data, params, model state, optimi
 epoch, history, `layout` for rows, and per item `arrays`: the dtype, shape and, per shard
 written, its bounds and SHA-256), `host` when an executor keeps state outside the TrainState
 (host-memory AQ-SGD tables), `executor` for the `grad_state` leaves (gpipe: the data-parallel
-exchange's error rows), restored when the resuming executor's have the same shapes (same
-stages and data width). A checkpoint whose files do not read back or whose arrays do not match
+exchange's error rows) and `tied` for the `tied_state` leaves (the compressed tied exchange's
+errors), each restored when the resuming executor's have the same shapes (same stages and data
+width). A checkpoint whose files do not read back or whose arrays do not match
 their checksums is corrupt: `restore_latest` then falls back to the newest intact one, with a
 warning.
 """
@@ -126,8 +127,9 @@ def executor_layout(executor, pipe, optimizer, saved: pipeline.TrainState, batch
   """Inverse of `simulate_layout` (`like`: the executor's fresh state, whose PRNG implementation it
   takes). Link or data-parallel states that `saved` holds only as shapes (`Checkpointer.restore`
   of a model only, or of other shapes) are like's."""
-  fresh = {f: getattr(like, f) for f in ("links", "grad_state") if _abstract(getattr(saved, f))}
-  blank = {"links": jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), saved.links), "grad_state": ()}
+  fresh = {f: getattr(like, f) for f in ("links", "grad_state", "tied_state") if _abstract(getattr(saved, f))}
+  blank = {"links": jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), saved.links), "grad_state": (),
+           "tied_state": ()}
   saved = saved._replace(rng=jax.random.wrap_key_data(saved.rng, impl=jax.random.key_impl(like.rng)),
                          **{f: blank[f] for f in fresh})
   return executor.stack(pipe, optimizer, saved, batch)._replace(**fresh)
@@ -169,7 +171,8 @@ class Checkpointer:
     A checkpoint already saved for `epoch` (the epoch was unfinished then) is replaced.
     """
     state = state._replace(rng=_key_data(state.rng))
-    arrays = {"model": _model(state), "compression": state.links, "executor": jax.tree.leaves(state.grad_state)}
+    arrays = {"model": _model(state), "compression": state.links, "executor": jax.tree.leaves(state.grad_state),
+              "tied": jax.tree.leaves(state.tied_state)}
     if host_state is not None:
       arrays["host"] = [np.asarray(a) for a in host_state]
     meta = {**meta, **({"layout": layout} if layout else {}),
@@ -189,8 +192,8 @@ class Checkpointer:
   def restore(self, epoch: int, like: pipeline.TrainState, model_only: bool = False, host_state=None):
     """(state, meta) at `epoch`: numpy values in the simulate layout `like` has (arrays or
     ShapeDtypeStructs; the PRNG key comes back as key data); a checkpoint of rows is converted
-    (`StateRows.from_description`). `grad_state` is the saved one where it has like's shapes, else
-    like's; `model_only` keeps like's compression state.
+    (`StateRows.from_description`). `grad_state` and `tied_state` are the saved ones where they have like's
+    shapes, else like's; `model_only` keeps like's compression state.
 
     Unless `model_only`, the saved `host` item is copied into the arrays `host_state`, which
     must be given exactly when the checkpoint has one. CorruptCheckpointError if the files do
@@ -209,7 +212,7 @@ class Checkpointer:
         rows = StateRows.from_description(like, meta["layout"])
       except ValueError:
         raise other_shapes("model") from None
-    saved_like = jax.eval_shape(rows.stack, like._replace(grad_state=())) if rows else like
+    saved_like = jax.eval_shape(rows.stack, like._replace(grad_state=(), tied_state=())) if rows else like
     targets = {"model": _model(saved_like)}
     if not model_only:
       saved_host = "host" in meta["arrays"]
@@ -232,17 +235,22 @@ class Checkpointer:
     if rows:
       params, model_state, opt_state = _on_host(rows.unstack_model, params, model_state, opt_state)
       links = links if model_only else _on_host(rows.untables, links)
-    grad_state = like.grad_state if model_only else self._executor_state(epoch, like.grad_state, meta, rows)
-    return pipeline.TrainState(step, rng, params, model_state, opt_state, links, grad_state), meta
+    if model_only:
+      return pipeline.TrainState(step, rng, params, model_state, opt_state, links, like.grad_state,
+                                 like.tied_state), meta
+    grad_state = self._saved_or_like(epoch, "executor", like.grad_state, meta, rows and rows.grad_canonical)
+    tied_state = self._saved_or_like(epoch, "tied", like.tied_state, meta, rows and rows.tied_canonical)
+    return pipeline.TrainState(step, rng, params, model_state, opt_state, links, grad_state, tied_state), meta
 
-  def _executor_state(self, epoch, like, meta, rows: StateRows | None):
-    """The saved `executor` item (grad_state leaves; rows per stage when saved as rows) if it has like's
+  def _saved_or_like(self, epoch, item: str, like, meta, canonical):
+    """The saved `item`'s leaves (`executor`: grad_state's, `tied`: tied_state's), converted from the executor's
+    rows by `canonical` (given the list of row leaves) when saved as rows, in like's structure if they have like's
     shapes, else `like`."""
-    saved = [jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for dtype, shape, _ in meta["arrays"].get("executor", [])]
-    convert = (lambda leaves: jax.tree.leaves(rows.grad_canonical(leaves))) if rows else (lambda leaves: leaves)
+    saved = [jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for dtype, shape, _ in meta["arrays"].get(item, [])]
+    convert = (lambda leaves: jax.tree.leaves(canonical(leaves))) if canonical else (lambda leaves: leaves)
     if not saved or shapes(jax.eval_shape(convert, saved)) != shapes(like):
       return like
-    leaves = self._arrays(epoch, {"executor": _like(saved)}, meta)["executor"]
+    leaves = self._arrays(epoch, {item: _like(saved)}, meta)[item]
     return jax.tree.unflatten(jax.tree.structure(like), _on_host(convert, leaves))
 
   def meta(self, epoch):

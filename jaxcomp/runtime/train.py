@@ -341,7 +341,13 @@ def start(pipe: pipeline.Pipeline, optimizer, executor: pipeline.Executor, data:
     state = from_layout(restored)
   ckpt = Checkpointer(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
   if cfg.resume:
-    _, restored, meta = ckpt.restore_latest(like, executor.host_state)
+    epoch, restored, meta = ckpt.restore_latest(like, executor.host_state)
+    saved_ties, ties = meta.get("ties", pipeline.ties(pipe)), pipeline.ties(pipe)  # older checkpoints: unrecorded
+    if saved_ties != ties:
+      changed = "; ".join(f"{k} {saved_ties.get(k)} -> {v}" for k, v in ties.items() if saved_ties.get(k) != v)
+      raise ValueError(f"the checkpoint of epoch {epoch} in {cfg.checkpoint_dir} was saved by a run with other tied "
+                       f"parameters ({changed}); resume with the same ties and tied exchange (copies that trained "
+                       "apart cannot be tied again)")
     state = from_layout(restored)
     history, start_epoch = meta["history"], meta["epoch"]
     done_losses = meta.get("epoch_losses", [])
@@ -467,7 +473,8 @@ def record(run: Run, epoch: int, result: EpochResult, on_epoch=None, last: bool 
   if run.ckpt and not diverged:
     finished = len(losses) == data.steps_per_epoch
     position = {"epoch": epoch + 1} if finished else {"epoch": epoch, "epoch_losses": losses}
-    run.ckpt.save(epoch + 1, run.state, {**position, "history": run.history}, run.executor.host_state,
+    run.ckpt.save(epoch + 1, run.state, {**position, "history": run.history, "ties": pipeline.ties(run.pipe)},
+                  run.executor.host_state,
                   run.executor.rows_description(run.pipe, run.optimizer, data.example_batch))
   if on_epoch and distributed.is_main_process():
     on_epoch(run.history)
