@@ -38,7 +38,7 @@ from jaxcomp import pipeline
 from jaxcomp.analysis import dryrun, netsim, targets
 from jaxcomp.compress import spec
 from jaxcomp.models import gpt2
-from jaxcomp.parallel import dataparallel, schedules
+from jaxcomp.parallel import dataparallel, timetable
 
 # The stateless quantizer of the frontier table (docs/frontier.md) with the fewest bytes among those that learn
 # (192 B/token, eval loss 2.617 vs fp32's 2.576).
@@ -233,20 +233,20 @@ def on_chunks(costs: StageCosts, per_message, chunks_per_device: int):
                          decode_s=(costs.decode_s[0],) * n), [per_message[0]] * n)
 
 
-def tables(names: str, overlap: str, stages: int, microbatches: int) -> tuple[list[schedules.Schedule], list[str]]:
+def tables(names: str, overlap: str, stages: int, microbatches: int) -> tuple[list[timetable.Schedule], list[str]]:
   """The tables of the comma-separated schedule `names`, each without overlapped sends (`overlap` off or both) and
   with them (on or both). With both, a schedule that has no overlapped table is left out (the reasons returned);
-  otherwise `schedules.build`'s ValueError names the bad value."""
+  otherwise `timetable.build`'s ValueError names the bad value."""
   built, left_out = [], []
   wanted = [name.strip() for name in names.split(",") if name.strip()]
   if not wanted:
     raise ValueError(f"--schedule names no schedule: got {names!r}")
   for name in wanted:
     if overlap in ("off", "both"):
-      built.append(schedules.build(name, stages, microbatches))
+      built.append(timetable.build(name, stages, microbatches))
     if overlap in ("on", "both"):
       try:
-        built.append(schedules.build(name, stages, microbatches, overlap=True))
+        built.append(timetable.build(name, stages, microbatches, overlap=True))
       except ValueError as err:
         if overlap == "on":
           raise
@@ -254,7 +254,7 @@ def tables(names: str, overlap: str, stages: int, microbatches: int) -> tuple[li
   return built, left_out
 
 
-def label(table: schedules.Schedule) -> str:
+def label(table: timetable.Schedule) -> str:
   return table.name + (" with overlapped sends" if table.hop > 1 else "")
 
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from experiments import checks
 from jaxcomp import pipeline
 from jaxcomp.compress.spec import parse_scheme
-from jaxcomp.parallel import hostbuffer, schedules, sharded, simulate
+from jaxcomp.parallel import hostbuffer, sharded, simulate, timetable
 from jaxcomp.runtime import results
 
 
@@ -39,7 +39,7 @@ class ExecutorConfig:
   @property
   def model_stages(self) -> int:
     """The stages the model is cut into: one per stage device, V per device with --schedule interleaved:V."""
-    return schedules.model_stages(self.stages, self.schedule)
+    return timetable.model_stages(self.stages, self.schedule)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -211,7 +211,7 @@ def check_resumed_config(record: dict, results_file: pathlib.Path):
   before = {**RUN_DEFAULTS, **before}
   changed = [f"{k} {before.get(k)!r} -> {record.get(k)!r}" for k in sorted(set(before) | set(record))
              if k not in RESUMABLE and before.get(k) != record.get(k)]
-  model_stages = lambda r: r.get("stages") and schedules.model_stages(r["stages"], r["schedule"])
+  model_stages = lambda r: r.get("stages") and timetable.model_stages(r["stages"], r["schedule"])
   if model_stages(before) != model_stages(record):
     changed.append(f"the model's stages (--stages x V of --schedule interleaved:V) {model_stages(before)} -> "
                    f"{model_stages(record)}")

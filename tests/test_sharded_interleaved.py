@@ -109,7 +109,7 @@ def test_interleaved_errors_name_the_value_and_the_fix():
 @pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_interleaved_eval_steps_match_simulate():
   """Eval steps, compressed and not (they differ), from simulate's initial state: simulate's losses (the
-  forwards of interleaved GPipe, `schedules.interleaved(forwards_first=True)`, each boundary its
+  forwards of interleaved GPipe, `timetable.interleaved(forwards_first=True)`, each boundary its
   stateless codec)."""
   pipe, opt = mlp_pipe("ef+quant:2", "quant:8", stages=mlp_stages(16, 2, 4), m=4), optax.sgd(0.1)
   losses, _ = train_sharded(pipe, opt, steps=0, evals=True, stage_devices=2, schedule="interleaved:2")
@@ -186,7 +186,7 @@ def test_interleaved_compressed_data_parallel_matches_1f1b(opt, modes):
 @pytest.mark.slow  # heavy: python -m pytest -m slow
 @pytest.mark.parametrize("fwd, bwd", [("ef+topk:0.2", "ef21+quant:2"), ("topk:0.3", "reuse"), ("aqsgd+quant:2", "quant:4")])
 def test_interleaved_overlapped_sends_give_its_numbers_bitwise(fwd, bwd):
-  """`overlap=True` (each message two ticks, `schedules.interleaved(hop=2)`): losses and states after 2 steps
+  """`overlap=True` (each message two ticks, `timetable.interleaved(hop=2)`): losses and states after 2 steps
   bitwise those without overlap, and simulate's (its evals too)."""
   pipe, opt = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, 4), m=4), optax.sgd(0.1, momentum=0.9)
   plain, overlapped = (train_sharded(pipe, opt, stage_devices=2, schedule="interleaved:2", overlap=overlap)

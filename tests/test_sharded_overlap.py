@@ -12,7 +12,7 @@ from jaxcomp.analysis import dryrun
 from jaxcomp.compress import bottleneck
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import schedules, sharded, simulate
+from jaxcomp.parallel import sharded, simulate, timetable
 from jaxcomp.parallel.qadam import QuantizedAdam
 
 from pipeline_cases import BATCH, compare_with_simulate, mlp_pipe, slow, train_sharded
@@ -44,7 +44,7 @@ def test_overlapped_sends_give_the_plain_schedules_numbers_bitwise():
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
-@pytest.mark.parametrize("fwd, bwd, schedule", [(*scheme, name) for scheme in SCHEMES for name in schedules.SCHEDULES])
+@pytest.mark.parametrize("fwd, bwd, schedule", [(*scheme, name) for scheme in SCHEMES for name in timetable.SCHEDULES])
 def test_overlapped_sends_give_the_plain_schedules_and_simulates_numbers(fwd, bwd, schedule):
   """Quantizers, TopK with index reuse, EF, EF21, EF-mixed: losses, parameters, optimizer and link states after 2
   steps bitwise those without overlap, and simulate's."""
@@ -52,7 +52,7 @@ def test_overlapped_sends_give_the_plain_schedules_and_simulates_numbers(fwd, bw
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
-@pytest.mark.parametrize("fwd, bwd, schedule", [(*scheme, name) for scheme in SCHEMES for name in schedules.SCHEDULES])
+@pytest.mark.parametrize("fwd, bwd, schedule", [(*scheme, name) for scheme in SCHEMES for name in timetable.SCHEDULES])
 def test_overlapped_sends_on_four_stages(fwd, bwd, schedule):
   check_overlap(mlp_pipe(fwd, bwd, m=8), optax.sgd(0.1, momentum=0.9), schedule)
 

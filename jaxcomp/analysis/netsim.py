@@ -1,6 +1,6 @@
 """Timeline of one pipelined training step over slow links, on the executor's schedule.
 
-No JAX computation (the schedule is its table, `jaxcomp.parallel.schedules`). It turns
+No JAX computation (the schedule is its table, `jaxcomp.parallel.timetable`). It turns
 per-stage compute times and exact per-boundary wire bytes into a step time at a given
 link bandwidth and latency: AQ-SGD's Table 2 (throughput vs bandwidth) from single-machine
 figures.
@@ -16,7 +16,7 @@ message of ``fwd_bytes[b]`` bytes forward (activation) and one of ``bwd_bytes[b]
 Two timings of a table (``ticks``):
 
 Dataflow (``ticks=False``, the default): the table fixes each device's order only. Stage ``s`` runs
-one op at a time, in the order of device ``s``'s row (`schedules.device_order`: by tick, and within a
+one op at a time, in the order of device ``s``'s row (`timetable.device_order`: by tick, and within a
 tick in the table's order; under ``1f1b-fused`` a tick holds F(s, m) and then BW(s, m')); an op starts
 as soon as its stage is free and its input has arrived, and its message leaves as soon as the op
 ends. With ``overlap_sends=True`` a stage goes on computing while its message crosses; with ``False``
@@ -26,7 +26,7 @@ bound (for the same order, the tick timing below is never faster).
 Ticks (``ticks=True``): the sharded executor's timeline (`jaxcomp.parallel.schedule`). Device ``d``
 runs its ops of tick ``t`` one after another from ``ready[d][t]`` (``ready[d][0] = 0``); a collective
 couples only its two ends. ``overlap_sends`` is the executor's ``--overlap`` and picks the table (by
-name: ``schedules.build(name, S, M, overlap=overlap_sends)``; a table's ``hop`` must agree):
+name: ``timetable.build(name, S, M, overlap=overlap_sends)``; a table's ``hop`` must agree):
 
 - ``overlap_sends=False`` (hop 1, the executor without ``--overlap``): every tick is compute, then
   send, then wait. A message of tick ``t`` (sender ``p``, receiver ``q``) starts when both ends have
@@ -94,7 +94,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from jaxcomp.arguments import is_integer
-from jaxcomp.parallel import schedules
+from jaxcomp.parallel import timetable
 
 Kind = Literal["fwd", "bwd", "bwd_input", "bwd_weight", "send_fwd", "send_bwd", "exchange", "update"]
 COMPUTE = {"F": "fwd", "BW": "bwd", "B": "bwd_input", "W": "bwd_weight"}  # a table's op kind -> its event kind
@@ -191,13 +191,13 @@ def _check_bytes(name: str, values: Sequence[float], count: int, per: str) -> No
       raise ValueError(f"{name}[{i}] must be a finite number of bytes >= 0, got {v!r}")
 
 
-def table_of(schedule: str | schedules.Schedule, num_chunks: int, microbatches: int,
-             overlap: bool = False) -> schedules.Schedule:
+def table_of(schedule: str | timetable.Schedule, num_chunks: int, microbatches: int,
+             overlap: bool = False) -> timetable.Schedule:
   """The table netsim runs: `schedule` itself (its chunks and microbatches must be the given ones), or the
-  table `schedules.build` makes of the name for `num_chunks` chunks (``interleaved:V``: V per device, so
+  table `timetable.build` makes of the name for `num_chunks` chunks (``interleaved:V``: V per device, so
   num_chunks / V devices) and `microbatches`, with overlapped sends (hop 2) when `overlap`. A ValueError
   naming the mismatch."""
-  if isinstance(schedule, schedules.Schedule):
+  if isinstance(schedule, timetable.Schedule):
     table = schedule
   else:
     kind, _, per_device = schedule.partition(":")
@@ -205,7 +205,7 @@ def table_of(schedule: str | schedules.Schedule, num_chunks: int, microbatches: 
     if num_chunks % per_device:
       raise ValueError(f"schedule {schedule!r} places {per_device} chunks on each device; netsim was given times "
                        f"for {num_chunks} chunks (fwd_s, one entry per chunk), not a multiple of {per_device}")
-    table = schedules.build(schedule, num_chunks // per_device, microbatches, overlap)
+    table = timetable.build(schedule, num_chunks // per_device, microbatches, overlap)
   if (table.num_chunks, table.microbatches) != (num_chunks, microbatches):
     raise ValueError(f"schedule {table.name!r} has {table.num_chunks} chunks on {table.num_devices} "
                      f"devices and {table.microbatches} microbatches; netsim was given times for "
@@ -240,11 +240,11 @@ class _Events:
     self.last[resource] = key
 
 
-def _message_key(msg: schedules.Message) -> tuple[Kind, int, int]:
+def _message_key(msg: timetable.Message) -> tuple[Kind, int, int]:
   return ("send_fwd" if msg.forward else "send_bwd", msg.boundary, msg.microbatch)
 
 
-def _dataflow(ev: _Events, table: schedules.Schedule, compute, transfer, overlap_sends: bool) -> list[list]:
+def _dataflow(ev: _Events, table: timetable.Schedule, compute, transfer, overlap_sends: bool) -> list[list]:
   """Each device's ops in its order, each as soon as its stage is free and its input has arrived (module
   docstring, Dataflow); per device, the events it has done when its last op and last message have ended."""
   num_chunks, num_devices = table.num_chunks, table.num_devices
@@ -260,7 +260,7 @@ def _dataflow(ev: _Events, table: schedules.Schedule, compute, transfer, overlap
   # A device waits (is skipped) until its next op's input has been evaluated. Messages are evaluated with
   # their producer, so each link direction is FIFO in production order. Boundary b crosses link b mod D
   # (device b mod D to the next on the ring): one chunk per device, link b.
-  orders = [[(COMPUTE[op.kind], op.chunk, op.microbatch) for op in schedules.device_order(table, d)]
+  orders = [[(COMPUTE[op.kind], op.chunk, op.microbatch) for op in timetable.device_order(table, d)]
             for d in range(num_devices)]
   position = [0] * num_devices
   while any(p < len(o) for p, o in zip(position, orders)):
@@ -288,7 +288,7 @@ def _dataflow(ev: _Events, table: schedules.Schedule, compute, transfer, overlap
           for s in range(num_devices)]
 
 
-def _ticks(ev: _Events, table: schedules.Schedule, compute, transfer) -> list[list]:
+def _ticks(ev: _Events, table: timetable.Schedule, compute, transfer) -> list[list]:
   """The table tick by tick, as the sharded executor runs it (module docstring, Ticks); per device, the events
   it has done when its last tick ends."""
   num_devices = table.num_devices
@@ -311,7 +311,7 @@ def _ticks(ev: _Events, table: schedules.Schedule, compute, transfer) -> list[li
         kind = COMPUTE[op.kind]
         ev.run((kind, op.chunk, op.microbatch), ("stage", d), pending[d], compute[kind][op.chunk])
         pending[d] = []
-    made = schedules.messages(table, t)
+    made = timetable.messages(table, t)
     if table.hop == 1:
       crossing = start(made)
     for msg in crossing:
@@ -329,13 +329,13 @@ def simulate_step(
     bandwidth_bps: float,
     latency_s: float = 0.0,
     exchange: Exchange | None = None,
-    schedule: str | schedules.Schedule = "gpipe",
+    schedule: str | timetable.Schedule = "gpipe",
     update_s: Sequence[float] | None = None,
     overlap_sends: bool = True,
     input_grad_share: float = 0.5,
     ticks: bool = False,
 ) -> Timeline:
-  """Event timeline of one step on `schedule` (a table, or a name `schedules.build` knows: gpipe, 1f1b,
+  """Event timeline of one step on `schedule` (a table, or a name `timetable.build` knows: gpipe, 1f1b,
   1f1b-fused, zb-h1, interleaved:V; rules in the module docstring).
 
   ``fwd_s``/``bwd_s``: per-chunk compute seconds per microbatch (length ``C``: the stages, one chunk
@@ -346,7 +346,7 @@ def simulate_step(
   ``ticks``: False: the dataflow timing (the table gives each device's order; by name, its table without
   overlapped sends); True: the sharded executor's ticks.
   ``overlap_sends``: dataflow: whether a stage computes while its messages cross (else it waits for each to
-  leave). Ticks: the executor's ``--overlap``: the hop-2 table (by name, ``schedules.build(..., overlap=True)``,
+  leave). Ticks: the executor's ``--overlap``: the hop-2 table (by name, ``timetable.build(..., overlap=True)``,
   M >= 2S; a table given must have hop 2) whose messages cross during the next tick, else the hop-1 table,
   each tick compute, then send, then wait.
   ``input_grad_share``: in a table with split backwards, B(c, m) takes ``input_grad_share * bwd_s[c]``
@@ -365,7 +365,7 @@ def simulate_step(
   if ticks and overlap_sends != (table.hop > 1):
     raise ValueError(f"schedule {table.name!r} has hop {table.hop}, so with ticks=True overlap_sends must be "
                      f"{table.hop > 1} (the executor's --overlap runs the hop-2 table: "
-                     f"schedules.build(name, S, M, overlap=True)), got {overlap_sends}")
+                     f"timetable.build(name, S, M, overlap=True)), got {overlap_sends}")
   num_stages = table.num_devices
   if exchange is not None:
     _check_bytes("exchange.sent_bytes", exchange.sent_bytes, num_stages, "stages")

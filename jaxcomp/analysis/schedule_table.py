@@ -2,12 +2,12 @@
 
     python -m jaxcomp.analysis.schedule_table [--sizes 4x8,4x16,8x16] [--chunks 2,4]
 
-The bubble is `schedules.bubble_fraction`: the idle fraction of device time when every F takes 1,
+The bubble is `timetable.bubble_fraction`: the idle fraction of device time when every F takes 1,
 every BW 2 (a B or a W 1) and messages none. Its formula: GPipe's and 1F1B's (S-1)/(M+S-1), interleaved
 1F1B's with V chunks per device (S-1)/(VM+S-1) (`--chunks`: the V of its rows), ZB-H1's (S-1)/(3M+S-1);
 each row also gives the table's bubble over 1F1B's at the same S and M.
 
-Rows `NAME --overlap` are the tables with overlapped sends (`schedules.build(..., overlap=True)`, hop 2, where
+Rows `NAME --overlap` are the tables with overlapped sends (`timetable.build(..., overlap=True)`, hop 2, where
 M >= 2S: every schedule's). The bubble above lets messages take no time, so a hop changes nothing in it;
 the last two columns are the idle fraction of device time when the table runs as the sharded executor runs it
 (`netsim.simulate_step(..., ticks=True)`: plain ticks compute, then send, then wait; overlapped ticks send while
@@ -17,7 +17,7 @@ import argparse
 from typing import NamedTuple
 
 from jaxcomp.analysis import netsim
-from jaxcomp.parallel import schedules
+from jaxcomp.parallel import timetable
 
 DEFAULT_SIZES = ((4, 8), (4, 16), (8, 16))
 DEFAULT_CHUNKS = (2,)
@@ -42,7 +42,7 @@ def formula(name: str, stages: int, microbatches: int, chunks: int) -> float:
   return (stages - 1) / (k * microbatches + stages - 1)
 
 
-def executor_idle(table: schedules.Schedule, message: float) -> float:
+def executor_idle(table: timetable.Schedule, message: float) -> float:
   """Idle fraction of device time when `table` runs tick by tick as the sharded executor runs it (netsim's
   ticks), a stage's F taking 1 and its BW 2 (a chunk's 1/V of that) and a message `message`."""
   chunks, per_device = table.num_chunks, table.chunks_per_device
@@ -53,12 +53,12 @@ def executor_idle(table: schedules.Schedule, message: float) -> float:
 
 
 def row(name: str, stages: int, microbatches: int, overlap: bool = False) -> Row:
-  table = schedules.build(name, stages, microbatches, overlap)
-  bubble = schedules.bubble_fraction(table)
-  baseline = schedules.bubble_fraction(schedules.one_f_one_b(stages, microbatches))
+  table = timetable.build(name, stages, microbatches, overlap)
+  bubble = timetable.bubble_fraction(table)
+  baseline = timetable.bubble_fraction(timetable.one_f_one_b(stages, microbatches))
   return Row(name + (" --overlap" if overlap else ""), stages, microbatches, table.ticks, bubble,
              formula(name, stages, microbatches, table.chunks_per_device),
-             bubble / baseline if baseline else 1.0, schedules.peak_in_flight(table),
+             bubble / baseline if baseline else 1.0, timetable.peak_in_flight(table),
              (executor_idle(table, 0.0), executor_idle(table, 1.0)))
 
 
@@ -99,7 +99,7 @@ def main(argv=None) -> None:
   parser.add_argument("--chunks", type=parse_chunks, default=DEFAULT_CHUNKS,
                       help="the V of interleaved:V rows, e.g. 2,4 ('' for none)")
   args = parser.parse_args(argv)
-  names = [*schedules.SCHEDULES, *(f"interleaved:{v}" for v in args.chunks)]
+  names = [*timetable.SCHEDULES, *(f"interleaved:{v}" for v in args.chunks)]
   overlapped = [(name, True, S, M) for name in names for S, M in args.sizes if M >= 2 * S]
   try:
     print(markdown([row(name, S, M) for name in names for S, M in args.sizes]

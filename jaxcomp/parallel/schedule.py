@@ -1,4 +1,4 @@
-"""A schedule's table (`jaxcomp.parallel.schedules`) run on one stage device.
+"""A schedule's table (`jaxcomp.parallel.timetable`) run on one stage device.
 
 The table says what runs when: every static part of the program (the ticks, which boundaries carry a
 message at a tick, which op kinds and stages' bodies a tick's switches hold, the stash slots) is read
@@ -19,7 +19,7 @@ stage compute, nothing saved. The program knows statically which boundaries carr
 are one `lax.scan` (`segments`), so the program's size (and compile time) does not grow with M.
 
 Two ways to get the backward pass:
-- `run_explicit` (every schedule of `schedules.SCHEDULES` and interleaved:V, below): a stage keeps its input
+- `run_explicit` (every schedule of `timetable.SCHEDULES` and interleaved:V, below): a stage keeps its input
   from its forward, and at its backward op runs its vjp on it (rematerialised) and the boundary's
   `backward_half` (its halves apart with overlapped sends); the weight gradient is accumulated in the
   loop. A fused BW is one vjp over (parameters, input); a split B is the vjp over the input only (its
@@ -40,11 +40,11 @@ import numpy as np
 from jaxcomp import pipeline
 from jaxcomp.compress import boundary as boundary_mod
 from jaxcomp.compress.boundary import LinkState, Mode
-from jaxcomp.parallel import layout, permute, schedules
+from jaxcomp.parallel import layout, permute, timetable
 from jaxcomp.parallel.mesh import DATA, STAGE, WRAPPED
 
 REMAT = ("stage", "none")
-SCHEDULES = schedules.SCHEDULES  # the tables this executor runs (`check_runnable`)
+SCHEDULES = timetable.SCHEDULES  # the tables this executor runs (`check_runnable`)
 
 
 class Lookup(NamedTuple):
@@ -69,7 +69,7 @@ def ring_slot(slots: int, v, m):
   return v * slots + m % slots
 
 
-def check_runnable(table: schedules.Schedule) -> None:
+def check_runnable(table: timetable.Schedule) -> None:
   """The executor runs a table with the same number V of chunks on every device where a device runs at most
   one op of each kind, and not both a B and a BW, per tick (one message per boundary each way per tick).
   Else a ValueError."""
@@ -101,21 +101,21 @@ def ring_slots(spans) -> int:
   return next(k for k in range(1, max([len(items) for items in spans.values()] + [1]) + 1) if fits(k))
 
 
-def lookup_of(table: schedules.Schedule, forwards_only: bool = False) -> Lookup:
+def lookup_of(table: timetable.Schedule, forwards_only: bool = False) -> Lookup:
   """The `Lookup` of a table the executor runs (`check_runnable`); `forwards_only`: of its forward ops alone
   (an eval step: an input is held until its forward, no cotangent at all)."""
   check_runnable(table)
   T, C, hop = table.ticks, table.num_chunks, table.hop
-  ops = {kind: np.full((T, table.num_devices), -1, np.int32) for kind in schedules.KINDS}
-  chunks = {kind: np.zeros((T, table.num_devices), np.int32) for kind in schedules.KINDS}
+  ops = {kind: np.full((T, table.num_devices), -1, np.int32) for kind in timetable.KINDS}
+  chunks = {kind: np.zeros((T, table.num_devices), np.int32) for kind in timetable.KINDS}
   no_messages = lambda: {forward: np.full((T, C - 1), -1, np.int32) for forward in (True, False)}
   sent, received = no_messages(), no_messages()
   at = {}  # op -> (tick, phase); ("recv", forward, receiving chunk, m) -> when its message is taken in
-  for op, (t, d, _) in schedules.positions(table).items():
+  for op, (t, d, _) in timetable.positions(table).items():
     ops[op.kind][t, d], chunks[op.kind][t, d] = op.microbatch, table.slot(op.chunk)
     at[op] = (t, PHASE[op.kind])
   for t in range(T):
-    for msg in schedules.messages(table, t):
+    for msg in timetable.messages(table, t):
       arrival = (t, SEND_FORWARD if msg.forward else SEND_BACKWARD) if hop == 1 else (t + hop, DECODE)
       sent[msg.forward][t, msg.boundary] = msg.microbatch
       received[msg.forward][arrival[0], msg.boundary] = msg.microbatch
@@ -123,12 +123,12 @@ def lookup_of(table: schedules.Schedule, forwards_only: bool = False) -> Lookup:
   inputs, grads = {}, {}
   for c in range(C):
     for m in range(table.microbatches):
-      first = at.get(("recv", True, c, m), at[schedules.Op("F", c, m)])
+      first = at.get(("recv", True, c, m), at[timetable.Op("F", c, m)])
       if forwards_only:
-        inputs.setdefault(c, []).append((m, first, at[schedules.Op("F", c, m)]))
+        inputs.setdefault(c, []).append((m, first, at[timetable.Op("F", c, m)]))
         continue
-      backward = [at[schedules.Op(k, c, m)] for k in ("B", "BW") if schedules.Op(k, c, m) in at][0]
-      last = max(at[op] for op in (schedules.Op(k, c, m) for k in ("B", "W", "BW")) if op in at)
+      backward = [at[timetable.Op(k, c, m)] for k in ("B", "BW") if timetable.Op(k, c, m) in at][0]
+      last = max(at[op] for op in (timetable.Op(k, c, m) for k in ("B", "W", "BW")) if op in at)
       # an input is held from its arrival (or forward) until its last backward op and the gradient send
       # that reads its TopK positions; an output cotangent from its arrival until the last backward op
       inputs.setdefault(c, []).append((m, first, max(last, (backward[0], SEND_BACKWARD))))
@@ -189,8 +189,8 @@ def phases(prog) -> tuple[range, range, range]:
   ticks every stage runs a forward (and every boundary sends); fill and drain are the forward ticks
   before and after."""
   table = prog.table
-  forward = [t for t in range(table.ticks) if schedules.running(table, t, ("F",))]
-  steady = [t for t in forward if len(schedules.running(table, t, ("F",))) == table.num_devices]
+  forward = [t for t in range(table.ticks) if timetable.running(table, t, ("F",))]
+  steady = [t for t in forward if len(timetable.running(table, t, ("F",))) == table.num_devices]
   if not steady:
     return range(len(forward)), range(0), range(len(forward), len(forward))
   return range(steady[0]), range(steady[0], steady[-1] + 1), range(steady[-1] + 1, forward[-1] + 1)
@@ -204,7 +204,7 @@ def global_microbatch(prog, m):
 
 def boundaries_at(prog, tick: int, forward: bool = True) -> tuple[int, ...]:
   """The boundaries that carry an activation (`forward`) or a gradient at a (static) tick, by the table."""
-  return tuple(sorted(msg.boundary for msg in schedules.messages(prog.table, tick) if msg.forward == forward))
+  return tuple(sorted(msg.boundary for msg in timetable.messages(prog.table, tick) if msg.forward == forward))
 
 
 class StepInputs(NamedTuple):
@@ -225,7 +225,7 @@ class Program(NamedTuple):
   mode: Mode
   train: bool
   metrics: Any  # the last stage's metric structure (ShapeDtypeStructs)
-  table: schedules.Schedule  # the schedule (`run_gpipe` runs its forward ticks)
+  table: timetable.Schedule  # the schedule (`run_gpipe` runs its forward ticks)
   lookup: Lookup  # `lookup_of(table)`: what traced ticks read
 
   @property
@@ -270,7 +270,7 @@ def stage_switch(prog: Program, tick, kind: str, branch, idle, *operands):
   an unrolled tick holds min(M, S) stage bodies, not S (GPipe with M=1 compiles S bodies, as simulate)."""
   s_count, s = prog.pipe.num_stages, jax.lax.axis_index(STAGE)
   stages = (list(range(s_count)) if not isinstance(tick, int)
-            else [op.chunk for op in schedules.running(prog.table, tick, (kind,))])
+            else [op.chunk for op in timetable.running(prog.table, tick, (kind,))])
   position = jnp.asarray([stages.index(j) if j in stages else len(stages) for j in range(s_count)], jnp.int32)
   index = jnp.where(op_at(prog, tick, kind, s)[0], position[chunk_at(prog, tick, kind, s)[1]], len(stages))
   return jax.lax.switch(index, [branch(j) for j in stages] + [idle], *operands)
@@ -395,10 +395,10 @@ def run_gpipe(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, st
 
 
 def make_program(pipe: pipeline.Pipeline, template: pipeline.TrainState, local_batch, mode: Mode, train: bool,
-                 table: schedules.Schedule | None = None) -> Program:
+                 table: timetable.Schedule | None = None) -> Program:
   """The schedule's static layout for one data shard's batch `local_batch` (shapes only); `table`
   defaults to GPipe's (the forward ticks `run_gpipe` runs)."""
-  table = table or schedules.gpipe(pipe.num_stages, pipe.microbatches)
+  table = table or timetable.gpipe(pipe.num_stages, pipe.microbatches)
   mb = pipeline.microbatch_shapes(local_batch, pipe.microbatches)
   shapes = pipeline.boundary_shapes(pipe, template.params, template.model_state, mb[pipe.input_key])
   prog = Program(pipe, layout.FlatRows(template.params), layout.FlatRows(template.model_state), shapes,
@@ -445,7 +445,7 @@ def tick_plan(prog: Program, tick: int) -> Plan:
   """The `Plan` of a (static) tick, by the table: of its forwards alone in an eval step."""
   kinds = ORDER if prog.train else ("F",)
   plan = Plan(boundaries_at(prog, tick), boundaries_at(prog, tick, forward=False) if prog.train else (),
-              tuple(kind for kind in kinds if schedules.running(prog.table, tick, (kind,))))
+              tuple(kind for kind in kinds if timetable.running(prog.table, tick, (kind,))))
   if prog.table.hop == 1:  # a message crosses and is decoded at the end of the tick that sends it
     return plan
   sent = lambda ago, forward: boundaries_at(prog, tick - ago, forward) if tick >= ago else ()
@@ -472,7 +472,7 @@ def segments(prog: Program) -> list[tuple[range, tuple]]:
   1f1b (a forward tick, then a backward tick), 3 for zb-h1 (B, W, F). An eval step's ticks end with its
   last forward."""
   ticks = prog.table.ticks if prog.train else 1 + max(t for t in range(prog.table.ticks)
-                                                      if schedules.running(prog.table, t, ("F",)))
+                                                      if timetable.running(prog.table, t, ("F",)))
   plans = [tick_plan(prog, t) for t in range(ticks)]
   traced = lambda cut: sum(len(block) for _, block in cut)
   return min((runs(plans, period) for period in range(1, len(plans) + 1)), key=traced)

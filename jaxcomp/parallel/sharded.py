@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from jaxcomp import pipeline
 from jaxcomp.compress import schemes
 from jaxcomp.compress.boundary import LinkState, Mode
-from jaxcomp.parallel import dataparallel, layout, schedule, schedules
+from jaxcomp.parallel import dataparallel, layout, schedule, timetable
 from jaxcomp.parallel.mesh import DATA, STAGE, make_mesh
 from jaxcomp.parallel.state_layout import StateLayout, abstract_state
 
@@ -41,7 +41,7 @@ class ShardedExecutor(pipeline.Executor):
   Padding has zero gradient, moments and (masked) exchanged momentum, so it stays exactly zero.
   Ties and clipping apply to each replica's local gradient after warm-up (the mean gradient is
   never formed), to the mean one during warm-up.
-  `schedule` (a table of `schedules.SCHEDULES`): "gpipe" (all forwards, then all backwards: M microbatch
+  `schedule` (a table of `timetable.SCHEDULES`): "gpipe" (all forwards, then all backwards: M microbatch
   inputs saved per stage), "1f1b" (PipeDream-flush: one forward or backward per stage per
   tick, at most S inputs saved whatever M) or "1f1b-fused" (a forward and a backward per
   stage per tick: at most 2S-1 inputs, half of 1f1b's ticks) or "zb-h1" (ZB-H1: 1F1B's order with each
@@ -56,7 +56,7 @@ class ShardedExecutor(pipeline.Executor):
   the forward schedule with autodiff, which saves every stage's internals.
   `overlap=True` (train steps of every schedule, `remat="stage"`): overlapped
   sends, MaxText's delayed activation forwarding: a payload encoded at tick t crosses its link during tick t+1
-  while the stages compute, and is decoded at t+2 where it is used (`schedules.OVERLAP_HOP`; S-1 more ticks
+  while the stages compute, and is decoded at t+2 where it is used (`timetable.OVERLAP_HOP`; S-1 more ticks
   each way, S V - 1 with interleaved:V; M >= 2S microbatches); the same bytes and numbers. Eval steps run
   without it.
   """
@@ -72,7 +72,7 @@ class ShardedExecutor(pipeline.Executor):
       raise ValueError(f"grad_scheme must be a Plain or EF scheme (no receiver state), got {g!r}")
     if self.remat not in schedule.REMAT:
       raise ValueError(f"remat must be one of {schedule.REMAT}, got {self.remat!r}")
-    schedules.chunks_per_device(self.schedule)
+    timetable.chunks_per_device(self.schedule)
     if self.schedule != "gpipe" and self.remat == "none":
       raise ValueError(f"the {self.schedule} schedule always recomputes a stage from its stashed input; "
                        "use remat='stage'")
@@ -91,14 +91,14 @@ class ShardedExecutor(pipeline.Executor):
   @property
   def chunks(self) -> int:
     """V: the chunks (consecutive stages of the model) each stage device holds, chunk c on device c mod S."""
-    return schedules.chunks_per_device(self.schedule)
+    return timetable.chunks_per_device(self.schedule)
 
   def _check(self, pipe: pipeline.Pipeline, optimizer=None):
-    if pipe.num_stages != schedules.model_stages(self.num_stages, self.schedule):
+    if pipe.num_stages != timetable.model_stages(self.num_stages, self.schedule):
       per = f" x {self.chunks} chunks per device (schedule {self.schedule})" if self.chunks > 1 else ""
       raise ValueError(f"the model has {pipe.num_stages} stages but the mesh's stage axis has "
                        f"{self.num_stages} devices{per}")
-    schedules.check(self.schedule, self.num_stages, pipe.microbatches, self.overlap)
+    timetable.check(self.schedule, self.num_stages, pipe.microbatches, self.overlap)
     dataparallel.check_optimizer(optimizer, self.grad_scheme)
 
   def local_batch(self, batch):
@@ -229,11 +229,11 @@ class ShardedExecutor(pipeline.Executor):
     m_count, scale = pipe.microbatches, 1 / (pipe.microbatches * self.data)
     explicit = train and self.remat == "stage"
     if explicit:
-      table = schedules.build(self.schedule, self.num_stages, m_count, self.overlap)
+      table = timetable.build(self.schedule, self.num_stages, m_count, self.overlap)
     elif self.chunks > 1:  # an eval step: the forwards of interleaved GPipe (`schedule.run_explicit`)
-      table = schedules.interleaved(self.num_stages, m_count, self.chunks, forwards_first=True)
+      table = timetable.interleaved(self.num_stages, m_count, self.chunks, forwards_first=True)
     else:
-      table = schedules.gpipe(self.num_stages, m_count)
+      table = timetable.gpipe(self.num_stages, m_count)
     prog = schedule.make_program(pipe, lay.template, local, mode, train, table)
     exchange = dataparallel.exchange_for(optimizer, self.grad_scheme, warmup=mode is Mode.WARMUP)
     total = lambda v: jax.lax.pmean(jax.lax.psum(v, STAGE), DATA)
