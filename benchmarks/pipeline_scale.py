@@ -23,7 +23,7 @@ from experiments import config
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models import gpt2
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import sharded
+from jaxcomp.parallel import schedules
 
 MiB = 2**20
 
@@ -75,8 +75,8 @@ def main(argv=None):
                       help="gpt2: the toy GPT-2 (8 blocks, d=64); gpt2-small: GPT-2 small (12 blocks, d=768)")
   parser.add_argument("--stages", default="2,4,8", help="comma-separated stage counts")
   parser.add_argument("--microbatches", default="2,4,8,16,32,64", help="comma-separated microbatch counts")
-  parser.add_argument("--executors", default=",".join(("simulate", *sharded.SCHEDULES)),
-                      help=f"comma-separated: simulate and any of sharded.SCHEDULES ({', '.join(sharded.SCHEDULES)})")
+  parser.add_argument("--executors", default=",".join(("simulate", *schedules.SCHEDULES)),
+                      help=f"comma-separated: simulate and any of the schedules ({', '.join(schedules.SCHEDULES)})")
   parser.add_argument("--mb-size", type=int, default=2, help="examples per microbatch")
   parser.add_argument("--seq", type=int, default=32, help="GPT-2 sequence length")
   parser.add_argument("--fwd", default="quant:4")

@@ -14,8 +14,8 @@ For every method (its name in the frontier / GPT-2 presets), and again with Quan
    compressed first moment, `--dp-scheme`);
 3. `jaxcomp.analysis.netsim` simulates one step at each bandwidth on each `--schedule` as the sharded executor
    runs its table (`ticks=True`): without `--overlap` each tick computes, then sends, then waits; with it
-   (`on`, or `both` for each schedule with and without) a message crosses during the next tick (the hop-2 table,
-   M >= 2S; every schedule has one). The stage and codec times are taken once and reused for every schedule:
+   (`on`, or `both` for each schedule with and without) a message crosses during the next tick (the table of
+   forwarding delay 2, M >= 2S; every schedule has one). The stage and codec times are taken once and reused for every schedule:
    `zb-h1` splits each backward into B = W = half of it (codecs included: netsim's `input_grad_share` 0.5);
    `interleaved:V` cuts each stage into V chunks of 1/V of its compute, each of the S*V-1 chunk boundaries
    sending the stage boundaries' message (every boundary must carry the same shape, as GPT-2's residual stream
@@ -38,7 +38,7 @@ from jaxcomp import pipeline
 from jaxcomp.analysis import dryrun, netsim, targets
 from jaxcomp.compress import spec
 from jaxcomp.models import gpt2
-from jaxcomp.parallel import dataparallel, timetable
+from jaxcomp.parallel import dataparallel, schedules, timetable
 
 # The stateless quantizer of the frontier table (docs/frontier.md) with the fewest bytes among those that learn
 # (192 B/token, eval loss 2.617 vs fp32's 2.576).
@@ -233,20 +233,20 @@ def on_chunks(costs: StageCosts, per_message, chunks_per_device: int):
                          decode_s=(costs.decode_s[0],) * n), [per_message[0]] * n)
 
 
-def tables(names: str, overlap: str, stages: int, microbatches: int) -> tuple[list[timetable.Schedule], list[str]]:
-  """The tables of the comma-separated schedule `names`, each without overlapped sends (`overlap` off or both) and
-  with them (on or both). With both, a schedule that has no overlapped table is left out (the reasons returned);
-  otherwise `timetable.build`'s ValueError names the bad value."""
+def tables(names: str, overlap: str, stages: int, microbatches: int) -> tuple[list[timetable.Timetable], list[str]]:
+  """The train tables of the comma-separated schedule `names` (`schedules.parse`), each without overlapped sends
+  (`overlap` off or both) and with them (on or both). With both, a schedule that has no overlapped table is left
+  out (the reasons returned); otherwise the ValueError names the bad value."""
   built, left_out = [], []
   wanted = [name.strip() for name in names.split(",") if name.strip()]
   if not wanted:
     raise ValueError(f"--schedule names no schedule: got {names!r}")
   for name in wanted:
     if overlap in ("off", "both"):
-      built.append(timetable.build(name, stages, microbatches))
+      built.append(schedules.parse(name).train_table(stages, microbatches))
     if overlap in ("on", "both"):
       try:
-        built.append(timetable.build(name, stages, microbatches, overlap=True))
+        built.append(schedules.parse(name, overlap=True).train_table(stages, microbatches))
       except ValueError as err:
         if overlap == "on":
           raise
@@ -254,8 +254,8 @@ def tables(names: str, overlap: str, stages: int, microbatches: int) -> tuple[li
   return built, left_out
 
 
-def label(table: timetable.Schedule) -> str:
-  return table.name + (" with overlapped sends" if table.hop > 1 else "")
+def label(table: timetable.Timetable) -> str:
+  return table.name + (" with overlapped sends" if table.forwarding_delay > 1 else "")
 
 
 def method_rows(name, costs, per_message, exchanges, args, table) -> list[Row]:
@@ -268,7 +268,7 @@ def method_rows(name, costs, per_message, exchanges, args, table) -> list[Row]:
     for bw in netsim.DEFAULT_BANDWIDTHS_BPS:
       tl = netsim.simulate_step(fwd_s, bwd_s, [m[0] for m in per_message], [m[1] for m in per_message],
                                 args.microbatches, bw, args.latency_ms * 1e-3, ex, table,
-                                overlap_sends=table.hop > 1, ticks=True)
+                                overlap_sends=table.forwarding_delay > 1, ticks=True)
       rows.append(Row(bw, name + suffix, netsim.throughput(args.batch * args.data_parallel, tl),
                       tl.critical_seconds()))
   return rows

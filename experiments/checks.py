@@ -15,7 +15,7 @@ from jaxcomp import pipeline
 from jaxcomp.compress.boundary import Reuse
 from jaxcomp.compress.schemes import AQSGD
 from jaxcomp.compress.spec import parse_boundary
-from jaxcomp.parallel import timetable
+from jaxcomp.parallel import schedules
 from jaxcomp.runtime import checkpoint, train
 
 AT_LEAST = {**{k: 1 for k in ("epochs", "steps", "batch_size", "microbatches", "stages", "train_examples",
@@ -39,7 +39,7 @@ def check_choices(choices: dict, preset: str | None):
     raise ValueError(f"--run-name {name!r} must be one folder name (letters, digits and . _ + -, not starting with "
                      f". _ + -), e.g. {suggestion}")
   try:
-    timetable.chunks_per_device(choices["schedule"])
+    schedules.parse(choices["schedule"])
   except ValueError as err:
     raise ValueError(f"--schedule: {err}") from None
   boundary = parse_boundary(choices["fwd"], choices["bwd"], num_examples=1)  # fail early on a bad spec
@@ -67,8 +67,7 @@ def check_executor(config):
     if given:
       raise ValueError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} --executor gpipe (the simulate "
                        "executor runs every stage in one program on one device): add --executor gpipe")
-  if settings.overlap:
-    timetable.check_overlap(settings.schedule, settings.stages, m)
+  settings.pipeline_schedule.check_overlap(settings.stages, m)
   if settings.model_stages > settings.stages:  # interleaved:V
     if m % settings.stages:
       raise ValueError(f"--schedule {settings.schedule} needs --microbatches a multiple of --stages: got "

@@ -14,7 +14,7 @@ from experiments import checks, config, runner
 from jaxcomp import pipeline
 from jaxcomp.analysis import dryrun, targets
 from jaxcomp.compress.spec import parse_boundary
-from jaxcomp.parallel import sharded, simulate
+from jaxcomp.parallel import schedules, simulate
 from jaxcomp.runtime import distributed, lock, train
 
 GROUPS = {  # --help's argument groups: key -> title
@@ -78,7 +78,7 @@ def parser_for(exp: config.Experiment) -> argparse.ArgumentParser:
   parallel.add_argument("--executor", choices=["simulate", "gpipe"],
                         help="simulate: every stage on one device; gpipe: stage s on device s"
                              + recipe_default(exp, "executor"))
-  parallel.add_argument("--schedule", metavar="{" + ",".join(sharded.SCHEDULES) + ",interleaved:V}",
+  parallel.add_argument("--schedule", metavar="{" + ",".join(schedules.SCHEDULES) + ",interleaved:V}",
                         help="gpipe executor's tick schedule: gpipe, 1f1b (at most S microbatch inputs per stage), "
                              "1f1b-fused (at most 2S-1, fewer ticks), zb-h1 (1F1B with the weight gradients "
                              "deferred into the bubbles: about a third of its bubble, S inputs on every stage) or "

@@ -13,6 +13,7 @@ a resumed run compares its record with the one its results file holds (`check_re
 `executor_for` maps the executor settings to an executor object: the one place where one is chosen.
 """
 import dataclasses
+import functools
 import pathlib
 import re
 from typing import Any, Callable
@@ -20,7 +21,7 @@ from typing import Any, Callable
 from experiments import checks
 from jaxcomp import pipeline
 from jaxcomp.compress.spec import parse_scheme
-from jaxcomp.parallel import hostbuffer, sharded, simulate, timetable
+from jaxcomp.parallel import hostbuffer, schedules, sharded, simulate
 from jaxcomp.runtime import results
 
 
@@ -28,7 +29,7 @@ from jaxcomp.runtime import results
 class ExecutorConfig:
   """Where the stages run and how a batch is split (--executor, --schedule, --data-parallel, ...)."""
   executor: str = "simulate"  # simulate: every stage on one device; gpipe: stage s on device s (sharded)
-  schedule: str = "gpipe"  # the sharded executor's tick schedule (`sharded.SCHEDULES`, or interleaved:V)
+  schedule: str = "gpipe"  # the sharded executor's tick schedule (`schedules.SCHEDULES`, or interleaved:V)
   overlap: bool = False  # overlapped sends: each message crosses its link while the stages compute the next tick
   data_parallel: int = 1  # replicas of the pipeline (sharded)
   aqsgd_buffers: str = "device"  # AQ-SGD tables on the device, in host memory ("host") or memory-mapped (a folder)
@@ -36,10 +37,15 @@ class ExecutorConfig:
   stages: int  # stage devices
   microbatches: int  # per batch (per data shard)
 
+  @functools.cached_property
+  def pipeline_schedule(self) -> schedules.Schedule:
+    """--schedule and --overlap as the typed schedule the sharded executor runs (read once)."""
+    return schedules.parse(self.schedule, self.overlap)
+
   @property
   def model_stages(self) -> int:
     """The stages the model is cut into: one per stage device, V per device with --schedule interleaved:V."""
-    return timetable.model_stages(self.stages, self.schedule)
+    return self.pipeline_schedule.model_stages(self.stages)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -195,8 +201,7 @@ def executor_for(settings: ExecutorConfig, devices=None, batch_size: int | None 
     return simulate.Simulate(device=device)
   grad = settings.grad_compression
   return sharded.ShardedExecutor(sharded.make_mesh(settings.stages, settings.data_parallel, devices),
-                                 parse_scheme(grad) if grad else None, schedule=settings.schedule,
-                                 overlap=settings.overlap)
+                                 parse_scheme(grad) if grad else None, schedule=settings.pipeline_schedule)
 
 
 def check_resumed_config(record: dict, results_file: pathlib.Path):
@@ -211,7 +216,7 @@ def check_resumed_config(record: dict, results_file: pathlib.Path):
   before = {**RUN_DEFAULTS, **before}
   changed = [f"{k} {before.get(k)!r} -> {record.get(k)!r}" for k in sorted(set(before) | set(record))
              if k not in RESUMABLE and before.get(k) != record.get(k)]
-  model_stages = lambda r: r.get("stages") and timetable.model_stages(r["stages"], r["schedule"])
+  model_stages = lambda r: r.get("stages") and schedules.parse(r["schedule"]).model_stages(r["stages"])
   if model_stages(before) != model_stages(record):
     changed.append(f"the model's stages (--stages x V of --schedule interleaved:V) {model_stages(before)} -> "
                    f"{model_stages(record)}")

@@ -4,7 +4,7 @@ import pytest
 
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import sharded, timetable
+from jaxcomp.parallel import schedules, sharded, timetable
 from jaxcomp.parallel.timetable import Op
 from pipeline_cases import BATCH, mlp_pipe
 
@@ -18,9 +18,10 @@ def test_schedule_holds_at_most_its_inputs_per_stage(name, most):
   its gradient reaches s the tick after s+1; 1f1b runs one op per stage per tick."""
   for S in range(1, 9):
     for M in range(1, 20):
-      table = timetable.build(name, S, M)
+      table = schedules.parse(name).train_table(S, M)
       ticks = range(table.ticks)
-      assert [max(timetable.in_flight(table, s, t) for t in ticks) for s in range(S)] == [most(s, S, M) for s in range(S)]
+      assert [max(timetable.in_flight(table, s, t) for t in ticks) for s in range(S)] == [
+          most(s, S, M) for s in range(S)]
       assert timetable.peak_in_flight(table) == tuple(most(s, S, M) for s in range(S))
       tick = {op: t for op, (t, _, _) in timetable.positions(table).items()}
       for s in range(S - 1):

@@ -1,6 +1,6 @@
 """Timeline of one pipelined training step over slow links, on the executor's schedule.
 
-No JAX computation (the schedule is its table, `jaxcomp.parallel.timetable`). It turns
+No JAX computation (a schedule is its timetable, `jaxcomp.parallel.timetable`). It turns
 per-stage compute times and exact per-boundary wire bytes into a step time at a given
 link bandwidth and latency: AQ-SGD's Table 2 (throughput vs bandwidth) from single-machine
 figures.
@@ -23,16 +23,17 @@ ends. With ``overlap_sends=True`` a stage goes on computing while its message cr
 it waits for its message to leave before its next op. No executor of this project runs so: it is a
 bound (for the same order, the tick timing below is never faster).
 
-Ticks (``ticks=True``): the sharded executor's timeline (`jaxcomp.parallel.schedule`). Device ``d``
+Ticks (``ticks=True``): the sharded executor's timeline (`jaxcomp.parallel.stage_runner`, reading the table's
+`plan.Plan`). Device ``d``
 runs its ops of tick ``t`` one after another from ``ready[d][t]`` (``ready[d][0] = 0``); a collective
 couples only its two ends. ``overlap_sends`` is the executor's ``--overlap`` and picks the table (by
-name: ``timetable.build(name, S, M, overlap=overlap_sends)``; a table's ``hop`` must agree):
+name: ``schedules.parse(name, overlap=overlap_sends)``; a table's forwarding delay must agree):
 
-- ``overlap_sends=False`` (hop 1, the executor without ``--overlap``): every tick is compute, then
+- ``overlap_sends=False`` (forwarding delay 1, the executor without ``--overlap``): every tick is compute, then
   send, then wait. A message of tick ``t`` (sender ``p``, receiver ``q``) starts when both ends have
   computed their tick ``t`` (the collective needs both) and ``ready[d][t+1]`` is the end of ``d``'s
   compute at ``t`` and of every message it sent or received at the end of ``t``;
-- ``overlap_sends=True`` (hop 2, ``--overlap``): the message an op makes at tick ``t`` crosses during
+- ``overlap_sends=True`` (forwarding delay 2, ``--overlap``): the message an op makes at tick ``t`` crosses during
   tick ``t+1``: it starts at ``max(ready[p][t+1], ready[q][t+1])`` while both ends compute, and
   ``ready[d][t+2]`` is the end of ``d``'s compute at ``t+1`` and of the messages crossing to or from
   ``d`` during ``t+1``.
@@ -94,7 +95,8 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from jaxcomp.arguments import is_integer
-from jaxcomp.parallel import timetable
+from jaxcomp.parallel import schedules, timetable
+from jaxcomp.parallel.plan import Plan
 
 Kind = Literal["fwd", "bwd", "bwd_input", "bwd_weight", "send_fwd", "send_bwd", "exchange", "update"]
 COMPUTE = {"F": "fwd", "BW": "bwd", "B": "bwd_input", "W": "bwd_weight"}  # a table's op kind -> its event kind
@@ -191,21 +193,24 @@ def _check_bytes(name: str, values: Sequence[float], count: int, per: str) -> No
       raise ValueError(f"{name}[{i}] must be a finite number of bytes >= 0, got {v!r}")
 
 
-def table_of(schedule: str | timetable.Schedule, num_chunks: int, microbatches: int,
-             overlap: bool = False) -> timetable.Schedule:
-  """The table netsim runs: `schedule` itself (its chunks and microbatches must be the given ones), or the
-  table `timetable.build` makes of the name for `num_chunks` chunks (``interleaved:V``: V per device, so
-  num_chunks / V devices) and `microbatches`, with overlapped sends (hop 2) when `overlap`. A ValueError
-  naming the mismatch."""
-  if isinstance(schedule, timetable.Schedule):
-    table = schedule
-  else:
-    kind, _, per_device = schedule.partition(":")
-    per_device = int(per_device) if kind == "interleaved" and per_device.isdigit() and int(per_device) else 1
+def table_of(schedule: str | schedules.Schedule | timetable.Timetable | Plan, num_chunks: int, microbatches: int,
+             overlap: bool = False) -> timetable.Timetable:
+  """The table netsim runs: `schedule` itself or its plan's (its chunks and microbatches must be the given ones),
+  or the train table of the schedule (a name `schedules.parse` reads, with overlapped sends when `overlap`) for
+  `num_chunks` chunks (V per device: num_chunks / V devices) and `microbatches`. A ValueError naming the
+  mismatch."""
+  if isinstance(schedule, str):
+    schedule = schedules.parse(schedule, overlap)
+  if isinstance(schedule, Plan):
+    schedule = schedule.table
+  if isinstance(schedule, schedules.Schedule):
+    per_device = schedule.chunks_per_device
     if num_chunks % per_device:
-      raise ValueError(f"schedule {schedule!r} places {per_device} chunks on each device; netsim was given times "
-                       f"for {num_chunks} chunks (fwd_s, one entry per chunk), not a multiple of {per_device}")
-    table = timetable.build(schedule, num_chunks // per_device, microbatches, overlap)
+      raise ValueError(f"schedule {schedule.name!r} places {per_device} chunks on each device; netsim was given "
+                       f"times for {num_chunks} chunks (fwd_s, one entry per chunk), not a multiple of {per_device}")
+    table = schedule.train_table(num_chunks // per_device, microbatches)
+  else:
+    table = schedule
   if (table.num_chunks, table.microbatches) != (num_chunks, microbatches):
     raise ValueError(f"schedule {table.name!r} has {table.num_chunks} chunks on {table.num_devices} "
                      f"devices and {table.microbatches} microbatches; netsim was given times for "
@@ -244,7 +249,7 @@ def _message_key(msg: timetable.Message) -> tuple[Kind, int, int]:
   return ("send_fwd" if msg.forward else "send_bwd", msg.boundary, msg.microbatch)
 
 
-def _dataflow(ev: _Events, table: timetable.Schedule, compute, transfer, overlap_sends: bool) -> list[list]:
+def _dataflow(ev: _Events, table: timetable.Timetable, compute, transfer, overlap_sends: bool) -> list[list]:
   """Each device's ops in its order, each as soon as its stage is free and its input has arrived (module
   docstring, Dataflow); per device, the events it has done when its last op and last message have ended."""
   num_chunks, num_devices = table.num_chunks, table.num_devices
@@ -288,9 +293,10 @@ def _dataflow(ev: _Events, table: timetable.Schedule, compute, transfer, overlap
           for s in range(num_devices)]
 
 
-def _ticks(ev: _Events, table: timetable.Schedule, compute, transfer) -> list[list]:
-  """The table tick by tick, as the sharded executor runs it (module docstring, Ticks); per device, the events
-  it has done when its last tick ends."""
+def _ticks(ev: _Events, plan: Plan, compute, transfer) -> list[list]:
+  """The plan's table tick by tick, as the sharded executor runs it (module docstring, Ticks); per device, the
+  events it has done when its last tick ends."""
+  table = plan.table
   num_devices = table.num_devices
   pending = [[] for _ in range(num_devices)]  # messages a device waits for, beyond its last op, before its next op
 
@@ -305,14 +311,14 @@ def _ticks(ev: _Events, table: timetable.Schedule, compute, transfer) -> list[li
 
   made = ()  # overlapped sends: the messages made at the tick before, crossing during this one
   for t in range(table.ticks):
-    crossing = start(made) if table.hop > 1 else ()
+    crossing = start(made) if table.forwarding_delay > 1 else ()
     for d, row in enumerate(table.ops):
       for op in row[t]:
         kind = COMPUTE[op.kind]
         ev.run((kind, op.chunk, op.microbatch), ("stage", d), pending[d], compute[kind][op.chunk])
         pending[d] = []
-    made = timetable.messages(table, t)
-    if table.hop == 1:
+    made = plan.messages[t]
+    if table.forwarding_delay == 1:
       crossing = start(made)
     for msg in crossing:
       pending[msg.sender].append(_message_key(msg))
@@ -329,14 +335,15 @@ def simulate_step(
     bandwidth_bps: float,
     latency_s: float = 0.0,
     exchange: Exchange | None = None,
-    schedule: str | timetable.Schedule = "gpipe",
+    schedule: str | schedules.Schedule | timetable.Timetable | Plan = "gpipe",
     update_s: Sequence[float] | None = None,
     overlap_sends: bool = True,
     input_grad_share: float = 0.5,
     ticks: bool = False,
 ) -> Timeline:
-  """Event timeline of one step on `schedule` (a table, or a name `timetable.build` knows: gpipe, 1f1b,
-  1f1b-fused, zb-h1, interleaved:V; rules in the module docstring).
+  """Event timeline of one step on `schedule` (a timetable or its `Plan`, a schedule whose train table it runs,
+  or its name as `schedules.parse` reads it: gpipe, 1f1b, 1f1b-fused, zb-h1, interleaved:V; rules in the module
+  docstring).
 
   ``fwd_s``/``bwd_s``: per-chunk compute seconds per microbatch (length ``C``: the stages, one chunk
   per device; interleaved tables: chunk c's times).
@@ -346,8 +353,9 @@ def simulate_step(
   ``ticks``: False: the dataflow timing (the table gives each device's order; by name, its table without
   overlapped sends); True: the sharded executor's ticks.
   ``overlap_sends``: dataflow: whether a stage computes while its messages cross (else it waits for each to
-  leave). Ticks: the executor's ``--overlap``: the hop-2 table (by name, ``timetable.build(..., overlap=True)``,
-  M >= 2S; a table given must have hop 2) whose messages cross during the next tick, else the hop-1 table,
+  leave). Ticks: the executor's ``--overlap``: the table of forwarding delay 2 (by name,
+  ``schedules.parse(name, overlap=True)``, M >= 2S; a schedule or table given must have that delay) whose
+  messages cross during the next tick, else the table of delay 1,
   each tick compute, then send, then wait.
   ``input_grad_share``: in a table with split backwards, B(c, m) takes ``input_grad_share * bwd_s[c]``
   and W(c, m) the rest (default: half each; B + W = the fused backward).
@@ -362,10 +370,10 @@ def simulate_step(
   if not 0 <= input_grad_share <= 1:  # also rejects NaN
     raise ValueError(f"input_grad_share must be in [0, 1] (B's share of the backward), got {input_grad_share!r}")
   table = table_of(schedule, num_chunks, microbatches, overlap=ticks and overlap_sends)
-  if ticks and overlap_sends != (table.hop > 1):
-    raise ValueError(f"schedule {table.name!r} has hop {table.hop}, so with ticks=True overlap_sends must be "
-                     f"{table.hop > 1} (the executor's --overlap runs the hop-2 table: "
-                     f"timetable.build(name, S, M, overlap=True)), got {overlap_sends}")
+  if ticks and overlap_sends != (table.forwarding_delay > 1):
+    raise ValueError(f"schedule {table.name!r} has forwarding delay {table.forwarding_delay}, so with ticks=True "
+                     f"overlap_sends must be {table.forwarding_delay > 1} (the executor's --overlap runs the table "
+                     f"of delay 2: schedules.parse(name, overlap=True)), got {overlap_sends}")
   num_stages = table.num_devices
   if exchange is not None:
     _check_bytes("exchange.sent_bytes", exchange.sent_bytes, num_stages, "stages")
@@ -382,7 +390,8 @@ def simulate_step(
   compute = {"fwd": fwd_s, "bwd": bwd_s, "bwd_input": [input_grad_share * t for t in bwd_s],
              "bwd_weight": [(1 - input_grad_share) * t for t in bwd_s]}
   ev = _Events()
-  done = _ticks(ev, table, compute, transfer) if ticks else _dataflow(ev, table, compute, transfer, overlap_sends)
+  plan = schedule if isinstance(schedule, Plan) else Plan(table)
+  done = _ticks(ev, plan, compute, transfer) if ticks else _dataflow(ev, table, compute, transfer, overlap_sends)
   events = tuple(ev.evaluated.values())
   if exchange is not None:
     for s, n in enumerate(exchange.sent_bytes):

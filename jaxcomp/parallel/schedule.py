@@ -1,4 +1,4 @@
-"""A schedule's table (`jaxcomp.parallel.timetable`) run on one stage device.
+"""A schedule's timetable (`jaxcomp.parallel.timetable`) run on one stage device.
 
 The table says what runs when: every static part of the program (the ticks, which boundaries carry a
 message at a tick, which op kinds and stages' bodies a tick's switches hold, the stash slots) is read
@@ -11,7 +11,7 @@ microbatch (`Stash`: delivered when the message arrived, kept for the backward);
 with a message at that tick moves the encoded payload from chunk b's device to chunk b+1's with the op of
 `jaxcomp.ppermute` (`permute`, along `link_perm(b)`: a ring); backwards likewise send gradients from
 b+1 to b, into the receiver's gradient ring. A message may wait in its ring any number of ticks before
-its op runs, so any legal table runs (`check_runnable`). With overlapped sends (the table's hop 2,
+its op runs, so any legal table runs (`check_runnable`). With overlapped sends (the table's forwarding delay 2,
 `overlapped_tick`) the payload is encoded at that tick, crosses during the next one while the stages
 compute, and is decoded at the tick after. A bubble tick runs the no-op branch of the stage switch: no
 stage compute, nothing saved. The program knows statically which boundaries carry a message at a tick
@@ -19,7 +19,7 @@ stage compute, nothing saved. The program knows statically which boundaries carr
 are one `lax.scan` (`segments`), so the program's size (and compile time) does not grow with M.
 
 Two ways to get the backward pass:
-- `run_explicit` (every schedule of `timetable.SCHEDULES` and interleaved:V, below): a stage keeps its input
+- `run_explicit` (every schedule of `jaxcomp.parallel.schedules`, below): a stage keeps its input
   from its forward, and at its backward op runs its vjp on it (rematerialised) and the boundary's
   `backward_half` (its halves apart with overlapped sends); the weight gradient is accumulated in the
   loop. A fused BW is one vjp over (parameters, input); a split B is the vjp over the input only (its
@@ -35,111 +35,21 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxcomp import pipeline
 from jaxcomp.compress import boundary as boundary_mod
 from jaxcomp.compress.boundary import LinkState, Mode
-from jaxcomp.parallel import layout, permute, timetable
+from jaxcomp.parallel import layout, permute, schedules
 from jaxcomp.parallel.mesh import DATA, STAGE, WRAPPED
+from jaxcomp.parallel.plan import Plan, TickPlan, link_ends, link_perm, ring_slot
+from jaxcomp.parallel.timetable import Timetable
 
 REMAT = ("stage", "none")
-SCHEDULES = timetable.SCHEDULES  # the tables this executor runs (`check_runnable`)
-
-
-class Lookup(NamedTuple):
-  """A table read once for traced ticks: `ops[kind][t, d]` the microbatch of the op of `kind` device d runs
-  at tick t, `chunks[kind][t, d]` its chunk's slot v on the device (the chunk is v D + d, D devices; 0 where
-  it runs none), `sent[forward][t, b]` the microbatch whose activation (`forward`) or gradient crosses
-  boundary b from the end of tick t, `received[forward][t, b]` the one its receiver takes in at tick t (the
-  end of the sending tick; with overlapped sends the start of the tick `hop` later); -1 where there is
-  none. The rings a device keeps microbatches in, one ring per chunk it holds (`ring_slot`): `stash_slots`
-  (inputs, their model state and TopK positions, from their arrival to their last use), `grad_slots`
-  (output cotangents, from their arrival to the last backward op)."""
-  ops: dict
-  chunks: dict
-  sent: dict
-  received: dict
-  stash_slots: int
-  grad_slots: int
-
-
-def ring_slot(slots: int, v, m):
-  """Where chunk slot v's microbatch m lies in a device's rings of V x `slots`: ring v, slot m mod slots."""
-  return v * slots + m % slots
-
-
-def check_runnable(table: timetable.Schedule) -> None:
-  """The executor runs a table with the same number V of chunks on every device where a device runs at most
-  one op of each kind, and not both a B and a BW, per tick (one message per boundary each way per tick).
-  Else a ValueError."""
-  if table.num_chunks % table.num_devices:
-    raise ValueError(f"the sharded executor runs the same number of chunks on every device; schedule "
-                     f"{table.name!r} has {table.num_chunks} chunks on {table.num_devices} devices")
-  for d, row in enumerate(table.ops):
-    for t, tick in enumerate(row):
-      kinds = [op.kind for op in tick]
-      if len(set(kinds)) < len(kinds) or {"B", "BW"} <= set(kinds):
-        raise ValueError(f"the sharded executor runs at most one op of each kind (and not a B beside a BW) per "
-                         f"device per tick; schedule {table.name!r} runs {', '.join(map(str, tick))} on device "
-                         f"{d} at tick {t}")
-
-
-# When, within tick t, the executor touches a microbatch's rings: (t, phase).
-DECODE, FORWARD, INPUT_GRAD, WEIGHT_GRAD, SEND_FORWARD, SEND_BACKWARD = range(6)
-PHASE = {"F": FORWARD, "B": INPUT_GRAD, "BW": INPUT_GRAD, "W": WEIGHT_GRAD}
-
-
-def ring_slots(spans) -> int:
-  """The fewest slots k of a ring that holds item m in slot m % k over its span: `spans` maps a ring (a
-  chunk) to (m, first, last) triples (ordered (tick, phase)); two items a ring holds at once need distinct
-  slots."""
-  def fits(k):
-    return all(m % k != n % k or last < start or end < first
-               for items in spans.values() for i, (m, first, last) in enumerate(items)
-               for n, start, end in items[:i])
-  return next(k for k in range(1, max([len(items) for items in spans.values()] + [1]) + 1) if fits(k))
-
-
-def lookup_of(table: timetable.Schedule, forwards_only: bool = False) -> Lookup:
-  """The `Lookup` of a table the executor runs (`check_runnable`); `forwards_only`: of its forward ops alone
-  (an eval step: an input is held until its forward, no cotangent at all)."""
-  check_runnable(table)
-  T, C, hop = table.ticks, table.num_chunks, table.hop
-  ops = {kind: np.full((T, table.num_devices), -1, np.int32) for kind in timetable.KINDS}
-  chunks = {kind: np.zeros((T, table.num_devices), np.int32) for kind in timetable.KINDS}
-  no_messages = lambda: {forward: np.full((T, C - 1), -1, np.int32) for forward in (True, False)}
-  sent, received = no_messages(), no_messages()
-  at = {}  # op -> (tick, phase); ("recv", forward, receiving chunk, m) -> when its message is taken in
-  for op, (t, d, _) in timetable.positions(table).items():
-    ops[op.kind][t, d], chunks[op.kind][t, d] = op.microbatch, table.slot(op.chunk)
-    at[op] = (t, PHASE[op.kind])
-  for t in range(T):
-    for msg in timetable.messages(table, t):
-      arrival = (t, SEND_FORWARD if msg.forward else SEND_BACKWARD) if hop == 1 else (t + hop, DECODE)
-      sent[msg.forward][t, msg.boundary] = msg.microbatch
-      received[msg.forward][arrival[0], msg.boundary] = msg.microbatch
-      at[("recv", msg.forward, msg.boundary + (1 if msg.forward else 0), msg.microbatch)] = arrival
-  inputs, grads = {}, {}
-  for c in range(C):
-    for m in range(table.microbatches):
-      first = at.get(("recv", True, c, m), at[timetable.Op("F", c, m)])
-      if forwards_only:
-        inputs.setdefault(c, []).append((m, first, at[timetable.Op("F", c, m)]))
-        continue
-      backward = [at[timetable.Op(k, c, m)] for k in ("B", "BW") if timetable.Op(k, c, m) in at][0]
-      last = max(at[op] for op in (timetable.Op(k, c, m) for k in ("B", "W", "BW")) if op in at)
-      # an input is held from its arrival (or forward) until its last backward op and the gradient send
-      # that reads its TopK positions; an output cotangent from its arrival until the last backward op
-      inputs.setdefault(c, []).append((m, first, max(last, (backward[0], SEND_BACKWARD))))
-      if c < C - 1:
-        grads.setdefault(c, []).append((m, at[("recv", False, c, m)], last))
-  return Lookup(ops, chunks, sent, received, ring_slots(inputs), ring_slots(grads))
 
 
 def op_at(prog, tick, kind: str, device):
   """(whether `device` runs an op of `kind` at `tick`, its microbatch: 0 when it runs none)."""
-  m = jnp.asarray(prog.lookup.ops[kind])[tick, device]
+  m = jnp.asarray(prog.plan.lookup.ops[kind])[tick, device]
   return m >= 0, jnp.maximum(m, 0)
 
 
@@ -147,64 +57,36 @@ def chunk_at(prog, tick, kind: str, device):
   """(the slot v on `device` of the chunk it runs an op of `kind` of at `tick`, that chunk v D + device, D
   devices): slot 0 when it runs none; with one chunk per device v is the Python int 0 (static indexing: the
   program of a stage per device)."""
-  if prog.table.num_chunks == prog.table.num_devices:
+  if prog.plan.table.num_chunks == prog.plan.table.num_devices:
     return 0, device
-  v = jnp.asarray(prog.lookup.chunks[kind])[tick, device]
-  return v, v * prog.table.num_devices + device
+  v = jnp.asarray(prog.plan.lookup.chunks[kind])[tick, device]
+  return v, v * prog.plan.table.num_devices + device
 
 
 def message_at(prog, tick, b: int, forward: bool, received: bool = False):
   """The microbatch of boundary b's activation (`forward`) or gradient sent at the end of `tick`, or
   (`received`) taken in by its receiver at `tick` (the plan says there is one)."""
-  return jnp.asarray((prog.lookup.received if received else prog.lookup.sent)[forward])[tick, b]
-
-
-def link_ends(b: int, devices: int) -> tuple[int, int]:
-  """Boundary b's (sender, receiver) devices: chunk b's and chunk b+1's, chunk c on device c mod D (a ring:
-  with V chunks per device the last device's chunks send on to device 0)."""
-  return b % devices, (b + 1) % devices
-
-
-def link_perm(b: int, devices: int) -> permute.Perm:
-  """Boundary b's messages: its sender sends to its receiver (its gradients come back)."""
-  return (link_ends(b, devices),)
+  return jnp.asarray((prog.plan.lookup.received if received else prog.plan.lookup.sent)[forward])[tick, b]
 
 
 def link_scope(prog, b: int):
   """The scope of boundary b's collectives: `mesh.WRAPPED` where the ring wraps around (its activations go
   from a device to one of lower index), none elsewhere."""
-  sender, receiver = link_ends(b, prog.table.num_devices)
+  sender, receiver = link_ends(b, prog.plan.table.num_devices)
   return jax.named_scope(WRAPPED) if receiver < sender else contextlib.nullcontext()
 
 
 def at_ends(prog, b: int):
   """(whether this device is boundary b's sender, whether it is its receiver), traced."""
   s = jax.lax.axis_index(STAGE)
-  sender, receiver = link_ends(b, prog.table.num_devices)
+  sender, receiver = link_ends(b, prog.plan.table.num_devices)
   return s == sender, s == receiver
-
-
-def phases(prog) -> tuple[range, range, range]:
-  """(fill, steady, drain) forward ticks of `run_gpipe` (stride 1), read from the table: in steady
-  ticks every stage runs a forward (and every boundary sends); fill and drain are the forward ticks
-  before and after."""
-  table = prog.table
-  forward = [t for t in range(table.ticks) if timetable.running(table, t, ("F",))]
-  steady = [t for t in forward if len(timetable.running(table, t, ("F",))) == table.num_devices]
-  if not steady:
-    return range(len(forward)), range(0), range(len(forward), len(forward))
-  return range(steady[0]), range(steady[0], steady[-1] + 1), range(steady[-1] + 1, forward[-1] + 1)
 
 
 def global_microbatch(prog, m):
   """Index in the global batch of this data shard's microbatch m (keys are drawn by it, so
   stochastic codecs and dropout equal `simulate`'s at the global batch)."""
   return jax.lax.axis_index(DATA) * prog.pipe.microbatches + m
-
-
-def boundaries_at(prog, tick: int, forward: bool = True) -> tuple[int, ...]:
-  """The boundaries that carry an activation (`forward`) or a gradient at a (static) tick, by the table."""
-  return tuple(sorted(msg.boundary for msg in timetable.messages(prog.table, tick) if msg.forward == forward))
 
 
 class StepInputs(NamedTuple):
@@ -225,8 +107,7 @@ class Program(NamedTuple):
   mode: Mode
   train: bool
   metrics: Any  # the last stage's metric structure (ShapeDtypeStructs)
-  table: timetable.Schedule  # the schedule (`run_gpipe` runs its forward ticks)
-  lookup: Lookup  # `lookup_of(table)`: what traced ticks read
+  plan: Plan  # the schedule's table compiled: what every tick reads (`run_gpipe` runs its forward ticks)
 
   @property
   def width(self) -> int:
@@ -270,7 +151,7 @@ def stage_switch(prog: Program, tick, kind: str, branch, idle, *operands):
   an unrolled tick holds min(M, S) stage bodies, not S (GPipe with M=1 compiles S bodies, as simulate)."""
   s_count, s = prog.pipe.num_stages, jax.lax.axis_index(STAGE)
   stages = (list(range(s_count)) if not isinstance(tick, int)
-            else [op.chunk for op in timetable.running(prog.table, tick, (kind,))])
+            else list(prog.plan.running[kind][tick]))
   position = jnp.asarray([stages.index(j) if j in stages else len(stages) for j in range(s_count)], jnp.int32)
   index = jnp.where(op_at(prog, tick, kind, s)[0], position[chunk_at(prog, tick, kind, s)[1]], len(stages))
   return jax.lax.switch(index, [branch(j) for j in stages] + [idle], *operands)
@@ -289,7 +170,7 @@ def stage_step(prog: Program, inp: StepInputs, tick, params_row, ms_row, x_buf):
 
 def _boundary(prog: Program, b: int):
   """Boundary b's op with its transport: the explicit schedules run its halves."""
-  perm = link_perm(b, prog.table.num_devices)
+  perm = link_perm(b, prog.plan.table.num_devices)
   return dataclasses.replace(prog.pipe.boundary, transport=permute.Permute(STAGE, perm))
 
 
@@ -300,7 +181,7 @@ def end_slot(prog: Program, b: int, end: int) -> int | None:
   """Where boundary b's state table at its `end` is among this device's: with V > 1 chunks per device the
   tables are [V, rows, F], the end's chunk (b + end) at slot (b + end) // D; with one chunk (None) the table
   itself."""
-  return None if prog.table.chunks_per_device == 1 else prog.table.slot(b + end)
+  return None if prog.plan.table.chunks_per_device == 1 else prog.plan.table.slot(b + end)
 
 
 def end_rows(prog: Program, table, b: int, end: int, rows, like):
@@ -341,7 +222,7 @@ def forward_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, fwd_ta
   if differentiable:
     link = LinkState(sent, arrived, end_rows(prog, bs, b, RECEIVER, bwd_rows, shape),
                      end_rows(prog, br, b, SENDER, bwd_rows, shape))
-    x, new = permute.CompressedLink(prog.pipe.boundary).ppermute(y, link, STAGE, link_perm(b, prog.table.num_devices),
+    x, new = permute.CompressedLink(prog.pipe.boundary).ppermute(y, link, STAGE, link_perm(b, prog.plan.table.num_devices),
                                                                  key, mode=prog.mode)
     fs_new, fr_new, idx = new.fwd_send, new.fwd_recv, None
   else:
@@ -382,27 +263,27 @@ def run_gpipe(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs, st
                 jnp.zeros((), jnp.float32), zero_metrics(prog))
   inp = StepInputs(params_row, tuple(bwd_tables), mbs, step_key)
   tick = lambda t, c, bs: tick_step(prog, inp, t, bs, c)
-  fill, steady, drain = phases(prog)
+  fill, steady, drain = prog.plan.phases
   for t in fill:
-    carry = tick(t, carry, boundaries_at(prog, t))
+    carry = tick(t, carry, prog.plan.sends(t))
   if len(steady):
     every = range(s_count - 1)
     carry, _ = jax.lax.scan(lambda c, t: (tick(t, c, every), None), carry,
                             jnp.arange(steady.start, steady.stop, dtype=jnp.int32))
   for t in drain:
-    carry = tick(t, carry, boundaries_at(prog, t))
+    carry = tick(t, carry, prog.plan.sends(t))
   return carry
 
 
 def make_program(pipe: pipeline.Pipeline, template: pipeline.TrainState, local_batch, mode: Mode, train: bool,
-                 table: timetable.Schedule | None = None) -> Program:
+                 table: Timetable | None = None) -> Program:
   """The schedule's static layout for one data shard's batch `local_batch` (shapes only); `table`
   defaults to GPipe's (the forward ticks `run_gpipe` runs)."""
-  table = table or timetable.gpipe(pipe.num_stages, pipe.microbatches)
+  table = table or schedules.GPipe().train_table(pipe.num_stages, pipe.microbatches)
   mb = pipeline.microbatch_shapes(local_batch, pipe.microbatches)
   shapes = pipeline.boundary_shapes(pipe, template.params, template.model_state, mb[pipe.input_key])
   prog = Program(pipe, layout.FlatRows(template.params), layout.FlatRows(template.model_state), shapes,
-                 mode, train, None, table, lookup_of(table, forwards_only=not train))
+                 mode, train, None, Plan(table, forwards_only=not train))
   last = pipe.num_stages - 1
   x_buf = jax.ShapeDtypeStruct((mb[pipe.input_key].shape[0], prog.width), prog.act_dtype)
 
@@ -422,60 +303,6 @@ def make_program(pipe: pipeline.Pipeline, template: pipeline.TrainState, local_b
 # `backward_half` sends the gradient on. The ticks are cut into periods (`segments`); a run of periods
 # with the same plans runs under one `lax.scan` (the same collectives every period), the other periods
 # are unrolled.
-
-
-class Plan(NamedTuple):
-  """What a tick holds, read from the table: the boundaries whose activation (gradient) is sent at its end,
-  the op kinds some stage runs at it (in the order a device runs them: F, then BW or B, then W), and, with
-  overlapped sends (hop 2), the boundaries whose payload crosses its link during it (encoded the tick
-  before) and those whose payload is decoded at it (encoded two ticks before)."""
-  fwd_sends: tuple[int, ...]
-  bwd_sends: tuple[int, ...]
-  kinds: tuple[str, ...]
-  fwd_crossing: tuple[int, ...] = ()
-  bwd_crossing: tuple[int, ...] = ()
-  fwd_arriving: tuple[int, ...] = ()
-  bwd_arriving: tuple[int, ...] = ()
-
-
-ORDER = ("F", "BW", "B", "W")  # the order a device runs a tick's ops in (each after its inputs)
-
-
-def tick_plan(prog: Program, tick: int) -> Plan:
-  """The `Plan` of a (static) tick, by the table: of its forwards alone in an eval step."""
-  kinds = ORDER if prog.train else ("F",)
-  plan = Plan(boundaries_at(prog, tick), boundaries_at(prog, tick, forward=False) if prog.train else (),
-              tuple(kind for kind in kinds if timetable.running(prog.table, tick, (kind,))))
-  if prog.table.hop == 1:  # a message crosses and is decoded at the end of the tick that sends it
-    return plan
-  sent = lambda ago, forward: boundaries_at(prog, tick - ago, forward) if tick >= ago else ()
-  return plan._replace(fwd_crossing=sent(1, True), bwd_crossing=sent(1, False),
-                       fwd_arriving=sent(2, True), bwd_arriving=sent(2, False))
-
-
-def runs(plans: list[Plan], period: int) -> list[tuple[range, tuple]]:
-  """(period starts, the period's plans): the ticks cut into periods of `period` from tick 0, consecutive
-  periods with equal plans forming one run."""
-  out = []
-  for start in range(0, len(plans), period):
-    block = tuple(plans[start:start + period])
-    if out and out[-1][1] == block:
-      out[-1] = (range(out[-1][0].start, start + 1, period), block)
-    else:
-      out.append((range(start, start + 1, period), block))
-  return out
-
-
-def segments(prog: Program) -> list[tuple[range, tuple]]:
-  """`runs` of the period whose program traces the fewest tick bodies (a run of one period unrolled, a
-  longer one scanned: one period's bodies), the shortest such period: 1 for gpipe and 1f1b-fused, 2 for
-  1f1b (a forward tick, then a backward tick), 3 for zb-h1 (B, W, F). An eval step's ticks end with its
-  last forward."""
-  ticks = prog.table.ticks if prog.train else 1 + max(t for t in range(prog.table.ticks)
-                                                      if timetable.running(prog.table, t, ("F",)))
-  plans = [tick_plan(prog, t) for t in range(ticks)]
-  traced = lambda cut: sum(len(block) for _, block in cut)
-  return min((runs(plans, period) for period in range(1, len(plans) + 1)), key=traced)
 
 
 def stage_grads(prog: Program, j: int, kind: str):
@@ -510,12 +337,12 @@ def stage_backward(prog: Program, inp: StepInputs, tick, kind: str, stash, grad_
   s = jax.lax.axis_index(STAGE)
   _, m = op_at(prog, tick, kind, s)
   v, c = chunk_at(prog, tick, kind, s)
-  slot = ring_slot(prog.lookup.stash_slots, v, m)
+  slot = ring_slot(prog.plan.lookup.stash_slots, v, m)
   mb = jax.tree.map(lambda a: a[m], inp.mbs)
   chunk_sum, dx = stage_switch(prog, tick, kind, lambda j: stage_grads(prog, j, kind), no_grads,
                                inp.params_row[v], stash.model_state[slot], stash.x_buf[slot], mb,
                                pipeline.stage_key(inp.step_key, global_microbatch(prog, m), c),
-                               stash.g_buf[ring_slot(prog.lookup.grad_slots, v, m)], inp.scale, grad_sum[v])
+                               stash.g_buf[ring_slot(prog.plan.lookup.grad_slots, v, m)], inp.scale, grad_sum[v])
   return grad_sum.at[v].set(chunk_sum), dx
 
 
@@ -555,8 +382,8 @@ class ExplicitCarry(NamedTuple):
 def deliver(prog: Program, carry: ExplicitCarry, b: int, m, ok, value, forward: bool) -> ExplicitCarry:
   """Microbatch m's activation (`forward`) or gradient received over boundary b into the ring of the chunk
   that takes it in (b+1, or b), on the device where `ok` (the boundary's receiver)."""
-  field, slots = ("x_buf", prog.lookup.stash_slots) if forward else ("g_buf", prog.lookup.grad_slots)
-  ring, slot = getattr(carry.stash, field), ring_slot(slots, prog.table.slot(b + forward), m)
+  field, slots = ("x_buf", prog.plan.lookup.stash_slots) if forward else ("g_buf", prog.plan.lookup.grad_slots)
+  ring, slot = getattr(carry.stash, field), ring_slot(slots, prog.plan.table.slot(b + forward), m)
   ring = ring.at[slot].set(jnp.where(ok, value, ring[slot]))
   return carry._replace(stash=carry.stash._replace(**{field: ring}))
 
@@ -566,7 +393,7 @@ def stash_positions(prog: Program, carry: ExplicitCarry, b: int, m, positions, e
   receiver's) pair, or the one `end` (0 sender, 1 receiver) given; none is None."""
   if positions is None:
     return carry
-  slot, old = m % prog.lookup.stash_slots, carry.stash.indices[b]
+  slot, old = m % prog.plan.lookup.stash_slots, carry.stash.indices[b]
   put = lambda bufs, new: jax.tree.map(lambda buf, n: buf.at[slot].set(n), bufs, new)
   stored = put(old, positions) if end is None else tuple(put(part, positions) if i == end else part
                                                          for i, part in enumerate(old))
@@ -579,7 +406,7 @@ def stashed_positions(prog: Program, carry: ExplicitCarry, b: int, m):
   index reuse (or in a step whose forward is dense)."""
   if not prog.pipe.boundary.reuse or prog.mode.dense_forward:
     return None
-  return jax.tree.map(lambda buf: buf[m % prog.lookup.stash_slots], carry.stash.indices[b])
+  return jax.tree.map(lambda buf: buf[m % prog.plan.lookup.stash_slots], carry.stash.indices[b])
 
 
 def stash_exchange(prog: Program, inp: StepInputs, tick, b: int, y_buf, carry: ExplicitCarry) -> ExplicitCarry:
@@ -619,7 +446,7 @@ def backward_exchange(prog: Program, inp: StepInputs, tick, b: int, dx_buf, carr
                  layout.pad(dx, prog.width, prog.act_dtype), forward=False)
 
 
-def stage_ops(prog: Program, inp: StepInputs, tick, plan: Plan, carry: ExplicitCarry):
+def stage_ops(prog: Program, inp: StepInputs, tick, plan: TickPlan, carry: ExplicitCarry):
   """This device's ops at `tick`, in `ORDER`: its forward on the input its ring holds (stashing its model
   state), then its backward ops: (carry, activation made, input gradient made). Kinds that no stage runs
   at this tick (by `plan`) are left out of the program."""
@@ -628,7 +455,7 @@ def stage_ops(prog: Program, inp: StepInputs, tick, plan: Plan, carry: ExplicitC
   if "F" in plan.kinds:
     forward_busy, m = op_at(prog, tick, "F", s)
     v, _ = chunk_at(prog, tick, "F", s)
-    slot = ring_slot(prog.lookup.stash_slots, v, m)
+    slot = ring_slot(prog.plan.lookup.stash_slots, v, m)
     stash = carry.stash._replace(model_state=carry.stash.model_state.at[slot].set(
         jnp.where(forward_busy, carry.model_state[v], carry.stash.model_state[slot])))
     y_buf, ms_row, loss, metrics = stage_step(prog, inp, tick, inp.params_row[v], carry.model_state[v],
@@ -643,7 +470,7 @@ def stage_ops(prog: Program, inp: StepInputs, tick, plan: Plan, carry: ExplicitC
   return carry, y_buf, dx_buf
 
 
-def explicit_tick(prog: Program, inp: StepInputs, tick, plan: Plan, carry: ExplicitCarry) -> ExplicitCarry:
+def explicit_tick(prog: Program, inp: StepInputs, tick, plan: TickPlan, carry: ExplicitCarry) -> ExplicitCarry:
   """One tick: this stage's ops, then the boundaries (each message delivered into its receiver's ring)."""
   carry, y_buf, dx_buf = stage_ops(prog, inp, tick, plan, carry)
   for b in plan.fwd_sends:
@@ -656,7 +483,7 @@ def explicit_tick(prog: Program, inp: StepInputs, tick, plan: Plan, carry: Expli
 
 
 # ---------------------------------------------------------------- overlapped sends
-# With the table's hop 2 a boundary's message is encoded where it is made (tick t), crosses its link during
+# With the table's forwarding delay 2 a boundary's message is encoded where it is made (tick t), crosses its link during
 # tick t+1 while both ends compute (its collective reads only the carry, so nothing of tick t+1 waits for
 # it), and is decoded where it is used (tick t+2). Each end's compression state moves at its own end:
 # the sender's rows at the encode, the receiver's at the decode, each by its own microbatch.
@@ -726,7 +553,7 @@ def decode_backward(prog: Program, inp: StepInputs, tick, b: int, carry: Explici
                  forward=False)
 
 
-def overlapped_tick(prog: Program, inp: StepInputs, tick, plan: Plan, carry: ExplicitCarry) -> ExplicitCarry:
+def overlapped_tick(prog: Program, inp: StepInputs, tick, plan: TickPlan, carry: ExplicitCarry) -> ExplicitCarry:
   """One tick with overlapped sends: the payloads encoded at the tick before cross their links, reading only
   the carry (so the tick's compute runs while they are in flight); those that crossed during the tick before
   are decoded into their receivers' rings; the stage runs; what it made is encoded to cross during the next tick."""
@@ -777,17 +604,17 @@ def run_explicit(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs,
   `ms_row` [V, Q]. `scale` weighs each microbatch's loss (1 / (M D)): the returned `grads` [V, P] and
   backward tables are those of the weighted sum, as autodiff of the mean loss gives them. An eval step
   (`prog.train` False) runs the table's forwards alone: its loss and metrics."""
-  chunks = prog.table.chunks_per_device
-  k, buf = prog.lookup.stash_slots, (microbatch_size(mbs), prog.width)
+  chunks = prog.plan.table.chunks_per_device
+  k, buf = prog.plan.lookup.stash_slots, (microbatch_size(mbs), prog.width)
   indices = tuple(jax.tree.map(lambda a: jnp.zeros((k, *a.shape), a.dtype), _index_shapes(prog, b))
                   for b in range(prog.pipe.num_stages - 1))
   stash = Stash(jnp.zeros((chunks * k, *buf), prog.act_dtype), jnp.zeros((chunks * k, *ms_row.shape[1:]), ms_row.dtype),
-                indices, jnp.zeros((chunks * prog.lookup.grad_slots, *buf), prog.act_dtype))
+                indices, jnp.zeros((chunks * prog.plan.lookup.grad_slots, *buf), prog.act_dtype))
   carry = ExplicitCarry(stash, ms_row, tuple(fwd_tables), jax.tree.map(jnp.zeros_like, tuple(bwd_tables)),
                         jnp.zeros_like(params_row), jnp.zeros((), jnp.float32), zero_metrics(prog))
   inp = StepInputs(params_row, tuple(bwd_tables), mbs, step_key, scale)
   tick_fn = explicit_tick
-  if prog.table.hop > 1:
+  if prog.plan.table.forwarding_delay > 1:
     carry, tick_fn = carry._replace(in_flight=empty_in_flight(prog, inp, carry)), overlapped_tick
 
   def period(carry, start, plans):
@@ -795,7 +622,7 @@ def run_explicit(prog: Program, params_row, ms_row, fwd_tables, bwd_tables, mbs,
       carry = tick_fn(prog, inp, start + j, plan, carry)
     return carry
 
-  for starts, plans in segments(prog):
+  for starts, plans in prog.plan.segments:
     if len(starts) == 1:
       carry = period(carry, starts.start, plans)
     else:

@@ -2,8 +2,8 @@
 
 Mesh axes ("data", "stage") (`mesh.make_mesh`). Device (d, s) runs stage s on data shard d and
 holds stage s's rows of the state (`state_layout`: no device holds the whole model). The step
-runs a schedule of `jaxcomp.parallel.schedule` under `jax.shard_map` (GPipe or 1F1B with
-explicit backward ticks; or GPipe's forward differentiated by autodiff with `remat="none"`);
+runs a schedule (`jaxcomp.parallel.schedules`: its timetable's ticks with explicit backwards; or GPipe's
+forward ticks differentiated by autodiff with `remat="none"`) under `jax.shard_map`;
 every schedule sends exactly M x sum_b wire_bytes(b) each way per data shard. Each data shard
 differentiates its mean loss / D, so its boundary gradients equal those of `simulate` at
 the global batch; the weight gradients are then exchanged over `data` (`dataparallel`: dense,
@@ -22,12 +22,11 @@ from jax.sharding import PartitionSpec as P
 from jaxcomp import pipeline
 from jaxcomp.compress import schemes
 from jaxcomp.compress.boundary import LinkState, Mode
-from jaxcomp.parallel import dataparallel, layout, schedule, timetable
+from jaxcomp.parallel import dataparallel, layout, schedule, schedules
 from jaxcomp.parallel.mesh import DATA, STAGE, make_mesh
 from jaxcomp.parallel.state_layout import StateLayout, abstract_state
 
-SCHEDULES = schedule.SCHEDULES
-__all__ = ["DATA", "SCHEDULES", "STAGE", "ShardedExecutor", "make_mesh"]
+__all__ = ["DATA", "STAGE", "ShardedExecutor", "make_mesh"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,30 +40,29 @@ class ShardedExecutor(pipeline.Executor):
   Padding has zero gradient, moments and (masked) exchanged momentum, so it stays exactly zero.
   Ties and clipping apply to each replica's local gradient after warm-up (the mean gradient is
   never formed), to the mean one during warm-up.
-  `schedule` (a table of `timetable.SCHEDULES`): "gpipe" (all forwards, then all backwards: M microbatch
-  inputs saved per stage), "1f1b" (PipeDream-flush: one forward or backward per stage per
-  tick, at most S inputs saved whatever M) or "1f1b-fused" (a forward and a backward per
-  stage per tick: at most 2S-1 inputs, half of 1f1b's ticks) or "zb-h1" (ZB-H1: 1F1B's order with each
+  `schedule` (`jaxcomp.parallel.schedules`): `GPipe()` (all forwards, then all backwards: M microbatch
+  inputs saved per stage), `OneFOneB()` (PipeDream-flush: one forward or backward per stage per
+  tick, at most S inputs saved whatever M) or `OneFOneB(fused=True)` (a forward and a backward per
+  stage per tick: at most 2S-1 inputs, half of 1F1B's ticks) or `ZeroBubbleH1()` (1F1B's order with each
   backward split into B, the input gradient sent upstream at once, and W, the weight gradient, deferred
   into the bubbles; W recomputes the stage's forward from the stashed input and output cotangent); all
-  send the same bytes and give the same numbers. "interleaved:V" (interleaved 1F1B): the pipeline's S V stages
-  cut into chunks, device d holding chunks d, d+S, ... (its rows [S, V, ...]), boundaries on a ring; its
-  bubble (S-1)/(VM+S-1) against 1F1B's (S-1)/(M+S-1); its eval steps run the forwards of interleaved GPipe
+  send the same bytes and give the same numbers. `Interleaved(chunks=V)` (interleaved 1F1B): the pipeline's
+  S V stages cut into chunks, device d holding chunks d, d+S, ... (its rows [S, V, ...]), boundaries on a ring;
+  its bubble (S-1)/(VM+S-1) against 1F1B's (S-1)/(M+S-1); its eval steps run the forwards of interleaved GPipe
   (VM+S-1 ticks); each chunk has its own data-parallel error rows (`grad_state` [S, V, D, P]).
   `remat="stage"` (default) saves a stage's input per microbatch and recomputes the stage in
   its explicit backward (`schedule.run_explicit`); `remat="none"` (GPipe only) differentiates
   the forward schedule with autodiff, which saves every stage's internals.
-  `overlap=True` (train steps of every schedule, `remat="stage"`): overlapped
-  sends, MaxText's delayed activation forwarding: a payload encoded at tick t crosses its link during tick t+1
-  while the stages compute, and is decoded at t+2 where it is used (`timetable.OVERLAP_HOP`; S-1 more ticks
-  each way, S V - 1 with interleaved:V; M >= 2S microbatches); the same bytes and numbers. Eval steps run
-  without it.
+  A schedule's `forwarding_delay=2` (`Schedule.with_overlapped_sends()`: train steps of every schedule,
+  `remat="stage"`): overlapped sends, MaxText's delayed activation forwarding: a payload encoded at tick t
+  crosses its link during tick t+1 while the stages compute, and is decoded at t+2 where it is used (S-1 more
+  ticks each way, S V - 1 with interleaved 1F1B; M >= 2S microbatches); the same bytes and numbers. Eval steps
+  run without it.
   """
   mesh: jax.sharding.Mesh
   grad_scheme: Any = None
   remat: str = "stage"
-  schedule: str = "gpipe"
-  overlap: bool = False
+  schedule: schedules.Schedule = schedules.GPipe()
 
   def __post_init__(self):
     g = self.grad_scheme
@@ -72,11 +70,13 @@ class ShardedExecutor(pipeline.Executor):
       raise ValueError(f"grad_scheme must be a Plain or EF scheme (no receiver state), got {g!r}")
     if self.remat not in schedule.REMAT:
       raise ValueError(f"remat must be one of {schedule.REMAT}, got {self.remat!r}")
-    timetable.chunks_per_device(self.schedule)
-    if self.schedule != "gpipe" and self.remat == "none":
-      raise ValueError(f"the {self.schedule} schedule always recomputes a stage from its stashed input; "
+    if not isinstance(self.schedule, schedules.Schedule):
+      raise ValueError(f"schedule must be a `schedules.Schedule` (e.g. schedules.OneFOneB(), or "
+                       f"schedules.parse('1f1b')), got {self.schedule!r}")
+    if not isinstance(self.schedule, schedules.GPipe) and self.remat == "none":
+      raise ValueError(f"the {self.schedule.name} schedule always recomputes a stage from its stashed input; "
                        "use remat='stage'")
-    if self.overlap and self.remat == "none":
+    if self.schedule.forwarding_delay > 1 and self.remat == "none":
       raise ValueError("overlapped sends run the explicit backward (remat='stage'); remat='none' differentiates "
                        "GPipe's forward ticks, whose messages cannot wait a tick: use remat='stage'")
 
@@ -91,14 +91,14 @@ class ShardedExecutor(pipeline.Executor):
   @property
   def chunks(self) -> int:
     """V: the chunks (consecutive stages of the model) each stage device holds, chunk c on device c mod S."""
-    return timetable.chunks_per_device(self.schedule)
+    return self.schedule.chunks_per_device
 
   def _check(self, pipe: pipeline.Pipeline, optimizer=None):
-    if pipe.num_stages != timetable.model_stages(self.num_stages, self.schedule):
-      per = f" x {self.chunks} chunks per device (schedule {self.schedule})" if self.chunks > 1 else ""
+    if pipe.num_stages != self.schedule.model_stages(self.num_stages):
+      per = f" x {self.chunks} chunks per device (schedule {self.schedule.name})" if self.chunks > 1 else ""
       raise ValueError(f"the model has {pipe.num_stages} stages but the mesh's stage axis has "
                        f"{self.num_stages} devices{per}")
-    timetable.check(self.schedule, self.num_stages, pipe.microbatches, self.overlap)
+    self.schedule.check(self.num_stages, pipe.microbatches)
     dataparallel.check_optimizer(optimizer, self.grad_scheme)
 
   def local_batch(self, batch):
@@ -196,8 +196,8 @@ class ShardedExecutor(pipeline.Executor):
     return ("fwd", "bwd", "data") if compressed else ("fwd", "bwd")
 
   def describe(self) -> str:
-    return (f"sharded: {self.num_stages} stages x {self.data} data, schedule {self.schedule}"
-            + (", overlapped sends" if self.overlap else ""))
+    return (f"sharded: {self.num_stages} stages x {self.data} data, schedule {self.schedule.name}"
+            + (", overlapped sends" if self.schedule.forwarding_delay > 1 else ""))
 
   def batch_shapes(self, batch):
     """Executor protocol: `batch` split over the mesh's `data` axis."""
@@ -228,12 +228,8 @@ class ShardedExecutor(pipeline.Executor):
     pipe, local = lay.pipe, lay.local_batch
     m_count, scale = pipe.microbatches, 1 / (pipe.microbatches * self.data)
     explicit = train and self.remat == "stage"
-    if explicit:
-      table = timetable.build(self.schedule, self.num_stages, m_count, self.overlap)
-    elif self.chunks > 1:  # an eval step: the forwards of interleaved GPipe (`schedule.run_explicit`)
-      table = timetable.interleaved(self.num_stages, m_count, self.chunks, forwards_first=True)
-    else:
-      table = timetable.gpipe(self.num_stages, m_count)
+    # train steps run the schedule's table; eval steps (and GPipe with remat="none") its forward pass
+    table = (self.schedule.train_table if explicit else self.schedule.eval_table)(self.num_stages, m_count)
     prog = schedule.make_program(pipe, lay.template, local, mode, train, table)
     exchange = dataparallel.exchange_for(optimizer, self.grad_scheme, warmup=mode is Mode.WARMUP)
     total = lambda v: jax.lax.pmean(jax.lax.psum(v, STAGE), DATA)
