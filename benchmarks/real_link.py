@@ -255,7 +255,7 @@ def instrument(marks: Marks):
 
 def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict:
   """Seconds per microbatch of this process's stage, on its core, with the executor's own stage programs:
-  forward and backward (`schedule.stage_branch`, `schedule.stage_grads` of a fused BW: the vjp with the
+  forward and backward (`stage_runner.stage_branch`, `stage_runner.stage_grads` of a fused BW: the vjp with the
   forward recomputed), the codec work of its ends of the boundaries (forward message encoded / decoded, backward
   message encoded / decoded, per boundary it touches) and its optimizer update on its rows."""
   import jax
@@ -266,11 +266,11 @@ def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict
   from benchmarks.throughput_vs_bandwidth import Measured, codec_seconds
   from jaxcomp import pipeline
   from jaxcomp.compress.boundary import Mode
-  from jaxcomp.parallel import layout, schedule
+  from jaxcomp.parallel import layout, stage_runner
 
   (d, s), = np.argwhere(executor.mesh.devices == jax.local_devices()[0])
   lay = executor.layout(pipe, optimizer, batch)
-  prog = schedule.make_program(pipe, lay.template, lay.local_batch, Mode.TRAIN, True)
+  prog = stage_runner.make_program(pipe, lay.template, lay.local_batch, Mode.TRAIN, True)
   mine = lambda a: a.addressable_shards[0].data[0]  # this device's row
   params_row, ms_row, opt_row = mine(state.params), mine(state.model_state), jax.tree.map(mine, state.opt_state)
   mb = jax.tree.map(lambda a: jnp.asarray(a[: lay.microbatch[pipe.input_key].shape[0]]), batch)
@@ -279,8 +279,8 @@ def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict
       (mb[pipe.input_key].shape[0], prog.width), prog.act_dtype)
   g_buf, rng = noise(x_buf.shape).astype(prog.act_dtype), jax.random.key(0)
   scale = jnp.asarray(1 / (pipe.microbatches * executor.data), jnp.float32)
-  forward = jax.jit(schedule.stage_branch(prog, s))
-  backward = jax.jit(schedule.stage_grads(prog, s, "BW"))
+  forward = jax.jit(stage_runner.stage_branch(prog, s))
+  backward = jax.jit(stage_runner.stage_grads(prog, s, "BW"))
   update = jax.jit(lambda g, o, p: lay.optimizer.update(g, o, p, s))
   out = {"stage": int(s), "data": int(d),
          "fwd": median_seconds(forward, params_row, ms_row, x_buf, mb, rng, repeats=repeats),
