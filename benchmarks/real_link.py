@@ -255,7 +255,7 @@ def instrument(marks: Marks):
 
 def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict:
   """Seconds per microbatch of this process's stage, on its core, with the executor's own stage programs:
-  forward and backward (`stage_runner.stage_branch`, `stage_runner.stage_grads` of a fused BW: the vjp with the
+  forward and backward (`StageRunner.stage_branch`, `StageRunner.stage_grads` of a fused BW: the vjp with the
   forward recomputed), the codec work of its ends of the boundaries (forward message encoded / decoded, backward
   message encoded / decoded, per boundary it touches) and its optimizer update on its rows."""
   import jax
@@ -266,21 +266,22 @@ def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict
   from benchmarks.throughput_vs_bandwidth import Measured, codec_seconds
   from jaxcomp import pipeline
   from jaxcomp.compress.boundary import Mode
-  from jaxcomp.parallel import layout, stage_runner
+  from jaxcomp.parallel import layout
+  from jaxcomp.parallel.stage_runner import StageRunner
 
   (d, s), = np.argwhere(executor.mesh.devices == jax.local_devices()[0])
   lay = executor.layout(pipe, optimizer, batch)
-  prog = stage_runner.make_program(pipe, lay.template, lay.local_batch, Mode.TRAIN, True)
+  runner = StageRunner(pipe, lay.template, lay.local_batch, Mode.TRAIN, True)
   mine = lambda a: a.addressable_shards[0].data[0]  # this device's row
   params_row, ms_row, opt_row = mine(state.params), mine(state.model_state), jax.tree.map(mine, state.opt_state)
   mb = jax.tree.map(lambda a: jnp.asarray(a[: lay.microbatch[pipe.input_key].shape[0]]), batch)
   noise = lambda shape: jax.random.normal(jax.random.key(s), shape, jnp.float32)
-  x_buf = layout.pad(noise(prog.shapes[s - 1].shape), prog.width, prog.act_dtype) if s else jnp.zeros(
-      (mb[pipe.input_key].shape[0], prog.width), prog.act_dtype)
-  g_buf, rng = noise(x_buf.shape).astype(prog.act_dtype), jax.random.key(0)
+  x_buf = layout.pad(noise(runner.shapes[s - 1].shape), runner.width, runner.act_dtype) if s else jnp.zeros(
+      (mb[pipe.input_key].shape[0], runner.width), runner.act_dtype)
+  g_buf, rng = noise(x_buf.shape).astype(runner.act_dtype), jax.random.key(0)
   scale = jnp.asarray(1 / (pipe.microbatches * executor.data), jnp.float32)
-  forward = jax.jit(stage_runner.stage_branch(prog, s))
-  backward = jax.jit(stage_runner.stage_grads(prog, s, "BW"))
+  forward = jax.jit(runner.stage_branch(s))
+  backward = jax.jit(runner.stage_grads(s, "BW"))
   update = jax.jit(lambda g, o, p: lay.optimizer.update(g, o, p, s))
   out = {"stage": int(s), "data": int(d),
          "fwd": median_seconds(forward, params_row, ms_row, x_buf, mb, rng, repeats=repeats),
@@ -289,8 +290,8 @@ def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict
          "update": median_seconds(update, params_row, opt_row, params_row, repeats=repeats)}
   clock = Measured(repeats)
   for b, side in ((s, "sender"), (s - 1, "receiver")):  # forward sender of boundary s, receiver of s-1
-    if 0 <= b < len(prog.shapes):
-      (enc_f, enc_b), (dec_f, dec_b) = codec_seconds(pipe.boundary, prog.shapes[b], clock)
+    if 0 <= b < len(runner.shapes):
+      (enc_f, enc_b), (dec_f, dec_b) = codec_seconds(pipe.boundary, runner.shapes[b], clock)
       out[side] = {"fwd": enc_f if side == "sender" else dec_f, "bwd": dec_b if side == "sender" else enc_b}
   return out
 

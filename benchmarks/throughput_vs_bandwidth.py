@@ -59,7 +59,7 @@ class StageCosts(NamedTuple):
   """One method's seconds per microbatch, and where they come from (`source`, printed with every table).
 
   fwd_s[s], bwd_s[s]: stage s's forward, and its backward as the executor runs it (the vjp with the forward
-  recomputed, `schedule.stage_grads`), codecs excluded. encode_s[b], decode_s[b]: boundary b's codec as
+  recomputed, `StageRunner.stage_grads`), codecs excluded. encode_s[b], decode_s[b]: boundary b's codec as
   (forward message, backward message); stage b encodes the forward message and decodes the backward one,
   stage b+1 the other way round.
   """

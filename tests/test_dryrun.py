@@ -17,7 +17,8 @@ from jaxcomp.analysis import dryrun, hlo_bytes, targets
 from jaxcomp.compress import packing
 from jaxcomp.compress.spec import parse_codec
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import permute, qadam, stage_runner
+from jaxcomp.parallel import permute, qadam
+from jaxcomp.parallel.mesh import STAGE
 
 tpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                          reason="libtpu is not installed (pip install -e .[test] brings it on Linux x86-64)")
@@ -32,7 +33,7 @@ def test_every_codec_family_compiles_for_tpu_and_sends_exactly_its_payload():
   """Each codec's encode -> ppermute (the executors' transport) -> decode between two TPU v5e chips, in one
   program: the target's compiled collective-permutes send exactly the codecs' wire_bytes."""
   devices = targets.compile_only_devices(targets.target("v5e-8"))[:2]
-  mesh = jax.sharding.Mesh(np.array(devices), (stage_runner.STAGE,))
+  mesh = jax.sharding.Mesh(np.array(devices), (STAGE,))
   codecs = [parse_codec(c) for c in CODECS]
   x_shape = (4, 8, 64)  # one device's activation: 4 examples of 8 tokens x 64 features
 
@@ -41,13 +42,13 @@ def test_every_codec_family_compiles_for_tpu_and_sends_exactly_its_payload():
     for i, codec in enumerate(codecs):
       # each codec its own message (x scaled): identical messages would be sent once (XLA merges equal collectives)
       payload = codec.encode(x * (i + 1), jax.random.fold_in(jax.random.wrap_key_data(key_data), i))
-      total = total + codec.decode(permute.Permute(stage_runner.STAGE, ((0, 1),)).forward(payload))
+      total = total + codec.decode(permute.Permute(STAGE, ((0, 1),)).forward(payload))
     return total
 
-  program = jax.jit(jax.shard_map(exchange, mesh=mesh, in_specs=(jax.P(stage_runner.STAGE), jax.P()),
-                                  out_specs=jax.P(stage_runner.STAGE), check_vma=False))
+  program = jax.jit(jax.shard_map(exchange, mesh=mesh, in_specs=(jax.P(STAGE), jax.P()),
+                                  out_specs=jax.P(STAGE), check_vma=False))
   x = jax.ShapeDtypeStruct((2 * x_shape[0], *x_shape[1:]), jnp.float32,
-                           sharding=jax.sharding.NamedSharding(mesh, jax.P(stage_runner.STAGE)))
+                           sharding=jax.sharding.NamedSharding(mesh, jax.P(STAGE)))
   key_data = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=jax.sharding.NamedSharding(mesh, jax.P()))
   text = program.lower(x, key_data).compile().as_text()
   assert hlo_bytes.collective_bytes(text) == {

@@ -20,7 +20,7 @@ def _sorted(events):
 
 
 def executor_orders(name, num_stages, microbatches):
-  """Each stage's ops as the executor runs them, tick by tick (`schedule.run_explicit`, reading the table's
+  """Each stage's ops as the executor runs them, tick by tick (`StageRunner.run_explicit`, reading the table's
   `plan.Lookup`): at a tick, `stage_ops` runs the stage's ops in `plan.ORDER`."""
   ops = plan.lookup_of(schedules.parse(name).train_table(num_stages, microbatches)).ops
   return [[(netsim.COMPUTE[kind], int(ops[kind][tick, s])) for tick in range(len(ops["F"]))

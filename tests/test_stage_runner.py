@@ -1,4 +1,4 @@
-"""jaxcomp.parallel.schedules / schedule: what each schedule's table holds and what its program compiles to."""
+"""jaxcomp.parallel.stage_runner: what each schedule's table holds and what its program compiles to."""
 import optax
 import pytest
 

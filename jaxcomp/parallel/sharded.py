@@ -22,8 +22,10 @@ from jax.sharding import PartitionSpec as P
 from jaxcomp import pipeline
 from jaxcomp.compress import schemes
 from jaxcomp.compress.boundary import LinkState, Mode
-from jaxcomp.parallel import dataparallel, layout, schedules, stage_runner
+from jaxcomp.parallel import dataparallel, layout, schedules
 from jaxcomp.parallel.mesh import DATA, STAGE, make_mesh
+from jaxcomp.parallel.overlapped_sends import OverlappedRunner
+from jaxcomp.parallel.stage_runner import REMAT, StageRunner
 from jaxcomp.parallel.state_layout import StateLayout, abstract_state
 
 __all__ = ["DATA", "STAGE", "ShardedExecutor", "make_mesh"]
@@ -51,7 +53,7 @@ class ShardedExecutor(pipeline.Executor):
   its bubble (S-1)/(VM+S-1) against 1F1B's (S-1)/(M+S-1); its eval steps run the forwards of interleaved GPipe
   (VM+S-1 ticks); each chunk has its own data-parallel error rows (`grad_state` [S, V, D, P]).
   `remat="stage"` (default) saves a stage's input per microbatch and recomputes the stage in
-  its explicit backward (`stage_runner.run_explicit`); `remat="none"` (GPipe only) differentiates
+  its explicit backward (`StageRunner.run_explicit`); `remat="none"` (GPipe only) differentiates
   the forward schedule with autodiff, which saves every stage's internals.
   A schedule's `forwarding_delay=2` (`Schedule.with_overlapped_sends()`: train steps of every schedule,
   `remat="stage"`): overlapped sends, MaxText's delayed activation forwarding: a payload encoded at tick t
@@ -68,8 +70,8 @@ class ShardedExecutor(pipeline.Executor):
     g = self.grad_scheme
     if g is not None and (not isinstance(g, schemes.Scheme) or type(g) not in (schemes.Plain, schemes.EF)):
       raise ValueError(f"grad_scheme must be a Plain or EF scheme (no receiver state), got {g!r}")
-    if self.remat not in stage_runner.REMAT:
-      raise ValueError(f"remat must be one of {stage_runner.REMAT}, got {self.remat!r}")
+    if self.remat not in REMAT:
+      raise ValueError(f"remat must be one of {REMAT}, got {self.remat!r}")
     if not isinstance(self.schedule, schedules.Schedule):
       raise ValueError(f"schedule must be a `schedules.Schedule` (e.g. schedules.OneFOneB(), or "
                        f"schedules.parse('1f1b')), got {self.schedule!r}")
@@ -230,7 +232,8 @@ class ShardedExecutor(pipeline.Executor):
     explicit = train and self.remat == "stage"
     # train steps run the schedule's table; eval steps (and GPipe with remat="none") its forward pass
     table = (self.schedule.train_table if explicit else self.schedule.eval_table)(self.num_stages, m_count)
-    prog = stage_runner.make_program(pipe, lay.template, local, mode, train, table)
+    runner = (OverlappedRunner if table.forwarding_delay > 1 else StageRunner)(pipe, lay.template, local, mode, train,
+                                                                               table)
     exchange = dataparallel.exchange_for(optimizer, self.grad_scheme, warmup=mode is Mode.WARMUP)
     total = lambda v: jax.lax.pmean(jax.lax.psum(v, STAGE), DATA)
     mine = lambda tree: jax.tree.map(lambda a: a[0], tree)  # this device's block
@@ -243,22 +246,22 @@ class ShardedExecutor(pipeline.Executor):
       bwd = (mine(state.links.bwd_send), mine(state.links.bwd_recv))
 
       def loss_of(params_row, bwd):
-        out = stage_runner.run_gpipe(prog, params_row, state.model_state[0], fwd, bwd, mbs, step_key)
+        out = runner.run_forward(params_row, state.model_state[0], fwd, bwd, mbs, step_key)
         loss, metrics = mean(out)
         # / D: the boundary gradients of this shard's microbatches are those of the global mean loss
         return loss / self.data, (loss, metrics, out.model_state, out.fwd_tables)
 
-      by_chunk = lambda row: row.reshape(self.chunks, row.shape[-1])  # [V, P]; [1, P] when V = 1
+      chunk_rows = lambda row: row.reshape(self.chunks, row.shape[-1])  # this device's [V, P]; [1, P] when V = 1
       if not train:
         if self.chunks > 1:
-          loss, metrics = mean(stage_runner.run_explicit(prog, by_chunk(state.params[0]), by_chunk(state.model_state[0]),
-                                                     fwd, bwd, mbs, step_key, None))
+          loss, metrics = mean(runner.run_explicit(chunk_rows(state.params[0]), chunk_rows(state.model_state[0]),
+                                                   fwd, bwd, mbs, step_key, None))
         else:
           _, (loss, metrics, _, _) = loss_of(state.params[0], bwd)
         return jax.tree.map(total, {"loss": loss, **metrics})
       if explicit:
-        out = stage_runner.run_explicit(prog, by_chunk(state.params[0]), by_chunk(state.model_state[0]), fwd, bwd, mbs,
-                                    step_key, jnp.asarray(scale, jnp.float32))
+        out = runner.run_explicit(chunk_rows(state.params[0]), chunk_rows(state.model_state[0]), fwd, bwd, mbs,
+                                  step_key, jnp.asarray(scale, jnp.float32))
         (loss, metrics), ms, fwd, grads, bwd = mean(out), out.model_state, out.fwd_tables, out.grads, out.bwd_tables
       else:
         (_, (loss, metrics, ms, fwd)), (grads, bwd) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(
