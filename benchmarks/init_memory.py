@@ -25,9 +25,8 @@ import numpy as np
 import optax
 
 import jaxcomp
-from experiments import config
 from jaxcomp.models import gpt2
-from jaxcomp.parallel import layout
+from jaxcomp.parallel import executors, layout
 
 MiB = 2**20
 
@@ -67,8 +66,7 @@ def projection(pipe, optimizer, batch) -> dict:
 
 def measure_toy(pipe, optimizer, batch) -> dict:
   """Per-device bytes of GPipe's sharded state, runtime peaks if reported, whole-model init's peak."""
-  ex = config.executor_for(config.ExecutorConfig(executor="gpipe", stages=pipe.num_stages,
-                                                microbatches=pipe.microbatches))
+  ex = executors.make_executor(executors.ShardedConfig(stages=pipe.num_stages))
   state = jax.block_until_ready(ex.init_state(pipe, optimizer, jax.random.key(1), batch))
   per_device = bytes_per_device(state)
   peaks = [d.memory_stats() for d in ex.mesh.devices.flat]

@@ -149,7 +149,7 @@ class TrainState(NamedTuple):
   model_state: tuple
   opt_state: Any
   links: tuple  # LinkState per boundary
-  grad_state: Any = ()  # data-parallel gradient compression state (gpipe executor)
+  grad_state: Any = ()  # data-parallel gradient compression state (sharded executor)
 
 
 def split_microbatches(batch, m: int):

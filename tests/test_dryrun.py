@@ -78,9 +78,9 @@ MLP_BATCH = {"x": jax.ShapeDtypeStruct((16, 8), jnp.float32), "label": jax.Shape
 
 @tpu
 @pytest.mark.parametrize("fwd, bwd, settings, optimizer", [
-    ("topk:0.5", "reuse", dict(executor="gpipe", data_parallel=2, schedule="1f1b", grad_compression="ef+quant:4"),
+    ("topk:0.5", "reuse", dict(executor="sharded", data_parallel=2, schedule="1f1b", grad_compression="ef+quant:4"),
      qadam.QuantizedAdam(1e-3)),
-    ("aqsgd+maxabs:2:stoch", "maxabs:4:stoch", dict(executor="gpipe", data_parallel=2, schedule="1f1b-fused"),
+    ("aqsgd+maxabs:2:stoch", "maxabs:4:stoch", dict(executor="sharded", data_parallel=2, schedule="1f1b-fused"),
      optax.adam(1e-3)),
 ])
 def test_sharded_executor_compiles_for_a_tpu_slice_and_its_collectives_send_the_counted_bytes(fwd, bwd, settings,
@@ -156,7 +156,7 @@ def test_gpu_targets_compile_where_the_cuda_plugin_is_installed():
   pipe = jaxcomp.Pipeline(mlp_stages(32, 4, 2), jaxcomp.parse_boundary("maxabs:4", "topk:0.25:q8"),
                           jaxcomp.losses.classification, "x", microbatches=2)
   h100 = targets.target("h100-8")
-  executor = config.executor_for(config.ExecutorConfig(executor="gpipe", stages=2, microbatches=2),
+  executor = config.executor_for(config.ExecutorConfig(executor="sharded", stages=2, microbatches=2),
                                  targets.compile_only_devices(h100))
   report = dryrun.compile_for(h100, executor, pipe, optax.adam(1e-3), MLP_BATCH, steps=("train",))
   assert report.fits and "(equal)" in report.text()
@@ -213,7 +213,7 @@ def test_a_tpu_pipeline_reports_which_boundary_permutes_overlap_compute():
   """8 microbatches on 4 stages: the steady ticks are a loop and fill and drain are unrolled; every boundary
   permute of the compiled TPU program is an async start/done pair the reader finds in one of the two."""
   target = targets.target("v5e-4")
-  executor = config.executor_for(config.ExecutorConfig(executor="gpipe", stages=4, microbatches=8),
+  executor = config.executor_for(config.ExecutorConfig(executor="sharded", stages=4, microbatches=8),
                                  targets.compile_only_devices(target))
   report = dryrun.compile_for(target, executor, _mlp("maxabs:4", "maxabs:8", microbatches=8), optax.adam(1e-3),
                               MLP_BATCH, steps=("train",))

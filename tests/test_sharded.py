@@ -258,6 +258,25 @@ def test_compressed_data_parallel_gradients():
   assert sent["ef+quant:4"]["data"] == (stage_rows // 2 + 8) * 4 * 2
 
 
+def test_an_executor_builds_its_state_layout_once_per_pipeline_optimizer_and_batch(monkeypatch):
+  """Every method that takes (pipe, optimizer, batch) reads the one StateLayout the executor built when first bound
+  to them (it is an abstract trace of the initial state); another optimizer is another binding."""
+  built = []
+  layout_init = sharded.StateLayout.__init__
+  monkeypatch.setattr(sharded.StateLayout, "__init__", lambda self, *a, **k: built.append(layout_init(self, *a, **k)))
+  pipe, opt = mlp_pipe("quant:4", "quant:8", m=2), optax.sgd(0.1)
+  ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages))
+  state = ex.init_state(pipe, opt, jax.random.key(0), BATCH)
+  state, _ = ex.make_train_step(pipe, opt)(state, BATCH)
+  ex.unstack(pipe, opt, state, BATCH)
+  ex.rows_description(pipe, opt, BATCH)
+  ex.state_shapes(pipe, opt, BATCH)
+  ex.grad_wire_bytes(pipe, opt, BATCH)
+  assert len(built) == 1
+  ex.state_shapes(pipe, optax.adam(0.1), BATCH)
+  assert len(built) == 2
+
+
 def test_clear_errors():
   with pytest.raises(ValueError, match="grad_scheme must be a Plain or EF scheme"):
     sharded.ShardedExecutor(sharded.make_mesh(2), grad_scheme=jaxcomp.parse_scheme("ef21+quant:4"))

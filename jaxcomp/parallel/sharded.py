@@ -22,11 +22,11 @@ from jax.sharding import PartitionSpec as P
 from jaxcomp import pipeline
 from jaxcomp.compress import schemes
 from jaxcomp.compress.boundary import LinkState, Mode
-from jaxcomp.parallel import dataparallel, layout, schedules
+from jaxcomp.parallel import dataparallel, schedules
 from jaxcomp.parallel.mesh import DATA, STAGE, make_mesh
 from jaxcomp.parallel.overlapped_sends import OverlappedRunner
 from jaxcomp.parallel.stage_runner import REMAT, StageRunner
-from jaxcomp.parallel.state_layout import StateLayout, abstract_state
+from jaxcomp.parallel.state_layout import StateLayout
 
 __all__ = ["DATA", "STAGE", "ShardedExecutor", "make_mesh"]
 
@@ -65,6 +65,8 @@ class ShardedExecutor(pipeline.Executor):
   grad_scheme: Any = None
   remat: str = "stage"
   schedule: schedules.Schedule = schedules.GPipe()
+  # (pipe, optimizer, batch shapes) -> its StateLayout, built once (an abstract trace of the initial state)
+  layouts: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
   def __post_init__(self):
     g = self.grad_scheme
@@ -111,9 +113,16 @@ class ShardedExecutor(pipeline.Executor):
     return pipeline.microbatch_shapes(batch, self.data)
 
   def layout(self, pipe: pipeline.Pipeline, optimizer, batch) -> StateLayout:
-    """The state layout of this mesh for the global `batch`."""
-    self.local_batch(batch)
-    return StateLayout(pipe, optimizer, batch, self.num_stages, self.data, self.grad_scheme, self.chunks)
+    """The state layout of this mesh for `pipe`, `optimizer` and global batches shaped like `batch`: built the
+    first time the executor is bound to them, then read by every method that takes them."""
+    shapes = tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree.leaves(batch))
+    key = (id(pipe), id(optimizer), shapes)
+    bound = self.layouts.get(key)
+    if bound is None or bound[0] is not pipe or bound[1] is not optimizer:  # ids of objects gone may be reused
+      self.local_batch(batch)
+      bound = self.layouts[key] = (pipe, optimizer, StateLayout(pipe, optimizer, batch, self.num_stages, self.data,
+                                                                self.grad_scheme, self.chunks))
+    return bound[2]
 
   # ---------------------------------------------------------------- state
   def stack(self, pipe, optimizer, state: pipeline.TrainState, batch):
@@ -182,13 +191,13 @@ class ShardedExecutor(pipeline.Executor):
     if pipe.tied:
       out["tied"] = self.data * self.layout(pipe, None, batch).tied_bytes()
     if self.data > 1:
-      out["data"] = self.grad_wire_bytes(pipe, optax.identity(), batch, dense=mode is Mode.WARMUP)
+      out["data"] = self.grad_wire_bytes(pipe, None, batch, dense=mode is Mode.WARMUP)
     return out
 
   def grad_wire_bytes(self, pipe, optimizer, batch, dense: bool = False) -> int:
     """Bytes all replicas send per step for the data-parallel gradient exchange (all stages);
     QuantizedAdam's momentum exchange sends the same [1, P] messages."""
-    params = layout.FlatRows(abstract_state(pipe, optimizer, self.local_batch(batch)).params)
+    params = self.layout(pipe, optimizer, batch).params
     return dataparallel.exchange_bytes(self.grad_scheme, params.size, pipe.num_stages, self.data, dense)
 
   def collective_ways(self, mode: Mode = Mode.TRAIN) -> tuple[str, ...]:
