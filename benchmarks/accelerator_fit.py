@@ -50,6 +50,7 @@ def cell(model: str, method: str, column: str) -> dict:
   chips = targets.target(target)
   start = time.perf_counter()
   try:
+    targets.prepare_host(chips)
     executor = config.executor_for(run.executor, targets.compile_only_devices(chips), run.training.batch_size)
     report = dryrun.compile_for(chips, executor, pipe, optimizer, batch, steps=("train",))
   except RuntimeError as err:  # a compiler plugin that is not installed

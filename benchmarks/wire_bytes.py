@@ -11,19 +11,17 @@
 """
 import argparse
 import math
-import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+import jax
+import jax.numpy as jnp
+import optax
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
-
-import jaxcomp  # noqa: E402
-from jaxcomp.analysis import dryrun  # noqa: E402
-from jaxcomp.compress import codecs, spec  # noqa: E402
-from jaxcomp.parallel import executors  # noqa: E402
-from jaxcomp.parallel.qadam import QuantizedAdam  # noqa: E402
+import jaxcomp
+from benchmarks.common import use_fake_cpu_devices
+from jaxcomp.analysis import dryrun
+from jaxcomp.compress import codecs, spec
+from jaxcomp.parallel import executors
+from jaxcomp.parallel.qadam import QuantizedAdam
 
 SCHEME_SPECS = ["none", "bf16", "fp16", "quant:2", "quant:4", "quant:8", "maxabs:2", "maxabs:4",
                 "maxabs:4:tensor", "topk:0.5", "topk:0.1", "topk:0.02", "randk:0.1", "ef+topk:0.1",
@@ -119,4 +117,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+  use_fake_cpu_devices(8)  # the 4 x 2 mesh of the data-parallel table, on a machine without accelerators
   main()
