@@ -270,7 +270,7 @@ def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict
   from jaxcomp.parallel.stage_runner import StageRunner
 
   (d, s), = np.argwhere(executor.mesh.devices == jax.local_devices()[0])
-  lay = executor.layout(pipe, optimizer, batch)
+  lay = executor.state_layout(pipe, optimizer, batch)
   runner = StageRunner(pipe, lay.template, lay.local_batch, Mode.TRAIN, True)
   mine = lambda a: a.addressable_shards[0].data[0]  # this device's row
   params_row, ms_row, opt_row = mine(state.params), mine(state.model_state), jax.tree.map(mine, state.opt_state)

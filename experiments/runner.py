@@ -9,7 +9,7 @@ import jax
 from experiments import checks, config, plots
 from jaxcomp.compress.schemes import AQSGD
 from jaxcomp.parallel import executors, hostbuffer
-from jaxcomp.runtime import checkpoint, distributed, lock, results, train
+from jaxcomp.runtime import checkpoint, distributed, lock, logfilter, results, train
 
 
 @contextlib.contextmanager
@@ -37,6 +37,7 @@ def run_lock(folder, change: str, flag: str):
 def run(exp: config.Experiment, cfg: config.RunConfig):
   """Builds, checks everything it can before creating anything, trains and writes results after every
   epoch. Returns (state, history)."""
+  logfilter.silence_orbax_noise()  # its checkpoints would repeat two harmless Orbax warnings per epoch and resume
   out = pathlib.Path(cfg.output.out)
   name = cfg.output.run_name
   run_dir = out / name

@@ -81,7 +81,7 @@ def test_the_executors_rings_hold_what_the_table_keeps():
       for name in schedules.SCHEDULES:
         t = schedules.parse(name).train_table(S, M)
         lookup = plan.lookup_of(t)
-        assert lookup.stash_slots == timetable.stash_slots(t), (name, S, M)
+        assert lookup.stash_slots == timetable.most_inputs_held(t), (name, S, M)
         assert lookup.grad_slots == (max(1, min(M, S - 1)) if name == "zb-h1" else 1), (name, S, M)
 
 
@@ -145,7 +145,7 @@ def test_overlapped_zero_bubble_h1_runs_1f1bs_overlapped_order_in_s_minus_1_more
                    for op in timetable.device_order(zb, d) if op.kind != "W"]
         assert as_1f1b == list(timetable.device_order(ref, d))
       assert timetable.bubble_fraction(zb) == pytest.approx((S - 1) / (3 * M + S - 1), abs=1e-12)
-      assert timetable.peak_in_flight(zb) == (min(M, 2 * S - 1),) * S
+      assert timetable.peak_inputs_held(zb) == (min(M, 2 * S - 1),) * S
       assert plan.lookup_of(zb).stash_slots == min(M, 2 * S - 1)
 
 
@@ -184,12 +184,12 @@ def test_a_two_tick_forwarding_delay_is_refused_where_a_message_is_used_the_next
 def test_a_legal_split_table_with_two_chunks_per_device():
   t = table((F(0, 0), None, None, B(0, 0), W(0, 0)), (None, F(1, 0), B(1, 0), W(1, 0), None), chunks=2)
   assert timetable.messages(t, 2) == (Message(False, 0, 0, 1, 0, 2),)
-  assert [timetable.in_flight(t, 1, tick) for tick in range(5)] == [0, 1, 1, 1, 0]
-  assert timetable.stash_slots(t) == 1
+  assert [timetable.inputs_held(t, 1, tick) for tick in range(5)] == [0, 1, 1, 1, 0]
+  assert timetable.most_inputs_held(t) == 1
   wrapped = table((F(0, 0), None, F(2, 0), BW(2, 0), None, BW(0, 0)), (None, F(1, 0), None, None, BW(1, 0), None),
                   chunks=3)
   assert timetable.messages(wrapped, 1) == (Message(True, 1, 0, 1, 0, 1),)  # chunk 1 (device 1) to chunk 2 (device 0)
-  assert timetable.peak_in_flight(wrapped) == (2, 1)
+  assert timetable.peak_inputs_held(wrapped) == (2, 1)
 
 
 @pytest.mark.parametrize("rows, kwargs, message", [
@@ -360,7 +360,7 @@ def test_zero_bubble_h1_stashes_what_1f1b_does():
   """W(s, m) before F(s, m+S): at most min(M, S) inputs held on any device, 1F1B's stash slots."""
   for S, M in SIZES:
     zb = schedules.parse("zb-h1").train_table(S, M)
-    assert timetable.stash_slots(zb) == timetable.stash_slots(schedules.OneFOneB().train_table(S, M)) == min(M, S)
+    assert timetable.most_inputs_held(zb) == timetable.most_inputs_held(schedules.OneFOneB().train_table(S, M)) == min(M, S)
 
 
 def test_zero_bubble_h1_bubble_is_below_1f1bs():

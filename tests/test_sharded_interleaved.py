@@ -89,7 +89,7 @@ def test_init_state_puts_chunk_c_on_device_c_mod_s():
   assert_trees_close(flat._replace(rng=()), ex.stack(pipe, opt, simulated, BATCH)._replace(rng=()), 0)
   assert flat.params.shape[:2] == (2, 2) and flat.links.fwd_send.error.ndim == 4
   assert_trees_close(ex.unstack(pipe, opt, flat, BATCH).params[1], simulated.params[1], 0)
-  assert_trees_close(flat.params[1, 0], ex.layout(pipe, opt, BATCH).params.put(1, simulated.params[1]), 0)
+  assert_trees_close(flat.params[1, 0], ex.state_layout(pipe, opt, BATCH).params.put(1, simulated.params[1]), 0)
 
 
 def test_interleaved_errors_name_the_value_and_the_fix():

@@ -20,9 +20,9 @@ def test_schedule_holds_at_most_its_inputs_per_stage(name, most):
     for M in range(1, 20):
       table = schedules.parse(name).train_table(S, M)
       ticks = range(table.ticks)
-      assert [max(timetable.in_flight(table, s, t) for t in ticks) for s in range(S)] == [
+      assert [max(timetable.inputs_held(table, s, t) for t in ticks) for s in range(S)] == [
           most(s, S, M) for s in range(S)]
-      assert timetable.peak_in_flight(table) == tuple(most(s, S, M) for s in range(S))
+      assert timetable.peak_inputs_held(table) == tuple(most(s, S, M) for s in range(S))
       tick = {op: t for op, (t, _, _) in timetable.positions(table).items()}
       for s in range(S - 1):
         for m in range(M):

@@ -116,7 +116,7 @@ class Exchange(NamedTuple):
 class Event:
   """One compute op, one message, one stage's data-parallel exchange or its optimizer update.
 
-  ``index`` is the chunk (the stage, one chunk per device) for ``fwd``/``bwd``/``bwd_input``/``bwd_weight``,
+  ``index`` is the chunk (the stage where a device holds one chunk) for ``fwd``/``bwd``/``bwd_input``/``bwd_weight``,
   the device for ``exchange``/``update`` and the boundary ``b`` (chunk ``b`` to ``b + 1``) for
   ``send_fwd``/``send_bwd``; ``microbatch`` is -1 for an ``exchange`` or ``update``. Times
   are seconds from the start of the step.

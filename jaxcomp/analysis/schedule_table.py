@@ -64,7 +64,7 @@ def row(schedule: schedules.Schedule, stages: int, microbatches: int) -> Row:
   overlapped = " --overlap" if schedule.forwarding_delay > 1 else ""
   return Row(schedule.name + overlapped, stages, microbatches, table.ticks, bubble,
              formula(schedule, stages, microbatches), bubble / baseline if baseline else 1.0,
-             timetable.peak_in_flight(table), (executor_idle(plan, 0.0), executor_idle(plan, 1.0)))
+             timetable.peak_inputs_held(table), (executor_idle(plan, 0.0), executor_idle(plan, 1.0)))
 
 
 def markdown(rows: list[Row]) -> str:

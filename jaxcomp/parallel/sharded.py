@@ -112,7 +112,7 @@ class ShardedExecutor(pipeline.Executor):
       raise ValueError(f"batch size {b} does not split over {self.data} data shards")
     return pipeline.microbatch_shapes(batch, self.data)
 
-  def layout(self, pipe: pipeline.Pipeline, optimizer, batch) -> StateLayout:
+  def state_layout(self, pipe: pipeline.Pipeline, optimizer, batch) -> StateLayout:
     """The state layout of this mesh for `pipe`, `optimizer` and global batches shaped like `batch`: built the
     first time the executor is bound to them, then read by every method that takes them."""
     shapes = tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree.leaves(batch))
@@ -131,7 +131,7 @@ class ShardedExecutor(pipeline.Executor):
     nothing crosses between processes (one jitted program from the host state would: XLA partitions
     it into all-to-alls)."""
     self._check(pipe, optimizer)
-    lay = self.layout(pipe, optimizer, batch)
+    lay = self.state_layout(pipe, optimizer, batch)
     host = jax.device_get(state._replace(rng=jax.random.key_data(state.rng)))
     rows = jax.device_get(jax.jit(lay.stack)(jax.device_put(host, jax.local_devices(backend="cpu")[0])))
     placed = jax.tree.map(lambda a, sharding: jax.make_array_from_callback(a.shape, sharding, lambda i: a[i]),
@@ -140,18 +140,18 @@ class ShardedExecutor(pipeline.Executor):
 
   def rows_description(self, pipe, optimizer, batch) -> dict:
     """Executor protocol: checkpoints save the rows as they are (`StateRows.description`)."""
-    return self.layout(pipe, optimizer, batch).description()
+    return self.state_layout(pipe, optimizer, batch).description()
 
   def unstack(self, pipe, optimizer, flat_state, batch) -> pipeline.TrainState:
     """Sharded state -> simulate layout for the global `batch` (replicated arrays)."""
-    return jax.jit(self.layout(pipe, optimizer, batch).unstack, out_shardings=NamedSharding(self.mesh, P()))(flat_state)
+    return jax.jit(self.state_layout(pipe, optimizer, batch).unstack, out_shardings=NamedSharding(self.mesh, P()))(flat_state)
 
   def init_state(self, pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None):
     """The train state, created sharded: device s initialises only stage s (rows of its
     parameters, model state and optimizer state). `params` (per-stage trees, e.g. pretrained
     weights) are read from the host instead."""
     self._check(pipe, optimizer)
-    lay = self.layout(pipe, optimizer, batch)
+    lay = self.state_layout(pipe, optimizer, batch)
     pipeline.check_aqsgd_memory(pipe.boundary, lay.shapes)
     if params is not None:
       return self.stack(pipe, optimizer, pipeline.init_state(pipe, optimizer, rng, batch, params), batch)
@@ -163,7 +163,7 @@ class ShardedExecutor(pipeline.Executor):
     """ShapeDtypeStructs, with their shardings, of what `init_state` returns, traced abstractly: nothing
     is allocated and no memory is checked (executor protocol)."""
     self._check(pipe, optimizer)
-    lay, key = self.layout(pipe, optimizer, batch), jax.random.key(0)
+    lay, key = self.state_layout(pipe, optimizer, batch), jax.random.key(0)
     shapes = jax.eval_shape(lay.initializer(self.mesh, jax.random.key_impl(key)), jax.random.key_data(key))
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes,
                         lay.shardings(self.mesh, shapes))
@@ -189,7 +189,7 @@ class ShardedExecutor(pipeline.Executor):
     local = pipeline.wire_bytes_per_step(pipeline.as_sent(pipe, mode), None, self.local_batch(batch))
     out = {k: v * self.data for k, v in local.items()}
     if pipe.tied:
-      out["tied"] = self.data * self.layout(pipe, None, batch).tied_bytes()
+      out["tied"] = self.data * self.state_layout(pipe, None, batch).tied_bytes()
     if self.data > 1:
       out["data"] = self.grad_wire_bytes(pipe, None, batch, dense=mode is Mode.WARMUP)
     return out
@@ -197,7 +197,7 @@ class ShardedExecutor(pipeline.Executor):
   def grad_wire_bytes(self, pipe, optimizer, batch, dense: bool = False) -> int:
     """Bytes all replicas send per step for the data-parallel gradient exchange (all stages);
     QuantizedAdam's momentum exchange sends the same [1, P] messages."""
-    params = self.layout(pipe, optimizer, batch).params
+    params = self.state_layout(pipe, optimizer, batch).params
     return dataparallel.exchange_bytes(self.grad_scheme, params.size, pipe.num_stages, self.data, dense)
 
   def collective_ways(self, mode: Mode = Mode.TRAIN) -> tuple[str, ...]:
@@ -219,7 +219,7 @@ class ShardedExecutor(pipeline.Executor):
     """Executor protocol: the jitted step of `mode` for this batch shape, traced."""
     optimizer = optimizer if mode.trains else None
     self._check(pipe, optimizer)
-    return self._step(self.layout(pipe, optimizer, batch), optimizer, mode, mode.trains, state).trace(state, batch)
+    return self._step(self.state_layout(pipe, optimizer, batch), optimizer, mode, mode.trains, state).trace(state, batch)
 
   def _cached(self, pipe, optimizer, mode, train):
     cache = {}
@@ -227,7 +227,7 @@ class ShardedExecutor(pipeline.Executor):
     def step(state, batch):
       key = tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(batch))
       if key not in cache:
-        lay = self.layout(pipe, optimizer, batch)
+        lay = self.state_layout(pipe, optimizer, batch)
         if train:
           lay.optimizer.check(state.opt_state, warmup=mode is Mode.WARMUP)
         cache[key] = self._step(lay, optimizer, mode, train, state)

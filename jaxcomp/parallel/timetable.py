@@ -216,12 +216,12 @@ def held(table: Timetable, device: int) -> list[tuple[int, int]]:
           for c in range(device, table.num_chunks, table.num_devices) for m in range(table.microbatches)]
 
 
-def in_flight(table: Timetable, device: int, tick: int) -> int:
+def inputs_held(table: Timetable, device: int, tick: int) -> int:
   """Microbatch inputs `device` holds at `tick`."""
   return sum(first <= tick <= last for first, last in held(table, device))
 
 
-def peak_in_flight(table: Timetable) -> tuple[int, ...]:
+def peak_inputs_held(table: Timetable) -> tuple[int, ...]:
   """Per device, the most microbatch inputs it holds at once."""
   def peak(spans):
     starts, ends = sorted(first for first, _ in spans), sorted(last for _, last in spans)
@@ -229,9 +229,10 @@ def peak_in_flight(table: Timetable) -> tuple[int, ...]:
   return tuple(peak(held(table, d)) for d in range(table.num_devices))
 
 
-def stash_slots(table: Timetable) -> int:
-  """Slots of a ring buffer for inputs awaiting their backward: the most any device holds at once."""
-  return max(peak_in_flight(table))
+def most_inputs_held(table: Timetable) -> int:
+  """The most microbatch inputs any device holds at once (from F to its last backward op; the executor's input
+  ring also holds an input from its arrival: `plan.Lookup.stash_slots`)."""
+  return max(peak_inputs_held(table))
 
 
 def bubble_fraction(table: Timetable, op_time: dict[str, float] = OP_TIME) -> float:
