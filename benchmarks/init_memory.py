@@ -26,7 +26,7 @@ import optax
 
 import jaxcomp
 from jaxcomp.models import gpt2
-from jaxcomp.parallel import executors, layout
+from jaxcomp.parallel import executors, padded_rows
 
 MiB = 2**20
 
@@ -57,7 +57,7 @@ def bytes_per_device(tree) -> dict:
 def projection(pipe, optimizer, batch) -> dict:
   """From shapes only: the whole simulate-layout state vs one stage device's Adam rows."""
   whole = jax.eval_shape(lambda b: jaxcomp.init_state(pipe, optimizer, jax.random.key(0), b), batch)
-  params = layout.FlatRows(whole.params)
+  params = padded_rows.FlatRows(whole.params)
   row = params.size * np.dtype(params.dtype).itemsize
   whole_bytes = tree_bytes(whole.params) + tree_bytes(whole.opt_state)
   return {"params": sum(params.sizes), "row": row, "stage": 3 * row, "whole": whole_bytes,

@@ -266,7 +266,7 @@ def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict
   from benchmarks.throughput_vs_bandwidth import Measured, codec_seconds
   from jaxcomp import pipeline
   from jaxcomp.compress.boundary import Mode
-  from jaxcomp.parallel import layout
+  from jaxcomp.parallel import padded_rows
   from jaxcomp.parallel.stage_runner import StageRunner
 
   (d, s), = np.argwhere(executor.mesh.devices == jax.local_devices()[0])
@@ -276,7 +276,7 @@ def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict
   params_row, ms_row, opt_row = mine(state.params), mine(state.model_state), jax.tree.map(mine, state.opt_state)
   mb = jax.tree.map(lambda a: jnp.asarray(a[: lay.microbatch[pipe.input_key].shape[0]]), batch)
   noise = lambda shape: jax.random.normal(jax.random.key(s), shape, jnp.float32)
-  x_buf = layout.pad(noise(runner.shapes[s - 1].shape), runner.width, runner.act_dtype) if s else jnp.zeros(
+  x_buf = padded_rows.pad(noise(runner.shapes[s - 1].shape), runner.width, runner.act_dtype) if s else jnp.zeros(
       (mb[pipe.input_key].shape[0], runner.width), runner.act_dtype)
   g_buf, rng = noise(x_buf.shape).astype(runner.act_dtype), jax.random.key(0)
   scale = jnp.asarray(1 / (pipe.microbatches * executor.data), jnp.float32)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from jaxcomp import pipeline
 from jaxcomp.compress import boundary as boundary_mod
-from jaxcomp.parallel import layout
+from jaxcomp.parallel import padded_rows
 from jaxcomp.parallel.plan import TickPlan
 from jaxcomp.parallel.stage_runner import RECEIVER, SENDER, ExplicitCarry, StageRunner, StepInputs
 
@@ -39,7 +39,7 @@ class OverlappedRunner(StageRunner):
     m = self.message_at(tick, b, forward=True)
     rows, _ = self.link_rows(m, inp.mbs)
     fs, fr = carry.fwd_tables
-    payload, fs_new = boundary_mod.forward_send(link, self.mode, layout.unpad(y_buf, shape),
+    payload, fs_new = boundary_mod.forward_send(link, self.mode, padded_rows.unpad(y_buf, shape),
                                                 self.end_rows(fs, b, SENDER, rows, shape),
                                                 pipeline.link_key(inp.step_key, self.global_microbatch(m), b), sender)
     carry = self.stash_positions(carry, b, m, boundary_mod.reuse_positions(link, self.mode, payload), end=0)
@@ -59,7 +59,7 @@ class OverlappedRunner(StageRunner):
                                              receiver)
     carry = self.stash_positions(carry, b, m, boundary_mod.reuse_positions(link, self.mode, arrived), end=1)
     carry = carry._replace(fwd_tables=(fs, self.put_end_rows(fr, b, RECEIVER, rows, fr_new)))
-    return self.deliver(carry, b, m, receiver, layout.pad(x, self.width, self.act_dtype), forward=True)
+    return self.deliver(carry, b, m, receiver, padded_rows.pad(x, self.width, self.act_dtype), forward=True)
 
   def encode_backward(self, inp: StepInputs, tick, b: int, dx_buf, carry: ExplicitCarry) -> ExplicitCarry:
     """Stage b+1 encodes the input gradient its backward made at `tick` (its backward-sender rows): the
@@ -68,7 +68,7 @@ class OverlappedRunner(StageRunner):
     m = self.message_at(tick, b, forward=False)
     _, rows = self.link_rows(m, inp.mbs)
     idx = self.stashed_positions(carry, b, m)
-    payload, bs_new = boundary_mod.backward_send(link, self.mode, layout.unpad(dx_buf, shape),
+    payload, bs_new = boundary_mod.backward_send(link, self.mode, padded_rows.unpad(dx_buf, shape),
                                                  self.end_rows(inp.bwd_tables[0], b, RECEIVER, rows, shape),
                                                  pipeline.link_key(inp.step_key, self.global_microbatch(m), b),
                                                  receiver, None if idx is None else idx[1])
@@ -89,8 +89,8 @@ class OverlappedRunner(StageRunner):
                                                None if idx is None else idx[0], shape.dtype)
     bs, br = carry.bwd_tables
     tables = (bs, self.keep_end_rows(br, b, SENDER, sender, rows, shape, br_new))
-    return self.deliver(carry._replace(bwd_tables=tables), b, m, sender, layout.pad(dx, self.width, self.act_dtype),
-                        forward=False)
+    return self.deliver(carry._replace(bwd_tables=tables), b, m, sender,
+                        padded_rows.pad(dx, self.width, self.act_dtype), forward=False)
 
   def tick(self, inp: StepInputs, tick, tick_plan: TickPlan, carry: ExplicitCarry) -> ExplicitCarry:
     """One tick with overlapped sends: the payloads encoded at the tick before cross their links, reading only

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from jaxcomp import pipeline
 from jaxcomp.compress import boundary as boundary_mod
 from jaxcomp.compress.boundary import LinkState, Mode
-from jaxcomp.parallel import layout, permute, schedules
+from jaxcomp.parallel import padded_rows, permute, schedules
 from jaxcomp.parallel.mesh import DATA, STAGE, WRAPPED
 from jaxcomp.parallel.plan import Plan, TickPlan, link_ends, link_perm, ring_slot
 from jaxcomp.parallel.timetable import Timetable
@@ -100,7 +100,7 @@ def no_grads(params_row, ms_row, x_buf, mb, rng, g_buf, scale, grad_sum):
 
 class StageRunner:
   """What a stage device needs to run a schedule's plan, and the methods that trace it: the pipeline
-  (`pipe`), its parameter and model-state rows (`params`, `model_state`: `layout.FlatRows`), the activation
+  (`pipe`), its parameter and model-state rows (`params`, `model_state`: `padded_rows.FlatRows`), the activation
   at each boundary (`shapes`, one microbatch of one data shard), the step's `mode` and whether it trains
   (`train`: else its forwards alone), the last stage's metric structure (`metrics`) and the `plan` (of
   `table`, GPipe's by default: the forward ticks `run_forward` runs)."""
@@ -110,9 +110,9 @@ class StageRunner:
     table = table or schedules.GPipe().train_table(pipe.num_stages, pipe.microbatches)
     mb = pipeline.microbatch_shapes(local_batch, pipe.microbatches)
     self.pipe, self.mode, self.train = pipe, mode, train
-    self.params, self.model_state = layout.FlatRows(template.params), layout.FlatRows(template.model_state)
+    self.params, self.model_state = padded_rows.FlatRows(template.params), padded_rows.FlatRows(template.model_state)
     self.shapes = pipeline.boundary_shapes(pipe, template.params, template.model_state, mb[pipe.input_key])
-    self.width = max([layout.feature_size(x.shape) for x in self.shapes] or [1])
+    self.width = max([padded_rows.feature_size(x.shape) for x in self.shapes] or [1])
     self.act_dtype = jnp.result_type(*[x.dtype for x in self.shapes] or [jnp.float32])
     self.plan = Plan(table, forwards_only=not train).compiled()
     self.metrics = self._last_metrics(mb)
@@ -123,7 +123,7 @@ class StageRunner:
     x_buf = jax.ShapeDtypeStruct((mb[pipe.input_key].shape[0], self.width), self.act_dtype)
 
     def last_metrics(params_row, ms_row, x_buf, mb):
-      x = mb[pipe.input_key] if last == 0 else layout.unpad(x_buf, self.shapes[last - 1])
+      x = mb[pipe.input_key] if last == 0 else padded_rows.unpad(x_buf, self.shapes[last - 1])
       y, _ = pipe.stages[last].apply(self.params.get(last, params_row), self.model_state.get(last, ms_row), x,
                                      train=self.train, rng=jax.random.key(0))
       return pipe.loss_fn(y, mb)[1]
@@ -174,12 +174,12 @@ class StageRunner:
     pipe, last = self.pipe, self.pipe.num_stages - 1
 
     def run(params_row, ms_row, x_buf, mb, rng):
-      x = mb[pipe.input_key] if j == 0 else layout.unpad(x_buf, self.shapes[j - 1])
+      x = mb[pipe.input_key] if j == 0 else padded_rows.unpad(x_buf, self.shapes[j - 1])
       y, ms = pipe.stages[j].apply(self.params.get(j, params_row), self.model_state.get(j, ms_row), x,
                                    train=self.train, rng=rng)
       ms_row = self.model_state.put(j, ms)
       if j < last:
-        return layout.pad(y, self.width, self.act_dtype), ms_row, jnp.zeros((), jnp.float32), self.zero_metrics()
+        return padded_rows.pad(y, self.width, self.act_dtype), ms_row, jnp.zeros((), jnp.float32), self.zero_metrics()
       loss, metrics = pipe.loss_fn(y, mb)
       return x_buf, ms_row, loss.astype(jnp.float32), jax.tree.map(lambda v: v.astype(jnp.float32), metrics)
     return run
@@ -262,13 +262,13 @@ class StageRunner:
     return None if self.plan.table.chunks_per_device == 1 else self.plan.table.slot(b + end)
 
   def end_rows(self, table, b: int, end: int, rows, like):
-    """`layout.gather_rows` of boundary b's rows from its `end`'s table among this device's (`end_slot`)."""
-    return layout.gather_rows(table, rows, like, self.end_slot(b, end))
+    """`padded_rows.gather_rows` of boundary b's rows from its `end`'s table among this device's (`end_slot`)."""
+    return padded_rows.gather_rows(table, rows, like, self.end_slot(b, end))
 
   def put_end_rows(self, table, b: int, end: int, rows, new):
-    """`layout.put_rows` of boundary b's new rows into its `end`'s table among this device's (`end_slot`), in
+    """`padded_rows.put_rows` of boundary b's new rows into its `end`'s table among this device's (`end_slot`), in
     place."""
-    return layout.put_rows(table, rows, new, self.end_slot(b, end))
+    return padded_rows.put_rows(table, rows, new, self.end_slot(b, end))
 
   def keep_end_rows(self, table, b: int, end: int, ok, rows, like, new):
     """`put_end_rows` of boundary b's `new` rows at its `end` on the device where `ok` (this device is that
@@ -297,7 +297,7 @@ class StageRunner:
     m, shape = self.message_at(tick, b, forward=True), self.shapes[b]
     fwd_rows, bwd_rows = self.link_rows(m, inp.mbs)
     (fs, fr), (bs, br) = fwd_tables, inp.bwd_tables
-    y, key = layout.unpad(y_buf, shape), pipeline.link_key(inp.step_key, self.global_microbatch(m), b)
+    y, key = padded_rows.unpad(y_buf, shape), pipeline.link_key(inp.step_key, self.global_microbatch(m), b)
     sent, arrived = self.end_rows(fs, b, SENDER, fwd_rows, shape), self.end_rows(fr, b, RECEIVER, fwd_rows, shape)
     if differentiable:
       link = LinkState(sent, arrived, self.end_rows(bs, b, RECEIVER, bwd_rows, shape),
@@ -311,7 +311,7 @@ class StageRunner:
     if self.mode.trains:
       fwd_tables = (self.put_end_rows(fs, b, SENDER, fwd_rows, fs_new),
                     self.put_end_rows(fr, b, RECEIVER, fwd_rows, fr_new))
-    return layout.pad(x, self.width, self.act_dtype), fwd_tables, idx
+    return padded_rows.pad(x, self.width, self.act_dtype), fwd_tables, idx
 
   def forward_tick(self, inp: StepInputs, tick, boundaries, carry: Carry) -> Carry:
     """One tick: this device's stage, then every boundary in `boundaries`."""
@@ -389,7 +389,7 @@ class StageRunner:
     _, rows = self.link_rows(m, inp.mbs)
     bs_old, br_old = inp.bwd_tables
     dx, bs_new, br_new = boundary_mod.backward_half(
-        self.boundary_op(b), self.mode, layout.unpad(dx_buf, shape),
+        self.boundary_op(b), self.mode, padded_rows.unpad(dx_buf, shape),
         self.end_rows(bs_old, b, RECEIVER, rows, shape), self.end_rows(br_old, b, SENDER, rows, shape),
         pipeline.link_key(inp.step_key, self.global_microbatch(m), b), sender, receiver,
         self.stashed_positions(carry, b, m))
@@ -397,7 +397,7 @@ class StageRunner:
     tables = (self.keep_end_rows(bs, b, RECEIVER, receiver, rows, shape, bs_new),
               self.keep_end_rows(br, b, SENDER, sender, rows, shape, br_new))
     return self.deliver(carry._replace(bwd_tables=tables), b, m, sender,
-                        layout.pad(dx, self.width, self.act_dtype), forward=False)
+                        padded_rows.pad(dx, self.width, self.act_dtype), forward=False)
 
   def stage_ops(self, inp: StepInputs, tick, tick_plan: TickPlan, carry: ExplicitCarry):
     """This device's ops at `tick`, in `ORDER`: its forward on the input its ring holds (stashing its model
@@ -414,7 +414,8 @@ class StageRunner:
       y_buf, ms_row, loss, metrics = self.stage_step(inp, tick, inp.params_row[v], carry.model_state[v],
                                                      carry.stash.x_buf[slot])
       carry = carry._replace(stash=stash, model_state=carry.model_state.at[v].set(ms_row),
-                             loss_sum=carry.loss_sum + loss, metric_sums=jax.tree.map(jnp.add, carry.metric_sums, metrics))
+                             loss_sum=carry.loss_sum + loss,
+                             metric_sums=jax.tree.map(jnp.add, carry.metric_sums, metrics))
     for kind in (kind for kind in tick_plan.kinds if kind != "F"):
       grads, dx = self.stage_backward(inp, tick, kind, carry.stash, carry.grads)
       carry = carry._replace(grads=grads)
