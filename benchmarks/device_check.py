@@ -288,7 +288,7 @@ class Check:
     self.args, self.out = args, pathlib.Path(args.out)
     self.deadline = time.monotonic() + args.budget_s
     self.results = {"command": " ".join(["python -m benchmarks.device_check", *args.argv]), "tiny": args.tiny,
-                    "budget_s": args.budget_s, "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                    "budget_s": args.budget_s, "started_utc": datetime.datetime.now(datetime.UTC).isoformat(
                         timespec="seconds"), "commit": args.commit or commit(), "sections": {}}
     self.background = None
 

@@ -264,7 +264,6 @@ def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict
 
   from benchmarks.common import median_seconds
   from benchmarks.throughput_vs_bandwidth import Measured, codec_seconds
-  from jaxcomp import pipeline
   from jaxcomp.compress.boundary import Mode
   from jaxcomp.parallel import padded_rows
   from jaxcomp.parallel.stage_runner import StageRunner
@@ -587,7 +586,7 @@ def render(rows: list[dict], details: dict[str, Accounting]) -> str:
   lines += ["", "Bytes on the links that are not train steps (all processes; per epoch: epoch 1, epoch 2, ...):", "",
             "| method | start-up | first step - steady step | eval, compression on | eval, compression off "
             "| checkpoint | results, next epoch's start | exit |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-  for name, (run, acc) in details.items():
+  for name, (_, acc) in details.items():
     per = lambda value: ", ".join(f"{value(ep):,.0f}" for ep in acc.epochs)
     item = lambda key: per(lambda ep: ep[key])
     lines.append(f"| {name} | {acc.startup:,.0f} | {per(lambda ep: ep['first_step'] - ep['step'])} | {item('eval_on')} "

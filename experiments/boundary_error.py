@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import cli, config, gpt2_wikitext
-from jaxcomp.compress.boundary import LinkState, Mode
+from jaxcomp.compress.boundary import Mode
 from jaxcomp.parallel import executors, simulate
 
 

@@ -16,7 +16,7 @@ SHAPES = st.lists(st.integers(1, 5), min_size=0, max_size=3).map(tuple)
 def stage_trees(draw, dtypes=(jnp.float32, jnp.int32)):
   """1-4 stages, each a dict of 0-3 leaves of any small shape; ints stay below 2^24 (exact in float32)."""
   trees = []
-  for s in range(draw(st.integers(1, 4))):
+  for _ in range(draw(st.integers(1, 4))):
     tree = {}
     for j in range(draw(st.integers(0, 3))):
       shape, dtype = draw(SHAPES), draw(st.sampled_from(dtypes))

@@ -16,8 +16,7 @@ from jaxcomp.models.mlp import mlp_stages
 from jaxcomp.parallel import schedules, sharded, simulate
 from jaxcomp.parallel.qadam import QuantizedAdam
 
-from pipeline_cases import (BATCH, assert_trees_close, bottleneck_pipe, compare_with_simulate, mlp_pipe, slow,
-                            train_sharded)
+from pipeline_cases import (BATCH, assert_trees_close, bottleneck_pipe, compare_with_simulate, mlp_pipe, train_sharded)
 
 
 def check_interleaved(fwd, bwd, devices, chunks, m, data=1, modes=(Mode.TRAIN,), opt=optax.sgd(0.1, momentum=0.9),

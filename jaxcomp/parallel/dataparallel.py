@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxcomp.compress import packing
-from jaxcomp.parallel.mesh import DATA, STAGE
+from jaxcomp.parallel.mesh import DATA
 from jaxcomp.parallel.qadam import QuantizedAdam
 
 

@@ -35,7 +35,7 @@ class OverlappedRunner(StageRunner):
   def encode_forward(self, inp: StepInputs, tick, b: int, y_buf, carry: ExplicitCarry) -> ExplicitCarry:
     """Stage b encodes the activation its forward made at `tick` (its forward-sender rows, and under index
     reuse its TopK positions, stashed): the payload waits in `in_flight` to cross during the next tick."""
-    (sender, receiver), shape, link = self.at_ends(b), self.shapes[b], self.boundary_op(b)
+    (sender, _), shape, link = self.at_ends(b), self.shapes[b], self.boundary_op(b)
     m = self.message_at(tick, b, forward=True)
     rows, _ = self.link_rows(m, inp.mbs)
     fs, fr = carry.fwd_tables
@@ -50,7 +50,7 @@ class OverlappedRunner(StageRunner):
   def decode_forward(self, inp: StepInputs, tick, b: int, carry: ExplicitCarry) -> ExplicitCarry:
     """Stage b+1 decodes boundary b's payload that crossed during the tick before into its ring (its
     forward-receiver rows, and under index reuse its copy of the TopK positions, stashed)."""
-    (sender, receiver), shape, link = self.at_ends(b), self.shapes[b], self.boundary_op(b)
+    (_, receiver), shape, link = self.at_ends(b), self.shapes[b], self.boundary_op(b)
     m = self.message_at(tick, b, forward=True, received=True)
     rows, _ = self.link_rows(m, inp.mbs)
     fs, fr = carry.fwd_tables
@@ -64,7 +64,7 @@ class OverlappedRunner(StageRunner):
   def encode_backward(self, inp: StepInputs, tick, b: int, dx_buf, carry: ExplicitCarry) -> ExplicitCarry:
     """Stage b+1 encodes the input gradient its backward made at `tick` (its backward-sender rows): the
     payload waits in `in_flight` to cross back during the next tick."""
-    (sender, receiver), shape, link = self.at_ends(b), self.shapes[b], self.boundary_op(b)
+    (_, receiver), shape, link = self.at_ends(b), self.shapes[b], self.boundary_op(b)
     m = self.message_at(tick, b, forward=False)
     _, rows = self.link_rows(m, inp.mbs)
     idx = self.stashed_positions(carry, b, m)
@@ -80,7 +80,7 @@ class OverlappedRunner(StageRunner):
   def decode_backward(self, inp: StepInputs, tick, b: int, carry: ExplicitCarry) -> ExplicitCarry:
     """Stage b decodes boundary b's gradient payload that crossed back during the tick before into its ring
     (its backward-receiver rows)."""
-    (sender, receiver), shape, link = self.at_ends(b), self.shapes[b], self.boundary_op(b)
+    (sender, _), shape, link = self.at_ends(b), self.shapes[b], self.boundary_op(b)
     m = self.message_at(tick, b, forward=False, received=True)
     _, rows = self.link_rows(m, inp.mbs)
     idx = self.stashed_positions(carry, b, m)
