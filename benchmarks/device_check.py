@@ -258,7 +258,8 @@ def child_sharded(args):
   batch = random_batch(config, batch)
   key = jax.random.key(config.training.seed)
   out = {}
-  for name, chosen in (("simulate", executors.SimulateConfig()), ("sharded", run_settings.executor_config(config.executor))):
+  sharded = run_settings.executor_config(config.executor)
+  for name, chosen in (("simulate", executors.SimulateConfig()), ("sharded", sharded)):
     executor = executors.make_executor(chosen)
     holder = [executor.init_state(pipe, optimizer, key, batch)]
     step = executor.make_train_step(pipe, optimizer, Mode.TRAIN)

@@ -15,7 +15,8 @@ For every method (its name in the frontier / GPT-2 presets), and again with Quan
 3. `jaxcomp.analysis.netsim` simulates one step at each bandwidth on each `--schedule` as the sharded executor
    runs its table (`ticks=True`): without `--overlap` each tick computes, then sends, then waits; with it
    (`on`, or `both` for each schedule with and without) a message crosses during the next tick (the table of
-   forwarding delay 2, M >= 2S; every schedule has one). The stage and codec times are taken once and reused for every schedule:
+   forwarding delay 2, M >= 2S; every schedule has one). The stage and codec times are taken once and reused for
+   every schedule:
    `zb-h1` splits each backward into B = W = half of it (codecs included: netsim's `input_grad_share` 0.5);
    `interleaved:V` cuts each stage into V chunks of 1/V of its compute, each of the S*V-1 chunk boundaries
    sending the stage boundaries' message (every boundary must carry the same shape, as GPT-2's residual stream

@@ -414,7 +414,8 @@ def test_split_backward_times_and_messages():
   assert (ev["bwd_weight", 1, 0].start, ev["bwd_weight", 1, 0].end) == (3.0, 6.0)
   assert tl.makespan == 7.0 and tl.critical_seconds()["compute"] == 7.0
   with pytest.raises(ValueError, match=r"input_grad_share must be in \[0, 1\].*got 1.5"):
-    simulate_step([1.0], [1.0], [], [], 1, math.inf, schedule=schedules.parse("zb-h1").train_table(1, 1), input_grad_share=1.5)
+    simulate_step([1.0], [1.0], [], [], 1, math.inf, schedule=schedules.ZeroBubbleH1().train_table(1, 1),
+                  input_grad_share=1.5)
 
 
 def test_interleaved_table_uses_each_chunks_times_and_the_ring():

@@ -294,7 +294,8 @@ def test_overlapped_interleaved_takes_two_ticks_a_message_and_sv_minus_1_more_ea
   for S in (2, 3, 4):
     for V in (1, 2, 3):
       for M in (2 * S, 4 * S):
-        plain, overlapped = schedules.Interleaved(V).train_table(S, M), schedules.parse(f"interleaved:{V}", True).train_table(S, M)
+        plain = schedules.Interleaved(V).train_table(S, M)
+        overlapped = schedules.parse(f"interleaved:{V}", True).train_table(S, M)
         assert overlapped.forwarding_delay == 2 and overlapped.ticks == plain.ticks + 2 * (S * V - 1), (S, V, M)
         assert all(timetable.device_order(overlapped, d) == timetable.device_order(plain, d) for d in range(S))
 
@@ -360,7 +361,8 @@ def test_zero_bubble_h1_stashes_what_1f1b_does():
   """W(s, m) before F(s, m+S): at most min(M, S) inputs held on any device, 1F1B's stash slots."""
   for S, M in SIZES:
     zb = schedules.parse("zb-h1").train_table(S, M)
-    assert timetable.most_inputs_held(zb) == timetable.most_inputs_held(schedules.OneFOneB().train_table(S, M)) == min(M, S)
+    one_f_one_b = schedules.OneFOneB().train_table(S, M)
+    assert timetable.most_inputs_held(zb) == timetable.most_inputs_held(one_f_one_b) == min(M, S)
 
 
 def test_zero_bubble_h1_bubble_is_below_1f1bs():

@@ -144,7 +144,8 @@ class ShardedExecutor(pipeline.Executor):
 
   def unstack(self, pipe, optimizer, flat_state, batch) -> pipeline.TrainState:
     """Sharded state -> simulate layout for the global `batch` (replicated arrays)."""
-    return jax.jit(self.state_layout(pipe, optimizer, batch).unstack, out_shardings=NamedSharding(self.mesh, P()))(flat_state)
+    lay = self.state_layout(pipe, optimizer, batch)
+    return jax.jit(lay.unstack, out_shardings=NamedSharding(self.mesh, P()))(flat_state)
 
   def init_state(self, pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation, rng, batch, params=None):
     """The train state, created sharded: device s initialises only stage s (rows of its
@@ -219,7 +220,8 @@ class ShardedExecutor(pipeline.Executor):
     """Executor protocol: the jitted step of `mode` for this batch shape, traced."""
     optimizer = optimizer if mode.trains else None
     self._check(pipe, optimizer)
-    return self._step(self.state_layout(pipe, optimizer, batch), optimizer, mode, mode.trains, state).trace(state, batch)
+    lay = self.state_layout(pipe, optimizer, batch)
+    return self._step(lay, optimizer, mode, mode.trains, state).trace(state, batch)
 
   def _cached(self, pipe, optimizer, mode, train):
     cache = {}
