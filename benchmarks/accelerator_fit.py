@@ -34,10 +34,10 @@ METHODS = {"baseline": dict(fwd="none", bwd="none"), "top10-reuse": dict(fwd="to
            "aqsgd-fw2-bw4": dict(fwd="aqsgd+maxabs:2:stoch", bwd="maxabs:4:stoch", warmup_epochs=1)}
 COLUMNS = {  # name -> (target, executor settings)
     "v5e-1": ("v5e-1", {}), "v6e-1": ("v6e-1", {}),
-    "v5e-8 gpipe 4x2": ("v5e-8", dict(executor="gpipe", stages=4, data_parallel=2)),
-    "v5e-8 gpipe 8x1": ("v5e-8", dict(executor="gpipe", stages=8)),
+    "v5e-8 gpipe 4x2": ("v5e-8", dict(executor="sharded", stages=4, data_parallel=2)),
+    "v5e-8 gpipe 8x1": ("v5e-8", dict(executor="sharded", stages=8)),
     "h100": ("h100", {}), "a100": ("a100", {}),
-    "h100-8 gpipe 4x2": ("h100-8", dict(executor="gpipe", stages=4, data_parallel=2)),
+    "h100-8 gpipe 4x2": ("h100-8", dict(executor="sharded", stages=4, data_parallel=2)),
 }
 
 
@@ -50,6 +50,7 @@ def cell(model: str, method: str, column: str) -> dict:
   chips = targets.target(target)
   start = time.perf_counter()
   try:
+    targets.prepare_host(chips)
     executor = config.executor_for(run.executor, targets.compile_only_devices(chips), run.training.batch_size)
     report = dryrun.compile_for(chips, executor, pipe, optimizer, batch, steps=("train",))
   except RuntimeError as err:  # a compiler plugin that is not installed

@@ -31,6 +31,7 @@ import numpy as np
 from experiments import cli, config, gpt2_wikitext
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.compress.schemes import AQSGD
+from jaxcomp.parallel import executors
 from jaxcomp.runtime import train
 
 DEFAULTS = dict(fwd="aqsgd+maxabs:2:stoch", bwd="maxabs:4:stoch", warmup_epochs=1, epochs=6, batch_size=8,
@@ -76,7 +77,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
   given = {k: v for k, v in cli.flags_of(args).items() if k not in ("buffer_dtype", "json") and v not in (None, False)}
   run = config.resolve(exp, args.recipe, args.preset, **{**DEFAULTS, **given})
-  if run.executor.executor != "simulate" or run.executor.aqsgd_buffers != "device":
+  if not isinstance(config.executor_config(run.executor), executors.SimulateConfig):
     raise SystemExit("error: the probe reads the simulate executor's on-device tables; leave --executor and "
                      "--aqsgd-buffers at their defaults")
   pipe, optimizer, data, params = exp.build(run)

@@ -1,8 +1,15 @@
 """Shared by the benchmarks: timing (warm-up, then the median of synchronised runs), flags, tables."""
 import argparse
+import os
 import time
 
 import jax
+
+
+def use_fake_cpu_devices(count: int) -> None:
+  """Sets XLA_FLAGS (unless already set) so that the CPU backend, when it starts, makes `count` fake devices:
+  call it before anything touches a JAX backend (a script's `__main__`)."""
+  os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={count}")
 
 
 def median_seconds(fn, *args, repeats: int = 10, warmup: int = 2) -> float:

@@ -248,20 +248,19 @@ def child_compile_only(args):
 
 
 def child_sharded(args):
-  import dataclasses
-
   import jax
   from experiments import config as run_settings
   from experiments import gpt2_wikitext
   from jaxcomp.compress.boundary import Mode
-  config, _ = run_config(args.model, "fp32", args.tiny, stages=1, executor="gpipe")
+  from jaxcomp.parallel import executors
+  config, _ = run_config(args.model, "fp32", args.tiny, stages=1, executor="sharded")
   pipe, optimizer, batch, _ = gpt2_wikitext.EXPERIMENT.abstract(config)
   batch = random_batch(config, batch)
   key = jax.random.key(config.training.seed)
   out = {}
-  simulate = dataclasses.replace(config.executor, executor="simulate")
-  for name, settings in (("simulate", simulate), ("sharded", config.executor)):
-    executor = run_settings.executor_for(settings)
+  sharded = run_settings.executor_config(config.executor)
+  for name, chosen in (("simulate", executors.SimulateConfig()), ("sharded", sharded)):
+    executor = executors.make_executor(chosen)
     holder = [executor.init_state(pipe, optimizer, key, batch)]
     step = executor.make_train_step(pipe, optimizer, Mode.TRAIN)
 
@@ -290,7 +289,7 @@ class Check:
     self.args, self.out = args, pathlib.Path(args.out)
     self.deadline = time.monotonic() + args.budget_s
     self.results = {"command": " ".join(["python -m benchmarks.device_check", *args.argv]), "tiny": args.tiny,
-                    "budget_s": args.budget_s, "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                    "budget_s": args.budget_s, "started_utc": datetime.datetime.now(datetime.UTC).isoformat(
                         timespec="seconds"), "commit": args.commit or commit(), "sections": {}}
     self.background = None
 

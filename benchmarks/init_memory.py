@@ -25,9 +25,8 @@ import numpy as np
 import optax
 
 import jaxcomp
-from experiments import config
 from jaxcomp.models import gpt2
-from jaxcomp.parallel import layout
+from jaxcomp.parallel import executors, padded_rows
 
 MiB = 2**20
 
@@ -58,7 +57,7 @@ def bytes_per_device(tree) -> dict:
 def projection(pipe, optimizer, batch) -> dict:
   """From shapes only: the whole simulate-layout state vs one stage device's Adam rows."""
   whole = jax.eval_shape(lambda b: jaxcomp.init_state(pipe, optimizer, jax.random.key(0), b), batch)
-  params = layout.FlatRows(whole.params)
+  params = padded_rows.FlatRows(whole.params)
   row = params.size * np.dtype(params.dtype).itemsize
   whole_bytes = tree_bytes(whole.params) + tree_bytes(whole.opt_state)
   return {"params": sum(params.sizes), "row": row, "stage": 3 * row, "whole": whole_bytes,
@@ -67,8 +66,7 @@ def projection(pipe, optimizer, batch) -> dict:
 
 def measure_toy(pipe, optimizer, batch) -> dict:
   """Per-device bytes of GPipe's sharded state, runtime peaks if reported, whole-model init's peak."""
-  ex = config.executor_for(config.ExecutorConfig(executor="gpipe", stages=pipe.num_stages,
-                                                microbatches=pipe.microbatches))
+  ex = executors.make_executor(executors.ShardedConfig(stages=pipe.num_stages))
   state = jax.block_until_ready(ex.init_state(pipe, optimizer, jax.random.key(1), batch))
   per_device = bytes_per_device(state)
   peaks = [d.memory_stats() for d in ex.mesh.devices.flat]

@@ -11,7 +11,6 @@ and M (or of the first executor's when simulate is not measured).
 Run with fake CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=8.
 """
 import argparse
-import dataclasses
 import time
 
 import jax
@@ -19,11 +18,10 @@ import optax
 
 import jaxcomp
 from benchmarks.common import median_seconds
-from experiments import config
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models import gpt2
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import sharded
+from jaxcomp.parallel import executors, schedules
 
 MiB = 2**20
 
@@ -44,16 +42,17 @@ def make_case(model: str, stages: int, microbatches: int, mb_size: int, seq: int
   return pipe, {"x": x, "label": (x[:, 0] > 0).astype(jax.numpy.int32), "id": jax.numpy.arange(n)}
 
 
-def measure(executor: str, pipe, batch, repeats: int, remat: str) -> dict:
+# --executors' rows: simulate, or the sharded executor on S stage devices running a schedule with `remat`
+ROWS = {"simulate": lambda stages, remat: executors.SimulateConfig(),
+        **{name: lambda stages, remat, name=name: executors.ShardedConfig(
+            stages=stages, remat=remat, schedule=schedules.parse(name)) for name in schedules.SCHEDULES}}
+
+
+def measure(row: str, pipe, batch, repeats: int, remat: str) -> dict:
   """Compile seconds, median step seconds (None for `repeats` 0: not run) and per-device temp/argument bytes
-  of one train step."""
+  of one train step on the executor of `row` (`ROWS`)."""
   opt = optax.sgd(1e-3)
-  settings = config.ExecutorConfig(executor="simulate" if executor == "simulate" else "gpipe", schedule=
-                                   "gpipe" if executor == "simulate" else executor, stages=pipe.num_stages,
-                                   microbatches=pipe.microbatches)
-  ex = config.executor_for(settings)
-  if executor != "simulate":
-    ex = dataclasses.replace(ex, remat=remat)
+  ex = executors.make_executor(ROWS[row](pipe.num_stages, remat))
   state = ex.init_state(pipe, opt, jax.random.key(1), batch)
   start = time.perf_counter()
   compiled = ex.trace_step(pipe, opt, Mode.TRAIN, state, batch).lower().compile()
@@ -75,8 +74,9 @@ def main(argv=None):
                       help="gpt2: the toy GPT-2 (8 blocks, d=64); gpt2-small: GPT-2 small (12 blocks, d=768)")
   parser.add_argument("--stages", default="2,4,8", help="comma-separated stage counts")
   parser.add_argument("--microbatches", default="2,4,8,16,32,64", help="comma-separated microbatch counts")
-  parser.add_argument("--executors", default=",".join(("simulate", *sharded.SCHEDULES)),
-                      help=f"comma-separated: simulate and any of sharded.SCHEDULES ({', '.join(sharded.SCHEDULES)})")
+  parser.add_argument("--executors", default=",".join(("simulate", *schedules.SCHEDULES)),
+                      help=f"comma-separated rows, the first the baseline: simulate and any of the schedules "
+                           f"({', '.join(schedules.SCHEDULES)})")
   parser.add_argument("--mb-size", type=int, default=2, help="examples per microbatch")
   parser.add_argument("--seq", type=int, default=32, help="GPT-2 sequence length")
   parser.add_argument("--fwd", default="quant:4")
@@ -86,17 +86,17 @@ def main(argv=None):
   args = parser.parse_args(argv)
   stages = [int(s) for s in args.stages.split(",")]
   counts = [int(m) for m in args.microbatches.split(",")]
-  executors = args.executors.split(",")
+  rows = args.executors.split(",")
   print(f"{args.model}, {args.mb_size} examples per microbatch, fwd {args.fwd} / bwd {args.bwd}, "
         f"remat={args.remat}, {jax.devices()[0].platform} ({len(jax.devices())} devices)\n")
-  base_name = "simulate" if "simulate" in executors else executors[0]
+  base_name = rows[0]
   print(f"| S | M | executor | compile s | step ms | temp MiB / device | args MiB / device | temp / {base_name} |")
   print("|---:|---:|---|---:|---:|---:|---:|---:|")
   for s in stages:
     for m in counts:
       pipe, batch = make_case(args.model, s, m, args.mb_size, args.seq, args.fwd, args.bwd)
       base = None
-      for name in executors:
+      for name in rows:
         r = measure(name, pipe, batch, args.repeats, args.remat)
         base = r["temp"] if name == base_name else base
         ratio = f"{r['temp'] / base:.2f}" if base else "-"

@@ -10,17 +10,14 @@ share the host's cores and a collective-permute is a memory copy: the times show
 a copy, not against a network.
 """
 import argparse
-import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402  (after XLA_FLAGS: the fake devices are made when jax starts)
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-import jaxcomp  # noqa: E402
-from benchmarks.common import interleaved_medians  # noqa: E402
-from jaxcomp.analysis import hlo_bytes  # noqa: E402
+import jaxcomp
+from benchmarks.common import interleaved_medians, use_fake_cpu_devices
+from jaxcomp.analysis import hlo_bytes
 
 PAIRS = (("none", "none"), ("bf16", "bf16"), ("maxabs:8", "maxabs:8"), ("maxabs:4", "maxabs:8"),
          ("topk:0.1", "reuse"))
@@ -84,4 +81,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+  use_fake_cpu_devices(4)  # rings of up to 4 devices, on a machine without accelerators
   main()

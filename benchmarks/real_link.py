@@ -453,7 +453,7 @@ def instrument(marks: Marks):
 
 def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict:
   """Seconds per microbatch of this process's stage, on its core, with the executor's own stage programs:
-  forward and backward (`schedule.stage_branch`, `schedule.stage_grads` of a fused BW: the vjp with the
+  forward and backward (`StageRunner.stage_branch`, `StageRunner.stage_grads` of a fused BW: the vjp with the
   forward recomputed), the codec work of its ends of the boundaries (forward message encoded / decoded, backward
   message encoded / decoded, per boundary it touches) and its optimizer update on its rows."""
   import jax
@@ -462,23 +462,23 @@ def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict
 
   from benchmarks.common import median_seconds
   from benchmarks.throughput_vs_bandwidth import Measured, codec_seconds
-  from jaxcomp import pipeline
   from jaxcomp.compress.boundary import Mode
-  from jaxcomp.parallel import layout, schedule
+  from jaxcomp.parallel import padded_rows
+  from jaxcomp.parallel.stage_runner import StageRunner
 
   (d, s), = np.argwhere(executor.mesh.devices == jax.local_devices()[0])
-  lay = executor.layout(pipe, optimizer, batch)
-  prog = schedule.make_program(pipe, lay.template, lay.local_batch, Mode.TRAIN, True)
+  lay = executor.state_layout(pipe, optimizer, batch)
+  runner = StageRunner(pipe, lay.template, lay.local_batch, Mode.TRAIN, True)
   mine = lambda a: a.addressable_shards[0].data[0]  # this device's row
   params_row, ms_row, opt_row = mine(state.params), mine(state.model_state), jax.tree.map(mine, state.opt_state)
   mb = jax.tree.map(lambda a: jnp.asarray(a[: lay.microbatch[pipe.input_key].shape[0]]), batch)
   noise = lambda shape: jax.random.normal(jax.random.key(s), shape, jnp.float32)
-  x_buf = layout.pad(noise(prog.shapes[s - 1].shape), prog.width, prog.act_dtype) if s else jnp.zeros(
-      (mb[pipe.input_key].shape[0], prog.width), prog.act_dtype)
-  g_buf, rng = noise(x_buf.shape).astype(prog.act_dtype), jax.random.key(0)
+  x_buf = padded_rows.pad(noise(runner.shapes[s - 1].shape), runner.width, runner.act_dtype) if s else jnp.zeros(
+      (mb[pipe.input_key].shape[0], runner.width), runner.act_dtype)
+  g_buf, rng = noise(x_buf.shape).astype(runner.act_dtype), jax.random.key(0)
   scale = jnp.asarray(1 / (pipe.microbatches * executor.data), jnp.float32)
-  forward = jax.jit(schedule.stage_branch(prog, s))
-  backward = jax.jit(schedule.stage_grads(prog, s, "BW"))
+  forward = jax.jit(runner.stage_branch(s))
+  backward = jax.jit(runner.stage_grads(s, "BW"))
   update = jax.jit(lambda g, o, p: lay.optimizer.update(g, o, p, s))
   out = {"stage": int(s), "data": int(d),
          "fwd": median_seconds(forward, params_row, ms_row, x_buf, mb, rng, repeats=repeats),
@@ -487,8 +487,8 @@ def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict
          "update": median_seconds(update, params_row, opt_row, params_row, repeats=repeats)}
   clock = Measured(repeats)
   for b, side in ((s, "sender"), (s - 1, "receiver")):  # forward sender of boundary s, receiver of s-1
-    if 0 <= b < len(prog.shapes):
-      (enc_f, enc_b), (dec_f, dec_b) = codec_seconds(pipe.boundary, prog.shapes[b], clock)
+    if 0 <= b < len(runner.shapes):
+      (enc_f, enc_b), (dec_f, dec_b) = codec_seconds(pipe.boundary, runner.shapes[b], clock)
       out[side] = {"fwd": enc_f if side == "sender" else dec_f, "bwd": dec_b if side == "sender" else enc_b}
   return out
 
@@ -775,7 +775,7 @@ def netsim_steps_per_s(times: list[dict], record: dict, link_bytes: float, args)
   data = scale * record.get("wire_bytes_data", 0) / (stages * d)  # per stage device
   exchange = netsim.Exchange([data + (tied if s in (0, stages - 1) else 0.0) for s in range(stages)],
                              (2 if tied else 0) + (2 * (d - 1) if data else 0))
-  table = schedules.build("gpipe", stages, m)
+  table = schedules.GPipe().train_table(stages, m)
   timeline = netsim.simulate_step(fwd_s, bwd_s, [message("fwd")] * (stages - 1), [message("bwd")] * (stages - 1), m,
                                   Link.parse(args.link), exchange=exchange, schedule=table, ticks=True,
                                   overlap_sends=False, update_s=[mean(s, lambda t: t["update"]) for s in range(stages)],
@@ -841,7 +841,7 @@ def render(rows: list[dict], details: dict[str, Accounting]) -> str:
   lines += ["", "Bytes on the links that are not train steps (all processes; per epoch: epoch 1, epoch 2, ...):", "",
             "| method | start-up | first step - steady step | eval, compression on | eval, compression off "
             "| checkpoint | results, next epoch's start | exit |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-  for name, (run, acc) in details.items():
+  for name, (_, acc) in details.items():
     per = lambda value: ", ".join(f"{value(ep):,.0f}" for ep in acc.epochs)
     item = lambda key: per(lambda ep: ep[key])
     lines.append(f"| {name} | {acc.startup:,.0f} | {per(lambda ep: ep['first_step'] - ep['step'])} | {item('eval_on')} "

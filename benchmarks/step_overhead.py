@@ -30,7 +30,7 @@ PRESETS = {"fp32": ("none", "none"), "fw4-bw8": ("maxabs:4", "maxabs:8"), "fw2-b
 
 def main(argv=None):
   parser = gpt2_parser(__doc__, microbatches=2)
-  parser.add_argument("--executor", choices=["simulate", "gpipe"], default="simulate")
+  parser.add_argument("--executor", type=config.executor_name, choices=config.EXECUTORS, default="simulate")
   parser.add_argument("--repeats", type=int, default=30, help="interleaved rounds")
   parser.add_argument("--presets", default=",".join(PRESETS),
                       help="comma-separated subset of the presets (fp32, the baseline, is always run)")

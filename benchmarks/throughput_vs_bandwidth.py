@@ -12,7 +12,7 @@ For every method (its name in the frontier / GPT-2 presets), and again with Quan
    takes its roofline time (FLOPs / peak vs HBM traffic / bandwidth, `dryrun.compile_op`): an estimate;
 2. bytes per message come from the boundary's `wire_bytes`, the data-parallel exchange of each stage device from
    `dataparallel.exchange_bytes` of the row the executor sends, its stage's parameters padded to the longest
-   stage's (`layout.FlatRows`; `interleaved:V`: V rows of the S*V-chunk model's) (fp32 gradients: dense ring
+   stage's (`padded_rows.FlatRows`; `interleaved:V`: V rows of the S*V-chunk model's) (fp32 gradients: dense ring
    all-reduce; QuantizedAdam: all-gather of the compressed first moment, `--dp-scheme`); the tied exchange (GPT-2's
    embedding on device 0 and head on device S-1) from `StateLayout.tied_messages`, for each `--tied-exchange`:
    `dense` (fp32 both ways), `untied` (`--untie-embeddings`: none) or a scheme (`--tied-compression`; its encode
@@ -20,8 +20,9 @@ For every method (its name in the frontier / GPT-2 presets), and again with Quan
 3. `jaxcomp.analysis.netsim` simulates one step on each link (`--link`: rate and one-way latency; by default
    AQ-SGD's bandwidths, 10 Gbps to 100 Mbps, each with `--latency-ms`) on each `--schedule` as the sharded executor
    runs its table (`ticks=True`): without `--overlap` each tick computes, then sends, then waits; with it
-   (`on`, or `both` for each schedule with and without) a message crosses during the next tick (the hop-2 table,
-   M >= 2S; every schedule has one). The stage and codec times are taken once and reused for every schedule:
+   (`on`, or `both` for each schedule with and without) a message crosses during the next tick (the table of
+   forwarding delay 2, M >= 2S; every schedule has one). The stage and codec times are taken once and reused for
+   every schedule:
    `zb-h1` splits each backward into B = W = half of it (codecs included: netsim's `input_grad_share` 0.5);
    `interleaved:V` cuts each stage into V chunks of 1/V of its compute, each of the S*V-1 chunk boundaries
    sending the stage boundaries' message (every boundary must carry the same shape, as GPT-2's residual stream
@@ -47,7 +48,7 @@ from jaxcomp.analysis.link import Link
 from jaxcomp.compress import spec
 from jaxcomp.compress.tied import check_scheme
 from jaxcomp.models import gpt2
-from jaxcomp.parallel import dataparallel, layout, schedules
+from jaxcomp.parallel import dataparallel, padded_rows, schedules, timetable
 from jaxcomp.parallel.state_layout import StateLayout
 
 # The stateless quantizer of the frontier table (docs/frontier.md) with the fewest bytes among those that learn
@@ -69,7 +70,7 @@ class StageCosts(NamedTuple):
   """One method's seconds per microbatch, and where they come from (`source`, printed with every table).
 
   fwd_s[s], bwd_s[s]: stage s's forward, and its backward as the executor runs it (the vjp with the forward
-  recomputed, `schedule.stage_grads`), codecs excluded. encode_s[b], decode_s[b]: boundary b's codec as
+  recomputed, `StageRunner.stage_grads`), codecs excluded. encode_s[b], decode_s[b]: boundary b's codec as
   (forward message, backward message); stage b encodes the forward message and decodes the backward one,
   stage b+1 the other way round.
   """
@@ -212,11 +213,11 @@ def exchange(scheme, row, stages, replicas, chunks=1) -> netsim.Exchange:
 
 
 def padded_row(cfg, num_stages: int, batch, microbatches: int) -> int:
-  """The parameter row every stage device of GPT-2 cut into `num_stages` stages exchanges (`layout.FlatRows`: each
+  """The parameter row every stage device of GPT-2 cut into `num_stages` stages exchanges (`padded_rows.FlatRows`: each
   stage's parameters, padded to the longest stage's), traced abstractly."""
   pipe = jaxcomp.Pipeline(gpt2.gpt2_stages(cfg, num_stages), spec.parse_boundary("none", "none"),
                           jaxcomp.losses.language_model, "tokens", microbatches)
-  return layout.FlatRows(jax.eval_shape(lambda: pipeline.init_state(pipe, optax.sgd(0.0), jax.random.key(1),
+  return padded_rows.FlatRows(jax.eval_shape(lambda: pipeline.init_state(pipe, optax.sgd(0.0), jax.random.key(1),
                                                                      batch)).params).size
 
 
@@ -289,20 +290,20 @@ def on_chunks(costs: StageCosts, per_message, chunks_per_device: int):
                          decode_s=(costs.decode_s[0],) * n), [per_message[0]] * n)
 
 
-def tables(names: str, overlap: str, stages: int, microbatches: int) -> tuple[list[schedules.Schedule], list[str]]:
-  """The tables of the comma-separated schedule `names`, each without overlapped sends (`overlap` off or both) and
-  with them (on or both). With both, a schedule that has no overlapped table is left out (the reasons returned);
-  otherwise `schedules.build`'s ValueError names the bad value."""
+def tables(names: str, overlap: str, stages: int, microbatches: int) -> tuple[list[timetable.Timetable], list[str]]:
+  """The train tables of the comma-separated schedule `names` (`schedules.parse`), each without overlapped sends
+  (`overlap` off or both) and with them (on or both). With both, a schedule that has no overlapped table is left
+  out (the reasons returned); otherwise the ValueError names the bad value."""
   built, left_out = [], []
   wanted = [name.strip() for name in names.split(",") if name.strip()]
   if not wanted:
     raise ValueError(f"--schedule names no schedule: got {names!r}")
   for name in wanted:
     if overlap in ("off", "both"):
-      built.append(schedules.build(name, stages, microbatches))
+      built.append(schedules.parse(name).train_table(stages, microbatches))
     if overlap in ("on", "both"):
       try:
-        built.append(schedules.build(name, stages, microbatches, overlap=True))
+        built.append(schedules.parse(name, overlap=True).train_table(stages, microbatches))
       except ValueError as err:
         if overlap == "on":
           raise
@@ -310,8 +311,8 @@ def tables(names: str, overlap: str, stages: int, microbatches: int) -> tuple[li
   return built, left_out
 
 
-def label(table: schedules.Schedule) -> str:
-  return table.name + (" with overlapped sends" if table.hop > 1 else "")
+def label(table: timetable.Timetable) -> str:
+  return table.name + (" with overlapped sends" if table.forwarding_delay > 1 else "")
 
 
 def method_rows(name, costs, per_message, exchanges, args, table) -> list[Row]:
@@ -324,7 +325,7 @@ def method_rows(name, costs, per_message, exchanges, args, table) -> list[Row]:
     for link in args.links:
       tl = netsim.simulate_step(fwd_s, bwd_s, [m[0] for m in per_message], [m[1] for m in per_message],
                                 args.microbatches, link, 0.0, ex[table.chunks_per_device], table,
-                                overlap_sends=table.hop > 1, ticks=True, tied=tied)
+                                overlap_sends=table.forwarding_delay > 1, ticks=True, tied=tied)
       critical = tl.critical_seconds()
       rows.append(Row(link, name + suffix, netsim.throughput(args.batch * args.data_parallel, tl),
                       {k: critical.get(k, 0.0) for k in CRITICAL}))

@@ -11,19 +11,17 @@
 """
 import argparse
 import math
-import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+import jax
+import jax.numpy as jnp
+import optax
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
-
-import jaxcomp  # noqa: E402
-from experiments import config  # noqa: E402
-from jaxcomp.analysis import dryrun  # noqa: E402
-from jaxcomp.compress import codecs, spec  # noqa: E402
-from jaxcomp.parallel.qadam import QuantizedAdam  # noqa: E402
+import jaxcomp
+from benchmarks.common import use_fake_cpu_devices
+from jaxcomp.analysis import dryrun
+from jaxcomp.compress import codecs, spec
+from jaxcomp.parallel import executors
+from jaxcomp.parallel.qadam import QuantizedAdam
 
 SCHEME_SPECS = ["none", "bf16", "fp16", "quant:2", "quant:4", "quant:8", "maxabs:2", "maxabs:4",
                 "maxabs:4:tensor", "topk:0.5", "topk:0.1", "topk:0.02", "randk:0.1", "ef+topk:0.1",
@@ -69,7 +67,7 @@ def _toy_gpt2(batch, seq, microbatches, fwd="none", bwd="none"):
 def pipeline_table(batch=8, seq=64, microbatches=2) -> str:
   """Markdown table of bytes per step read from the compiled GPipe program's HLO."""
   opt = optax.sgd(0.1)
-  ex = config.executor_for(config.ExecutorConfig(executor="gpipe", stages=4, microbatches=microbatches))
+  ex = executors.make_executor(executors.ShardedConfig(stages=4))
   lines = ["| config | fwd bytes/step | bwd bytes/step | predicted (fwd, bwd) | total / fp32 |",
            "|---|---:|---:|---:|---:|"]
   dense_total = None
@@ -93,8 +91,8 @@ def data_parallel_table(batch=8, seq=64, microbatches=2) -> str:
   lines = ["| exchange | all-gather bytes/step | predicted | / fp32 momentum |", "|---|---:|---:|---:|"]
   dense = None
   for name, (opt, scheme) in DATA_PARALLEL_CONFIGS.items():
-    ex = config.executor_for(config.ExecutorConfig(executor="gpipe", stages=4, data_parallel=2, microbatches=
-                                                   microbatches, grad_compression=scheme))
+    ex = executors.make_executor(executors.ShardedConfig(stages=4, data_parallel=2,
+                                                         grad_scheme=spec.parse_scheme(scheme)))
     state = ex.init_state(pipe, opt, jax.random.key(1), data)
     sent = dryrun.collective_bytes(ex, pipe, opt, state, data)["data"]
     dense = dense or sent  # the first row
@@ -119,4 +117,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+  use_fake_cpu_devices(8)  # the 4 x 2 mesh of the data-parallel table, on a machine without accelerators
   main()

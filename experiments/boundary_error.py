@@ -34,8 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import cli, config, gpt2_wikitext
-from jaxcomp.compress.boundary import LinkState, Mode
-from jaxcomp.parallel import simulate
+from jaxcomp.compress.boundary import Mode
+from jaxcomp.parallel import executors, simulate
 
 
 def _relative(approx, exact):
@@ -152,7 +152,7 @@ def main(argv=None):
     parser.error(f"--every must be at least 1, got {args.every}")
   own = ("every", "save", "json")
   cfg = config.resolve(exp, args.recipe, args.preset, **{k: v for k, v in cli.flags_of(args).items() if k not in own})
-  if cfg.executor.executor != "simulate" or cfg.executor.microbatches != 1:
+  if not isinstance(config.executor_config(cfg.executor), executors.SimulateConfig) or cfg.executor.microbatches != 1:
     parser.error("boundary_error runs the simulate executor with one microbatch")
   if cfg.data.eval_examples is not None and cfg.training.batch_size > cfg.data.eval_examples:
     parser.error("the probe is the first evaluation batch: give --eval-examples >= --batch-size")

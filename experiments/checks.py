@@ -3,7 +3,6 @@
 `check_choices` checks the layered settings (`config.layered`) before they are typed; the others check a
 `config.RunConfig` against the machine, the folders and the model.
 """
-import dataclasses
 import math
 import os
 import pathlib
@@ -45,7 +44,7 @@ def check_choices(choices: dict, preset: str | None):
     raise ValueError(f"--run-name {name!r} must be one folder name (letters, digits and . _ + -, not starting with "
                      f". _ + -), e.g. {suggestion}")
   try:
-    schedules.chunks_per_device(choices["schedule"])
+    schedules.parse(choices["schedule"])
   except ValueError as err:
     raise ValueError(f"--schedule: {err}") from None
   boundary = parse_boundary(choices["fwd"], choices["bwd"], num_examples=1)  # fail early on a bad spec
@@ -53,9 +52,6 @@ def check_choices(choices: dict, preset: str | None):
   if buffers != "device" and not isinstance(boundary.fwd, AQSGD):
     raise ValueError(f"--aqsgd-buffers {buffers} holds AQ-SGD tables, but the forward spec {choices['fwd']!r} keeps "
                      "none; use an aqsgd+ spec or leave the buffers on the device")
-  if buffers != "device" and choices["executor"] != "simulate":
-    raise ValueError(f"--aqsgd-buffers {buffers} needs --executor simulate; the {choices['executor']} executor "
-                     "keeps AQ-SGD tables on the stage devices")
   if choices.get("tied_compression"):
     if choices.get("untie_embeddings"):
       raise ValueError(f"--untie-embeddings leaves no tied exchange for --tied-compression "
@@ -70,19 +66,11 @@ def check_choices(choices: dict, preset: str | None):
 
 
 def check_executor(config):
-  """The executor's settings go together, and a batch splits into data shards x microbatches."""
+  """The schedule's sizes go together, and a batch splits into data shards x microbatches (which executor the
+  settings name, and whether its settings go together: `config.executor_config`)."""
   settings = config.executor
   shards, m, batch_size = settings.data_parallel, settings.microbatches, config.training.batch_size
-  if settings.executor == "simulate":
-    defaults = {f.name: f.default for f in dataclasses.fields(settings)}
-    flag = lambda k: f"--{k.replace('_', '-')}" + ("" if isinstance(defaults[k], bool) else f" {getattr(settings, k)}")
-    given = [flag(k) for k in ("schedule", "overlap", "grad_compression", "data_parallel")
-             if getattr(settings, k) != defaults[k]]
-    if given:
-      raise ValueError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} --executor gpipe (the simulate "
-                       "executor runs every stage in one program on one device): add --executor gpipe")
-  if settings.overlap:
-    schedules.check_overlap(settings.schedule, settings.stages, m)
+  settings.pipeline_schedule.check_overlap(settings.stages, m)
   if settings.model_stages > settings.stages:  # interleaved:V
     if m % settings.stages:
       raise ValueError(f"--schedule {settings.schedule} needs --microbatches a multiple of --stages: got "
@@ -123,15 +111,14 @@ def check_specs_fit(config, pipe, batch):
                          f"{x.dtype.name}{list(x.shape)}: {err}") from None
 
 
-def check_devices(config, command: str):
-  """The gpipe executor needs stages x data-parallel devices; on CPU, says how to fake them."""
+def check_devices(config, needed: int, command: str):
+  """The executor needs `needed` devices (the sharded one stages x data-parallel); on CPU, says how to fake them."""
   settings = config.executor
-  needed = settings.stages * settings.data_parallel
   have = jax.devices()
-  if settings.executor == "gpipe" and len(have) < needed:
+  if len(have) < needed:
     hint = (f"; on CPU, make fake devices: XLA_FLAGS=--xla_force_host_platform_device_count={needed} "
             f"{command} ... (or use --executor simulate)" if have[0].platform == "cpu" else "")
-    raise ValueError(f"--executor gpipe needs {needed} devices ({settings.stages} stages x "
+    raise ValueError(f"--executor {settings.executor} needs {needed} devices ({settings.stages} stages x "
                      f"{settings.data_parallel} data-parallel), found {len(have)} {have[0].platform}{hint}")
 
 

@@ -15,7 +15,7 @@ from experiments import checks, config, runner
 from jaxcomp import pipeline
 from jaxcomp.analysis import dryrun, targets
 from jaxcomp.compress.spec import parse_boundary
-from jaxcomp.parallel import sharded, simulate
+from jaxcomp.parallel import executors, schedules, simulate
 from jaxcomp.runtime import distributed, lock, train
 
 GROUPS = {  # --help's argument groups: key -> title
@@ -33,7 +33,7 @@ COMMON_FLAGS = {  # flag -> (group, type, help); defaults come from the recipe
     "bwd": ("compression", str, "backward (gradient) compression spec, e.g. quant:8, reuse"),
     "warmup_epochs": ("compression", int, "epochs sent uncompressed first (AQ-SGD fills its buffers)"),
     "grad_compression": ("compression", str,
-                         "compress data-parallel weight gradients, e.g. ef+quant:4 (gpipe; dense in warm-up)"),
+                         "compress data-parallel weight gradients, e.g. ef+quant:4 (sharded; dense in warm-up)"),
     "tied_compression": ("tied", str, "compress the tied parameters' gradient exchange with a data-parallel gradient "
                          "scheme, e.g. ef+maxabs:4:group=64: each end sends C(g + e), both apply the same sum of "
                          "the two decoded messages (every train step, warm-up included)"),
@@ -48,7 +48,7 @@ COMMON_FLAGS = {  # flag -> (group, type, help); defaults come from the recipe
                     "(results' target: its step, or the best loss seen)"),
     "stages": ("parallel", int, "pipeline stages"),
     "microbatches": ("parallel", int, "GPipe microbatches per batch (per data shard)"),
-    "data_parallel": ("parallel", int, "data-parallel replicas (gpipe executor)"),
+    "data_parallel": ("parallel", int, "data-parallel replicas (sharded executor)"),
     "train_examples": ("data", int, "use only the first N training examples (quick runs)"),
     "eval_examples": ("data", int, "use only the first N evaluation examples"),
 }
@@ -96,18 +96,18 @@ def parser_for(exp: config.Experiment) -> argparse.ArgumentParser:
                               help="GPT-2: the head starts as a copy of the embedding (pretrained weights load into "
                                    "both) and then trains on its own: no tied exchange")
   parallel = groups["parallel"]
-  parallel.add_argument("--executor", choices=["simulate", "gpipe"],
-                        help="simulate: every stage on one device; gpipe: stage s on device s"
-                             + recipe_default(exp, "executor"))
-  parallel.add_argument("--schedule", metavar="{" + ",".join(sharded.SCHEDULES) + ",interleaved:V}",
-                        help="gpipe executor's tick schedule: gpipe, 1f1b (at most S microbatch inputs per stage), "
+  parallel.add_argument("--executor", type=config.executor_name, choices=config.EXECUTORS,
+                        help="simulate: every stage on one device; sharded: stage s on device s (gpipe, its name "
+                             "before, is still taken)" + recipe_default(exp, "executor"))
+  parallel.add_argument("--schedule", metavar="{" + ",".join(schedules.SCHEDULES) + ",interleaved:V}",
+                        help="the sharded executor's tick schedule: gpipe, 1f1b (at most S microbatch inputs per stage), "
                              "1f1b-fused (at most 2S-1, fewer ticks), zb-h1 (1F1B with the weight gradients "
                              "deferred into the bubbles: about a third of its bubble, S inputs on every stage) or "
                              "interleaved:V (interleaved 1F1B: the model cut into --stages x V stages, V per device "
                              "round-robin; bubble (S-1)/(VM+S-1); --microbatches a multiple of --stages)"
                              + recipe_default(exp, "schedule"))
   parallel.add_argument("--overlap", action="store_true",
-                        help="overlapped sends (gpipe executor, every --schedule): each boundary message crosses its link while the "
+                        help="overlapped sends (sharded executor, every --schedule): each boundary message crosses its link while the "
                              "stages compute the next tick, decoded where it is used; S-1 more ticks each way, needs "
                              "--microbatches >= 2 x --stages; the same numbers")
   parallel.add_argument("--compile-for", metavar="TARGET",
@@ -175,14 +175,14 @@ def preset_table(exp: config.Experiment, args: argparse.Namespace) -> str:
 
 def fit_advice(report: dryrun.DryRun, cfg: config.RunConfig) -> list[str]:
   """Flags that would lower the peak of a run that does not fit, from what the report says."""
-  out, settings = [], cfg.executor
+  out, chosen = [], config.executor_config(cfg.executor, cfg.training.batch_size)
   if report.aqsgd_table_bytes > report.target.chip.hbm_bytes / 4:
     out.append(f"--aqsgd-buffers host (the AQ-SGD tables take {report.aqsgd_table_bytes / 2**30:.1f} GiB per device;"
                " host buffers need --executor simulate)")
-  if settings.executor == "simulate" and report.target.devices > 1:
-    out.append(f"--executor gpipe (each of the {report.target.devices} chips holds its stage only)")
-  if settings.executor == "gpipe":
-    if settings.schedule == "gpipe":
+  if isinstance(chosen, executors.SimulateConfig) and report.target.devices > 1:
+    out.append(f"--executor sharded (each of the {report.target.devices} chips holds its stage only)")
+  if isinstance(chosen, executors.ShardedConfig):
+    if isinstance(chosen.schedule, schedules.GPipe):
       out.append("--schedule 1f1b (a stage stashes at most S-s microbatch inputs, not M)")
     out.append("more --stages (fewer blocks per chip), or more --microbatches (smaller activations per tick)")
   out.append("a smaller --batch-size")

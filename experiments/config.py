@@ -10,9 +10,11 @@ field of one section.
 Results files keep the configuration flat, as `RunConfig.record` gives it: every setting that the
 defaults, the recipe, the preset or a flag gave, in that order (a setting nobody gave is left out);
 a resumed run compares its record with the one its results file holds (`check_resumed_config`).
-`executor_for` maps the executor settings to an executor object: the one place where one is chosen.
+`executor_config` reads the executor settings into a typed `executors.Config` (the one place --executor's name
+is read) and `executor_for` builds it (`executors.make_executor`).
 """
 import dataclasses
+import functools
 import pathlib
 import re
 from typing import Any, Callable
@@ -20,15 +22,15 @@ from typing import Any, Callable
 from experiments import checks
 from jaxcomp import pipeline
 from jaxcomp.compress.spec import parse_scheme
-from jaxcomp.parallel import hostbuffer, schedules, sharded, simulate
+from jaxcomp.parallel import executors, schedules
 from jaxcomp.runtime import results
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ExecutorConfig:
   """Where the stages run and how a batch is split (--executor, --schedule, --data-parallel, ...)."""
-  executor: str = "simulate"  # simulate: every stage on one device; gpipe: stage s on device s (sharded)
-  schedule: str = "gpipe"  # the sharded executor's tick schedule (`sharded.SCHEDULES`, or interleaved:V)
+  executor: str = "simulate"  # simulate: every stage on one device; sharded: stage s on device s (`EXECUTORS`)
+  schedule: str = "gpipe"  # the sharded executor's tick schedule (`schedules.SCHEDULES`, or interleaved:V)
   overlap: bool = False  # overlapped sends: each message crosses its link while the stages compute the next tick
   data_parallel: int = 1  # replicas of the pipeline (sharded)
   aqsgd_buffers: str = "device"  # AQ-SGD tables on the device, in host memory ("host") or memory-mapped (a folder)
@@ -36,10 +38,15 @@ class ExecutorConfig:
   stages: int  # stage devices
   microbatches: int  # per batch (per data shard)
 
+  @functools.cached_property
+  def pipeline_schedule(self) -> schedules.Schedule:
+    """--schedule and --overlap as the typed schedule the sharded executor runs (read once)."""
+    return schedules.parse(self.schedule, self.overlap)
+
   @property
   def model_stages(self) -> int:
     """The stages the model is cut into: one per stage device, V per device with --schedule interleaved:V."""
-    return schedules.model_stages(self.stages, self.schedule)
+    return self.pipeline_schedule.model_stages(self.stages)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -185,24 +192,53 @@ def resolve(exp: Experiment, recipe: str | None = None, preset: str | None = Non
   specs = "__".join(choices[k] for k in ("fwd", "bwd", "bottleneck") if choices.get(k))
   choices.setdefault("run_name", preset or re.sub(r"[^A-Za-z0-9.+-]+", "_", specs))
   choices.setdefault("out", str(pathlib.Path("runs") / exp.name))
-  return typed(exp.options, choices)
+  run = typed(exp.options, choices)
+  executor_config(run.executor, run.training.batch_size)  # settings that do not go together: refused now
+  return run
+
+
+EXECUTORS = ("simulate", "sharded")  # --executor's choices
+EXECUTOR_ALIASES = {"gpipe": "sharded"}  # --executor's names before: still taken, recorded as the name now
+
+
+def executor_name(text: str) -> str:
+  """--executor's value as an executor's name (`EXECUTORS`; "gpipe", the sharded executor's name before the
+  schedules had names, is "sharded"); a ValueError naming the choices otherwise."""
+  name = EXECUTOR_ALIASES.get(text, text)
+  if name not in EXECUTORS:
+    raise ValueError(f"--executor must be one of {list(EXECUTORS)}, got {text!r}")
+  return name
+
+
+def executor_config(settings: ExecutorConfig, batch_size: int | None = None) -> executors.Config:
+  """The executor the settings name, typed: the one place --executor's name (and --aqsgd-buffers' device | host |
+  DIR) is read. simulate: `SimulateConfig`, or with AQ-SGD tables off the device `HostBufferedConfig` for batches
+  of `batch_size`; sharded: `ShardedConfig` (its stages x data mesh, the typed schedule, the data-parallel
+  exchange's scheme). A ValueError names the settings that do not go together, and the fix."""
+  buffers = settings.aqsgd_buffers
+  if executor_name(settings.executor) == "simulate":
+    defaults = {f.name: f.default for f in dataclasses.fields(settings)}
+    flag = lambda k: f"--{k.replace('_', '-')}" + ("" if isinstance(defaults[k], bool) else f" {getattr(settings, k)}")
+    given = [flag(k) for k in ("schedule", "overlap", "grad_compression", "data_parallel")
+             if getattr(settings, k) != defaults[k]]
+    if given:
+      raise ValueError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} --executor sharded (the simulate "
+                       "executor runs every stage in one program on one device): add --executor sharded")
+    if buffers == "device":
+      return executors.SimulateConfig()
+    return executors.HostBufferedConfig(batch_size=batch_size, directory=None if buffers == "host" else buffers)
+  if buffers != "device":
+    raise ValueError(f"--aqsgd-buffers {buffers} needs --executor simulate; the sharded executor keeps AQ-SGD tables "
+                     "on the stage devices")
+  grad = settings.grad_compression
+  return executors.ShardedConfig(stages=settings.stages, data_parallel=settings.data_parallel,
+                                 schedule=settings.pipeline_schedule, grad_scheme=parse_scheme(grad) if grad else None)
 
 
 def executor_for(settings: ExecutorConfig, devices=None, batch_size: int | None = None) -> pipeline.Executor:
-  """The executor the settings name, on `devices` (default: this process's; a dry run's compile-only ones):
-  `simulate.Simulate`, the sharded executor (`--executor gpipe`: its stages x data mesh), or, for AQ-SGD tables
-  off the device (`--aqsgd-buffers host|DIR`), `hostbuffer.HostBuffered` for batches of `batch_size`, without
-  tables: a run gives it new ones once their folder is locked (`dataclasses.replace(executor, tables=...)`),
-  a dry run compiles without them."""
-  device = None if devices is None else list(devices)[0]
-  if settings.aqsgd_buffers != "device":
-    return hostbuffer.HostBuffered(None, batch_size, device=device)
-  if settings.executor == "simulate":
-    return simulate.Simulate(device=device)
-  grad = settings.grad_compression
-  return sharded.ShardedExecutor(sharded.make_mesh(settings.stages, settings.data_parallel, devices),
-                                 parse_scheme(grad) if grad else None, schedule=settings.schedule,
-                                 overlap=settings.overlap)
+  """The executor the settings name (`executor_config`), on `devices` (default: this process's; a dry run's
+  compile-only ones)."""
+  return executors.make_executor(executor_config(settings, batch_size), devices)
 
 
 def check_resumed_config(record: dict, results_file: pathlib.Path):
@@ -215,9 +251,11 @@ def check_resumed_config(record: dict, results_file: pathlib.Path):
           "cannot be compared with the original")
     return
   before = {**RUN_DEFAULTS, **before}
+  # a record of the executor's name before (gpipe) compares as its name now
+  before, record = ({**r, "executor": executor_name(r["executor"])} for r in (before, record))
   changed = [f"{k} {before.get(k)!r} -> {record.get(k)!r}" for k in sorted(set(before) | set(record))
              if k not in RESUMABLE and before.get(k) != record.get(k)]
-  model_stages = lambda r: r.get("stages") and schedules.model_stages(r["stages"], r["schedule"])
+  model_stages = lambda r: r.get("stages") and schedules.parse(r["schedule"]).model_stages(r["stages"])
   if model_stages(before) != model_stages(record):
     changed.append(f"the model's stages (--stages x V of --schedule interleaved:V) {model_stages(before)} -> "
                    f"{model_stages(record)}")

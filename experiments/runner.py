@@ -8,8 +8,8 @@ import jax
 
 from experiments import checks, config, plots
 from jaxcomp.compress.schemes import AQSGD
-from jaxcomp.parallel import hostbuffer
-from jaxcomp.runtime import checkpoint, distributed, lock, results, train
+from jaxcomp.parallel import executors, hostbuffer
+from jaxcomp.runtime import checkpoint, distributed, lock, logfilter, results, train
 
 
 @contextlib.contextmanager
@@ -37,18 +37,21 @@ def run_lock(folder, change: str, flag: str):
 def run(exp: config.Experiment, cfg: config.RunConfig):
   """Builds, checks everything it can before creating anything, trains and writes results after every
   epoch. Returns (state, history)."""
+  logfilter.silence_orbax_noise()  # its checkpoints would repeat two harmless Orbax warnings per epoch and resume
   out = pathlib.Path(cfg.output.out)
   name = cfg.output.run_name
   run_dir = out / name
-  checks.check_devices(cfg, f"python -m experiments.{exp.name}")
+  chosen = config.executor_config(cfg.executor, cfg.training.batch_size)
+  checks.check_devices(cfg, chosen.devices_needed, f"python -m experiments.{exp.name}")
   checks.check_executor(cfg)
   checks.check_folder(out, "--out")
-  buffers = cfg.executor.aqsgd_buffers
-  if buffers not in ("device", "host"):
-    checks.check_folder(buffers, "--aqsgd-buffers")
+  host_tables = isinstance(chosen, executors.HostBufferedConfig)
+  table_folder = chosen.directory if host_tables else None  # None: host memory (or no host tables)
+  if table_folder:
+    checks.check_folder(table_folder, "--aqsgd-buffers")
   checks.check_run_folder(cfg, run_dir)
   pipe, optimizer, data, initial_params = exp.build(cfg)
-  executor = config.executor_for(cfg.executor, batch_size=cfg.training.batch_size)
+  executor = executors.make_executor(chosen)
   checks.check_specs_fit(cfg, pipe, data.example_batch)
   record = {k: v for k, v in cfg.record().items() if isinstance(v, (int, float, str, bool, type(None)))}
   record["data"] = data.name
@@ -71,16 +74,16 @@ def run(exp: config.Experiment, cfg: config.RunConfig):
                            target_loss=training.target_loss, stop_at_target=training.stop_at_target)
   with contextlib.ExitStack() as locks:  # one run per run folder and per AQ-SGD table folder
     held = locks.enter_context(run_lock(run_dir, "--run-name or --out", "--out"))
-    if buffers not in ("device", "host"):
-      locks.enter_context(run_lock(pathlib.Path(buffers).resolve(), "--aqsgd-buffers DIR", "--aqsgd-buffers"))
+    if table_folder:
+      locks.enter_context(run_lock(pathlib.Path(table_folder).resolve(), "--aqsgd-buffers DIR", "--aqsgd-buffers"))
     print(f"[{exp.name}] run {name}: data = {data.name}; fwd {cfg.compression.fwd}, bwd {cfg.compression.bwd}; "
           f"{pipe.num_stages} stages x {pipe.microbatches} microbatches on {jax.devices()[0].platform}")
     print(f"[{exp.name}] configuration (recipe {cfg.recipe} < preset {cfg.preset} < flags): "
           + ", ".join(f"{k}={v}" for k, v in sorted(record.items()) if k not in ("data", "recipe", "preset")))
     if held.stale_pid is not None:
       print(f"note: took over the stale lock of run {name!r} left by process {held.stale_pid}, which is not running")
-    if buffers != "device":
-      tables = hostbuffer.HostTables.for_pipeline(pipe, data.example_batch, None if buffers == "host" else buffers)
+    if host_tables:
+      tables = hostbuffer.HostTables.for_pipeline(pipe, data.example_batch, table_folder)
       executor = dataclasses.replace(executor, tables=tables)
       print(tables.summary)
     elif isinstance(pipe.boundary.fwd, AQSGD):

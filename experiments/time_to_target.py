@@ -70,7 +70,7 @@ class StepTimes:
       self.stage_costs[stage_set] = self.clocked.stage_costs(pipeline.uncompressed(pipe), batch, self.clock)
     costs_of = self.stage_costs[stage_set]
     shapes = pipeline.activation_shapes(pipe, batch)
-    table = schedules.build(self.schedule, pipe.num_stages, pipe.microbatches)
+    table = schedules.parse(self.schedule).train_table(pipe.num_stages, pipe.microbatches)
 
     def timeline(boundary):
       fwd_s, bwd_s = self.clocked.op_seconds(costs_of(boundary))

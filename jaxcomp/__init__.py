@@ -6,8 +6,9 @@ Layers, data flowing down (a layer imports only those below it):
   pipeline, losses  the core: stages, boundaries between them, the train state, the `Executor`
              contract
   parallel/  executing a pipeline: simulate (one device), the sharded executor (stages across
-             devices, GPipe / 1F1B schedules), `ppermute` (a compressed `jax.lax.ppermute`, which
-             the executor sends with), data parallelism, QuantizedAdam, AQ-SGD tables in host memory
+             devices, typed schedules compiled into a plan: GPipe, 1F1B, ZB-H1, interleaved 1F1B),
+             `ppermute` (a compressed `jax.lax.ppermute`, which the executor sends with), data
+             parallelism, QuantizedAdam, AQ-SGD tables in host memory; `executors` builds one
   analysis/  reading and modelling programs, running none: bytes and FLOPs of compiled programs, the
              network simulator, accelerator targets, dry runs (through the `Executor` contract)
   runtime/   running experiments: train loop, checkpoints, results, locks, multi-host start-up

@@ -5,6 +5,7 @@ of B examples is split into M microbatches of B/M; boundary b's state tables liv
 `TrainState.links[b]`, with B slot rows (EF-style "global buffer" of a batch) or one row
 per training example (AQ-SGD).
 """
+import abc
 import dataclasses
 import os
 from typing import Any, Callable, NamedTuple, Protocol
@@ -30,9 +31,10 @@ class Stage(Protocol):
     """(y, model_state')."""
 
 
-class Executor(Protocol):
+class Executor(abc.ABC):
   """Runs a Pipeline's train and eval steps (`simulate.Simulate`, `sharded.ShardedExecutor`,
-  `hostbuffer.HostBuffered`); executors subclass it and take the defaults of the optional hooks.
+  `hostbuffer.HostBuffered`): an executor subclasses it, implements its abstract methods and takes the
+  defaults of the optional hooks (`parallel.executors` builds one from a typed config).
 
   An executor is built for its devices (one device, or a mesh), which may be compile-only ones
   (`analysis.targets`): `state_shapes`, `batch_shapes` and `trace_step` then give the programs a dry
@@ -42,26 +44,33 @@ class Executor(Protocol):
   mesh: Any = None  # the device mesh batches are split over (its `data` axis); None: one device
   host_state: Any = None  # numpy arrays kept outside the train state, saved with it (AQ-SGD tables)
 
+  @abc.abstractmethod
   def init_state(self, pipe: "Pipeline", optimizer, rng, batch, params=None) -> "TrainState":
     """The executor's train state for batches shaped like `batch`."""
 
+  @abc.abstractmethod
   def make_train_step(self, pipe: "Pipeline", optimizer, mode) -> Callable:
     """(state, batch) -> (state, metrics). A step with a `close()` holds resources (a thread) until the
     caller calls it (`train.fit` does when the run ends)."""
 
+  @abc.abstractmethod
   def make_eval_step(self, pipe: "Pipeline", compressed: bool) -> Callable:
     """(state, batch) -> metrics."""
 
+  @abc.abstractmethod
   def wire_bytes_per_step(self, pipe: "Pipeline", batch, mode) -> dict[str, int]:
     """Bytes one training step sends, each way (and over `data`)."""
 
+  @abc.abstractmethod
   def state_shapes(self, pipe: "Pipeline", optimizer, batch) -> "TrainState":
     """ShapeDtypeStructs, placed on the executor's devices (with their shardings), of what `init_state`
     returns for batches like `batch` (arrays or shapes): nothing is allocated and no memory is checked."""
 
+  @abc.abstractmethod
   def batch_shapes(self, batch):
     """ShapeDtypeStructs of `batch` placed as the executor's steps take it."""
 
+  @abc.abstractmethod
   def trace_step(self, pipe: "Pipeline", optimizer, mode, state, batch) -> jax.stages.Traced:
     """The step of `mode` (a training mode: the train step; EVAL_COMPRESSED / EVAL_UNCOMPRESSED: the
     eval step) traced for `state` and `batch` (arrays or `state_shapes` / `batch_shapes`): its `.jaxpr`, and
@@ -156,7 +165,7 @@ class TrainState(NamedTuple):
   model_state: tuple
   opt_state: Any
   links: tuple  # LinkState per boundary
-  grad_state: Any = ()  # data-parallel gradient compression state (gpipe executor)
+  grad_state: Any = ()  # data-parallel gradient compression state (sharded executor)
   tied_state: Any = ()  # per tied pair, its members' states of the compressed tied exchange (`tie_grads`)
 
 

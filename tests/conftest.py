@@ -10,6 +10,11 @@ FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {FAST_COMPILE}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+from jaxcomp.analysis import targets  # noqa: E402  (the flags above first)
+
+# the tests compile for TPU targets on this CPU host: libtpu is told it runs on no TPU VM (no metadata server)
+targets.prepare_host(targets.target("v5e-8"))
+
 
 def subprocess_xla_flags(devices: int) -> str:
   """This process's XLA_FLAGS with `devices` fake CPU devices."""

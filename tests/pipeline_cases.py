@@ -12,7 +12,7 @@ import jaxcomp
 from jaxcomp.compress import bottleneck
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import sharded, simulate
+from jaxcomp.parallel import schedules, sharded, simulate
 from jaxcomp.pipeline import FlaxStage
 
 X = jax.random.normal(jax.random.key(0), (16, 8))
@@ -59,8 +59,8 @@ def compare_with_simulate(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.T
   default one per stage) and on simulate (`sim_pipe`): the same losses and states (the tied exchange's on every
   replica)."""
   sim_pipe = sim_pipe or pipe
-  ex = sharded.ShardedExecutor(sharded.make_mesh(stage_devices or pipe.num_stages, data), schedule=schedule,
-                               overlap=overlap)
+  ex = sharded.ShardedExecutor(sharded.make_mesh(stage_devices or pipe.num_stages, data),
+                               schedule=schedules.parse(schedule, overlap))
   state = simulate.init_state(sim_pipe, opt, jax.random.key(1), BATCH)
   flat = ex.stack(pipe, opt, state, BATCH)
   for mode in modes:
@@ -84,11 +84,13 @@ def compare_with_simulate(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.T
   return state
 
 
-def train_sharded(pipe, opt, modes=(Mode.TRAIN,), steps=2, data=1, stage_devices=None, evals=False, **executor):
-  """Losses of `steps` train steps per mode on `ShardedExecutor(**executor)` (`stage_devices`, default one per
-  stage) from simulate's initial state (`evals`: then an eval step's, compressed and not), and the state
-  after, as simulate lays it out (its key as data)."""
-  ex = sharded.ShardedExecutor(sharded.make_mesh(stage_devices or pipe.num_stages, data), **executor)
+def train_sharded(pipe, opt, modes=(Mode.TRAIN,), steps=2, data=1, stage_devices=None, evals=False, schedule="gpipe",
+                  overlap=False, **executor):
+  """Losses of `steps` train steps per mode on `ShardedExecutor(**executor)` of `schedule` (`overlap`: with
+  overlapped sends; `stage_devices`, default one per stage) from simulate's initial state (`evals`: then an eval
+  step's, compressed and not), and the state after, as simulate lays it out (its key as data)."""
+  ex = sharded.ShardedExecutor(sharded.make_mesh(stage_devices or pipe.num_stages, data),
+                               schedule=schedules.parse(schedule, overlap), **executor)
   flat = ex.stack(pipe, opt, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   losses = []
   for mode in modes:

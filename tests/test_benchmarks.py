@@ -117,14 +117,14 @@ def test_codec_work_goes_to_the_stage_that_does_it():
 
 def test_throughput_schedules_with_and_without_overlap():
   """--schedule LIST --overlap both: each table without overlapped sends and, where one exists (M >= 2S), with
-  (hop 2); where none does it is left out with the reason; --overlap on there is an error."""
+  (forwarding delay 2); where none does it is left out with the reason; --overlap on there is an error."""
   built, left_out = throughput_vs_bandwidth.tables("gpipe, zb-h1,interleaved:2", "both", 4, 8)
-  assert [(t.name, t.hop) for t in built] == [(name, hop) for name in ("gpipe", "zb-h1", "interleaved:2")
-                                              for hop in (1, 2)] and left_out == []
+  assert [(t.name, t.forwarding_delay) for t in built] == [(name, delay) for name in ("gpipe", "zb-h1", "interleaved:2")
+                                                           for delay in (1, 2)] and left_out == []
   built, left_out = throughput_vs_bandwidth.tables("1f1b,zb-h1", "both", 4, 4)
-  assert [(t.name, t.hop) for t in built] == [("1f1b", 1), ("zb-h1", 1)]
+  assert [(t.name, t.forwarding_delay) for t in built] == [("1f1b", 1), ("zb-h1", 1)]
   assert [line.split(":")[0] for line in left_out] == ["1f1b", "zb-h1"]
-  assert [t.hop for t in throughput_vs_bandwidth.tables("zb-h1", "on", 4, 8)[0]] == [2]
+  assert [t.forwarding_delay for t in throughput_vs_bandwidth.tables("zb-h1", "on", 4, 8)[0]] == [2]
   with pytest.raises(ValueError, match="need at least 2S microbatches"):
     throughput_vs_bandwidth.tables("zb-h1", "on", 4, 4)
 

@@ -17,7 +17,8 @@ from jaxcomp.analysis import dryrun, hlo_bytes, targets
 from jaxcomp.compress import packing
 from jaxcomp.compress.spec import parse_codec
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import permute, qadam, schedule
+from jaxcomp.parallel import permute, qadam
+from jaxcomp.parallel.mesh import STAGE
 
 tpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                          reason="libtpu is not installed (pip install -e .[test] brings it on Linux x86-64)")
@@ -32,7 +33,7 @@ def test_every_codec_family_compiles_for_tpu_and_sends_exactly_its_payload():
   """Each codec's encode -> ppermute (the executors' transport) -> decode between two TPU v5e chips, in one
   program: the target's compiled collective-permutes send exactly the codecs' wire_bytes."""
   devices = targets.compile_only_devices(targets.target("v5e-8"))[:2]
-  mesh = jax.sharding.Mesh(np.array(devices), (schedule.STAGE,))
+  mesh = jax.sharding.Mesh(np.array(devices), (STAGE,))
   codecs = [parse_codec(c) for c in CODECS]
   x_shape = (4, 8, 64)  # one device's activation: 4 examples of 8 tokens x 64 features
 
@@ -41,13 +42,13 @@ def test_every_codec_family_compiles_for_tpu_and_sends_exactly_its_payload():
     for i, codec in enumerate(codecs):
       # each codec its own message (x scaled): identical messages would be sent once (XLA merges equal collectives)
       payload = codec.encode(x * (i + 1), jax.random.fold_in(jax.random.wrap_key_data(key_data), i))
-      total = total + codec.decode(permute.Permute(schedule.STAGE, ((0, 1),)).forward(payload))
+      total = total + codec.decode(permute.Permute(STAGE, ((0, 1),)).forward(payload))
     return total
 
-  program = jax.jit(jax.shard_map(exchange, mesh=mesh, in_specs=(jax.P(schedule.STAGE), jax.P()),
-                                  out_specs=jax.P(schedule.STAGE), check_vma=False))
+  program = jax.jit(jax.shard_map(exchange, mesh=mesh, in_specs=(jax.P(STAGE), jax.P()),
+                                  out_specs=jax.P(STAGE), check_vma=False))
   x = jax.ShapeDtypeStruct((2 * x_shape[0], *x_shape[1:]), jnp.float32,
-                           sharding=jax.sharding.NamedSharding(mesh, jax.P(schedule.STAGE)))
+                           sharding=jax.sharding.NamedSharding(mesh, jax.P(STAGE)))
   key_data = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=jax.sharding.NamedSharding(mesh, jax.P()))
   text = program.lower(x, key_data).compile().as_text()
   assert hlo_bytes.collective_bytes(text) == {
@@ -77,9 +78,9 @@ MLP_BATCH = {"x": jax.ShapeDtypeStruct((16, 8), jnp.float32), "label": jax.Shape
 
 @tpu
 @pytest.mark.parametrize("fwd, bwd, settings, optimizer", [
-    ("topk:0.5", "reuse", dict(executor="gpipe", data_parallel=2, schedule="1f1b", grad_compression="ef+quant:4"),
+    ("topk:0.5", "reuse", dict(executor="sharded", data_parallel=2, schedule="1f1b", grad_compression="ef+quant:4"),
      qadam.QuantizedAdam(1e-3)),
-    ("aqsgd+maxabs:2:stoch", "maxabs:4:stoch", dict(executor="gpipe", data_parallel=2, schedule="1f1b-fused"),
+    ("aqsgd+maxabs:2:stoch", "maxabs:4:stoch", dict(executor="sharded", data_parallel=2, schedule="1f1b-fused"),
      optax.adam(1e-3)),
 ])
 def test_sharded_executor_compiles_for_a_tpu_slice_and_its_collectives_send_the_counted_bytes(fwd, bwd, settings,
@@ -155,7 +156,7 @@ def test_gpu_targets_compile_where_the_cuda_plugin_is_installed():
   pipe = jaxcomp.Pipeline(mlp_stages(32, 4, 2), jaxcomp.parse_boundary("maxabs:4", "topk:0.25:q8"),
                           jaxcomp.losses.classification, "x", microbatches=2)
   h100 = targets.target("h100-8")
-  executor = config.executor_for(config.ExecutorConfig(executor="gpipe", stages=2, microbatches=2),
+  executor = config.executor_for(config.ExecutorConfig(executor="sharded", stages=2, microbatches=2),
                                  targets.compile_only_devices(h100))
   report = dryrun.compile_for(h100, executor, pipe, optax.adam(1e-3), MLP_BATCH, steps=("train",))
   assert report.fits and "(equal)" in report.text()
@@ -212,7 +213,7 @@ def test_a_tpu_pipeline_reports_which_boundary_permutes_overlap_compute():
   """8 microbatches on 4 stages: the steady ticks are a loop and fill and drain are unrolled; every boundary
   permute of the compiled TPU program is an async start/done pair the reader finds in one of the two."""
   target = targets.target("v5e-4")
-  executor = config.executor_for(config.ExecutorConfig(executor="gpipe", stages=4, microbatches=8),
+  executor = config.executor_for(config.ExecutorConfig(executor="sharded", stages=4, microbatches=8),
                                  targets.compile_only_devices(target))
   report = dryrun.compile_for(target, executor, _mlp("maxabs:4", "maxabs:8", microbatches=8), optax.adam(1e-3),
                               MLP_BATCH, steps=("train",))

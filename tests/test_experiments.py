@@ -133,8 +133,8 @@ def test_text_files_with_byte_tokens_and_an_explicit_recipe(tmp_path, capsys):
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
-def test_gpipe_executor_from_the_cli(tmp_path):
-  main(gpt2_wikitext.EXPERIMENT, ["--preset", "top10-reuse", "--executor", "gpipe", "--microbatches", "2",
+def test_sharded_executor_from_the_cli(tmp_path):
+  main(gpt2_wikitext.EXPERIMENT, ["--preset", "top10-reuse", "--executor", "sharded", "--microbatches", "2",
                                   "--stages", "2", "--data-parallel", "2", "--grad-compression", "ef+quant:4",
                                   "--out", str(tmp_path), *GPT2_TINY])
   run = _result(tmp_path, "top10-reuse")
@@ -172,7 +172,7 @@ def test_the_tied_exchange_from_the_cli_and_a_resume_that_changes_it(tmp_path, c
 def test_interleaved_schedule_from_the_cli(tmp_path, capsys):
   """--schedule interleaved:2 on 2 stage devices cuts the 4-block GPT-2 into 4 stages (its tied embedding
   and head on devices 0 and 1)."""
-  main(gpt2_wikitext.EXPERIMENT, ["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "2",
+  main(gpt2_wikitext.EXPERIMENT, ["--executor", "sharded", "--schedule", "interleaved:2", "--stages", "2",
                                   "--microbatches", "2", "--out", str(tmp_path), *GPT2_TINY])
   assert "4 stages x 2 microbatches" in capsys.readouterr().out
   run = _result(tmp_path, "none_none")
@@ -224,8 +224,8 @@ def _tree(folder):
      "error: --init-from OUT/nowhere: no checkpoints in OUT/nowhere/ckpt; pass the folder of a baseline run"),
     (["--data-dir", "OUT/typo"], "error: CIFAR-10 --data-dir OUT/typo is not a folder"),
     (["--stages", "3"], "error: --stages 3: ResNet18 splits into [1, 2, 4] stages; pass one of those"),
-    (["--executor", "gpipe", "--data-parallel", "4"],
-     "error: --executor gpipe needs 16 devices (4 stages x 4 data-parallel), found 8 cpu; on CPU, make fake devices: "
+    (["--executor", "sharded", "--data-parallel", "4"],
+     "error: --executor sharded needs 16 devices (4 stages x 4 data-parallel), found 8 cpu; on CPU, make fake devices: "
      "XLA_FLAGS=--xla_force_host_platform_device_count=16 python -m experiments.resnet_cifar10 ... (or use "
      "--executor simulate)"),
 ])
@@ -246,23 +246,23 @@ WIDTH_64 = "does not fit this model's boundary activations float32[8, 128, 64]: 
     (["--fwd", "hadamard:128+maxabs:4"], f"--fwd hadamard:128+maxabs:4 {WIDTH_64}Hadamard block 128 does not divide"),
     (["--bwd", "maxabs:4:group=48"], f"--bwd maxabs:4:group=48 {WIDTH_64}maxabs group=48 does not divide"),
     (["--fwd", "adaptive:2:4:0.25:group=5"], f"--fwd adaptive:2:4:0.25:group=5 {WIDTH_64}adaptive group=5 does not"),
-    (["--schedule", "1f1b", "--executor", "simulate"], "--schedule 1f1b needs --executor gpipe (the simulate executor"),
-    (["--executor", "gpipe", "--schedule", "zb-h1", "--overlap"], "overlapped sends (--overlap) need at least 2S "
+    (["--schedule", "1f1b", "--executor", "simulate"], "--schedule 1f1b needs --executor sharded (the simulate executor"),
+    (["--executor", "sharded", "--schedule", "zb-h1", "--overlap"], "overlapped sends (--overlap) need at least 2S "
                                                                   "microbatches per data shard: got M=1 for S=4"),
     (["--schedule", "interleaved:0"], "--schedule: schedule must be one of ['gpipe', '1f1b', '1f1b-fused', 'zb-h1'] or "
                                       "interleaved:V (V >= 1 chunks per device), got 'interleaved:0'"),
-    (["--schedule", "interleaved:2"], "--schedule interleaved:2 needs --executor gpipe"),
-    (["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "4", "--microbatches", "4"],
+    (["--schedule", "interleaved:2"], "--schedule interleaved:2 needs --executor sharded"),
+    (["--executor", "sharded", "--schedule", "interleaved:2", "--stages", "4", "--microbatches", "4"],
      "--stages 4 x 2 chunks per device (--schedule interleaved:2): this GPT-2 has 4 blocks, so it splits into 1..4"),
-    (["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "2", "--microbatches", "3"],
+    (["--executor", "sharded", "--schedule", "interleaved:2", "--stages", "2", "--microbatches", "3"],
      "--schedule interleaved:2 needs --microbatches a multiple of --stages: got --microbatches 3 for --stages 2; use "
      "--microbatches 4"),
-    (["--executor", "gpipe", "--schedule", "interleaved:2", "--stages", "2", "--microbatches", "2", "--overlap"],
+    (["--executor", "sharded", "--schedule", "interleaved:2", "--stages", "2", "--microbatches", "2", "--overlap"],
      "overlapped sends (--overlap) need at least 2S microbatches per data shard: got M=2 for S=2 stages; use "
      "--microbatches 4"),
     (["--microbatches", "3"], "--batch-size 8 does not split into 1 data shard(s) x --microbatches 3 equal "
                               "microbatches; use a multiple of 3 (e.g. --batch-size 6) or other --microbatches"),
-    (["--grad-compression", "ef+quant:4"], "--grad-compression ef+quant:4 needs --executor gpipe"),
+    (["--grad-compression", "ef+quant:4"], "--grad-compression ef+quant:4 needs --executor sharded"),
     (["--fwd", "aqsgd+quant:4", "--aqsgd-buffers", "FILE"], "--aqsgd-buffers FILE is not a folder; pass a folder"),
     (["--lr", "nan"], "--lr must be a finite positive number, got nan"),
     (["--lr", "inf"], "--lr must be a finite positive number, got inf"),
@@ -417,8 +417,22 @@ def test_resuming_a_run_recorded_before_its_defaults_were_stored(tmp_path):
   old = {"fwd": "quant:4", "bwd": "quant:8", "lr": 0.01}
   results.write(tmp_path, "r", old, [])
   check_resumed_config({**RUN_DEFAULTS, **old, "epochs": 3}, tmp_path / "r.json")
-  with pytest.raises(ValueError, match=r"executor 'simulate' -> 'gpipe'"):
-    check_resumed_config({**RUN_DEFAULTS, **old, "executor": "gpipe"}, tmp_path / "r.json")
+  with pytest.raises(ValueError, match=r"executor 'simulate' -> 'sharded'"):
+    check_resumed_config({**RUN_DEFAULTS, **old, "executor": "sharded"}, tmp_path / "r.json")
+
+
+def test_the_sharded_executors_old_name_is_still_taken_and_recorded_as_sharded(tmp_path):
+  """--executor gpipe (the sharded executor's name before the schedules had names) parses as sharded, and a run
+  recorded under it resumes as sharded, unchanged."""
+  from experiments.cli import parser_for
+  from experiments.config import RUN_DEFAULTS, check_resumed_config, executor_name
+  from jaxcomp.runtime import results
+  assert parser_for(gpt2_wikitext.EXPERIMENT).parse_args(["--executor", "gpipe"]).executor == "sharded"
+  assert executor_name("gpipe") == executor_name("sharded") == "sharded"
+  with pytest.raises(ValueError, match=r"--executor must be one of \['simulate', 'sharded'\], got 'pipedream'"):
+    executor_name("pipedream")
+  results.write(tmp_path, "r", {**RUN_DEFAULTS, "executor": "gpipe", "schedule": "1f1b", "stages": 4}, [])
+  check_resumed_config({**RUN_DEFAULTS, "executor": "sharded", "schedule": "1f1b", "stages": 4}, tmp_path / "r.json")
 
 
 def test_a_run_resumes_on_another_schedule_with_the_models_stages(tmp_path):
@@ -426,11 +440,12 @@ def test_a_run_resumes_on_another_schedule_with_the_models_stages(tmp_path):
   from experiments.config import RUN_DEFAULTS, check_resumed_config
   from jaxcomp.runtime import results
   folder = tmp_path
-  results.write(folder, "r", {**RUN_DEFAULTS, "executor": "gpipe", "schedule": "1f1b", "stages": 4}, [])
+  results.write(folder, "r", {**RUN_DEFAULTS, "executor": "sharded", "schedule": "1f1b", "stages": 4}, [])
   for schedule, stages in (("zb-h1", 4), ("interleaved:2", 2), ("interleaved:4", 1)):
-    check_resumed_config({**RUN_DEFAULTS, "executor": "gpipe", "schedule": schedule, "stages": stages}, folder / "r.json")
+    check_resumed_config({**RUN_DEFAULTS, "executor": "sharded", "schedule": schedule, "stages": stages},
+                         folder / "r.json")
   with pytest.raises(ValueError, match=r"the model's stages \(--stages x V of --schedule interleaved:V\) 4 -> 8"):
-    check_resumed_config({**RUN_DEFAULTS, "executor": "gpipe", "schedule": "interleaved:2", "stages": 4},
+    check_resumed_config({**RUN_DEFAULTS, "executor": "sharded", "schedule": "interleaved:2", "stages": 4},
                          folder / "r.json")
 
 

@@ -120,8 +120,8 @@ def test_tables_that_do_not_fit_stop_the_run_before_anything_is_written(tmp_path
 @pytest.mark.parametrize("argv, match", [
     (["--preset", "top10-reuse", "--aqsgd-buffers", "host"],
      "--aqsgd-buffers host holds AQ-SGD tables, but the forward spec 'topk:0.1' keeps none"),
-    (["--preset", "aqsgd-fw2-bw4", "--aqsgd-buffers", "/tmp/t", "--executor", "gpipe"],
-     "--aqsgd-buffers /tmp/t needs --executor simulate; the gpipe executor keeps AQ-SGD tables on the stage devices"),
+    (["--preset", "aqsgd-fw2-bw4", "--aqsgd-buffers", "/tmp/t", "--executor", "sharded"],
+     "--aqsgd-buffers /tmp/t needs --executor simulate; the sharded executor keeps AQ-SGD tables on the stage devices"),
 ])
 def test_cli_rejects_host_buffers_it_cannot_use(argv, match):
   with pytest.raises(SystemExit, match=re.escape(match)):

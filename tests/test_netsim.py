@@ -9,10 +9,11 @@ from hypothesis import strategies as st
 from jaxcomp.analysis import netsim
 from jaxcomp.analysis.link import Link
 from jaxcomp.analysis.netsim import Collective, Event, Exchange, Tied, simulate_step
-from jaxcomp.parallel import schedule, schedules
+from jaxcomp.parallel import plan, schedules, timetable
 
 # With bandwidth_bps = 8, sending n bytes takes n seconds: hand timelines stay readable.
 BW8 = 8.0
+FUSED = [name for name in schedules.SCHEDULES if not schedules.parse(name).splits_backward]  # fused backwards
 
 
 def _sorted(events):
@@ -34,11 +35,11 @@ def _gapless(path, latency_s):
 
 
 def executor_orders(name, num_stages, microbatches):
-  """Each stage's ops as the executor runs them, tick by tick (`schedule.run_explicit`, reading the table's
-  `schedule.Lookup`): at a tick, `stage_ops` runs the stage's ops in `schedule.ORDER`."""
-  ops = schedule.lookup_of(schedules.build(name, num_stages, microbatches)).ops
+  """Each stage's ops as the executor runs them, tick by tick (`StageRunner.run_explicit`, reading the table's
+  `plan.Lookup`): at a tick, `stage_ops` runs the stage's ops in `plan.ORDER`."""
+  ops = plan.lookup_of(schedules.parse(name).train_table(num_stages, microbatches)).ops
   return [[(netsim.COMPUTE[kind], int(ops[kind][tick, s])) for tick in range(len(ops["F"]))
-           for kind in schedule.ORDER if ops[kind][tick, s] >= 0] for s in range(num_stages)]
+           for kind in plan.ORDER if ops[kind][tick, s] >= 0] for s in range(num_stages)]
 
 
 def simulated_orders(timeline, num_stages):
@@ -313,7 +314,7 @@ def test_collectives_at_a_tick_before_and_after_the_update():
 # --- closed form ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", schedules.BUILDERS)  # the fused-backward schedules (ZB-H1's bubble is smaller)
+@pytest.mark.parametrize("name", FUSED)  # the fused-backward schedules (ZB-H1's bubble is smaller)
 @pytest.mark.parametrize("stages,microbatches", [(2, 2), (2, 1), (3, 5), (4, 8), (8, 3)])
 @pytest.mark.parametrize("t_f,t_b", [(1.0, 2.0), (2.0, 1.0)])
 def test_uniform_stages_without_communication_give_gpipe_formula(name, stages, microbatches, t_f, t_b):
@@ -342,7 +343,7 @@ def pipelines(draw):
       bandwidth_bps=draw(st.floats(1.0, 1e5)),
       latency_s=draw(_time),
       exchange=exchange,
-      schedule=draw(st.sampled_from(list(schedules.BUILDERS))),  # fused backwards: the invariants count F and BW events
+      schedule=draw(st.sampled_from(FUSED)),  # fused backwards: the invariants count F and BW events
   )
 
 
@@ -493,8 +494,8 @@ GOOD = dict(
                                      r"interleaved:V \(V >= 1 chunks per device\), got 'pipedream'"),
         (dict(schedule="interleaved:3"), r"schedule 'interleaved:3' places 3 chunks on each device; netsim was given "
                                          r"times for 2 chunks"),
-        (dict(schedule=schedules.gpipe(2, 2), ticks=True), r"schedule 'gpipe' has hop 1, so with ticks=True "
-                                                           r"overlap_sends must be False"),
+        (dict(schedule=schedules.GPipe().train_table(2, 2), ticks=True),
+         r"schedule 'gpipe' has forwarding delay 1, so with ticks=True overlap_sends must be False"),
         (dict(exchange=Exchange([1.0], 2)), r"exchange.sent_bytes has 1 entries but the pipeline has 2 stages"),
         (dict(exchange=Exchange([1.0, -2.0], 2)), r"exchange.sent_bytes\[1\].*-2\.0"),
         (dict(exchange=Exchange([1.0, 1.0], -1)), r"exchange.messages must be an integer >= 0, got -1"),
@@ -562,7 +563,7 @@ def test_zero_bubble_h1_is_no_slower_than_1f1b_when_b_plus_w_is_the_backward():
       b = [2.0] * S if uniform else [rng.uniform(1.0, 3.0) for _ in range(S)]
       nbytes = [0.0] * (S - 1) if trial < 2 else [rng.uniform(0, 1e3) for _ in range(S - 1)]
       args = (f, b, nbytes, nbytes, M, 8e3)
-      zb = simulate_step(*args, schedule=schedules.build("zb-h1", S, M)).makespan
+      zb = simulate_step(*args, schedule=schedules.parse("zb-h1").train_table(S, M)).makespan
       ref = simulate_step(*args, schedule="1f1b").makespan
       assert zb <= ref + 1e-9, (S, M, trial)
       if uniform:
@@ -571,7 +572,7 @@ def test_zero_bubble_h1_is_no_slower_than_1f1b_when_b_plus_w_is_the_backward():
 
 def test_split_backward_times_and_messages():
   """B takes input_grad_share of the backward and sends the gradient as it ends; W the rest, after it."""
-  t = schedules.build("zb-h1", 2, 1)
+  t = schedules.parse("zb-h1").train_table(2, 1)
   tl = simulate_step([1.0, 1.0], [4.0, 4.0], [0.0], [0.0], 1, math.inf, schedule=t, input_grad_share=0.25)
   ev = {(e.kind, e.index, e.microbatch): e for e in tl.events}
   assert (ev["bwd_input", 1, 0].start, ev["bwd_input", 1, 0].end) == (2.0, 3.0)
@@ -579,16 +580,17 @@ def test_split_backward_times_and_messages():
   assert (ev["bwd_weight", 1, 0].start, ev["bwd_weight", 1, 0].end) == (3.0, 6.0)
   assert tl.makespan == 7.0 and tl.critical_seconds()["compute"] == 7.0
   with pytest.raises(ValueError, match=r"input_grad_share must be in \[0, 1\].*got 1.5"):
-    simulate_step([1.0], [1.0], [], [], 1, math.inf, schedule=schedules.build("zb-h1", 1, 1), input_grad_share=1.5)
+    simulate_step([1.0], [1.0], [], [], 1, math.inf, schedule=schedules.ZeroBubbleH1().train_table(1, 1),
+                  input_grad_share=1.5)
 
 
 def test_interleaved_table_uses_each_chunks_times_and_the_ring():
   """Chunk c's times; boundary b crosses link b mod S (boundary 1: device 1 to device 0, the wrap-around),
   boundaries 0 and 2 share link 0. With free links and uniform chunks the step is the table's (F 1, BW 2)."""
   S, V, M = 2, 2, 4
-  t = schedules.interleaved(S, M, V)
+  t = schedules.Interleaved(V).train_table(S, M)
   free = simulate_step([1.0] * 4, [2.0] * 4, [0.0] * 3, [0.0] * 3, M, math.inf, schedule=t)
-  assert free.makespan == pytest.approx(3 * V * M / (1 - schedules.bubble_fraction(t)))
+  assert free.makespan == pytest.approx(3 * V * M / (1 - timetable.bubble_fraction(t)))
   tl = simulate_step([1.0, 1.0, 5.0, 1.0], [2.0] * 4, [8.0] * 3, [8.0] * 3, M, 8.0, schedule=t)
   ev = {(e.kind, e.index, e.microbatch): e for e in tl.events}
   assert all(ev["fwd", 2, m].end - ev["fwd", 2, m].start == 5.0 for m in range(M))
@@ -607,8 +609,9 @@ def _starts(tl):
 
 
 def test_every_table_by_name():
-  """The name path builds what `schedules.build` builds: every schedule (interleaved:V from C = S*V chunk
-  times), and with ticks and overlap_sends the overlapped (hop 2) table (dataflow: the hop-1 table)."""
+  """The name path builds what `schedules.parse(name).train_table` builds: every schedule (interleaved:V from
+  C = S*V chunk times), and with ticks and overlap_sends the overlapped table (forwarding delay 2; dataflow: the
+  table of delay 1)."""
   rng = random.Random(7)
   for name, chunks, overlap in (("gpipe", 4, False), ("1f1b-fused", 4, True), ("zb-h1", 4, False), ("zb-h1", 4, True),
                                 ("interleaved:2", 8, False), ("interleaved:2", 8, True)):
@@ -616,7 +619,8 @@ def test_every_table_by_name():
     nbytes = [rng.uniform(1.0, 9.0) for _ in range(chunks - 1)]
     args = (*times, nbytes, nbytes[::-1], 8, BW8)
     for ticks in (False, True):
-      table, kw = schedules.build(name, 4, 8, ticks and overlap), dict(ticks=ticks, overlap_sends=ticks and overlap)
+      table = schedules.parse(name, ticks and overlap).train_table(4, 8)
+      kw = dict(ticks=ticks, overlap_sends=ticks and overlap)
       assert simulate_step(*args, schedule=name, **kw) == simulate_step(*args, schedule=table, **kw), (name, ticks)
 
 
@@ -633,7 +637,7 @@ def test_plain_ticks_compute_then_send_then_wait():
 
 
 def test_overlapped_ticks_cross_during_the_next_tick():
-  """GPipe with --overlap (hop 2), 2 stages, 4 microbatches, 1 s ops, 2 s messages (hand timeline): the
+  """GPipe with --overlap (forwarding delay 2), 2 stages, 4 microbatches, 1 s ops, 2 s messages (hand timeline): the
   message made at tick t starts with tick t+1 and crosses while both stages compute it, and each stage
   starts tick t+2 once it has crossed."""
   tl = simulate_step([1.0, 1.0], [1.0, 1.0], [2.0], [2.0], 4, BW8, ticks=True, overlap_sends=True)
@@ -653,7 +657,7 @@ def test_ticks_are_never_faster_than_dataflow(name):
   per_device = 2 if name.startswith("interleaved") else 1
   for S, M in ((2, 4), (3, 6), (4, 8)):
     for overlap in (False, True):
-      table, chunks = schedules.build(name, S, M, overlap), S * per_device
+      table, chunks = schedules.parse(name, overlap).train_table(S, M), S * per_device
       times = [[rng.uniform(0.1, 2.0) for _ in range(chunks)] for _ in range(2)]
       nbytes = [[rng.uniform(0.0, 16.0) for _ in range(chunks - 1)] for _ in range(2)]
       args = (*times, *nbytes, M, BW8, rng.uniform(0, 0.5))

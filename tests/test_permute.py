@@ -15,7 +15,7 @@ from jaxcomp.compress import codecs
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.compress.spec import parse_codec
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import sharded
+from jaxcomp.parallel import schedules, sharded
 
 from pipeline_cases import BATCH, mlp_pipe
 
@@ -329,7 +329,7 @@ def test_a_message_of_several_arrays_is_one_collective_permute(schedule, overlap
   many collective-permutes for either, one per boundary message (the arrays cross as one buffer)."""
   def permutes(fwd, bwd):
     pipe = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, 2), m=4)
-    ex = sharded.ShardedExecutor(sharded.make_mesh(2), schedule=schedule, overlap=overlapped)
+    ex = sharded.ShardedExecutor(sharded.make_mesh(2), schedule=schedules.parse(schedule, overlapped))
     state = ex.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
     return len(overlap.permutes(ex.trace_step(pipe, optax.sgd(0.1), Mode.TRAIN, state, BATCH).lower().compile().as_text()))
 

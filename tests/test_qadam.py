@@ -10,7 +10,7 @@ import pytest
 import jaxcomp
 from jaxcomp.analysis import dryrun
 from jaxcomp.compress.boundary import Mode
-from jaxcomp.parallel import layout, sharded, simulate
+from jaxcomp.parallel import padded_rows, sharded, simulate
 from jaxcomp.parallel.qadam import QuantizedAdam
 from pipeline_cases import BATCH, assert_trees_close, mlp_pipe, slow
 
@@ -69,7 +69,7 @@ def test_quantized_adam_freezes_v_and_averages_the_error_fed_momentum():
   template = simulate.init_state(mlp_pipe("none", "none", m=4), optax.identity(), jax.random.key(1), BATCH)
   sim_state = ex.unstack(pipe, None, state, BATCH)
   grads = jax.jit(lambda st, b: simulate.loss_and_grads(mlp_pipe("none", "none", m=4), st, b))(sim_state, BATCH)[3]
-  flat = layout.FlatRows(template.params)
+  flat = padded_rows.FlatRows(template.params)
   g = np.asarray(flat.stack(grads))
   state, _ = train(state, BATCH)
   after = snapshot(state)

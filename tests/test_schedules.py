@@ -7,16 +7,17 @@ import pytest
 
 from jaxcomp.analysis import schedule_table
 from jaxcomp.analysis.netsim import simulate_step
-from jaxcomp.parallel import schedule, schedules
-from jaxcomp.parallel.schedules import Message, Op, Schedule
+from jaxcomp.parallel import plan, schedules, timetable
+from jaxcomp.parallel.timetable import Message, Op, Timetable
 
+FUSED = [name for name in schedules.SCHEDULES if not schedules.parse(name).splits_backward]  # fused backwards
 F, B, W, BW = (lambda c, m, kind=kind: Op(kind, c, m) for kind in ("F", "B", "W", "BW"))
 
 
 def table(*rows, chunks=None, microbatches=1):
   """A schedule from rows of ticks, each tick an op or a tuple of ops (None: idle)."""
   as_tick = lambda ops: () if ops is None else (ops,) if isinstance(ops, Op) else tuple(ops)
-  return Schedule("planted", chunks or len(rows), microbatches, tuple(tuple(map(as_tick, row)) for row in rows))
+  return Timetable("planted", chunks or len(rows), microbatches, tuple(tuple(map(as_tick, row)) for row in rows))
 
 
 @pytest.mark.parametrize("name, ticks", [("gpipe", lambda S, M: 2 * M + 2 * S - 2),
@@ -25,33 +26,35 @@ def table(*rows, chunks=None, microbatches=1):
 def test_tables_have_their_ticks_bubble_and_messages(name, ticks):
   for S in range(1, 7):
     for M in range(1, 10):
-      t = schedules.build(name, S, M)
+      t = schedules.parse(name).train_table(S, M)
       assert t.ticks == ticks(S, M)
-      assert schedules.bubble_fraction(t) == pytest.approx((S - 1) / (M + S - 1), abs=1e-12)
-      sent = [msg for tick in range(t.ticks) for msg in schedules.messages(t, tick)]
+      assert timetable.bubble_fraction(t) == pytest.approx((S - 1) / (M + S - 1), abs=1e-12)
+      sent = [msg for tick in range(t.ticks) for msg in timetable.messages(t, tick)]
       assert sorted((msg.forward, msg.boundary, msg.microbatch) for msg in sent) == sorted(
           (fwd, b, m) for fwd in (False, True) for b in range(S - 1) for m in range(M))
 
 
 def test_messages_follow_from_the_ops():
   """F of a chunk before the last sends its activation on; BW of a chunk after the first sends its gradient back."""
-  t = schedules.build("1f1b-fused", 2, 1)
+  t = schedules.parse("1f1b-fused").train_table(2, 1)
   assert t.ops == (((F(0, 0),), (), (BW(0, 0),)), ((), (F(1, 0), BW(1, 0)), ()))
-  assert [schedules.messages(t, tick) for tick in range(t.ticks)] == [
+  assert [timetable.messages(t, tick) for tick in range(t.ticks)] == [
       (Message(True, 0, 0, 0, 1, 0),), (Message(False, 0, 0, 1, 0, 1),), ()]
-  assert schedules.device_order(t, 1) == (F(1, 0), BW(1, 0))
+  assert timetable.device_order(t, 1) == (F(1, 0), BW(1, 0))
 
 
 def test_the_executors_lookups_are_read_off_the_table():
   """Per tick and device the microbatch of each op kind (-1: none), per tick and boundary the microbatch sent
-  and the one taken in (the sending tick, or `hop` ticks later with overlapped sends), for every schedule."""
+  and the one taken in (the sending tick, or `forwarding_delay` ticks later with overlapped sends), for every
+  schedule."""
   for S in range(1, 6):
     for M in range(2 * S, 2 * S + 3):
-      for t in [schedules.build(name, S, M, overlap) for name in schedules.SCHEDULES for overlap in (False, True)] + [
-          schedules.build(f"interleaved:{V}", S, S * (M // S), overlap=overlap) for V in (2, 3)
+      for t in [schedules.parse(name, overlap).train_table(S, M) for name in schedules.SCHEDULES
+                for overlap in (False, True)] + [
+          schedules.parse(f"interleaved:{V}", overlap).train_table(S, S * (M // S)) for V in (2, 3)
           for overlap in (False, True)]:
-        lookup = schedule.lookup_of(t)
-        where_run = schedules.positions(t).items()
+        lookup = plan.lookup_of(t)
+        where_run = timetable.positions(t).items()
         runs = {(op.kind, tick, d): op.microbatch for op, (tick, d, _) in where_run}
         chunk_slots = {(op.kind, tick, d): op.chunk // S for op, (tick, d, _) in where_run}
         for kind, ops in lookup.ops.items():
@@ -59,12 +62,12 @@ def test_the_executors_lookups_are_read_off_the_table():
               key: m for key, m in runs.items() if key[0] == kind}
           assert {(kind, *where): int(lookup.chunks[kind][where]) for where, m in np.ndenumerate(ops) if m >= 0} == {
               key: v for key, v in chunk_slots.items() if key[0] == kind}
-        msgs = [msg for tick in range(t.ticks) for msg in schedules.messages(t, tick)]
+        msgs = [msg for tick in range(t.ticks) for msg in timetable.messages(t, tick)]
         for forward in (True, False):
           mine = [msg for msg in msgs if msg.forward == forward]
           assert {where: int(m) for where, m in np.ndenumerate(lookup.sent[forward]) if m >= 0} == {
               (msg.tick, msg.boundary): msg.microbatch for msg in mine}
-          taken_in = 0 if t.hop == 1 else t.hop
+          taken_in = 0 if t.forwarding_delay == 1 else t.forwarding_delay
           assert {where: int(m) for where, m in np.ndenumerate(lookup.received[forward]) if m >= 0} == {
               (msg.tick + taken_in, msg.boundary): msg.microbatch for msg in mine}
 
@@ -76,9 +79,9 @@ def test_the_executors_rings_hold_what_the_table_keeps():
   for S in range(1, 6):
     for M in range(1, 10):
       for name in schedules.SCHEDULES:
-        t = schedules.build(name, S, M)
-        lookup = schedule.lookup_of(t)
-        assert lookup.stash_slots == schedules.stash_slots(t), (name, S, M)
+        t = schedules.parse(name).train_table(S, M)
+        lookup = plan.lookup_of(t)
+        assert lookup.stash_slots == timetable.most_inputs_held(t), (name, S, M)
         assert lookup.grad_slots == (max(1, min(M, S - 1)) if name == "zb-h1" else 1), (name, S, M)
 
 
@@ -86,24 +89,24 @@ def test_a_legal_table_in_any_order_runs_and_one_with_two_ops_of_a_kind_at_a_tic
   """Backwards in reverse microbatch order (no stride): microbatch 1's input waits in its ring slot
   while 0's is used. Two forwards of one device at one tick (two messages on one link) are refused."""
   reversed_backwards = table((F(0, 0), F(0, 1), BW(0, 1), BW(0, 0)), microbatches=2)
-  assert schedule.lookup_of(reversed_backwards).ops["BW"][:, 0].tolist() == [-1, -1, 1, 0]
-  assert schedule.lookup_of(reversed_backwards).stash_slots == 2
+  assert plan.lookup_of(reversed_backwards).ops["BW"][:, 0].tolist() == [-1, -1, 1, 0]
+  assert plan.lookup_of(reversed_backwards).stash_slots == 2
   with pytest.raises(ValueError, match=r"at most one op of each kind \(and not a B beside a BW\) per device per "
                                        r"tick; schedule 'planted' runs F\(0, 0\), F\(0, 1\) on device 0 at tick 0"):
-    schedule.lookup_of(table(((F(0, 0), F(0, 1)), BW(0, 0), BW(0, 1)), microbatches=2))
+    plan.lookup_of(table(((F(0, 0), F(0, 1)), BW(0, 0), BW(0, 1)), microbatches=2))
 
 
-@pytest.mark.parametrize("name", schedules.BUILDERS)
+@pytest.mark.parametrize("name", FUSED)
 def test_overlapped_tables_take_two_ticks_a_message_and_s_minus_1_more_each_way(name):
   """The fused-BW tables (zb-h1's overlapped table: below). With overlapped sends every message is used two ticks after the op that sent it (it crosses during the
   tick between), never sooner; the table is S-1 ticks longer each way, and its bubble with free messages is
   the same."""
   for S in range(1, 7):
     for M in range(2 * S, 2 * S + 4):
-      plain, overlapped = schedules.build(name, S, M), schedules.build(name, S, M, overlap=True)
-      assert (overlapped.hop, overlapped.ticks) == (2, plain.ticks + 2 * (S - 1))
-      assert schedules.bubble_fraction(overlapped) == pytest.approx(schedules.bubble_fraction(plain), abs=1e-12)
-      tick = {op: t for op, (t, _, _) in schedules.positions(overlapped).items()}
+      plain, overlapped = schedules.parse(name).train_table(S, M), schedules.parse(name, True).train_table(S, M)
+      assert (overlapped.forwarding_delay, overlapped.ticks) == (2, plain.ticks + 2 * (S - 1))
+      assert timetable.bubble_fraction(overlapped) == pytest.approx(timetable.bubble_fraction(plain), abs=1e-12)
+      tick = {op: t for op, (t, _, _) in timetable.positions(overlapped).items()}
       for s in range(S - 1):
         for m in range(M):
           assert tick[F(s + 1, m)] == tick[F(s, m)] + 2 and tick[BW(s, m)] == tick[BW(s + 1, m)] + 2
@@ -113,78 +116,80 @@ def test_overlapped_tables_take_two_ticks_a_message_and_s_minus_1_more_each_way(
 def test_overlap_needs_twice_as_many_microbatches_as_stages(name):
   with pytest.raises(ValueError, match=r"need at least 2S microbatches per data shard: got M=4 for S=4 stages; use "
                                        r"--microbatches 8 \(or more\), or drop --overlap"):
-    schedules.build(name, 4, 4, overlap=True)
+    schedules.parse(name, True).train_table(4, 4)
 
 
 def test_every_schedule_overlaps_its_sends():
   """The executor runs every schedule with overlapped sends (interleaved:V too); an unknown name is refused."""
   for name in (*schedules.SCHEDULES, "interleaved:2"):
-    schedules.check_overlap(name, 2, 4)
-    assert schedules.build(name, 2, 4, overlap=True).hop == 2
+    schedules.parse(name, overlap=True).check(2, 4)
+    assert schedules.parse(name, True).train_table(2, 4).forwarding_delay == 2
   with pytest.raises(ValueError, match=r"schedule must be one of \['gpipe', '1f1b', '1f1b-fused', 'zb-h1'\] or "
                                        r"interleaved:V \(V >= 1 chunks per device\), got 'zb-h2'"):
-    schedules.check_overlap("zb-h2", 2, 4)
+    schedules.parse("zb-h2", overlap=True).check(2, 4)
 
 
 def test_overlapped_zero_bubble_h1_runs_1f1bs_overlapped_order_in_s_minus_1_more_ticks():
   """Hop 2: each device runs the overlapped 1F1B table's forwards and backwards in its order (B for BW), every
-  message used two ticks or more after its op, in 3M+2(S-1) ticks (the hop-1 table's 3M+S-1, S-1 more), with
+  message used two ticks or more after its op, in 3M+2(S-1) ticks (the plain table's 3M+S-1, S-1 more), with
   its bubble; the executor could run it (its lookups), each device holding min(M, 2S-1) inputs."""
   for S in range(1, 6):
     for M in (2 * S, 2 * S + 3):
-      zb, ref = schedules.build("zb-h1", S, M, overlap=True), schedules.one_f_one_b(S, M, hop=2)
-      assert (zb.hop, zb.ticks) == (2, 3 * M + 2 * (S - 1)) == (2, schedules.build("zb-h1", S, M).ticks + S - 1)
+      zb, ref = schedules.ZeroBubbleH1(forwarding_delay=2).train_table(S, M), schedules.OneFOneB(
+          forwarding_delay=2).train_table(S, M)
+      assert (zb.forwarding_delay, zb.ticks) == (2, 3 * M + 2 * (S - 1)) == (
+          2, schedules.ZeroBubbleH1().train_table(S, M).ticks + S - 1)
       assert_every_message_waits(zb, 2)
       for d in range(S):
         as_1f1b = [Op("BW" if op.kind == "B" else op.kind, op.chunk, op.microbatch)
-                   for op in schedules.device_order(zb, d) if op.kind != "W"]
-        assert as_1f1b == list(schedules.device_order(ref, d))
-      assert schedules.bubble_fraction(zb) == pytest.approx((S - 1) / (3 * M + S - 1), abs=1e-12)
-      assert schedules.peak_in_flight(zb) == (min(M, 2 * S - 1),) * S
-      assert schedule.lookup_of(zb).stash_slots == min(M, 2 * S - 1)
+                   for op in timetable.device_order(zb, d) if op.kind != "W"]
+        assert as_1f1b == list(timetable.device_order(ref, d))
+      assert timetable.bubble_fraction(zb) == pytest.approx((S - 1) / (3 * M + S - 1), abs=1e-12)
+      assert timetable.peak_inputs_held(zb) == (min(M, 2 * S - 1),) * S
+      assert plan.lookup_of(zb).stash_slots == min(M, 2 * S - 1)
 
 
 def test_overlapped_interleaved_places_megatrons_order_two_ticks_a_message():
-  """interleaved:V with hop 2: each device's order as without, every message used two ticks or more after its
-  op, one tick more per chunk boundary each way (2(SV-1) more ticks), the same bubble."""
+  """interleaved:V with forwarding delay 2: each device's order as without, every message used two ticks or more
+  after its op, one tick more per chunk boundary each way (2(SV-1) more ticks), the same bubble."""
   for S in (2, 3, 4):
     for V in (1, 2, 3):
-      plain, overlapped = schedules.build(f"interleaved:{V}", S, 2 * S), schedules.build(f"interleaved:{V}", S, 2 * S,
-                                                                                         overlap=True)
-      assert (overlapped.hop, overlapped.ticks) == (2, plain.ticks + 2 * (S * V - 1)), (S, V)
+      plain = schedules.Interleaved(V).train_table(S, 2 * S)
+      overlapped = schedules.Interleaved(V, forwarding_delay=2).train_table(S, 2 * S)
+      assert (overlapped.forwarding_delay, overlapped.ticks) == (2, plain.ticks + 2 * (S * V - 1)), (S, V)
       assert_every_message_waits(overlapped, 2)
-      assert all(schedules.device_order(overlapped, d) == schedules.device_order(plain, d) for d in range(S))
-      assert schedules.bubble_fraction(overlapped) == pytest.approx(schedules.bubble_fraction(plain), abs=1e-12)
+      assert all(timetable.device_order(overlapped, d) == timetable.device_order(plain, d) for d in range(S))
+      assert timetable.bubble_fraction(overlapped) == pytest.approx(timetable.bubble_fraction(plain), abs=1e-12)
 
 
-def assert_every_message_waits(t, hop):
-  """Every op that takes in a message (its input ran on another device) runs `hop` ticks or more after it was
+def assert_every_message_waits(t, delay):
+  """Every op that takes in a message (its input ran on another device) runs `delay` ticks or more after it was
   sent, and one op at most per device and tick."""
-  where = schedules.positions(t)
+  where = timetable.positions(t)
   assert all(len(ops) <= 1 for row in t.ops for ops in row)
   for op, (tick, d, _) in where.items():
-    for need in schedules.inputs(op, t.num_chunks):
+    for need in timetable.inputs(op, t.num_chunks):
       if need in where and where[need][1] != d:
-        assert tick >= where[need][0] + hop, (t.name, op, need)
+        assert tick >= where[need][0] + delay, (t.name, op, need)
 
 
-def test_a_two_tick_hop_is_refused_where_a_message_is_used_the_next_tick():
+def test_a_two_tick_forwarding_delay_is_refused_where_a_message_is_used_the_next_tick():
   rows = (((F(0, 0),), (), (), (BW(0, 0),)), ((), (F(1, 0), BW(1, 0)), (), ()))
-  Schedule("planted", 2, 1, rows)
+  Timetable("planted", 2, 1, rows)
   with pytest.raises(ValueError, match=r"F\(1, 0\) at device 1 tick 1 runs before its input F\(0, 0\) \(device 0 "
                                        r"tick 0, sent at its end, there at tick 2\)"):
-    Schedule("planted", 2, 1, rows, hop=2)
+    Timetable("planted", 2, 1, rows, forwarding_delay=2)
 
 
 def test_a_legal_split_table_with_two_chunks_per_device():
   t = table((F(0, 0), None, None, B(0, 0), W(0, 0)), (None, F(1, 0), B(1, 0), W(1, 0), None), chunks=2)
-  assert schedules.messages(t, 2) == (Message(False, 0, 0, 1, 0, 2),)
-  assert [schedules.in_flight(t, 1, tick) for tick in range(5)] == [0, 1, 1, 1, 0]
-  assert schedules.stash_slots(t) == 1
+  assert timetable.messages(t, 2) == (Message(False, 0, 0, 1, 0, 2),)
+  assert [timetable.inputs_held(t, 1, tick) for tick in range(5)] == [0, 1, 1, 1, 0]
+  assert timetable.most_inputs_held(t) == 1
   wrapped = table((F(0, 0), None, F(2, 0), BW(2, 0), None, BW(0, 0)), (None, F(1, 0), None, None, BW(1, 0), None),
                   chunks=3)
-  assert schedules.messages(wrapped, 1) == (Message(True, 1, 0, 1, 0, 1),)  # chunk 1 (device 1) to chunk 2 (device 0)
-  assert schedules.peak_in_flight(wrapped) == (2, 1)
+  assert timetable.messages(wrapped, 1) == (Message(True, 1, 0, 1, 0, 1),)  # chunk 1 (device 1) to chunk 2 (device 0)
+  assert timetable.peak_inputs_held(wrapped) == (2, 1)
 
 
 @pytest.mark.parametrize("rows, kwargs, message", [
@@ -213,7 +218,7 @@ def test_netsim_runs_the_table_and_sends_overlap_or_not():
   its first message crosses (makespan 12) or after it has left (14; hand timelines)."""
   args = ([1.0, 1.0], [1.0, 1.0], [2.0], [2.0], 2, 8.0)
   by_name = simulate_step(*args, schedule="gpipe")
-  assert simulate_step(*args, schedule=schedules.gpipe(2, 2)) == by_name
+  assert simulate_step(*args, schedule=schedules.GPipe().train_table(2, 2)) == by_name
   waiting = simulate_step(*args, schedule="gpipe", overlap_sends=False)
   start = lambda tl, kind, s, m: next(e.start for e in tl.events if (e.kind, e.index, e.microbatch) == (kind, s, m))
   assert (by_name.makespan, start(by_name, "fwd", 0, 1)) == (12.0, 1.0)
@@ -224,7 +229,7 @@ def test_netsim_refuses_a_table_of_other_sizes():
   args = ([1.0, 1.0], [1.0, 1.0], [2.0], [2.0], 2, math.inf)
   with pytest.raises(ValueError, match=r"schedule 'gpipe' has 3 chunks on 3 devices and 2 microbatches; netsim "
                                        r"was given times for 2 chunks"):
-    simulate_step(*args, schedule=schedules.gpipe(3, 2))
+    simulate_step(*args, schedule=schedules.GPipe().train_table(3, 2))
 
 
 def test_schedule_table_prints_the_docs_rows(capsys):
@@ -250,12 +255,12 @@ def test_interleaved_has_its_bubble_and_runs_on_a_ring():
   for S in (1, 2, 3, 4):
     for V in (1, 2, 3):
       for M in (S, 2 * S, 3 * S):
-        t = schedules.build(f"interleaved:{V}", S, M)
+        t = schedules.parse(f"interleaved:{V}").train_table(S, M)
         assert (t.num_devices, t.num_chunks) == (S, S * V)
-        assert schedules.bubble_fraction(t) == pytest.approx((S - 1) / (V * M + S - 1), abs=1e-12), (S, V, M)
+        assert timetable.bubble_fraction(t) == pytest.approx((S - 1) / (V * M + S - 1), abs=1e-12), (S, V, M)
         assert all(len(ops) <= 1 for row in t.ops for ops in row)
-  t = schedules.interleaved(4, 4, 2)
-  ring = [msg for tick in range(t.ticks) for msg in schedules.messages(t, tick) if msg.boundary == 3]
+  t = schedules.Interleaved(2).train_table(4, 4)
+  ring = [msg for tick in range(t.ticks) for msg in timetable.messages(t, tick) if msg.boundary == 3]
   assert sorted((msg.forward, msg.sender, msg.receiver, msg.microbatch) for msg in ring) == [
       *((False, 0, 3, m) for m in range(4)), *((True, 3, 0, m) for m in range(4))]
 
@@ -263,7 +268,7 @@ def test_interleaved_has_its_bubble_and_runs_on_a_ring():
 def test_interleaved_runs_megatrons_order():
   """Device 0 of S=4, V=2, M=8: (S-1)*2 + (V-1)*S = 10 forwards (microbatches 0-3 on chunk 0, then on chunk 4,
   then 4-5 on chunk 0), then a forward and a backward in turn, the backwards from the last chunk."""
-  order = schedules.device_order(schedules.interleaved(4, 8, 2), 0)
+  order = timetable.device_order(schedules.Interleaved(2).train_table(4, 8), 0)
   assert order[:14] == (*(F(0, m) for m in range(4)), *(F(4, m) for m in range(4)), F(0, 4), F(0, 5),
                         F(0, 6), BW(4, 0), F(0, 7), BW(4, 1))
 
@@ -274,12 +279,12 @@ def test_interleaved_forwards_first_is_the_eval_pass_in_vm_plus_s_minus_1_ticks(
   for S in range(1, 5):
     for V in (1, 2, 3):
       for M in (S, 2 * S, 3 * S):
-        t = schedules.interleaved(S, M, V, forwards_first=True)
-        where = schedules.positions(t)
+        t = schedules.Interleaved(V).eval_table(S, M)
+        where = timetable.positions(t)
         last_forward = max(where[op][0] for op in where if op.kind == "F")
         assert last_forward + 1 == V * M + S - 1, (S, V, M)
         assert last_forward < min(where[op][0] for op in where if op.kind == "BW"), (S, V, M)
-        lookup = schedule.lookup_of(t, forwards_only=True)
+        lookup = plan.lookup_of(t, forwards_only=True)
         assert (lookup.stash_slots, lookup.grad_slots) == (1, 1), (S, V, M)
 
 
@@ -289,34 +294,36 @@ def test_overlapped_interleaved_takes_two_ticks_a_message_and_sv_minus_1_more_ea
   for S in (2, 3, 4):
     for V in (1, 2, 3):
       for M in (2 * S, 4 * S):
-        plain, overlapped = schedules.interleaved(S, M, V), schedules.build(f"interleaved:{V}", S, M, overlap=True)
-        assert overlapped.hop == 2 and overlapped.ticks == plain.ticks + 2 * (S * V - 1), (S, V, M)
-        assert all(schedules.device_order(overlapped, d) == schedules.device_order(plain, d) for d in range(S))
+        plain = schedules.Interleaved(V).train_table(S, M)
+        overlapped = schedules.parse(f"interleaved:{V}", True).train_table(S, M)
+        assert overlapped.forwarding_delay == 2 and overlapped.ticks == plain.ticks + 2 * (S * V - 1), (S, V, M)
+        assert all(timetable.device_order(overlapped, d) == timetable.device_order(plain, d) for d in range(S))
 
 
 def test_interleaved_refuses_microbatches_not_a_multiple_of_the_stages():
   with pytest.raises(ValueError, match=r"multiple of the stages, got M=6 for S=4 \(use M = 8\)"):
-    schedules.build("interleaved:2", 4, 6)
+    schedules.parse("interleaved:2").train_table(4, 6)
 
 
 def test_boundaries_run_on_a_ring_of_the_devices():
   """Boundary b goes from chunk b's device to chunk b+1's (c mod D): stage b to b+1 with one chunk per
   device, the last device on to device 0 with several, as the table's messages say."""
-  assert [schedule.link_perm(b, 4) for b in range(3)] == [((0, 1),), ((1, 2),), ((2, 3),)]
-  t = schedules.interleaved(4, 4, 2)
-  for msg in (msg for tick in range(t.ticks) for msg in schedules.messages(t, tick)):
-    ends = schedule.link_ends(msg.boundary, t.num_devices)
+  assert [plan.link_perm(b, 4) for b in range(3)] == [((0, 1),), ((1, 2),), ((2, 3),)]
+  t = schedules.Interleaved(2).train_table(4, 4)
+  for msg in (msg for tick in range(t.ticks) for msg in timetable.messages(t, tick)):
+    ends = plan.link_ends(msg.boundary, t.num_devices)
     assert ends == ((msg.sender, msg.receiver) if msg.forward else (msg.receiver, msg.sender)), msg
-  assert schedule.link_perm(3, 4) == ((3, 0),)
+  assert plan.link_perm(3, 4) == ((3, 0),)
 
 
 def test_orders_that_wait_on_each_other_are_refused():
-  """At the first tick where no op can run and no message is in flight (F(0, 0)'s could arrive until tick hop)."""
-  for hop in (1, 2):
+  """At the first tick where no op can run and no message is in flight (F(0, 0)'s could arrive until tick
+  `forwarding_delay`)."""
+  for delay in (1, 2):
     with pytest.raises(ValueError, match=r"every device waits at tick 0, on \['BW\(0, 0\)', 'F\(1, 0\)'\]"):
-      schedules.as_soon_as_ready("crossed", 2, 1, [[BW(0, 0), F(0, 0)], [F(1, 0), BW(1, 0)]], hop)
-    with pytest.raises(ValueError, match=rf"every device waits at tick {hop}, on \['BW\(0, 0\)', 'BW\(1, 0\)'\]"):
-      schedules.as_soon_as_ready("late", 2, 1, [[F(0, 0), BW(0, 0)], [BW(1, 0), F(1, 0)]], hop)
+      timetable.as_soon_as_ready("crossed", 2, 1, [[BW(0, 0), F(0, 0)], [F(1, 0), BW(1, 0)]], delay)
+    with pytest.raises(ValueError, match=rf"every device waits at tick {delay}, on \['BW\(0, 0\)', 'BW\(1, 0\)'\]"):
+      timetable.as_soon_as_ready("late", 2, 1, [[F(0, 0), BW(0, 0)], [BW(1, 0), F(1, 0)]], delay)
 
 
 SIZES = [(S, M) for S in range(1, 7) for M in range(1, 13)]
@@ -325,27 +332,27 @@ SIZES = [(S, M) for S in range(1, 7) for M in range(1, 13)]
 def test_zero_bubble_h1_is_a_legal_table_with_1f1bs_order():
   """Built through `validate`; each device runs 1F1B's forwards and backwards in 1F1B's order, B for BW."""
   for S, M in SIZES:
-    zb, ref = schedules.build("zb-h1", S, M), schedules.one_f_one_b(S, M)
-    schedules.validate(zb)
+    zb, ref = schedules.parse("zb-h1").train_table(S, M), schedules.OneFOneB().train_table(S, M)
+    timetable.validate(zb)
     for d in range(S):
       as_1f1b = [Op("BW" if op.kind == "B" else op.kind, op.chunk, op.microbatch)
-                 for op in schedules.device_order(zb, d) if op.kind != "W"]
-      assert as_1f1b == list(schedules.device_order(ref, d))
+                 for op in timetable.device_order(zb, d) if op.kind != "W"]
+      assert as_1f1b == list(timetable.device_order(ref, d))
 
 
 def test_zero_bubble_h1_sends_the_input_gradient_at_its_b():
   """B(c, m) sends its gradient upstream at the end of its own tick (W sends nothing): the gradient never
   waits for the weight gradient."""
   for S, M in SIZES:
-    t = schedules.build("zb-h1", S, M)
-    where = schedules.positions(t)
+    t = schedules.parse("zb-h1").train_table(S, M)
+    where = timetable.positions(t)
     sent = {(msg.boundary, msg.microbatch): msg.tick for tick in range(t.ticks)
-            for msg in schedules.messages(t, tick) if not msg.forward}
+            for msg in timetable.messages(t, tick) if not msg.forward}
     for c in range(1, S):
       for m in range(M):
         assert sent[(c - 1, m)] == where[B(c, m)][0]
     for tick in range(t.ticks):
-      for msg in schedules.messages(t, tick):
+      for msg in timetable.messages(t, tick):
         assert not msg.forward or F(msg.boundary, msg.microbatch) in t.ops[msg.sender][tick]
         assert msg.forward or B(msg.boundary + 1, msg.microbatch) in t.ops[msg.sender][tick]
 
@@ -353,14 +360,15 @@ def test_zero_bubble_h1_sends_the_input_gradient_at_its_b():
 def test_zero_bubble_h1_stashes_what_1f1b_does():
   """W(s, m) before F(s, m+S): at most min(M, S) inputs held on any device, 1F1B's stash slots."""
   for S, M in SIZES:
-    zb = schedules.build("zb-h1", S, M)
-    assert schedules.stash_slots(zb) == schedules.stash_slots(schedules.one_f_one_b(S, M)) == min(M, S)
+    zb = schedules.parse("zb-h1").train_table(S, M)
+    one_f_one_b = schedules.OneFOneB().train_table(S, M)
+    assert timetable.most_inputs_held(zb) == timetable.most_inputs_held(one_f_one_b) == min(M, S)
 
 
 def test_zero_bubble_h1_bubble_is_below_1f1bs():
   """F, B, W of 1 unit: below 1F1B's (S-1)/(M+S-1) for S > 1, and (S-1)/(3M+S-1) once M >= S."""
   for S, M in SIZES:
-    bubble = schedules.bubble_fraction(schedules.build("zb-h1", S, M))
-    assert S == 1 or bubble < schedules.bubble_fraction(schedules.one_f_one_b(S, M))
+    bubble = timetable.bubble_fraction(schedules.parse("zb-h1").train_table(S, M))
+    assert S == 1 or bubble < timetable.bubble_fraction(schedules.OneFOneB().train_table(S, M))
     if M >= S:
       assert bubble == pytest.approx((S - 1) / (3 * M + S - 1), abs=1e-12)

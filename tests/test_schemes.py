@@ -102,7 +102,7 @@ def test_aqsgd_mirrors_and_compresses_changes():
   assert not np.any(np.asarray(s_table.buffer)[untouched])
 
   direct_err, aq_err = [], []
-  for i, noise in enumerate(_xs(4, seed=50)):
+  for noise in _xs(4, seed=50):
     a = a0 + 0.05 * noise  # activations drift slowly between epochs
     payload, s_rows = scheme.send(a, gather(s_table))
     assert codecs.nbytes(payload) == scheme.wire_bytes(a.shape, a.dtype) < a.size * 4 / 10

@@ -11,8 +11,7 @@ import jaxcomp
 from jaxcomp.analysis import dryrun
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import sharded, simulate
-from jaxcomp.parallel import schedule as sched
+from jaxcomp.parallel import schedules, sharded, simulate
 
 from pipeline_cases import (BATCH, assert_trees_close, bottleneck_pipe, compare_with_simulate, hetero_stages, mlp_pipe,
                             slow)
@@ -52,7 +51,7 @@ REUSE_FORWARDS = ("topk:0.3", "ef+topk:0.3", "ef21+topk:0.3", "aqsgd+topk:0.3") 
 
 @pytest.mark.parametrize("fwd, schedule, m", [
     (fwd, name, 2) if (fwd, name) == ("aqsgd+topk:0.3", "1f1b") else slow(fwd, name, 8)
-    for fwd in REUSE_FORWARDS for name in sched.SCHEDULES])
+    for fwd in REUSE_FORWARDS for name in schedules.SCHEDULES])
 def test_index_reuse_matches_simulate_for_every_forward_scheme(fwd, schedule, m):
   """TopK index reuse backward behind each forward scheme, on each schedule (the slow M=8
   cases also run scanned steady ticks). AQ-SGD runs warm-up steps (which fill its per-example
@@ -134,12 +133,12 @@ def test_unstack_returns_the_real_optimizer_state():
   assert jax.tree.structure(back.opt_state) == jax.tree.structure(state.opt_state)
 
 
-@pytest.mark.parametrize("name", [name if name == "1f1b-fused" else slow(name) for name in sharded.SCHEDULES])
+@pytest.mark.parametrize("name", [name if name == "1f1b-fused" else slow(name) for name in schedules.SCHEDULES])
 def test_program_size_does_not_grow_with_microbatches(name):
   """The steady ticks are one scanned loop: M=4 and M=8 compile to as many collectives."""
   def permutes(m):
     pipe = mlp_pipe("quant:4", "quant:8", stages=mlp_stages(16, 2, 2), m=m)
-    ex = sharded.ShardedExecutor(sharded.make_mesh(2), schedule=name)
+    ex = sharded.ShardedExecutor(sharded.make_mesh(2), schedule=schedules.parse(name))
     state = ex.init_state(pipe, optax.sgd(0.1), jax.random.key(1), BATCH)
     return ex.trace_step(pipe, optax.sgd(0.1), Mode.TRAIN, state, BATCH).lower().compile().as_text().count("collective-permute")
   assert permutes(8) == permutes(4)
@@ -194,7 +193,7 @@ def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages, m, sche
   """Every schedule, also with M large enough that the steady ticks run in a scanned loop."""
   pipe = mlp_pipe(fwd, bwd, stages=stages, m=m)
   opt = optax.sgd(0.1)
-  ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages), schedule=schedule)
+  ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages), schedule=schedules.parse(schedule))
   flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
   sent = dryrun.collective_bytes(ex, pipe, opt, flat, BATCH)
   expected = jaxcomp.wire_bytes_per_step(pipe, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
@@ -259,11 +258,32 @@ def test_compressed_data_parallel_gradients():
   assert sent["ef+quant:4"]["data"] == (stage_rows // 2 + 8) * 4 * 2
 
 
+def test_an_executor_builds_its_state_layout_once_per_pipeline_optimizer_and_batch(monkeypatch):
+  """Every method that takes (pipe, optimizer, batch) reads the one StateLayout the executor built when first bound
+  to them (it is an abstract trace of the initial state); another optimizer is another binding."""
+  built = []
+  layout_init = sharded.StateLayout.__init__
+  monkeypatch.setattr(sharded.StateLayout, "__init__", lambda self, *a, **k: built.append(layout_init(self, *a, **k)))
+  pipe, opt = mlp_pipe("quant:4", "quant:8", m=2), optax.sgd(0.1)
+  ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages))
+  state = ex.init_state(pipe, opt, jax.random.key(0), BATCH)
+  state, _ = ex.make_train_step(pipe, opt)(state, BATCH)
+  ex.unstack(pipe, opt, state, BATCH)
+  ex.rows_description(pipe, opt, BATCH)
+  ex.state_shapes(pipe, opt, BATCH)
+  ex.grad_wire_bytes(pipe, opt, BATCH)
+  assert len(built) == 1
+  ex.state_shapes(pipe, optax.adam(0.1), BATCH)
+  assert len(built) == 2
+
+
 def test_clear_errors():
   with pytest.raises(ValueError, match="grad_scheme must be a Plain or EF scheme"):
     sharded.ShardedExecutor(sharded.make_mesh(2), grad_scheme=jaxcomp.parse_scheme("ef21+quant:4"))
   with pytest.raises(ValueError, match="schedule must be one of"):
-    sharded.ShardedExecutor(sharded.make_mesh(2), schedule="interleaved")
+    sharded.ShardedExecutor(sharded.make_mesh(2), schedule=schedules.parse("interleaved"))
+  with pytest.raises(ValueError, match=r"schedule must be a `schedules.Schedule` \(e.g. schedules.OneFOneB\(\)"):
+    sharded.ShardedExecutor(sharded.make_mesh(2), schedule="1f1b")
   with pytest.raises(ValueError, match="remat must be one of"):
     sharded.ShardedExecutor(sharded.make_mesh(2), remat="full")
   with pytest.raises(ValueError, match="needs 16 devices, but only 8 are available"):

@@ -1,4 +1,4 @@
-"""Interleaved 1F1B on the sharded executor (`ShardedExecutor(schedule="interleaved:V")`): V chunks per device,
+"""Interleaved 1F1B on the sharded executor (`ShardedExecutor(schedule=Interleaved(V))`): V chunks per device,
 chunk c on device c mod S, its boundaries on a ring, each with its own compression state; bitwise 1F1B's
 numbers on an S V-device mesh (the same arithmetic: each chunk's weight gradients summed in microbatch order),
 simulate's, and its errors."""
@@ -13,11 +13,10 @@ import jaxcomp
 from jaxcomp.analysis import dryrun, hlo_bytes
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import sharded, simulate
+from jaxcomp.parallel import schedules, sharded, simulate
 from jaxcomp.parallel.qadam import QuantizedAdam
 
-from pipeline_cases import (BATCH, assert_trees_close, bottleneck_pipe, compare_with_simulate, mlp_pipe, slow,
-                            train_sharded)
+from pipeline_cases import (BATCH, assert_trees_close, bottleneck_pipe, compare_with_simulate, mlp_pipe, train_sharded)
 
 
 def check_interleaved(fwd, bwd, devices, chunks, m, data=1, modes=(Mode.TRAIN,), opt=optax.sgd(0.1, momentum=0.9),
@@ -72,7 +71,7 @@ def test_interleaved_collective_permutes_carry_exactly_the_payload(fwd, bwd, dev
   wrap-around ones from device S-1 to 0 too), as counted (`wire_bytes`), M = 4: scanned ticks; with
   overlapped sends too."""
   pipe, opt = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, devices * chunks), m=4), optax.sgd(0.1)
-  ex = sharded.ShardedExecutor(sharded.make_mesh(devices), schedule=f"interleaved:{chunks}", overlap=overlap)
+  ex = sharded.ShardedExecutor(sharded.make_mesh(devices), schedule=schedules.parse(f"interleaved:{chunks}", overlap))
   sent = dryrun.collective_bytes(ex, pipe, opt, ex.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   expected = jaxcomp.wire_bytes_per_step(pipe, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   assert sent == {**expected, "data": 0}
@@ -83,33 +82,34 @@ def test_init_state_puts_chunk_c_on_device_c_mod_s():
   """Each device initialises its chunks d, d+S, ... ([S, V, P] rows, [S, V, D*rows, F] link tables) =
   simulate's init, stacked."""
   pipe, opt = mlp_pipe("ef+quant:4", "ef21+quant:4", stages=mlp_stages(16, 2, 4), m=2), optax.adam(1e-2)
-  ex = sharded.ShardedExecutor(sharded.make_mesh(2, data=2), schedule="interleaved:2")
+  ex = sharded.ShardedExecutor(sharded.make_mesh(2, data=2), schedule=schedules.Interleaved(2))
   flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
   simulated = simulate.init_state(pipe, opt, jax.random.key(1), BATCH)
   assert_trees_close(flat._replace(rng=()), ex.stack(pipe, opt, simulated, BATCH)._replace(rng=()), 0)
   assert flat.params.shape[:2] == (2, 2) and flat.links.fwd_send.error.ndim == 4
   assert_trees_close(ex.unstack(pipe, opt, flat, BATCH).params[1], simulated.params[1], 0)
-  assert_trees_close(flat.params[1, 0], ex.layout(pipe, opt, BATCH).params.put(1, simulated.params[1]), 0)
+  assert_trees_close(flat.params[1, 0], ex.state_layout(pipe, opt, BATCH).params.put(1, simulated.params[1]), 0)
 
 
 def test_interleaved_errors_name_the_value_and_the_fix():
   opt = optax.sgd(0.1)
-  ex = sharded.ShardedExecutor(sharded.make_mesh(2), schedule="interleaved:2")
+  ex = sharded.ShardedExecutor(sharded.make_mesh(2), schedule=schedules.Interleaved(2))
   with pytest.raises(ValueError, match=r"the model has 2 stages but the mesh's stage axis has 2 devices x 2 chunks"):
     ex.make_train_step(mlp_pipe("none", "none", stages=mlp_stages(16, 2, 2), m=2), opt)
   with pytest.raises(ValueError, match=r"multiple of the stages, got M=3 for S=2 \(use M = 4\)"):
     ex.make_train_step(mlp_pipe("none", "none", stages=mlp_stages(16, 2, 4), m=3), opt)
   with pytest.raises(ValueError, match=r"or interleaved:V \(V >= 1 chunks per device\), got 'interleaved:0'"):
-    sharded.ShardedExecutor(sharded.make_mesh(2), schedule="interleaved:0")
+    sharded.ShardedExecutor(sharded.make_mesh(2), schedule=schedules.parse("interleaved:0"))
   with pytest.raises(ValueError, match=r"need at least 2S microbatches per data shard: got M=2 for S=2 stages"):
-    sharded.ShardedExecutor(sharded.make_mesh(2), schedule="interleaved:2", overlap=True).make_train_step(
+    overlapped = schedules.Interleaved(2, forwarding_delay=2)
+    sharded.ShardedExecutor(sharded.make_mesh(2), schedule=overlapped).make_train_step(
         mlp_pipe("none", "none", stages=mlp_stages(16, 2, 4), m=2), opt)
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_interleaved_eval_steps_match_simulate():
   """Eval steps, compressed and not (they differ), from simulate's initial state: simulate's losses (the
-  forwards of interleaved GPipe, `schedules.interleaved(forwards_first=True)`, each boundary its
+  forwards of interleaved GPipe, `Interleaved.eval_table`, each boundary its
   stateless codec)."""
   pipe, opt = mlp_pipe("ef+quant:2", "quant:8", stages=mlp_stages(16, 2, 4), m=4), optax.sgd(0.1)
   losses, _ = train_sharded(pipe, opt, steps=0, evals=True, stage_devices=2, schedule="interleaved:2")
@@ -136,7 +136,7 @@ def test_interleaved_trains_evaluates_and_sends_what_is_counted():
   tied = (((1, ("Dense_0", "kernel")), (2, ("Dense_0", "kernel"))), ((1, ("Dense_0", "bias")), (3, ("Dense_0", "bias"))))
   pipe = dataclasses.replace(mlp_pipe("ef+quant:4", "ef21+quant:2", m=4), tied=tied, grad_clip_norm=0.05)
   opt = optax.sgd(0.5, momentum=0.9)
-  ex = sharded.ShardedExecutor(sharded.make_mesh(2), schedule="interleaved:2")
+  ex = sharded.ShardedExecutor(sharded.make_mesh(2), schedule=schedules.Interleaved(2))
   state = simulate.init_state(pipe, opt, jax.random.key(1), BATCH)
   flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
   assert_trees_close(flat._replace(rng=()), ex.stack(pipe, opt, state, BATCH)._replace(rng=()), 0)
@@ -186,7 +186,7 @@ def test_interleaved_compressed_data_parallel_matches_1f1b(opt, modes):
 @pytest.mark.slow  # heavy: python -m pytest -m slow
 @pytest.mark.parametrize("fwd, bwd", [("ef+topk:0.2", "ef21+quant:2"), ("topk:0.3", "reuse"), ("aqsgd+quant:2", "quant:4")])
 def test_interleaved_overlapped_sends_give_its_numbers_bitwise(fwd, bwd):
-  """`overlap=True` (each message two ticks, `schedules.interleaved(hop=2)`): losses and states after 2 steps
+  """overlapped sends (each message two ticks, `Interleaved(2, forwarding_delay=2)`): losses and states after 2 steps
   bitwise those without overlap, and simulate's (its evals too)."""
   pipe, opt = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, 4), m=4), optax.sgd(0.1, momentum=0.9)
   plain, overlapped = (train_sharded(pipe, opt, stage_devices=2, schedule="interleaved:2", overlap=overlap)

@@ -1,4 +1,4 @@
-"""Overlapped sends (`ShardedExecutor(overlap=True)`): the same numbers as the plain schedule (bitwise) and as
+"""Overlapped sends (a schedule with `forwarding_delay=2`): the same numbers as the plain schedule (bitwise) and as
 simulate, the same bytes, and the error for too few microbatches."""
 import dataclasses
 
@@ -105,7 +105,7 @@ def test_overlapped_sends_with_data_parallelism(schedule, grad_scheme, opt, mode
 def test_overlapped_sends_carry_exactly_the_payload(fwd, bwd, schedule, stages, m):
   """The compiled step's collective-permutes move each message once, as counted (`wire_bytes`)."""
   pipe, opt = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, stages), m=m), optax.sgd(0.1)
-  ex = sharded.ShardedExecutor(sharded.make_mesh(stages), schedule=schedule, overlap=True)
+  ex = sharded.ShardedExecutor(sharded.make_mesh(stages), schedule=schedules.parse(schedule, overlap=True))
   sent = dryrun.collective_bytes(ex, pipe, opt, ex.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   expected = jaxcomp.wire_bytes_per_step(pipe, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   assert sent == {**expected, "data": 0}
@@ -113,9 +113,9 @@ def test_overlapped_sends_carry_exactly_the_payload(fwd, bwd, schedule, stages, 
 
 def test_overlap_needs_2s_microbatches_and_the_explicit_backward():
   pipe, opt = mlp_pipe("quant:4", "quant:8", m=4), optax.sgd(0.1)
-  ex = sharded.ShardedExecutor(sharded.make_mesh(4), overlap=True)
+  ex = sharded.ShardedExecutor(sharded.make_mesh(4), schedule=schedules.parse("gpipe", overlap=True))
   with pytest.raises(ValueError, match=r"need at least 2S microbatches per data shard: got M=4 for S=4 stages; use "
                                        r"--microbatches 8 \(or more\), or drop --overlap"):
     ex.init_state(pipe, opt, jax.random.key(1), BATCH)
   with pytest.raises(ValueError, match=r"overlapped sends run the explicit backward \(remat='stage'\)"):
-    sharded.ShardedExecutor(sharded.make_mesh(4), remat="none", overlap=True)
+    sharded.ShardedExecutor(sharded.make_mesh(4), remat="none", schedule=schedules.parse("gpipe", overlap=True))

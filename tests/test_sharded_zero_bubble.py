@@ -1,4 +1,4 @@
-"""ZB-H1 on the sharded executor (`ShardedExecutor(schedule="zb-h1")`): each backward split into B (the input
+"""ZB-H1 on the sharded executor (`ShardedExecutor(schedule=ZeroBubbleH1())`): each backward split into B (the input
 gradient, sent upstream at once) and W (the weight gradient, deferred), with bitwise 1F1B's numbers (the same
 arithmetic: the weight gradients summed in microbatch order), simulate's, the counted bytes, and its errors."""
 import dataclasses
@@ -13,7 +13,7 @@ from jaxcomp.analysis import dryrun
 from jaxcomp.compress import bottleneck
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import sharded, simulate
+from jaxcomp.parallel import schedules, sharded, simulate
 from jaxcomp.parallel.qadam import QuantizedAdam
 
 from pipeline_cases import BATCH, compare_with_simulate, mlp_pipe, slow, train_sharded
@@ -87,7 +87,7 @@ def test_zero_bubble_with_data_parallelism(grad_scheme, opt, modes):
 def test_zero_bubble_carries_exactly_the_payload(fwd, bwd, stages, m):
   """The compiled step's collective-permutes move each message once, as counted (`wire_bytes`): W sends nothing."""
   pipe, opt = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, stages), m=m), optax.sgd(0.1)
-  ex = sharded.ShardedExecutor(sharded.make_mesh(stages), schedule="zb-h1")
+  ex = sharded.ShardedExecutor(sharded.make_mesh(stages), schedule=schedules.ZeroBubbleH1())
   sent = dryrun.collective_bytes(ex, pipe, opt, ex.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   expected = jaxcomp.wire_bytes_per_step(pipe, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
   assert sent == {**expected, "data": 0}
@@ -95,4 +95,4 @@ def test_zero_bubble_carries_exactly_the_payload(fwd, bwd, stages, m):
 
 def test_zero_bubble_refuses_no_remat():
   with pytest.raises(ValueError, match=r"the zb-h1 schedule always recomputes a stage from its stashed input"):
-    sharded.ShardedExecutor(sharded.make_mesh(4), schedule="zb-h1", remat="none")
+    sharded.ShardedExecutor(sharded.make_mesh(4), schedule=schedules.ZeroBubbleH1(), remat="none")

@@ -145,3 +145,19 @@ def test_microbatches_and_stages_draw_different_dropout_masks():
   for m in masks:
     assert not np.array_equal(m[0], m[1])  # each microbatch its own mask
   assert not np.array_equal(masks[0], masks[1])  # each stage its own mask
+
+
+def test_an_executor_that_leaves_out_part_of_the_contract_cannot_be_built():
+  """`pipeline.Executor` is an ABC: a subclass must implement every step, shape and trace method; the optional
+  hooks (stack, unstack, collective_ways, describe, rows_description) have defaults."""
+  class TrainsOnly(pipeline.Executor):
+    def init_state(self, pipe, optimizer, rng, batch, params=None):
+      return simulate.init_state(pipe, optimizer, rng, batch, params)
+
+    def make_train_step(self, pipe, optimizer, mode=Mode.TRAIN):
+      return simulate.make_train_step(pipe, optimizer, mode)
+
+  with pytest.raises(TypeError, match="abstract methods batch_shapes, make_eval_step, state_shapes, trace_step, "
+                                      "wire_bytes_per_step"):
+    TrainsOnly()
+  assert simulate.Simulate().collective_ways(Mode.TRAIN) == ()

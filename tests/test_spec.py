@@ -1,3 +1,6 @@
+import pathlib
+import re
+
 import pytest
 
 from jaxcomp.compress import codecs, schemes, spec
@@ -105,3 +108,16 @@ def test_group_rotation_and_adaptive_specs(text, expected):
 def test_bad_group_rotation_and_adaptive_specs(text, match):
   with pytest.raises(ValueError, match=match):
     spec.parse_scheme(text)
+
+
+def test_the_specs_page_names_the_codec_scales_both_builds():
+  """docs/specs.md says which `channel+` spelling `maxabs:B:group=G:scales=both` equals: that spelling parses to
+  the same codec (channel scales around the groups alone), and `channel+maxabs:B:group=G` does not (its group=G
+  means scales=auto: channel scales around the per-message choice)."""
+  page = (pathlib.Path(__file__).parents[1] / "docs" / "specs.md").read_text()
+  said = re.search(r"`scales=both`: each channel divided by its RMS first \(= `([^`]+)`", page).group(1)
+  both = spec.parse_codec("maxabs:3:group=64:scales=both")
+  assert spec.parse_codec(said.replace("B", "3").replace("G", "64")) == both
+  assert both == ChannelScale(codecs.MaxAbsQuant(3, "group", group=64))
+  around_auto = spec.parse_codec("channel+maxabs:3:group=64")
+  assert around_auto == ChannelScale(ScaleAxes(codecs.MaxAbsQuant(3, "group", group=64))) != both

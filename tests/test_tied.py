@@ -11,7 +11,7 @@ import jaxcomp
 from jaxcomp.analysis import dryrun
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models import gpt2
-from jaxcomp.parallel import sharded, simulate
+from jaxcomp.parallel import schedules, sharded
 from jaxcomp.runtime import checkpoint
 from pipeline_cases import BATCH, compare_with_simulate, mlp_pipe, slow, train_sharded
 
@@ -124,7 +124,7 @@ def test_tied_scheme_errors():
   with pytest.raises(ValueError, match="tied exchange's scheme must be a Plain or EF scheme"):
     tied_pipe("ef21+quant:4")
   pipe = tied_pipe("ef+quant:4")
-  ex = sharded.ShardedExecutor(sharded.make_mesh(2), schedule="interleaved:2")  # chunks 1 and 2 on devices 1, 0
+  ex = sharded.ShardedExecutor(sharded.make_mesh(2), schedule=schedules.Interleaved(chunks=2))  # chunks 1 and 2 on devices 1, 0
   ex._check(pipe)
   one_device = dataclasses.replace(pipe, tied=(((0, KERNEL), (2, KERNEL)),))  # chunks 0 and 2 on device 0
   with pytest.raises(ValueError, match=r"tied pairs of stages \[\(0, 2\)\] are held by one stage device"):

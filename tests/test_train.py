@@ -428,8 +428,8 @@ def test_a_run_resumes_bit_identically_on_another_schedule(tmp_path, first, then
   """Epoch 1 on `first`, epoch 2 resumed on `then`: bitwise the run that stayed on `then` (the schedules sum
   the same numbers in the same order, so the checkpoint need not say which one ran; interleaved:2 holds the
   4 stages' rows 2 per device, 1f1b one: the checkpoint converts them)."""
-  ex = lambda name: sharded.ShardedExecutor(sharded.make_mesh(stages // schedules.chunks_per_device(name), 1),
-                                            schedule=name)
+  ex = lambda name: sharded.ShardedExecutor(sharded.make_mesh(stages // schedules.parse(name).chunks_per_device, 1),
+                                            schedule=schedules.parse(name))
   pipe = _pipe(stages=stages)
   full, full_history = _fit(tmp_path / "a", 2, executor=ex(then), pipe=pipe)
   _fit(tmp_path / "b", 1, executor=ex(first), pipe=pipe)

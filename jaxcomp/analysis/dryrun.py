@@ -1,6 +1,7 @@
 """Compile a run's train and eval steps for a target accelerator and report what its compiler says; run nothing.
 
     target = targets.target("v5e-1")
+    targets.prepare_host(target)  # this process: before any JAX backend starts
     executor = simulate.Simulate(device=targets.compile_only_devices(target)[0])
     report = dryrun.compile_for(target, executor, pipe, optimizer, batch_shapes)
     print(report.text()); report.fits
@@ -167,7 +168,8 @@ def collective_bytes(executor: pipeline.Executor, pipe: pipeline.Pipeline, optim
 def compile_op(target: targets.Target, name: str, fn, *args, devices=None) -> Step:
   """One function compiled for one device of `target`, its arguments abstract (arrays or ShapeDtypeStructs,
   placed on that device): what the target's compiler says of it, as a `Step` (`Step.estimated_s` is its roofline
-  time). `devices`: the target's compile-only devices, when the caller already has them."""
+  time). `devices`: the target's compile-only devices, when the caller already has them (else
+  `targets.compile_only_devices`, the process prepared for the target by its caller)."""
   device = (devices or targets.compile_only_devices(target))[0]
   args = _abstract(args, SingleDeviceSharding(device))
   return compile_step(name, lambda: jax.jit(fn).trace(*args), target.platform)[0]

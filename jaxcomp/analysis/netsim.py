@@ -1,6 +1,6 @@
 """Timeline of one pipelined training step over slow links, on the executor's schedule.
 
-No JAX computation (the schedule is its table, `jaxcomp.parallel.schedules`). It turns
+No JAX computation (a schedule is its timetable, `jaxcomp.parallel.timetable`). It turns
 per-stage compute times and exact per-boundary wire bytes into a step time at a given
 link bandwidth and latency: AQ-SGD's Table 2 (throughput vs bandwidth) from single-machine
 figures.
@@ -16,24 +16,25 @@ message of ``fwd_bytes[b]`` bytes forward (activation) and one of ``bwd_bytes[b]
 Two timings of a table (``ticks``):
 
 Dataflow (``ticks=False``, the default): the table fixes each device's order only. Stage ``s`` runs
-one op at a time, in the order of device ``s``'s row (`schedules.device_order`: by tick, and within a
+one op at a time, in the order of device ``s``'s row (`timetable.device_order`: by tick, and within a
 tick in the table's order; under ``1f1b-fused`` a tick holds F(s, m) and then BW(s, m')); an op starts
 as soon as its stage is free and its input has arrived, and its message leaves as soon as the op
 ends. With ``overlap_sends=True`` a stage goes on computing while its message crosses; with ``False``
 it waits for its message to leave before its next op. No executor of this project runs so: it is a
 bound (for the same order, the tick timing below is never faster).
 
-Ticks (``ticks=True``): the sharded executor's timeline (`jaxcomp.parallel.schedule`). Device ``d``
+Ticks (``ticks=True``): the sharded executor's timeline (`jaxcomp.parallel.stage_runner`, reading the table's
+`plan.Plan`). Device ``d``
 runs its ops of tick ``t`` one after another from ``ready[d][t]`` (``ready[d][0] = 0``); a collective
 couples only its two ends. ``overlap_sends`` is the executor's ``--overlap`` and picks the table (by
-name: ``schedules.build(name, S, M, overlap=overlap_sends)``; a table's ``hop`` must agree):
+name: ``schedules.parse(name, overlap=overlap_sends)``; a table's forwarding delay must agree):
 
-- ``overlap_sends=False`` (hop 1, the executor without ``--overlap``): every tick is compute, then
+- ``overlap_sends=False`` (forwarding delay 1, the executor without ``--overlap``): every tick is compute, then
   send, then wait. A message of tick ``t`` (sender ``p``, receiver ``q``) starts when both ends have
   computed their tick ``t`` (the collective needs both) and ``ready[d][t+1]`` is the end of ``d``'s
   compute at ``t``, of every message it sent at the end of ``t`` (its last byte left) and of every message
   it received there (landed);
-- ``overlap_sends=True`` (hop 2, ``--overlap``): the message an op makes at tick ``t`` crosses during
+- ``overlap_sends=True`` (forwarding delay 2, ``--overlap``): the message an op makes at tick ``t`` crosses during
   tick ``t+1``: it starts at ``max(ready[p][t+1], ready[q][t+1])`` while both ends compute, and
   ``ready[d][t+2]`` is the end of ``d``'s compute at ``t+1`` and of the messages crossing to or from
   ``d`` during ``t+1``.
@@ -137,7 +138,8 @@ from typing import Literal, NamedTuple
 
 from jaxcomp.analysis.link import Link
 from jaxcomp.arguments import is_integer
-from jaxcomp.parallel import schedules
+from jaxcomp.parallel import schedules, timetable
+from jaxcomp.parallel.plan import Plan
 
 Kind = Literal["fwd", "bwd", "bwd_input", "bwd_weight", "send_fwd", "send_bwd", "exchange", "tied", "update",
                "collective"]
@@ -180,8 +182,8 @@ class Tied(NamedTuple):
 class Event:
   """One compute op, one message, one stage's data-parallel exchange or its optimizer update.
 
-  ``index`` is the chunk (the stage, one chunk per device) for ``fwd``/``bwd``/``bwd_input``/``bwd_weight``,
-  the device for ``exchange``/``update``, the boundary ``b`` (chunk ``b`` to ``b + 1``) for
+  ``index`` is the chunk (the stage where a device holds one chunk) for ``fwd``/``bwd``/``bwd_input``/
+  ``bwd_weight``, the device for ``exchange``/``update``, the boundary ``b`` (chunk ``b`` to ``b + 1``) for
   ``send_fwd``/``send_bwd``, the pair for ``tied`` and the position in `simulate_step`'s ``collectives`` for
   ``collective``; ``microbatch`` is -1 for an ``exchange``, ``tied``, ``update`` or ``collective``. Times are
   seconds from the start of the step; a message's are its first byte leaving and its landing.
@@ -286,21 +288,24 @@ def _check_tied(tied: Tied, num_devices: int) -> None:
       _check_time(f"tied.compute_s[{k}]", t)
 
 
-def table_of(schedule: str | schedules.Schedule, num_chunks: int, microbatches: int,
-             overlap: bool = False) -> schedules.Schedule:
-  """The table netsim runs: `schedule` itself (its chunks and microbatches must be the given ones), or the
-  table `schedules.build` makes of the name for `num_chunks` chunks (``interleaved:V``: V per device, so
-  num_chunks / V devices) and `microbatches`, with overlapped sends (hop 2) when `overlap`. A ValueError
-  naming the mismatch."""
+def table_of(schedule: str | schedules.Schedule | timetable.Timetable | Plan, num_chunks: int, microbatches: int,
+             overlap: bool = False) -> timetable.Timetable:
+  """The table netsim runs: `schedule` itself or its plan's (its chunks and microbatches must be the given ones),
+  or the train table of the schedule (a name `schedules.parse` reads, with overlapped sends when `overlap`) for
+  `num_chunks` chunks (V per device: num_chunks / V devices) and `microbatches`. A ValueError naming the
+  mismatch."""
+  if isinstance(schedule, str):
+    schedule = schedules.parse(schedule, overlap)
+  if isinstance(schedule, Plan):
+    schedule = schedule.table
   if isinstance(schedule, schedules.Schedule):
-    table = schedule
-  else:
-    kind, _, per_device = schedule.partition(":")
-    per_device = int(per_device) if kind == "interleaved" and per_device.isdigit() and int(per_device) else 1
+    per_device = schedule.chunks_per_device
     if num_chunks % per_device:
-      raise ValueError(f"schedule {schedule!r} places {per_device} chunks on each device; netsim was given times "
-                       f"for {num_chunks} chunks (fwd_s, one entry per chunk), not a multiple of {per_device}")
-    table = schedules.build(schedule, num_chunks // per_device, microbatches, overlap)
+      raise ValueError(f"schedule {schedule.name!r} places {per_device} chunks on each device; netsim was given "
+                       f"times for {num_chunks} chunks (fwd_s, one entry per chunk), not a multiple of {per_device}")
+    table = schedule.train_table(num_chunks // per_device, microbatches)
+  else:
+    table = schedule
   if (table.num_chunks, table.microbatches) != (num_chunks, microbatches):
     raise ValueError(f"schedule {table.name!r} has {table.num_chunks} chunks on {table.num_devices} "
                      f"devices and {table.microbatches} microbatches; netsim was given times for "
@@ -423,11 +428,11 @@ def _all_reduce(ev: _Events, i: int, ranks: int, ready: list[list], link: Link, 
   return exits
 
 
-def _message_key(msg: schedules.Message) -> tuple[Kind, int, int]:
+def _message_key(msg: timetable.Message) -> tuple[Kind, int, int]:
   return ("send_fwd" if msg.forward else "send_bwd", msg.boundary, msg.microbatch)
 
 
-def _dataflow(ev: _Events, table: schedules.Schedule, compute, wires: _Wires, overlap_sends: bool) -> list[list]:
+def _dataflow(ev: _Events, table: timetable.Timetable, compute, wires: _Wires, overlap_sends: bool) -> list[list]:
   """Each device's ops in its order, each as soon as its stage is free and its input has arrived (module
   docstring, Dataflow); per device, the events it has done when its last op has ended and its last message
   has left."""
@@ -446,7 +451,7 @@ def _dataflow(ev: _Events, table: schedules.Schedule, compute, wires: _Wires, ov
   # evaluated with their producer, so each link direction is FIFO in production order; under the receiver's
   # meter, when their receiver comes to consume them (its wire bills them in its order). Boundary b crosses
   # link b mod D (device b mod D to the next on the ring): one chunk per device, link b.
-  orders = [[(COMPUTE[op.kind], op.chunk, op.microbatch) for op in schedules.device_order(table, d)]
+  orders = [[(COMPUTE[op.kind], op.chunk, op.microbatch) for op in timetable.device_order(table, d)]
             for d in range(num_devices)]
   position, made = [0] * num_devices, {}  # made: message key -> (its producer op, its receiver)
   sent = {("stage", s): [] for s in range(num_devices)}  # per device, what its last messages wait for
@@ -482,9 +487,10 @@ def _dataflow(ev: _Events, table: schedules.Schedule, compute, wires: _Wires, ov
           for s in range(num_devices)]
 
 
-def _ticks(ev: _Events, table: schedules.Schedule, compute, wires: _Wires, barrier) -> list[list]:
-  """The table tick by tick, as the sharded executor runs it (module docstring, Ticks), with `barrier(t,
+def _ticks(ev: _Events, plan: Plan, compute, wires: _Wires, barrier) -> list[list]:
+  """The plan's table tick by tick, as the sharded executor runs it (module docstring, Ticks), with `barrier(t,
   ready)` running the collectives of tick t; per device, the events it has done when its last tick ends."""
+  table = plan.table
   num_devices = table.num_devices
   pending = [[] for _ in range(num_devices)]  # what a device waits for, beyond its last op, before its next op
   ready = lambda: [[ev.last.get(("stage", d)), *pending[d]] for d in range(num_devices)]
@@ -499,15 +505,15 @@ def _ticks(ev: _Events, table: schedules.Schedule, compute, wires: _Wires, barri
 
   made = ()  # overlapped sends: the messages made at the tick before, crossing during this one
   for t in range(table.ticks):
-    crossing = start(made) if table.hop > 1 else ()
+    crossing = start(made) if table.forwarding_delay > 1 else ()
     for d, row in enumerate(table.ops):
       for op in row[t]:
         kind = COMPUTE[op.kind]
         ev.run((kind, op.chunk, op.microbatch), ("stage", d), pending[d], compute[kind][op.chunk])
         pending[d] = []
     pending = barrier(t, ready(), pending)
-    made = schedules.messages(table, t)
-    if table.hop == 1:
+    made = plan.messages[t]
+    if table.forwarding_delay == 1:
       crossing = start(made)
     for msg, key, left in crossing:
       pending[msg.sender].append(left)
@@ -538,7 +544,7 @@ def simulate_step(
     bandwidth_bps: float | Link,
     latency_s: float = 0.0,
     exchange: Exchange | None = None,
-    schedule: str | schedules.Schedule = "gpipe",
+    schedule: str | schedules.Schedule | timetable.Timetable | Plan = "gpipe",
     update_s: Sequence[float] | None = None,
     overlap_sends: bool = True,
     input_grad_share: float = 0.5,
@@ -548,8 +554,9 @@ def simulate_step(
     protocol: Protocol = "eager",
     tied: Tied | None = None,
 ) -> Timeline:
-  """Event timeline of one step on `schedule` (a table, or a name `schedules.build` knows: gpipe, 1f1b,
-  1f1b-fused, zb-h1, interleaved:V; rules in the module docstring).
+  """Event timeline of one step on `schedule` (a timetable or its `Plan`, a schedule whose train table it runs,
+  or its name as `schedules.parse` reads it: gpipe, 1f1b, 1f1b-fused, zb-h1, interleaved:V; rules in the module
+  docstring).
 
   ``fwd_s``/``bwd_s``: per-chunk compute seconds per microbatch (length ``C``: the stages, one chunk
   per device; interleaved tables: chunk c's times).
@@ -562,8 +569,9 @@ def simulate_step(
   ``ticks``: False: the dataflow timing (the table gives each device's order; by name, its table without
   overlapped sends); True: the sharded executor's ticks.
   ``overlap_sends``: dataflow: whether a stage computes while its messages cross (else it waits for each to
-  leave). Ticks: the executor's ``--overlap``: the hop-2 table (by name, ``schedules.build(..., overlap=True)``,
-  M >= 2S; a table given must have hop 2) whose messages cross during the next tick, else the hop-1 table,
+  leave). Ticks: the executor's ``--overlap``: the table of forwarding delay 2 (by name,
+  ``schedules.parse(name, overlap=True)``, M >= 2S; a schedule or table given must have that delay) whose
+  messages cross during the next tick, else the table of delay 1,
   each tick compute, then send, then wait.
   ``input_grad_share``: in a table with split backwards, B(c, m) takes ``input_grad_share * bwd_s[c]``
   and W(c, m) the rest (default: half each; B + W = the fused backward).
@@ -597,10 +605,10 @@ def simulate_step(
   if not 0 <= input_grad_share <= 1:  # also rejects NaN
     raise ValueError(f"input_grad_share must be in [0, 1] (B's share of the backward), got {input_grad_share!r}")
   table = table_of(schedule, num_chunks, microbatches, overlap=ticks and overlap_sends)
-  if ticks and overlap_sends != (table.hop > 1):
-    raise ValueError(f"schedule {table.name!r} has hop {table.hop}, so with ticks=True overlap_sends must be "
-                     f"{table.hop > 1} (the executor's --overlap runs the hop-2 table: "
-                     f"schedules.build(name, S, M, overlap=True)), got {overlap_sends}")
+  if ticks and overlap_sends != (table.forwarding_delay > 1):
+    raise ValueError(f"schedule {table.name!r} has forwarding delay {table.forwarding_delay}, so with ticks=True "
+                     f"overlap_sends must be {table.forwarding_delay > 1} (the executor's --overlap runs the table "
+                     f"of delay 2: schedules.parse(name, overlap=True)), got {overlap_sends}")
   _check_collectives(collectives, table.ticks if ticks else None)
   num_stages = table.num_devices
   if exchange is not None:
@@ -629,7 +637,7 @@ def simulate_step(
     return [list(refs) for refs in pending]
 
   if ticks:
-    done = _ticks(ev, table, compute, wires, barrier)
+    done = _ticks(ev, schedule if isinstance(schedule, Plan) else Plan(table), compute, wires, barrier)
   else:
     done = _dataflow(ev, table, compute, wires, overlap_sends)
   events = tuple(ev.evaluated.values())

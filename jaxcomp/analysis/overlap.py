@@ -18,7 +18,7 @@ import re
 from jaxcomp.analysis import hlo_bytes
 from jaxcomp.parallel.mesh import TIED
 
-COMPUTE = frozenset({"fusion", "convolution", "dot", "custom-call"})
+COMPUTE_OPCODES = frozenset({"fusion", "convolution", "dot", "custom-call"})
 MATMUL = frozenset({"convolution", "dot"})
 _CALLING = frozenset({"call", "conditional", "while", "async-start"})
 _SCOPE = re.compile(r'op_name="([^"]*)"')
@@ -67,7 +67,8 @@ def permutes(hlo: "str | hlo_bytes.Module") -> list[Permute]:
     return held[computation, ops]
 
   def is_compute(inst: hlo_bytes.Instruction) -> bool:
-    return inst.opcode in COMPUTE or (inst.opcode in _CALLING and any(holds(c, COMPUTE) for _, c in module.callees(inst)))
+    return inst.opcode in COMPUTE_OPCODES or (inst.opcode in _CALLING
+                                              and any(holds(c, COMPUTE_OPCODES) for _, c in module.callees(inst)))
 
   def has_matmul(inst: hlo_bytes.Instruction) -> bool:
     return inst.opcode in MATMUL or any(holds(c, MATMUL) for _, c in module.callees(inst))

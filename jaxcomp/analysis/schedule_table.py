@@ -2,14 +2,15 @@
 
     python -m jaxcomp.analysis.schedule_table [--sizes 4x8,4x16,8x16] [--chunks 2,4]
 
-The bubble is `schedules.bubble_fraction`: the idle fraction of device time when every F takes 1,
+The bubble is `timetable.bubble_fraction`: the idle fraction of device time when every F takes 1,
 every BW 2 (a B or a W 1) and messages none. Its formula: GPipe's and 1F1B's (S-1)/(M+S-1), interleaved
 1F1B's with V chunks per device (S-1)/(VM+S-1) (`--chunks`: the V of its rows), ZB-H1's (S-1)/(3M+S-1);
 each row also gives the table's bubble over 1F1B's at the same S and M.
 
-Rows `NAME --overlap` are the tables with overlapped sends (`schedules.build(..., overlap=True)`, hop 2, where
-M >= 2S: every schedule's). The bubble above lets messages take no time, so a hop changes nothing in it;
-the last two columns are the idle fraction of device time when the table runs as the sharded executor runs it
+Rows `NAME --overlap` are the tables with overlapped sends (`Schedule.with_overlapped_sends()`, a forwarding
+delay of 2 ticks, where M >= 2S: every schedule's). The bubble above lets messages take no time, so the delay
+changes nothing in it; the last two columns are the idle fraction of device time when the table runs as the
+sharded executor runs it
 (`netsim.simulate_step(..., ticks=True)`: plain ticks compute, then send, then wait; overlapped ticks send while
 they compute), with messages that take no time and with messages that take as long as a stage's forward.
 """
@@ -17,7 +18,8 @@ import argparse
 from typing import NamedTuple
 
 from jaxcomp.analysis import netsim
-from jaxcomp.parallel import schedules
+from jaxcomp.parallel import schedules, timetable
+from jaxcomp.parallel.plan import Plan
 
 DEFAULT_SIZES = ((4, 8), (4, 16), (8, 16))
 DEFAULT_CHUNKS = (2,)
@@ -36,30 +38,33 @@ class Row(NamedTuple):
   executor_idle: tuple[float, float]  # idle fraction under the executor's ticks, messages of 0 and of one forward
 
 
-def formula(name: str, stages: int, microbatches: int, chunks: int) -> float:
-  """The bubble's closed form: (S-1)/(kM+S-1), k = 3 for ZB-H1 (F, B, W of 1 unit), else the V chunks per device."""
-  k = 3 if name == "zb-h1" else chunks
+def formula(schedule: schedules.Schedule, stages: int, microbatches: int) -> float:
+  """The bubble's closed form: (S-1)/(kM+S-1), k = 3 where the backwards are split (ZB-H1: F, B, W of 1 unit),
+  else the V chunks per device."""
+  k = 3 if schedule.splits_backward else schedule.chunks_per_device
   return (stages - 1) / (k * microbatches + stages - 1)
 
 
-def executor_idle(table: schedules.Schedule, message: float) -> float:
-  """Idle fraction of device time when `table` runs tick by tick as the sharded executor runs it (netsim's
-  ticks), a stage's F taking 1 and its BW 2 (a chunk's 1/V of that) and a message `message`."""
+def executor_idle(plan: Plan, message: float) -> float:
+  """Idle fraction of device time when the plan's table runs tick by tick as the sharded executor runs it
+  (netsim's ticks), a stage's F taking 1 and its BW 2 (a chunk's 1/V of that) and a message `message`."""
+  table = plan.table
   chunks, per_device = table.num_chunks, table.chunks_per_device
   step = netsim.simulate_step([1.0 / per_device] * chunks, [2.0 / per_device] * chunks, [message] * (chunks - 1),
-                              [message] * (chunks - 1), table.microbatches, 8.0, schedule=table,
-                              overlap_sends=table.hop > 1, ticks=True)  # 8 bps: n bytes take n seconds
+                              [message] * (chunks - 1), table.microbatches, 8.0, schedule=plan,
+                              overlap_sends=plan.forwarding_delay > 1, ticks=True)  # 8 bps: n bytes take n seconds
   return 1.0 - 3.0 * table.microbatches / step.makespan
 
 
-def row(name: str, stages: int, microbatches: int, overlap: bool = False) -> Row:
-  table = schedules.build(name, stages, microbatches, overlap)
-  bubble = schedules.bubble_fraction(table)
-  baseline = schedules.bubble_fraction(schedules.one_f_one_b(stages, microbatches))
-  return Row(name + (" --overlap" if overlap else ""), stages, microbatches, table.ticks, bubble,
-             formula(name, stages, microbatches, table.chunks_per_device),
-             bubble / baseline if baseline else 1.0, schedules.peak_in_flight(table),
-             (executor_idle(table, 0.0), executor_idle(table, 1.0)))
+def row(schedule: schedules.Schedule, stages: int, microbatches: int) -> Row:
+  plan = Plan(schedule.train_table(stages, microbatches))
+  table = plan.table
+  bubble = timetable.bubble_fraction(table)
+  baseline = timetable.bubble_fraction(schedules.OneFOneB().train_table(stages, microbatches))
+  overlapped = " --overlap" if schedule.forwarding_delay > 1 else ""
+  return Row(schedule.name + overlapped, stages, microbatches, table.ticks, bubble,
+             formula(schedule, stages, microbatches), bubble / baseline if baseline else 1.0,
+             timetable.peak_inputs_held(table), (executor_idle(plan, 0.0), executor_idle(plan, 1.0)))
 
 
 def markdown(rows: list[Row]) -> str:
@@ -99,11 +104,11 @@ def main(argv=None) -> None:
   parser.add_argument("--chunks", type=parse_chunks, default=DEFAULT_CHUNKS,
                       help="the V of interleaved:V rows, e.g. 2,4 ('' for none)")
   args = parser.parse_args(argv)
-  names = [*schedules.SCHEDULES, *(f"interleaved:{v}" for v in args.chunks)]
-  overlapped = [(name, True, S, M) for name in names for S, M in args.sizes if M >= 2 * S]
+  every = [*(schedules.parse(name) for name in schedules.SCHEDULES), *(schedules.Interleaved(v) for v in args.chunks)]
+  overlapped = [(schedule.with_overlapped_sends(), S, M) for schedule in every for S, M in args.sizes if M >= 2 * S]
   try:
-    print(markdown([row(name, S, M) for name in names for S, M in args.sizes]
-                   + [row(name, S, M, overlap) for name, overlap, S, M in overlapped]))
+    print(markdown([row(schedule, S, M) for schedule in every for S, M in args.sizes]
+                   + [row(schedule, S, M) for schedule, S, M in overlapped]))
   except ValueError as e:
     parser.error(str(e))
 

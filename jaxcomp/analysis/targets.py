@@ -9,7 +9,9 @@ at the platform's default precision (TPU: bf16 passes; GPU from Ampere on: TF32)
 TPU devices need `libtpu` (`pip install -U "jax[tpu]"`, or the test extra). GPU devices need
 the CUDA PJRT plugin of the installed jax (`pip install jax-cuda12-pjrt==<jax version>`), and
 `ptxas` (a CUDA toolkit, or `pip install nvidia-cuda-nvcc-cu12`); the process must not have
-initialised a GPU backend (`compile_only_devices` sets `jax_platforms=cpu` if no backend is up).
+initialised a GPU backend. `prepare_host` sets this process up for a target (libtpu's environment, or
+`jax_platforms=cpu`): call it before any JAX backend starts, then `compile_only_devices`, which touches no
+process state.
 """
 import os
 import re
@@ -161,11 +163,11 @@ def prepare_host(t: Target):
 
 
 def compile_only_devices(t: Target) -> list:
-  """The target's devices, for `jit(...).lower(...).compile()` only (nothing can run on them).
+  """The target's devices, for `jit(...).lower(...).compile()` only (nothing can run on them); the process
+  set up for them first (`prepare_host`).
 
   A missing compiler plugin is a RuntimeError that says what to install."""
   from jax.experimental import topologies
-  prepare_host(t)
   if t.platform == "tpu":
     kwargs = {"chips_per_host_bounds": (1, 1, 1)} if t.devices == 1 else {}
     try:

@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxcomp.arguments import is_number
 from jaxcomp.compress import packing
-from jaxcomp.compress.codecs import Codec, MaxAbsQuant, Payload, compiled
+from jaxcomp.compress.codecs import Codec, MaxAbsQuant, Payload, checked, compiled
 
 
 class Mixed(NamedTuple):
@@ -78,6 +78,7 @@ class TokenAdaptive(Codec):
   def _rows_of(self, mask, count):
     return jnp.nonzero(mask, size=count, fill_value=0)[0]
 
+  @checked
   @compiled
   def encode(self, x, key=None) -> Payload:
     r, n_high, f = self.split(x.shape)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxcomp.compress import packing
-from jaxcomp.compress.codecs import Codec, Payload, compiled
+from jaxcomp.compress.codecs import Codec, Payload, checked, compiled
 from jaxcomp.compress.codecs.base import ratio
 
 
@@ -50,6 +50,7 @@ class ChannelScale(Codec):
     if not isinstance(self.inner, Codec):
       raise ValueError(f"ChannelScale wraps a Codec, got {self.inner!r}")
 
+  @checked
   @compiled
   def encode(self, x, key=None) -> Payload:
     c = channel_scales(x)

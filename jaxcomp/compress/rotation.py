@@ -13,7 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxcomp.compress.codecs import Codec, Payload, compiled
+from jaxcomp.compress.codecs import Codec, Payload, checked, compiled
 
 
 def fwht(x: jax.Array) -> jax.Array:
@@ -75,6 +75,7 @@ class Hadamard(Codec):
     n = self.block_for(f)
     return fwht(y.astype(jnp.float32).reshape(*y.shape[:-1], f // n, n)).reshape(y.shape) * self._signs(f)
 
+  @checked
   @compiled
   def encode(self, x, key=None) -> Payload:
     return self.inner.encode(self.rotate(x).astype(x.dtype), key)

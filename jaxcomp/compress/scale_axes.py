@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from jaxcomp.compress import packing
 from jaxcomp.compress.channel_scale import ChannelScale, ChannelScaled
-from jaxcomp.compress.codecs import AUTO_GRID, MAXABS_GRIDS, Codec, MaxAbsQuant, Payload, compiled
+from jaxcomp.compress.codecs import AUTO_GRID, MAXABS_GRIDS, Codec, MaxAbsQuant, Payload, checked, compiled
 from jaxcomp.compress.codecs.quantizers import unit_scaled
 from jaxcomp.compress.codecs.wire import Quantized
 
@@ -102,6 +102,7 @@ class ScaleAxes(Codec):
       groups = -groups
     return inner.codes, payload.arrays.scale, packing.as_bits(groups)
 
+  @checked
   @compiled
   def encode(self, x, key=None) -> Payload:
     codecs = self._candidates()

@@ -10,7 +10,8 @@ maxabs grids: `zero` {-L..L} s/L, L = 2^(B-1)-1 (0 exact); `midrise` +-(2j-1) s/
 grid= / clip= a bit width takes its default (`codecs.maxabs_defaults`): 2 and 3 bits auto with clip=mse,
 4 bits auto unclipped, 5 bits and more the zero grid unclipped.
 maxabs group=G scales: `group` one per G features of each token; `both` each channel's RMS times those
-(= channel+maxabs:...:group=G); `auto` (default) per message `both` or one per channel, whichever errs less.
+(= channel+maxabs:...:group=G:scales=group); `auto` (default) per message `both` or one per channel, whichever
+errs less (so channel+maxabs:...:group=G is channel scales around that choice, not `both`).
 Wrappers: hadamard[:BLOCK][:seed=S]+CODEC   (randomized Hadamard rotation around CODEC)
           channel+CODEC   (each channel divided by its RMS first, the scales sent: outlier channels)
 Schemes: plain (default) | ef | ef21 | efmixed | aqsgd;  backward only: reuse (TopK index reuse)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxcomp.compress import packing
-from jaxcomp.parallel.mesh import DATA, DATA_EXCHANGE, STAGE
+from jaxcomp.parallel.mesh import DATA, DATA_EXCHANGE
 from jaxcomp.parallel.qadam import QuantizedAdam
 
 

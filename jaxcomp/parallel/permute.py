@@ -22,7 +22,7 @@ or, optax style, with the specs parsed once: `link = jaxcomp.compressed_link(fwd
 `link.ppermute(x, state, axis_name, perm, key)` (a `CompressedLink`, which says where each part lives).
 
 It is `compress.boundary`'s custom_vjp op with a `Permute` transport. The sharded executor sends every
-stage boundary's messages with the same op (`schedule.forward_exchange`) or, where it runs a backward
+stage boundary's messages with the same op (`StageRunner.forward_exchange`) or, where it runs a backward
 explicitly, with its two halves and the same `Permute` transport.
 """
 import dataclasses

@@ -1,7 +1,7 @@
 """The sharded executor's state: the simulate layout's TrainState as stage rows and link tables.
 
 Per device (d, s) of the (data, stage) mesh, every per-stage quantity is a zero-padded row
-(`layout.FlatRows`), so that one stage-sharded array holds all of them:
+(`padded_rows.FlatRows`), so that one stage-sharded array holds all of them:
   params [S, P], model state [S, Q], optimizer state [S, O]    (sharded on stage);
   with V > 1 chunks per device (interleaved schedules) [S, V, P] etc.: device d holds chunks d, d+S, ...
   link tables [S, D*rows, F] ([S, V, D*rows, F]): chunk c holds the forward-sender / backward-receiver
@@ -27,7 +27,7 @@ from jaxcomp import pipeline
 from jaxcomp.compress import packing
 from jaxcomp.compress import tied as tied_exchange
 from jaxcomp.compress.boundary import LinkState
-from jaxcomp.parallel import layout
+from jaxcomp.parallel import padded_rows
 from jaxcomp.parallel.mesh import DATA, STAGE, TIED
 from jaxcomp.parallel.qadam import QuantizedAdam
 
@@ -75,12 +75,12 @@ class OptimizerRows(Protocol):
 
 
 class OptaxRows:
-  """An optax optimizer: each stage's state flattened into a padded row (`layout.FlatRows`)."""
+  """An optax optimizer: each stage's state flattened into a padded row (`padded_rows.FlatRows`)."""
 
-  def __init__(self, optimizer: optax.GradientTransformation | None, params_fl: layout.FlatRows, stage_states):
+  def __init__(self, optimizer: optax.GradientTransformation | None, params_fl: padded_rows.FlatRows, stage_states):
     """`stage_states`: each stage's optimizer state (shapes); `optimizer` None: rows that only stack and unstack."""
     self.optimizer, self.params_fl = optimizer, params_fl
-    self.fl = layout.FlatRows(stage_states)
+    self.fl = padded_rows.FlatRows(stage_states)
 
   def stack(self, per_stage):
     return self.fl.stack(per_stage)
@@ -108,7 +108,7 @@ class OptaxRows:
 class MomentRows:
   """QuantizedAdam: its moments are rows like the parameters, its step counts one per stage."""
 
-  def __init__(self, optimizer: QuantizedAdam | None, params_fl: layout.FlatRows):
+  def __init__(self, optimizer: QuantizedAdam | None, params_fl: padded_rows.FlatRows):
     """`optimizer` None: rows that only stack and unstack."""
     self.optimizer, self.params_fl = optimizer, params_fl
 
@@ -134,7 +134,7 @@ class MomentRows:
                        "no warm-up step (v = 0): run Mode.WARMUP steps first")
 
 
-def optimizer_rows(optimizer, params_fl: layout.FlatRows, stage_params) -> OptimizerRows | None:
+def optimizer_rows(optimizer, params_fl: padded_rows.FlatRows, stage_params) -> OptimizerRows | None:
   """The rows of `optimizer` (None: no optimizer, an eval step)."""
   if optimizer is None:
     return None
@@ -175,8 +175,8 @@ class StateRows:
     self.template, self.num_stages, self.data, self.keyed = template, num_stages, data, keyed
     self.chunks = chunks
     self.tied_stages = tuple(tuple(pair) for pair in tied_stages) if template.tied_state else ()
-    self.params = layout.FlatRows(template.params)
-    self.model_state = layout.FlatRows(template.model_state)
+    self.params = padded_rows.FlatRows(template.params)
+    self.model_state = padded_rows.FlatRows(template.model_state)
     self.optimizer, self.f_max, self.grad_template = optimizer, f_max, grad_template
 
   def description(self) -> dict:
@@ -193,12 +193,12 @@ class StateRows:
   def from_description(cls, template: pipeline.TrainState, described: dict) -> "StateRows":
     """The rows `description` describes, for the simulate-layout shapes `template`; ValueError when the
     template's optimizer state is not the one the rows were made of."""
-    params = layout.FlatRows(template.params)
+    params = padded_rows.FlatRows(template.params)
     optimizer = None
     if described["optimizer"] == "moments":
       optimizer = MomentRows(None, params)
     elif described["optimizer"] == "optax":
-      optimizer = OptaxRows(None, params, layout.split_by_stage(template.opt_state, template.params))
+      optimizer = OptaxRows(None, params, padded_rows.split_by_stage(template.opt_state, template.params))
       if [[list(leaf.shape) for leaf in stage] for stage in optimizer.fl.leaves] != described["optimizer_leaves"]:
         raise ValueError("the optimizer state of these rows has other shapes than this run's")
     return cls(template, described["stages"], described["data"], described["keyed"], optimizer, described["width"],
@@ -221,7 +221,7 @@ class StateRows:
     """simulate-layout TrainState (PRNG key as key data) -> rows; traceable."""
     opt_state = ()
     if self.optimizer is not None:
-      opt_state = self.by_device(self.optimizer.stack(layout.split_by_stage(state.opt_state, state.params)))
+      opt_state = self.by_device(self.optimizer.stack(padded_rows.split_by_stage(state.opt_state, state.params)))
     return pipeline.TrainState(state.step, state.rng, self.by_device(self.params.stack(state.params)),
                                self.by_device(self.model_state.stack(state.model_state)), opt_state,
                                self.tables(state.links), self.grad_rows(state.grad_state),
@@ -239,7 +239,7 @@ class StateRows:
     """(params, model state, optimizer state) rows -> their simulate layout (part of `unstack`)."""
     params = self.params.unstack(self.by_chunk(params))
     if self.optimizer is not None:
-      opt_state = layout.merge_stages(tuple(self.optimizer.unstack(self.by_chunk(opt_state))), params)
+      opt_state = padded_rows.merge_stages(tuple(self.optimizer.unstack(self.by_chunk(opt_state))), params)
     return params, self.model_state.unstack(self.by_chunk(model_state)), opt_state if self.optimizer is not None else ()
 
   # ------------------------------------------------------------ link tables
@@ -274,7 +274,7 @@ class StateRows:
         def leaf(t, like):
           t = self.by_chunk(t)[c]
           t = self._example_rows(t) if self._keyed(name) else t
-          return t[: like.shape[0], : layout.feature_size(like.shape)].reshape(like.shape).astype(like.dtype)
+          return t[: like.shape[0], : padded_rows.feature_size(like.shape)].reshape(like.shape).astype(like.dtype)
         return jax.tree.map(leaf, getattr(tables, name), getattr(link, name))
       out.append(LinkState(*(field(f) for f in LinkState._fields)))
     return tuple(out)
@@ -350,7 +350,7 @@ class StateLayout(StateRows):
                chunks: int = 1):
     self.pipe = pipe
     template = abstract_state(pipe, optimizer, batch)
-    params = layout.FlatRows(template.params)
+    params = padded_rows.FlatRows(template.params)
     self.batch_size = jax.tree.leaves(batch)[0].shape[0]
     self.local_batch = pipeline.microbatch_shapes(batch, data)
     self.microbatch = pipeline.microbatch_shapes(self.local_batch, pipe.microbatches)
@@ -358,7 +358,7 @@ class StateLayout(StateRows):
                                            self.microbatch[pipe.input_key])
     super().__init__(template, num_stages, data, pipe.boundary.fwd.keyed_by_example,
                      optimizer_rows(optimizer, params, template.params),
-                     max([layout.feature_size(s.shape) for s in self.shapes] or [1]),
+                     max([padded_rows.feature_size(s.shape) for s in self.shapes] or [1]),
                      None if grad_scheme is None else grad_scheme.init_sender(1, (params.size,), jnp.float32),
                      chunks, tuple((sa, sb) for (sa, _), (sb, _) in pipe.tied))
 

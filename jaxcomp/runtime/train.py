@@ -55,10 +55,8 @@ import numpy as np
 from jaxcomp import pipeline
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.compress.schemes import AQSGD
-from jaxcomp.runtime import checkpoint, distributed, logfilter
+from jaxcomp.runtime import checkpoint, distributed
 from jaxcomp.runtime.checkpoint import Checkpointer
-
-logfilter.silence_orbax_noise()  # the checkpoints below would repeat two harmless warnings per epoch/resume
 
 
 class NonFiniteLossError(RuntimeError):

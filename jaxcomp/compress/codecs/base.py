@@ -40,7 +40,9 @@ def check_encodable(codec, x):
                      "complex numbers as their real and imaginary parts)")
 
 
-def _checked(encode):
+def checked(encode):
+  """`encode` that first refuses what no codec encodes (`check_encodable`, on every call, traced or not): every
+  codec's `encode` carries it, outside `compiled`."""
   @functools.wraps(encode)
   def checked_encode(self, x, key=None):
     check_encodable(self, x)
@@ -61,12 +63,7 @@ def ratio(v, d):
 
 class Codec(abc.ABC):
   """The codec contract: `encode`, `decode`, `wire_bytes` (abstract); `__call__` is
-  C(x) = decode(encode(x)); every subclass's `encode` first runs `check_encodable` on its input."""
-
-  def __init_subclass__(cls, **kwargs):
-    super().__init_subclass__(**kwargs)
-    if "encode" in vars(cls):
-      cls.encode = _checked(vars(cls)["encode"])
+  C(x) = decode(encode(x)); every subclass's `encode` is `@checked` (it first runs `check_encodable`)."""
 
   @abc.abstractmethod
   def encode(self, x, key=None) -> Payload:

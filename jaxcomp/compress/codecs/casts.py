@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcomp.compress import packing
-from jaxcomp.compress.codecs.base import Codec, compiled, num_entries, ratio
+from jaxcomp.compress.codecs.base import Codec, checked, compiled, num_entries, ratio
 from jaxcomp.compress.codecs.wire import Dense, Narrow, Payload
 
 _CAST_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
@@ -17,6 +17,7 @@ _FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 class Identity(Codec):
   """Sends the dense tensor: C(x) = x."""
 
+  @checked
   @compiled
   def encode(self, x, key=None):
     return Payload(Dense(x), x.shape, x.dtype)
@@ -42,6 +43,7 @@ class Cast(Codec):
     if self.dtype not in _CAST_DTYPES:
       raise ValueError(f"Cast dtype must be one of {_CAST_DTYPES}, got {self.dtype!r}")
 
+  @checked
   @compiled
   def encode(self, x, key=None):
     return Payload(Narrow(packing.as_bits(x.astype(self.dtype))), x.shape, x.dtype)
@@ -85,6 +87,7 @@ class ScaledCast(Codec):
   def _axes(self, ndim):
     return tuple(range(ndim - 1)) if self.granularity == "channel" else None
 
+  @checked
   @compiled
   def encode(self, x, key=None):
     x32 = x.astype(jnp.float32)

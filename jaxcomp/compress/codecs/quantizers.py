@@ -12,7 +12,7 @@ import numpy as np
 
 from jaxcomp.arguments import is_integer, is_number
 from jaxcomp.compress import packing
-from jaxcomp.compress.codecs.base import Codec, compiled, num_entries, ratio
+from jaxcomp.compress.codecs.base import Codec, checked, compiled, num_entries, ratio
 from jaxcomp.compress.codecs.wire import Payload, Quantized
 
 
@@ -75,6 +75,7 @@ class MinMaxQuant(Codec):
   def levels(self) -> int:
     return (1 << self.bits) - 1
 
+  @checked
   @compiled
   def encode(self, x, key=None):
     x32 = x.astype(jnp.float32)
@@ -273,6 +274,7 @@ class MaxAbsQuant(Codec):
       return stored.astype(jnp.float32), self._offset
     return jnp.abs(stored).astype(jnp.float32), jnp.where(jnp.signbit(stored), 0.5, 0.0)
 
+  @checked
   @compiled
   def encode(self, x, key=None):
     x32 = x.astype(jnp.float32).reshape(self._view_shape(x.shape))

@@ -9,7 +9,7 @@ import numpy as np
 
 from jaxcomp.arguments import is_number
 from jaxcomp.compress import packing, selection
-from jaxcomp.compress.codecs.base import Codec, compiled, num_entries
+from jaxcomp.compress.codecs.base import Codec, checked, compiled, num_entries
 from jaxcomp.compress.codecs.quantizers import MaxAbsQuant
 from jaxcomp.compress.codecs.wire import Payload, Quantized, Sparse
 
@@ -195,6 +195,7 @@ class TopK(Codec):
       return packing.expand(where, f, values).reshape(payload.shape)
     return _scatter_rows(values, where.astype(jnp.int32), f).reshape(payload.shape)
 
+  @checked
   @compiled
   def encode(self, x, key=None):
     r, f = _rows(x.shape, self.per)
@@ -240,6 +241,7 @@ class RandK(Codec):
     noise = jax.random.uniform(jax.random.wrap_key_data(seed), (r, f))
     return jax.lax.top_k(noise, _k(self.fraction, f))[1]
 
+  @checked
   @compiled
   def encode(self, x, key=None):
     if key is None:

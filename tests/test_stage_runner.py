@@ -1,11 +1,11 @@
-"""jaxcomp.parallel.schedules / schedule: what each schedule's table holds and what its program compiles to."""
+"""jaxcomp.parallel.stage_runner: what each schedule's table holds and what its program compiles to."""
 import optax
 import pytest
 
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import schedules, sharded
-from jaxcomp.parallel.schedules import Op
+from jaxcomp.parallel import schedules, sharded, timetable
+from jaxcomp.parallel.timetable import Op
 from pipeline_cases import BATCH, mlp_pipe
 
 
@@ -18,11 +18,12 @@ def test_schedule_holds_at_most_its_inputs_per_stage(name, most):
   its gradient reaches s the tick after s+1; 1f1b runs one op per stage per tick."""
   for S in range(1, 9):
     for M in range(1, 20):
-      table = schedules.build(name, S, M)
+      table = schedules.parse(name).train_table(S, M)
       ticks = range(table.ticks)
-      assert [max(schedules.in_flight(table, s, t) for t in ticks) for s in range(S)] == [most(s, S, M) for s in range(S)]
-      assert schedules.peak_in_flight(table) == tuple(most(s, S, M) for s in range(S))
-      tick = {op: t for op, (t, _, _) in schedules.positions(table).items()}
+      assert [max(timetable.inputs_held(table, s, t) for t in ticks) for s in range(S)] == [
+          most(s, S, M) for s in range(S)]
+      assert timetable.peak_inputs_held(table) == tuple(most(s, S, M) for s in range(S))
+      tick = {op: t for op, (t, _, _) in timetable.positions(table).items()}
       for s in range(S - 1):
         for m in range(M):
           assert tick[Op("F", s + 1, m)] == tick[Op("F", s, m)] + 1
