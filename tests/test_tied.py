@@ -96,7 +96,7 @@ def test_gpt2_tied_exchange_is_counted_both_ways():
                           jaxcomp.losses.language_model, "tokens", 2, tied=gpt2.gpt2_tied(4))
   ex = sharded.ShardedExecutor(sharded.make_mesh(4))
   assert ex.wire_bytes_per_step(pipe, tokens)["tied"] == 2 * 257 * 64 * 4 == 131_584
-  lay = ex.layout(pipe, None, tokens)
+  lay = ex.state_layout(pipe, None, tokens)
   assert [(m.ends, m.nbytes) for m in lay.tied_messages()] == [((0, 3), 257 * 64 * 4)]
 
 
