@@ -145,12 +145,15 @@ def test_interleaved_chunks_cut_the_stage_times():
 
 
 def test_data_parallel_exchange_per_stage_device():
-  dense = throughput_vs_bandwidth.exchange(None, [1000, 10], 4)
-  assert dense == netsim.Exchange([2 * 3 / 4 * 4000, 2 * 3 / 4 * 40], 6)  # ring all-reduce of the fp32 row
+  """Every stage device exchanges the executor's row (each stage's parameters padded to the longest stage's)."""
+  dense = throughput_vs_bandwidth.exchange(None, 1000, 2, 4)
+  assert dense == netsim.Exchange([2 * 3 / 4 * 4000] * 2, 6)  # ring all-reduce of the fp32 row
   q4 = spec.parse_scheme("ef+quant:4")
-  compressed = throughput_vs_bandwidth.exchange(q4, [1000], 4)
+  compressed = throughput_vs_bandwidth.exchange(q4, 1000, 1, 4)
   assert compressed == netsim.Exchange([3 * q4.wire_bytes((1, 1000), "float32")], 3)  # all-gather to 3 others
-  assert throughput_vs_bandwidth.exchange(None, [1000], 1) == netsim.Exchange([0], 0)
+  chunked = throughput_vs_bandwidth.exchange(q4, 1000, 1, 4, chunks=2)  # interleaved:2: two rows, one ring each
+  assert chunked == netsim.Exchange([2 * 3 * q4.wire_bytes((1, 1000), "float32")], 6)
+  assert throughput_vs_bandwidth.exchange(None, 1000, 3, 1) == netsim.Exchange([0] * 3, 0)
 
 
 def test_fit_table_renders_the_cached_cells_and_marks_the_rest(tmp_path, capsys):
