@@ -428,10 +428,10 @@ class MarkedSteps:
 
 
 def instrument(marks: Marks):
-  """Marks around the driver's train steps, evaluations and checkpoints (`train.fit`, `train.evaluate`,
+  """Marks around the driver's train steps, evaluations and checkpoints (`train.fit`, `evaluation.evaluate`,
   `Checkpointer.save`); what they run is unchanged."""
-  from jaxcomp.runtime import checkpoint, train
-  fit, evaluate, save = train.fit, train.evaluate, checkpoint.Checkpointer.save
+  from jaxcomp.runtime import checkpoint, evaluation, train
+  fit, evaluate, save = train.fit, evaluation.evaluate, checkpoint.Checkpointer.save
 
   def marked_fit(pipe, optimizer, executor, data, *args, **kwargs):
     state, history = fit(pipe, optimizer, MarkedSteps(executor, marks), data, *args, **kwargs)
@@ -448,7 +448,7 @@ def instrument(marks: Marks):
     marks.mark("saved")
     return out
 
-  train.fit, train.evaluate, checkpoint.Checkpointer.save = marked_fit, marked_evaluate, marked_save
+  train.fit, evaluation.evaluate, checkpoint.Checkpointer.save = marked_fit, marked_evaluate, marked_save
 
 
 def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict:
