@@ -757,7 +757,7 @@ def netsim_steps_per_s(times: list[dict], record: dict, link_bytes: float, args)
   processes measured them (`times`: one round's, per process; replicas averaged); each message's counted bytes,
   and the tied-parameter exchange's, scaled by the epoch's link bytes / counted bytes (headers, ACKs); each link
   direction at `--link`'s rate and latency, with the step's collectives (`step_collectives`), under gloo's
-  rendezvous protocol (netsim's module docstring). The tied exchange is a swap between the first and the last stage
+  rendezvous protocol (`jaxcomp.analysis.wires`). The tied exchange is a swap between the first and the last stage
   that the first reaches last: its own send leaves at once, but its receive's notice must cross before the last
   stage's bytes leave, two latencies."""
   from jaxcomp.analysis import netsim
