@@ -428,10 +428,10 @@ class MarkedSteps:
 
 
 def instrument(marks: Marks):
-  """Marks around the driver's train steps, evaluations and checkpoints (`train.fit`, `train.evaluate`,
+  """Marks around the driver's train steps, evaluations and checkpoints (`train.fit`, `evaluation.evaluate`,
   `Checkpointer.save`); what they run is unchanged."""
-  from jaxcomp.runtime import checkpoint, train
-  fit, evaluate, save = train.fit, train.evaluate, checkpoint.Checkpointer.save
+  from jaxcomp.runtime import checkpoint, evaluation, train
+  fit, evaluate, save = train.fit, evaluation.evaluate, checkpoint.Checkpointer.save
 
   def marked_fit(pipe, optimizer, executor, data, *args, **kwargs):
     state, history = fit(pipe, optimizer, MarkedSteps(executor, marks), data, *args, **kwargs)
@@ -448,7 +448,7 @@ def instrument(marks: Marks):
     marks.mark("saved")
     return out
 
-  train.fit, train.evaluate, checkpoint.Checkpointer.save = marked_fit, marked_evaluate, marked_save
+  train.fit, evaluation.evaluate, checkpoint.Checkpointer.save = marked_fit, marked_evaluate, marked_save
 
 
 def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict:
@@ -757,7 +757,7 @@ def netsim_steps_per_s(times: list[dict], record: dict, link_bytes: float, args)
   processes measured them (`times`: one round's, per process; replicas averaged); each message's counted bytes,
   and the tied-parameter exchange's, scaled by the epoch's link bytes / counted bytes (headers, ACKs); each link
   direction at `--link`'s rate and latency, with the step's collectives (`step_collectives`), under gloo's
-  rendezvous protocol (netsim's module docstring). The tied exchange is a swap between the first and the last stage
+  rendezvous protocol (`jaxcomp.analysis.wires`). The tied exchange is a swap between the first and the last stage
   that the first reaches last: its own send leaves at once, but its receive's notice must cross before the last
   stage's bytes leave, two latencies."""
   from jaxcomp.analysis import netsim

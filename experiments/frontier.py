@@ -38,7 +38,7 @@ from experiments import config, gpt2_wikitext, plots, runner
 from jaxcomp.analysis import netsim
 from jaxcomp.analysis.link import Link
 from jaxcomp.data import batching
-from jaxcomp.runtime import train
+from jaxcomp.runtime import evaluation
 
 BWD4 = "maxabs:4:stoch"
 METHODS = {  # name -> (forward spec, backward spec, warm-up epochs[, bottleneck]); the reference and new codecs first
@@ -122,7 +122,7 @@ def finished(out: pathlib.Path, name: str, steps: int, outliers: str | None = No
                        f"--{key.replace('_', '-')} {value}: give each its own --out")
   if not run["history"]:
     return None
-  reached = target is not None and train.target_summary(run["history"], target)["step"] is not None
+  reached = target is not None and evaluation.target_summary(run["history"], target)["step"] is not None
   return run if reached or run["history"][-1]["step"] >= steps else None
 
 

@@ -9,7 +9,7 @@ import jax
 from experiments import checks, config, plots
 from jaxcomp.compress.schemes import AQSGD
 from jaxcomp.parallel import executors, hostbuffer
-from jaxcomp.runtime import checkpoint, distributed, lock, logfilter, results, train
+from jaxcomp.runtime import checkpoint, distributed, evaluation, lock, logfilter, results, train
 
 
 @contextlib.contextmanager
@@ -59,7 +59,7 @@ def run(exp: config.Experiment, cfg: config.RunConfig):
     config.check_resumed_config(record, out / "results" / f"{name}.json")
 
   training = cfg.training
-  target = (lambda history: {"target": train.target_summary(history, training.target_loss)}) \
+  target = (lambda history: {"target": evaluation.target_summary(history, training.target_loss)}) \
       if training.target_loss is not None else (lambda history: {})
 
   def write(history):  # after every epoch: the results files and the run's plot

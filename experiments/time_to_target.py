@@ -2,7 +2,7 @@
 
 Protocol NanoGPT's score (PluralisResearch/ProtocolNanoGPT): T = the steps a run takes to reach the target eval loss
 x its steady-state step time over the metered links. Here the steps come from the frontier's runs (the first
-evaluated step whose eval loss with compression on is <= the target, `train.target_summary`, per seed) and the step
+evaluated step whose eval loss with compression on is <= the target, `evaluation.target_summary`, per seed) and the step
 time from `netsim`: each stage's forward and backward and each boundary's codec timed on this machine by the
 throughput benchmark's clock (`benchmarks.throughput_vs_bandwidth.stage_costs`, `op_seconds`), the bytes of each
 message from the boundary, the schedule's table run as the sharded executor runs it (`ticks=True`, without
@@ -21,7 +21,7 @@ from jaxcomp.analysis import netsim
 from jaxcomp.analysis.link import Link
 from jaxcomp.compress.spec import parse_boundary
 from jaxcomp.parallel import schedules
-from jaxcomp.runtime import train
+from jaxcomp.runtime import evaluation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,10 +35,10 @@ class StepTime:
 
 
 def steps_to_target(run: dict, target: float) -> dict:
-  """`train.target_summary` of one run's results, with `dense_steps`: how many of the steps up to the target (or
+  """`evaluation.target_summary` of one run's results, with `dense_steps`: how many of the steps up to the target (or
   the run's end) sent dense activations (warm-up epochs; AQ-SGD first visits, at most the epoch's)."""
   history = run["history"]
-  summary = train.target_summary(history, target)
+  summary = evaluation.target_summary(history, target)
   until, dense, start = summary["step"] or history[-1]["step"], 0, 0
   for record in history:
     if start >= until:

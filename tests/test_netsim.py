@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxcomp.analysis import netsim
+from jaxcomp.analysis.events import Event
 from jaxcomp.analysis.link import Link
-from jaxcomp.analysis.netsim import Collective, Event, Exchange, Tied, simulate_step
+from jaxcomp.analysis.netsim import Collective, Exchange, Tied, simulate_step
 from jaxcomp.parallel import plan, schedules, timetable
 
 # With bandwidth_bps = 8, sending n bytes takes n seconds: hand timelines stay readable.

@@ -15,7 +15,7 @@ from jaxcomp import pipeline
 from jaxcomp.data import batching
 from jaxcomp.models.mlp import mlp_stages
 from jaxcomp.parallel import hostbuffer, schedules, sharded, simulate
-from jaxcomp.runtime import checkpoint, results, train
+from jaxcomp.runtime import checkpoint, evaluation, results, train
 from jaxcomp.runtime.checkpoint import Checkpointer
 
 N, B = 48, 8
@@ -462,33 +462,33 @@ def test_eval_every_evaluates_every_nth_step_and_the_last(tmp_path):
   assert [[e["step"] for e in r["evals"]] for r in history] == [[5], [10, 12]]
   assert history[1]["eval_on"] == history[1]["evals"][-1]["eval_on"]  # the last step's evaluation, not repeated
   assert history[0]["eval_off"] != history[0]["evals"][0]["eval_off"]  # epoch 1 ends at step 6, off the schedule
-  assert [e["step"] for e in train.evaluations(history)] == [5, 10, 12]
+  assert [e["step"] for e in evaluation.evaluations(history)] == [5, 10, 12]
   assert all(r["steps_per_s"] > 0 for r in history)
   _, plain = _dense_fit(tmp_path / "plain", 2)
-  assert [e["step"] for e in train.evaluations(plain)] == [6, 12]  # no schedule: the epoch ends
+  assert [e["step"] for e in evaluation.evaluations(plain)] == [6, 12]  # no schedule: the epoch ends
 
 
 def test_the_first_evaluated_step_at_or_below_the_target_is_recorded(tmp_path):
   _, history = _dense_fit(tmp_path / "a", 2, eval_every=2)
-  losses = [(e["step"], e["eval_on"]["loss"]) for e in train.evaluations(history)]
+  losses = [(e["step"], e["eval_on"]["loss"]) for e in evaluation.evaluations(history)]
   assert len(losses) == 6 and losses[-1][1] < losses[0][1]
   target = sorted(loss for _, loss in losses)[2]  # the third lowest: reached before the end
   first = next(step for step, loss in losses if loss <= target)
-  summary = train.target_summary(history, target)
+  summary = evaluation.target_summary(history, target)
   assert summary["step"] == first < 12 and summary["evaluated"] == 6
   assert (summary["best_loss"], summary["best_step"]) == min(((l, s) for s, l in losses))
-  never = train.target_summary(history, min(l for _, l in losses) - 1.0)
+  never = evaluation.target_summary(history, min(l for _, l in losses) - 1.0)
   assert never["step"] is None and never["best_loss"] == summary["best_loss"]
 
 
 def test_stop_at_target_ends_the_run_there_and_a_resumed_run_keeps_its_schedule(tmp_path):
   """6 batches an epoch, --eval-every 4: the target is the eval loss at step 8, inside epoch 2."""
   full, full_history = _dense_fit(tmp_path / "full", 2, eval_every=4)
-  target = train.evaluations(full_history)[1]["eval_on"]["loss"]
-  assert train.target_summary(full_history, target)["step"] == 8  # (step 4's loss is higher)
+  target = evaluation.evaluations(full_history)[1]["eval_on"]["loss"]
+  assert evaluation.target_summary(full_history, target)["step"] == 8  # (step 4's loss is higher)
   state, history = _dense_fit(tmp_path / "b", 2, eval_every=4, target_loss=target, stop_at_target=True)
   assert int(state.step) == 8 == history[-1]["step"] and history[-1]["epoch_batches"] == 2
-  assert train.target_summary(history, target)["step"] == 8
+  assert evaluation.target_summary(history, target)["step"] == 8
   again, same = _dense_fit(tmp_path / "b", 2, resume=True, eval_every=4, target_loss=target, stop_at_target=True)
   assert int(again.step) == 8 and same == history  # reached already: nothing more to train
   resumed, resumed_history = _dense_fit(tmp_path / "b", 2, resume=True, eval_every=4, target_loss=target)
@@ -501,11 +501,12 @@ def test_stop_at_target_ends_the_run_there_and_a_resumed_run_keeps_its_schedule(
 def test_a_shorter_runs_last_evaluation_leaves_the_schedule_when_it_resumes(tmp_path):
   _, full_history = _dense_fit(tmp_path / "full", 2, eval_every=4)
   _, cut = _dense_fit(tmp_path / "b", 2, eval_every=4, steps=5)
-  assert [e["step"] for e in train.evaluations(cut)] == [4, 5]
+  assert [e["step"] for e in evaluation.evaluations(cut)] == [4, 5]
   _, resumed = _dense_fit(tmp_path / "b", 2, resume=True, eval_every=4)
-  assert [e["step"] for e in train.evaluations(resumed)] == [e["step"] for e in train.evaluations(full_history)] \
-      == [4, 8, 12]
-  assert [e["eval_on"] for e in train.evaluations(resumed)] == [e["eval_on"] for e in train.evaluations(full_history)]
+  assert [e["step"] for e in evaluation.evaluations(resumed)] \
+      == [e["step"] for e in evaluation.evaluations(full_history)] == [4, 8, 12]
+  assert [e["eval_on"] for e in evaluation.evaluations(resumed)] \
+      == [e["eval_on"] for e in evaluation.evaluations(full_history)]
 
 
 def test_eval_schedule_settings_are_checked():

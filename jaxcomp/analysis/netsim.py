@@ -51,52 +51,8 @@ boundary's, and boundary ``b`` crosses device ``b mod D``'s link to the next dev
 last device's to device 0 included), shared by the boundaries on it; exchanges and updates are per
 device. One chunk per device, none of this changes a timeline.
 
-Links (``meter="per_direction"``, the default). One link per direction per boundary (full duplex: the two
-directions are independent), ``link.bandwidth_bps`` and ``link.latency_s`` each. A message's bytes hold its
-link direction for ``8 * bytes / bandwidth_bps`` seconds and land ``latency_s`` after its last byte left (the
-propagation delay holds no sender: the next message may leave behind it, as on a wire); each direction sends its
-messages one at a time, FIFO in production order, and a message starts when its producer op has ended and the
-link direction is free::
-
-    fwd(s, m).start      = max(stage s free, send_fwd(s-1, m).end)  # s = 0: input at t = 0
-    send_fwd(b, m).start = max(link b fwd free, fwd(b, m).end)
-    bwd(s, m).start      = max(stage s free, send_bwd(s, m).end)    # s = S-1: after fwd(S-1, m)
-    send_bwd(b, m).start = max(link b bwd free, bwd(b+1, m).end)
-    send(b, m).end       = start + 8 * bytes / bandwidth_bps + latency_s   # it has landed
-    link b free          = its last message's start + 8 * bytes / bandwidth_bps   # its last byte left
-    stage s free = its last op's end (its last message's last byte sent, without overlap_sends)
-
-(dataflow timing; the tick timing adds the waits above: a sender's tick ends when its message's last byte has
-left, the receiver's when it has landed).
-
-Receiver's meter (``meter="inbound"``: Protocol NanoGPT's `SimPipelineStage.add_delay`). Instead of one link
-per direction, each device has one inbound wire shared by everything it receives (activations from the stage
-before, gradients from the stage after), billed in the order the device consumes its messages (dataflow: its
-ops' order; ticks: the table's order), latency included::
-
-    send(b, m).end = max(wire of the receiver free, producer end) + 8 * bytes / bandwidth_bps + latency_s
-    wire of the receiver free = its last message's end
-
-A sender never waits for the meter (its sends are asynchronous; the receiver waits for the landing).
-
-Protocols (``protocol``, ticks only). ``"eager"``: a message leaves once its sender is ready. ``"rendezvous"``
-(XLA:CPU's collectives over gloo's TCP transport): the receiver posts its receive when it reaches the collective
-and sends a notice of it; the bytes leave only once the notice has crossed, ``max(sender ready, receiver ready +
-latency_s)``, and the sender is done with the message as they leave (its socket takes them), the receiver when
-they land. A message whose receiver was waiting costs one latency, one whose receiver comes last two.
-
-Collectives (`Collective`). Besides its boundary messages a step runs all-reduces of scalars: the loss and
-metrics, the clipping norm, the driver's finiteness check between steps. ``at`` says where the executor runs
-one: at tick ``t`` (ticks only; after each device's compute of that tick, before the tick's messages),
-``"before_update"`` (after each device's exchange: the clipping norm) or ``"after_update"`` (after every
-update: the driver's check). Each is a ring all-reduce over ``N`` ranks: ``2 (N - 1)`` hops one after another,
-each ``latency_s + 8 * nbytes / bandwidth_bps``. Eager: a barrier (it starts when the last device reaches it)
-then the hops, every device leaving at the end. Rendezvous: gloo's ring of a scalar, rank ``r`` the device
-``r``: the reduce-scatter hops ``N-1 -> N-2 -> ... -> 0`` (every receive posted on entry), the allgather ``0 ->
-N-1 -> ... -> 1`` (a rank posts its receive once its reduce-scatter send has left, before the value can come
-round to it: each allgather hop waits for the value alone), each hop a rendezvous message; a rank leaves when
-its last send has left or its last receive landed. (With ``ranks`` beyond the pipeline's devices, the replicas'
-ring: the eager barrier.) On the critical path collectives and the notices' crossings count as link time.
+Links, the receiver's meter (``meter``), the protocols (``protocol``) and the collectives (`Collective`): the link
+model of `jaxcomp.analysis.wires`.
 
 Data-parallel exchange (`Exchange`). With ``D`` replicas of the pipeline, the replicas of
 stage ``s`` exchange its weight gradient (or QuantizedAdam's first moment) once per step.
@@ -133,22 +89,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
+from jaxcomp.analysis.events import COMPUTE, Events, Kind, Timeline
 from jaxcomp.analysis.link import Link
+from jaxcomp.analysis.wires import METERS, PROTOCOLS, Collective, Meter, Protocol, Wires, all_reduce
 from jaxcomp.arguments import is_integer
 from jaxcomp.parallel import schedules, timetable
 from jaxcomp.parallel.plan import Plan
 
-Kind = Literal["fwd", "bwd", "bwd_input", "bwd_weight", "send_fwd", "send_bwd", "exchange", "tied", "update",
-               "collective"]
-Meter = Literal["per_direction", "inbound"]
-METERS = ("per_direction", "inbound")
-Protocol = Literal["eager", "rendezvous"]
-PROTOCOLS = ("eager", "rendezvous")
-Place = Literal["before_update", "after_update"]
-COMPUTE = {"F": "fwd", "BW": "bwd", "B": "bwd_input", "W": "bwd_weight"}  # a table's op kind -> its event kind
 
 # The bandwidths of AQ-SGD's Table 2.
 DEFAULT_BANDWIDTHS_BPS = (10e9, 1e9, 500e6, 300e6, 100e6)
@@ -161,12 +110,6 @@ class Exchange(NamedTuple):
   messages: int
 
 
-class Collective(NamedTuple):
-  """A ring all-reduce of `nbytes` over `ranks` ranks (None: the pipeline's devices; more: its replicas too) at
-  `at`: a tick (ticks only), ``"before_update"`` or ``"after_update"`` (module docstring, Collectives)."""
-  at: int | Place
-  ranks: int | None = None
-  nbytes: float = 4.0
 class Tied(NamedTuple):
   """One step's tied-parameter exchanges: per tied pair, its member devices `ends[k]` = (a, b), the bytes each
   sends the other `sent_bytes[k]` (in `messages` messages each way) and the seconds of codec work `compute_s[k]`
@@ -176,67 +119,6 @@ class Tied(NamedTuple):
   messages: int = 1
   compute_s: Sequence[float] | None = None
   before_exchange: bool = False
-
-
-@dataclass(frozen=True)
-class Event:
-  """One compute op, one message, one stage's data-parallel exchange or its optimizer update.
-
-  ``index`` is the chunk (the stage where a device holds one chunk) for ``fwd``/``bwd``/``bwd_input``/
-  ``bwd_weight``, the device for ``exchange``/``update``, the boundary ``b`` (chunk ``b`` to ``b + 1``) for
-  ``send_fwd``/``send_bwd``, the pair for ``tied`` and the position in `simulate_step`'s ``collectives`` for
-  ``collective``; ``microbatch`` is -1 for an ``exchange``, ``tied``, ``update`` or ``collective``. Times are
-  seconds from the start of the step; a message's are its first byte leaving and its landing.
-  """
-  kind: Kind
-  index: int
-  microbatch: int
-  start: float
-  end: float
-
-
-@dataclass(frozen=True)
-class Timeline:
-  """All events of one step: `events` (compute ops and messages, in evaluation order, not by
-  time), one `exchanges` event per stage (none without data parallelism), one `updates` event per
-  stage (none without `update_s`), one `tied` event per tied pair (none without `tied`), one `collectives` event
-  per collective, and the `critical_path`: from t = 0 to the makespan, each event the one the next waited for last
-  (on a tie, the previous event on the same resource). An event on the path counts until the next one starts, at
-  most to its end (a message that held up the next message on its link direction, or its sender, until its last
-  byte left); a gap before the next one is a receive's notice crossing the link (the rendezvous protocol; also
-  before the first event)."""
-  events: tuple[Event, ...]
-  exchanges: tuple[Event, ...] = ()
-  critical_path: tuple[Event, ...] = ()
-  updates: tuple[Event, ...] = ()
-  collectives: tuple[Event, ...] = ()
-  tied: tuple[Event, ...] = ()
-
-  @property
-  def pipeline_end(self) -> float:
-    """End of the last compute op or message."""
-    return max(e.end for e in self.events)
-
-  @property
-  def makespan(self) -> float:
-    """Step time in seconds: the end of the last op, message, exchange, tied exchange, update or collective."""
-    return max(e.end for e in self.events + self.exchanges + self.updates + self.collectives + self.tied)
-
-  def critical_seconds(self) -> dict[str, float]:
-    """Seconds of the critical path spent in ``compute`` (forwards, backwards, updates), on a ``link`` (messages
-    and collectives), in an ``exchange`` and, when the step has tied exchanges, in a ``tied`` one: they sum to the
-    makespan, and say which term dominates the step."""
-    terms = {**dict.fromkeys(COMPUTE.values(), "compute"), "send_fwd": "link", "send_bwd": "link",
-             "exchange": "exchange", "tied": "tied", "update": "compute", "collective": "link"}
-    seconds = dict.fromkeys(("compute", "link", "exchange") + (("tied",) if self.tied else ()), 0.0)
-    path = self.critical_path
-    seconds["link"] += path[0].start if path else 0.0  # a notice crossing before the first event
-    for e, after in zip(path, path[1:]):
-      seconds[terms[e.kind]] += min(after.start, e.end) - e.start
-      seconds["link"] += max(0.0, after.start - e.end)
-    if path:
-      seconds[terms[path[-1].kind]] += path[-1].end - path[-1].start
-    return seconds
 
 
 def _check_time(name: str, value: float) -> None:
@@ -323,116 +205,11 @@ def transfer_time(nbytes: float, bandwidth_bps: float, latency_s: float, message
   return messages * latency_s + 8.0 * nbytes / bandwidth_bps
 
 
-class _At(NamedTuple):
-  """A moment of an evaluated event to wait for: its ``"end"``, or for a message ``"sent"`` (its sender done with
-  it) or ``"free"`` (its link direction free again); ``after`` seconds later (a receive's notice crossing)."""
-  key: tuple
-  what: str = "end"
-  after: float = 0.0
-
-
-def _later(ref, seconds: float):
-  """`ref` (an event key, `_At`, or None: t = 0) `seconds` later."""
-  if ref is None:
-    return _At(None, "end", seconds)
-  return ref._replace(after=ref.after + seconds) if isinstance(ref, _At) else _At(ref, "end", seconds)
-
-
-class _Events:
-  """Events evaluated so far, each with what it waited for last, and what frees each resource."""
-
-  def __init__(self):
-    self.evaluated: dict[tuple, Event] = {}  # (kind, index, microbatch) -> its event
-    self.cause: dict[tuple, tuple | None] = {}  # the event an event waited for last (None: started at t = 0)
-    self.last: dict[tuple, tuple] = {}  # resource -> what frees it: an event's key (its end) or an `_At`
-    self.moments: dict[tuple, dict[str, float]] = {}  # message key -> {"sent": ..., "free": ...}
-
-  def time(self, ref) -> float:
-    if not isinstance(ref, _At):
-      return self.evaluated[ref].end
-    if ref.key is None:
-      return ref.after
-    return (self.evaluated[ref.key].end if ref.what == "end" else self.moments[ref.key][ref.what]) + ref.after
-
-  def run(self, key, resource, inputs, duration, holds=None, sent=None):
-    """Evaluate event `key` on `resource`: it starts when what frees the resource and its inputs (event keys: their
-    ends; `_At`: a moment; None: nothing) are done, and frees the resource at its end, or `holds` seconds after its
-    start; its sender is done with it `sent` seconds after its start (default: `holds`)."""
-    waits = [r for r in (self.last.get(resource), *inputs) if r is not None]
-    cause = max(waits, key=self.time, default=None)
-    self.cause[key] = cause.key if isinstance(cause, _At) else cause
-    start = self.time(cause) if cause is not None else 0.0
-    self.evaluated[key] = Event(*key, start, start + duration)
-    if holds is None:
-      self.last[resource] = key
-    else:
-      self.moments[key] = {"free": start + holds, "sent": start + (holds if sent is None else sent)}
-      self.last[resource] = _At(key, "free")
-
-
-class _Wires:
-  """How a message crosses (module docstring, Links, Receiver's meter and Protocols): `send` evaluates it and
-  returns what its sender waits for (None under the receiver's meter)."""
-
-  def __init__(self, link: Link, meter: Meter, protocol: Protocol, fwd_bytes, bwd_bytes, num_devices: int):
-    self.link, self.meter, self.protocol, self.num_devices = link, meter, protocol, num_devices
-    self.serial = {"send_fwd": [8.0 * n / link.bandwidth_bps for n in fwd_bytes],
-                   "send_bwd": [8.0 * n / link.bandwidth_bps for n in bwd_bytes]}
-
-  def send(self, ev: _Events, key: tuple, receiver: int, sender_ready, receiver_ready=()) -> _At | None:
-    """Evaluate message `key` once its sender is ready (`sender_ready`) and, per its protocol, its receiver
-    (`receiver_ready`: eager, ready; rendezvous, ready and its notice across the link)."""
-    kind, boundary, _ = key
-    serial = self.serial[kind][boundary]
-    if self.protocol == "rendezvous":
-      receiver_ready = [_later(r, self.link.latency_s) for r in receiver_ready]
-    inputs = [*sender_ready, *receiver_ready]
-    if self.meter == "inbound":
-      ev.run(key, ("inbound", receiver), inputs, serial + self.link.latency_s)
-      return None
-    ev.run(key, (kind, boundary % self.num_devices), inputs, serial + self.link.latency_s, holds=serial,
-           sent=0.0 if self.protocol == "rendezvous" else serial)
-    return _At(key, "sent")
-
-
-def _all_reduce(ev: _Events, i: int, ranks: int, ready: list[list], link: Link, protocol: Protocol,
-                nbytes: float) -> list[list]:
-  """Collective `i`, a ring all-reduce of `nbytes` over `ranks` ranks, once each device is ready (`ready`: per
-  device, what it waits for): per device, what it waits for to leave it (module docstring, Collectives)."""
-  hop = 8.0 * nbytes / link.bandwidth_bps + link.latency_s
-  n = len(ready)
-  if protocol == "eager" or ranks != n:  # a barrier, then the ring's hops one after another
-    ev.run(("collective", i, -1), ("collective", i), [r for refs in ready for r in refs], 2 * (ranks - 1) * hop)
-    return [[("collective", i, -1)] for _ in range(n)]
-  if n == 1:
-    return ready
-  notice = lambda refs: [_later(r, link.latency_s) for r in refs]
-  hops = iter(range(2 * (n - 1)))
-
-  def send(have, receiver_posted=()):
-    key = ("collective", i, next(hops))
-    ev.run(key, key, [*have, *notice(receiver_posted)], hop, holds=0.0)
-    return key
-  # reduce-scatter: rank n-1 -> n-2 -> ... -> 0, every receive posted on entry
-  arrived = None
-  for r in range(n - 1, 0, -1):
-    arrived = send(ready[r] + ([arrived] if arrived else []), ready[r - 1])
-  # allgather: rank 0 -> n-1 -> ... -> 1; a rank posts its receive once its reduce-scatter send has left, before
-  # the value can come round to it, so each hop waits for the value alone
-  arrived = send([arrived, *ready[0]])
-  exits = [[_At(arrived, "sent")]] + [None] * (n - 1)
-  for r in range(n - 1, 1, -1):
-    arrived = send([arrived])
-    exits[r] = [_At(arrived, "sent")]
-  exits[1] = [arrived]
-  return exits
-
-
 def _message_key(msg: timetable.Message) -> tuple[Kind, int, int]:
   return ("send_fwd" if msg.forward else "send_bwd", msg.boundary, msg.microbatch)
 
 
-def _dataflow(ev: _Events, table: timetable.Timetable, compute, wires: _Wires, overlap_sends: bool) -> list[list]:
+def _dataflow(ev: Events, table: timetable.Timetable, compute, wires: Wires, overlap_sends: bool) -> list[list]:
   """Each device's ops in its order, each as soon as its stage is free and its input has arrived (module
   docstring, Dataflow); per device, the events it has done when its last op has ended and its last message
   has left."""
@@ -487,7 +264,7 @@ def _dataflow(ev: _Events, table: timetable.Timetable, compute, wires: _Wires, o
           for s in range(num_devices)]
 
 
-def _ticks(ev: _Events, plan: Plan, compute, wires: _Wires, barrier) -> list[list]:
+def _ticks(ev: Events, plan: Plan, compute, wires: Wires, barrier) -> list[list]:
   """The plan's table tick by tick, as the sharded executor runs it (module docstring, Ticks), with `barrier(t,
   ready)` running the collectives of tick t; per device, the events it has done when its last tick ends."""
   table = plan.table
@@ -625,15 +402,15 @@ def simulate_step(
 
   compute = {"fwd": fwd_s, "bwd": bwd_s, "bwd_input": [input_grad_share * t for t in bwd_s],
              "bwd_weight": [(1 - input_grad_share) * t for t in bwd_s]}
-  wires = _Wires(link, meter, protocol, fwd_bytes, bwd_bytes, num_stages)
-  ev = _Events()
+  wires = Wires(link, meter, protocol, fwd_bytes, bwd_bytes, num_stages)
+  ev = Events()
 
   def barrier(at, ready, pending):
     """The collectives placed `at` (a tick or a place), one after another from when each device is ready
     (`ready`: per device, what it waits for); then each device waits to leave the last (`pending` replaced)."""
     for i, c in enumerate(collectives):
       if c.at == at:
-        ready = pending = _all_reduce(ev, i, c.ranks or num_stages, ready, link, protocol, c.nbytes)
+        ready = pending = all_reduce(ev, i, c.ranks or num_stages, ready, link, protocol, c.nbytes)
     return [list(refs) for refs in pending]
 
   if ticks:

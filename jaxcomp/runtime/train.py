@@ -10,13 +10,7 @@ checkpointed (its record is written, then the run stops the same way). A checkpo
 executor's own state (each process writes its own shards) and restores into the simulate layout
 (`checkpoint`), so a run resumes or warm-starts from one of any executor, mesh shape or process
 count; resume takes the newest intact checkpoint, warning about corrupt newer ones.
-Evaluation schedule (`RunConfig.eval_every`): a run also evaluates, with compression on and off, after every
-`eval_every`-th step (global steps N, 2N, ...) and after its last step; each epoch's record lists those
-evaluations (`evals`). The run's evaluated steps are these, or without `eval_every` its epoch ends
-(`evaluations`). With `target_loss` L, the first evaluated step whose eval loss with compression on is <= L is
-the run's step to target (`target_summary`); `stop_at_target` ends the run there (its epoch recorded and
-checkpointed as one cut short by `steps`). A resumed run continues the schedule; the last step of an earlier,
-shorter run is not on it and leaves it.
+The evaluation schedule (`RunConfig.eval_every`, `target_loss`, `stop_at_target`): `evaluation`.
 
 Resume restores the latest checkpoint; data order, keys and every state continue exactly,
 also from an epoch that `RunConfig.steps` cut short (its checkpoint records how many of the
@@ -55,7 +49,7 @@ import numpy as np
 from jaxcomp import pipeline
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.compress.schemes import AQSGD
-from jaxcomp.runtime import checkpoint, distributed
+from jaxcomp.runtime import checkpoint, distributed, evaluation
 from jaxcomp.runtime.checkpoint import Checkpointer
 
 
@@ -96,7 +90,7 @@ class RunConfig:
   resume: bool = False
   init_from: tuple[str, int] | None = None  # (baseline checkpoint dir, epoch): warm start
   progress: bool = True
-  eval_every: int | None = None  # also evaluate after every this many steps and after the last (module doc)
+  eval_every: int | None = None  # also evaluate after every this many steps and after the last (`evaluation`)
   target_loss: float | None = None  # the eval loss (compression on) whose first evaluated step is recorded
   stop_at_target: bool = False  # end the run at that step
 
@@ -136,36 +130,6 @@ class FirstVisits:
   def sent(self, ids):
     if self.seen is not None:
       self.seen[np.asarray(ids)] = True
-
-
-def evaluate(eval_step, state, batches, summary: Callable[[dict], dict] = dict, place=lambda b: b) -> dict:
-  """summary(metrics averaged over the evaluation set, weighted by batch size); `place` puts a
-  batch where the step reads it."""
-  totals, count = {}, 0
-  for batch in batches:
-    n = len(next(iter(batch.values())))
-    for k, v in eval_step(state, place(batch)).items():
-      totals[k] = totals.get(k, 0.0) + float(v) * n
-    count += n
-  return summary({k: v / count for k, v in totals.items()})
-
-
-def evaluations(history: list[dict]) -> list[dict]:
-  """The run's evaluated steps in order, each {"step", "eval_on", "eval_off"}: the `evals` its epochs list (a run
-  with `RunConfig.eval_every`), else its epoch ends."""
-  if any("evals" in r for r in history):
-    return [e for r in history for e in r.get("evals", ())]
-  return [{"step": r["step"], "eval_on": r["eval_on"], "eval_off": r["eval_off"]} for r in history]
-
-
-def target_summary(history: list[dict], target_loss: float) -> dict:
-  """When the run reached `target_loss`: {"loss": the target, "step": the first evaluated step whose eval loss with
-  compression on is <= it (None: none), "best_loss", "best_step": the lowest such loss and its step, "evaluated":
-  how many evaluated steps there were}."""
-  evals = evaluations(history)
-  best = min(evals, key=lambda e: e["eval_on"]["loss"], default=None)
-  return {"loss": target_loss, "step": next((e["step"] for e in evals if e["eval_on"]["loss"] <= target_loss), None),
-          "best_loss": best and best["eval_on"]["loss"], "best_step": best and best["step"], "evaluated": len(evals)}
 
 
 def _with_next(batches):
@@ -295,13 +259,12 @@ class Run:
     """{"step", "eval_on", "eval_off"}: the model now, evaluated with compression on and off."""
     data = self.data
     return {"step": self.global_step, **{
-        f"eval_{way}": evaluate(self.eval_steps[compressed], self.state, data.eval_batches(), data.eval_summary,
-                                self.place) for way, compressed in (("on", True), ("off", False))}}
+        f"eval_{way}": evaluation.evaluate(self.eval_steps[compressed], self.state, data.eval_batches(),
+                                           data.eval_summary, self.place) for way, compressed in (("on", True), ("off", False))}}
 
   def note(self, evaluated: dict):
     """An evaluated step (of the schedule): `reached` if it is the first to reach the target."""
-    target = self.cfg.target_loss
-    if self.reached is None and target is not None and evaluated["eval_on"].get("loss", math.inf) <= target:
+    if self.reached is None and evaluation.reaches(evaluated, self.cfg.target_loss):
       self.reached = evaluated["step"]
 
   def finished(self) -> bool:
@@ -350,8 +313,7 @@ def start(pipe: pipeline.Pipeline, optimizer, executor: pipeline.Executor, data:
     history, start_epoch = meta["history"], meta["epoch"]
     done_losses = meta.get("epoch_losses", [])
     if cfg.eval_every:  # the last step of an earlier, shorter run is off this run's evaluation schedule
-      history = [{**r, "evals": [e for e in r["evals"] if e["step"] % cfg.eval_every == 0]} if "evals" in r else r
-                 for r in history]
+      history = evaluation.on_schedule(history, cfg.eval_every)
   visits = FirstVisits(pipe)
   if cfg.resume and visits.seen is not None:  # examples sent in finished epochs, from the data order
     for epoch in range(start_epoch):
@@ -362,7 +324,7 @@ def start(pipe: pipeline.Pipeline, optimizer, executor: pipeline.Executor, data:
   eval_steps = {c: executor.make_eval_step(pipe, c) for c in (True, False)}
   run = Run(pipe, optimizer, executor, data, cfg, state, history, start_epoch, done_losses, ckpt, visits,
             int(state.step), wire, eval_steps, batch_placement(executor))
-  for evaluated in evaluations(history):
+  for evaluated in evaluation.evaluations(history):
     run.note(evaluated)
   if done_losses and not run.finished():  # that epoch's record is redone when the epoch is finished
     run.done_evals, run.history = history[-1].get("evals", []), history[:-1]
@@ -424,7 +386,7 @@ def run_epoch(run: Run, epoch: int) -> EpochResult:
       timed_steps += 1
       bar.update(1)
     bar.set_postfix(loss=f"{loss:.4f}")
-    if cfg.eval_every and run.global_step % cfg.eval_every == 0:
+    if evaluation.due(run.global_step, cfg.eval_every):
       eval_start = time.perf_counter()
       evals.append(run.evaluate())
       run.note(evals[-1])
@@ -448,7 +410,7 @@ def record(run: Run, epoch: int, result: EpochResult, on_epoch=None, last: bool 
     now = evals[-1]
   else:
     now = run.evaluate()
-    if not run.cfg.eval_every or last:  # an evaluated step of the run (module doc)
+    if not run.cfg.eval_every or last:  # an evaluated step of the run (`evaluation`)
       run.note(now)
     if run.cfg.eval_every and last:
       evals.append(now)
