@@ -23,7 +23,10 @@ at the model's bf16 activations, its codecs timed by the same clock, and the ste
 record: record T / (step time x the dense record's steps), its faster step time of the two.
 """
 import argparse
+import math
 from typing import Callable, NamedTuple
+
+import jax
 
 from benchmarks.throughput_vs_bandwidth import Estimated
 from experiments import config, frontier, gpt2_wikitext, paper
@@ -95,21 +98,23 @@ def record_rows(setup: Setup, records=RECORDS) -> list[dict]:
 
 def method_rows(setup: Setup, methods: dict, records=RECORDS) -> list[dict]:
   """Each method's steady-state step at each record's microbatch count, its bytes per token (both ways, the first
-  boundary's, at the first record's microbatches), and the inflation at which its faster step ties each record."""
+  boundary's, at the first record's microbatches), and the inflation at which its faster step ties each record; a
+  method one of whose programs the target's compiler refuses has its error (`refused`) instead."""
   rows = []
   for name, (fwd, bwd, _, *learned) in methods.items():
-    steps, bytes_per_token = {}, None
-    for record in records:
-      cfg = setup.run_config(fwd, bwd, learned[0] if learned else None, record.microbatches)
-      pipe, _, batch, _ = gpt2_wikitext.abstract(cfg)
-      sent = setup.step_times.sent(cfg)
-      if bytes_per_token is None:  # at the first record's microbatches (headers and scales make it vary a little)
-        bytes_per_token = sum(sent[0]) / (batch["tokens"].size // record.microbatches)
-      steps[record.microbatches] = setup.step_times.timeline(cfg, sent=sent).makespan
-    best = min(steps.values())
-    rows.append({"method": name, "fwd": fwd, "bwd": bwd, "bottleneck": learned[0] if learned else None,
-                 "bytes_per_token": bytes_per_token, "step_s": steps, "best_step_s": best,
-                 "tie": {r.name: tie_inflation(r, best) for r in records}})
+    row = {"method": name, "fwd": fwd, "bwd": bwd, "bottleneck": learned[0] if learned else None, "step_s": {}}
+    try:
+      for record in records:
+        cfg = setup.run_config(fwd, bwd, row["bottleneck"], record.microbatches)
+        pipe, _, batch, _ = gpt2_wikitext.abstract(cfg)
+        sent = setup.step_times.sent(cfg)
+        row.setdefault("bytes_per_token", sum(sent[0]) / (batch["tokens"].size // record.microbatches))
+        row["step_s"][record.microbatches] = setup.step_times.timeline(cfg, sent=sent).makespan
+    except jax.errors.JaxRuntimeError as err:  # the target's compiler refused one of its programs: said in its row
+      rows.append({**row, "best_step_s": math.inf, "refused": str(err).splitlines()[0]})
+      continue
+    best = min(row["step_s"].values())
+    rows.append({**row, "best_step_s": best, "tie": {r.name: tie_inflation(r, best) for r in records}})
   return rows
 
 
@@ -131,6 +136,10 @@ def render_methods(rows: list[dict], records=RECORDS) -> str:
   lines = [f"| method | fwd | bwd | B/token | {heads} | {ties} |", "|---|---|---|---:|" + "---:|" * 2 * len(records)]
   for r in sorted(rows, key=lambda r: r["best_step_s"]):
     fwd = f"`{r['bottleneck']}` then `{r['fwd']}`" if r["bottleneck"] else f"`{r['fwd']}`"
+    if "refused" in r:
+      lines.append(f"| {r['method']} | {fwd} | `{r['bwd']}` | not compiled for the target: {r['refused']} |"
+                   + " |" * (2 * len(records)))
+      continue
     steps = " | ".join(f"{r['step_s'][rec.microbatches]:.3f}" for rec in records)
     tie = " | ".join(f"{r['tie'][rec.name]:.2f}" for rec in records)
     lines.append(f"| {r['method']} | {fwd} | `{r['bwd']}` | {r['bytes_per_token']:,.1f} | {steps} | {tie} |")
@@ -161,7 +170,7 @@ def main(argv=None):
   print(f"Protocol NanoGPT's step: protocol-203m on 8 stages, 1F1B (ticks, as the sharded executor runs it), "
         f"512 x 1024 tokens, link {link} on netsim's inbound meter (one inbound wire per stage); compute "
         f"{clock.source}\n")
-  print(render_records(record_rows(setup)))
+  print(render_records(record_rows(setup)), flush=True)
   print(f"\nerror = predicted / published - 1; middle stage's inbound wire = 2 x microbatches x (8 x bytes per "
         f"message / {link.bandwidth_bps:g} + {link.latency_s:g}) s. The ReparamSSN row takes the dense model's compute "
         "(its record widens the MLP to 11,292 and adds its projection; jaxcomp's model has neither).")
