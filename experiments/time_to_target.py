@@ -63,22 +63,29 @@ class StepTimes:
     self.meter = meter
     self.stage_costs = {}  # stage set -> the benchmark's CostSource
 
-  def __call__(self, cfg: config.RunConfig) -> StepTime:
+  def sent(self, cfg: config.RunConfig, boundary=None) -> list[tuple[int, int]]:
+    """Each stage boundary's (forward, backward) bytes per message of `cfg`'s run with `boundary` (default: the
+    run's): its `wire_bytes` at the activation shapes."""
+    pipe, _, batch, _ = gpt2_wikitext.abstract(cfg)
+    return [(boundary or pipe.boundary).wire_bytes(s.shape, s.dtype) for s in pipeline.activation_shapes(pipe, batch)]
+
+  def timeline(self, cfg: config.RunConfig, boundary=None, sent=None) -> netsim.Timeline:
+    """netsim's step of `cfg`'s run with `boundary` (default: the run's; its codecs timed by the clock), sending
+    `sent` (each boundary's (forward, backward) bytes per message; default: `self.sent`)."""
     pipe, _, batch, _ = gpt2_wikitext.abstract(cfg)
     stage_set = (cfg.compression.bottleneck, cfg.training.batch_size, pipe.microbatches)
     if stage_set not in self.stage_costs:
       self.stage_costs[stage_set] = self.clocked.stage_costs(pipeline.uncompressed(pipe), batch, self.clock)
-    costs_of = self.stage_costs[stage_set]
-    shapes = pipeline.activation_shapes(pipe, batch)
+    boundary = boundary or pipe.boundary
+    sent = sent or self.sent(cfg, boundary)
+    fwd_s, bwd_s = self.clocked.op_seconds(self.stage_costs[stage_set](boundary))
     table = schedules.parse(self.schedule).train_table(pipe.num_stages, pipe.microbatches)
+    return netsim.simulate_step(fwd_s, bwd_s, [f for f, _ in sent], [b for _, b in sent], pipe.microbatches,
+                                self.link.bandwidth_bps, self.link.latency_s, schedule=table, overlap_sends=False,
+                                ticks=True, meter=self.meter)
 
-    def timeline(boundary):
-      fwd_s, bwd_s = self.clocked.op_seconds(costs_of(boundary))
-      sent = [boundary.wire_bytes(s.shape, s.dtype) for s in shapes]
-      return netsim.simulate_step(fwd_s, bwd_s, [f for f, _ in sent], [b for _, b in sent], pipe.microbatches,
-                                  self.link.bandwidth_bps, self.link.latency_s, schedule=table, overlap_sends=False,
-                                  ticks=True, meter=self.meter)
-    compressed, dense = timeline(pipe.boundary), timeline(parse_boundary("none", "none"))
+  def __call__(self, cfg: config.RunConfig) -> StepTime:
+    compressed, dense = self.timeline(cfg), self.timeline(cfg, parse_boundary("none", "none"))
     return StepTime(compressed.makespan, dense.makespan, compressed.critical_seconds(), self.clock.source)
 
 
