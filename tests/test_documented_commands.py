@@ -92,8 +92,8 @@ REGISTRY = {
             "tested on stand-ins: the hub cache here, --data-dir and the BPE tokenizer in tests/test_data.py"),
     "python -m experiments.gpt2_wikitext --preset aqsgd-fw3-bw6": Case(
         ("--preset", "aqsgd-fw3-bw6", *GPT2_TINY), slow=True, why="the README's first run's path, another preset"),
-    "python -m experiments.gpt2_wikitext --preset top10-reuse --executor gpipe --stages 4 --data-parallel 2": Case(
-        ("--preset", "top10-reuse", "--executor", "gpipe", "--stages", "4", "--data-parallel", "2", *GPT2_TINY),
+    "python -m experiments.gpt2_wikitext --preset top10-reuse --executor sharded --stages 4 --data-parallel 2": Case(
+        ("--preset", "top10-reuse", "--executor", "sharded", "--stages", "4", "--data-parallel", "2", *GPT2_TINY),
         slow=True, why="the sharded executor on 8 devices; by default 2 x 2 in test_gpipe_executor_from_the_cli"),
     "python -m experiments.gpt2_wikitext --recipe paper --preset top10-reuse --compile-for v5e-1": Case(
         ("--recipe", "paper", "--preset", "top10-reuse", "--compile-for", "v5e-1", "--model", "tiny",
@@ -179,6 +179,29 @@ REGISTRY = {
          "--seq", "8", "--methods", "fp32,aqsgd-fw2-bw4"), expect="interleaved:2 with overlapped sends", slow=True,
         why="compiles every op for a TPU target; by default test_throughput_from_a_compiled_target_is_labelled_an_"
             "estimate compiles the toy model for v5e-8"),
+    "python -m benchmarks.throughput_vs_bandwidth --compile-for v5e-8 --model xl --stages 8 --data-parallel 1 --batch "
+    "16 --microbatches 16 --schedule gpipe,1f1b,1f1b-fused,zb-h1,interleaved:2 --overlap both --methods "
+    "fp32,aqsgd-fw3-bw6,aqsgd-fw2-bw4,top10-q8-reuse,tile64-fw3-bw4 --tied-exchange "
+    "dense,untied,ef+maxabs:4:group=64:scales=group,ef+topk:0.01": Case(
+        ("--compile-for", "v5e-8", "--model", "xl", "--stages", "8", "--data-parallel", "1", "--batch", "16",
+         "--microbatches", "16", "--schedule", "gpipe,1f1b,1f1b-fused,zb-h1,interleaved:2", "--overlap", "both",
+         "--methods", "fp32,aqsgd-fw3-bw6,aqsgd-fw2-bw4,top10-q8-reuse,tile64-fw3-bw4", "--tied-exchange",
+         "dense,untied,ef+maxabs:4:group=64:scales=group,ef+topk:0.01", "--model", "medium", "--seq", "8",
+         "--methods", "fp32,aqsgd-fw2-bw4"), expect="tied exchange ef+topk:0.01", slow=True,
+        why="compiles every op for a TPU target; by default test_throughput_counts_each_choice_of_the_tied_exchange "
+            "runs --tied-exchange on the toy model",
+        reached_by="tests/test_benchmarks.py::test_throughput_counts_each_choice_of_the_tied_exchange"),
+    "python -m benchmarks.protocol_records --compile-for h100-8": Case(
+        covered="tests/test_protocol_records.py::test_a_method_ties_a_record_at_its_T_over_its_faster_step_times_the_"
+                "dense_records_steps",
+        why="compiling for h100-8 needs the CUDA PJRT plugin (not in the test extra); the test runs the records' "
+            "table on the tiny protocol model with a stand-in clock"),
+    "python -m benchmarks.real_link --check-link --link 100mbit:20ms": Case(
+        covered="tests/test_real_link.py::test_check_link_sees_the_round_trip_and_the_rate",
+        why="as root, on namespaces of its own"),
+    "python -m benchmarks.real_link --stages S --link 100mbit:LAT --methods METHOD --json sS-LAT-METHOD.json": Case(
+        covered="tests/test_real_link.py::test_a_train_step_moves_at_most_10_percent_more_than_it_counts",
+        why="its fixture runs these flags (S 2, a link with latency, two methods) as root"),
     "python -m benchmarks.throughput_vs_bandwidth --compile-for v5e-8 --model xl --stages 8 --data-parallel 1": Case(
         ("--compile-for", "v5e-8", "--model", "xl", "--stages", "8", "--data-parallel", "1", "--model", "small",
          "--seq", "8", "--methods", "fp32"), expect="estimated for TPU v5e", slow=True,
