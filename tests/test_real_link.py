@@ -122,7 +122,7 @@ def test_rate_is_the_older_name_of_link(capsys):
 
 def test_check_link_sees_the_round_trip_and_the_rate(network, tmp_path):
   """`--check-link`: ping's round trip is twice the one-way latency (within 5 ms idle), a 262 KB message and its
-  1-byte answer take the bytes at the rate and two latencies (within 25 ms), and each direction's TCP goodput, both
+  1-byte answer take the bytes at the rate and two latencies (3 ms sooner to 25 ms later), and each direction's TCP goodput, both
   at once with every core loaded, is at least 80% of what TCP carries at the rate."""
   out = tmp_path / "check.json"
   done = subprocess.run([sys.executable, "-m", "benchmarks.real_link", "--check-link", "--link", LINK, "--json",
@@ -131,9 +131,10 @@ def test_check_link_sees_the_round_trip_and_the_rate(network, tmp_path):
   checked = json.loads(out.read_text())
   median = lambda values: sorted(values)[len(values) // 2]
   assert 0.040 <= median(checked["rtt_idle_s"]) <= 0.045, checked
-  # a message takes its bytes at the rate (with headers) and a latency, its answer another (netsim's link)
+  # a message takes its bytes at the rate (with headers) and a latency, its answer another (netsim's link); its
+  # first 16 KB leave at once (the token bucket's burst, 1.3 ms at the rate), so it may land up to 3 ms sooner
   expected = 8 * checked["message_bytes"] * 1514 / 1448 / 100e6 + 2 * 0.020
-  assert expected <= median(checked["message_trips_s"][2:]) <= expected + 0.025, checked
+  assert expected - 0.003 <= median(checked["message_trips_s"][2:]) <= expected + 0.025, checked
   assert all(bps >= 0.8 * 100e6 * 1448 / 1514 for bps in checked["goodput_bps"].values()), checked
 
 
