@@ -122,8 +122,8 @@ def test_rate_is_the_older_name_of_link(capsys):
 
 def test_check_link_sees_the_round_trip_and_the_rate(network, tmp_path):
   """`--check-link`: ping's round trip is twice the one-way latency (within 5 ms idle), a 262 KB message and its
-  1-byte answer take the bytes at the rate and two latencies (3 ms sooner to 25 ms later), and each direction's TCP goodput, both
-  at once with every core loaded, is at least 80% of what TCP carries at the rate."""
+  1-byte answer take the bytes at the rate and two latencies (3 ms sooner to 25 ms later), and each direction's TCP
+  goodput, both at once with every core loaded, is at least 80% of what TCP carries at the rate."""
   out = tmp_path / "check.json"
   done = subprocess.run([sys.executable, "-m", "benchmarks.real_link", "--check-link", "--link", LINK, "--json",
                          str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
