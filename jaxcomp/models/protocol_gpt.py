@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from jaxcomp.models.gpt2 import block_splits
 from jaxcomp.pipeline import FlaxStage
 
+
 @dataclasses.dataclass(frozen=True)
 class ProtocolConfig:
   vocab_size: int = 50304
