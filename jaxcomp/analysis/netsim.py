@@ -196,13 +196,12 @@ def table_of(schedule: str | schedules.Schedule | timetable.Timetable | Plan, nu
 
 
 def transfer_time(nbytes: float, bandwidth_bps: float, latency_s: float, messages: int = 1) -> float:
-  """Seconds to send `nbytes` in `messages` back-to-back messages: ``messages * latency_s +
-  8 * nbytes / bandwidth_bps``."""
+  """Seconds to send `nbytes` in `messages` back-to-back messages (`Link.seconds`), its arguments checked."""
   _check_time("nbytes", nbytes)
   _check_bandwidth(bandwidth_bps)
   _check_time("latency_s", latency_s)
   _check_count("messages", messages, 0)
-  return messages * latency_s + 8.0 * nbytes / bandwidth_bps
+  return Link(bandwidth_bps, latency_s).seconds(nbytes, messages)
 
 
 def _message_key(msg: timetable.Message) -> tuple[Kind, int, int]:
