@@ -122,6 +122,20 @@ ENTRY %main (p: f32[8]) -> f32[8] {
   assert hlo_bytes.memory_bytes(all_reduce) == 2 * 8 * 4  # XLA:GPU's all-reduce-start is no tuple
 
 
+@pytest.mark.parametrize("groups", ["{{0,1,2,3},{4,5,6,7}}", "[2,4]<=[8]", "mesh['data'=2,'stage'=4] {'stage'}"])
+def test_an_all_gathers_groups_read_the_same_in_every_spelling(groups):
+  """XLA spells replica groups as a list, an iota, or (libtpu 0.0.50 on) named mesh axes: 2 groups of 4 each way,
+  each member's f32[8] to the 3 others."""
+  text = f"""HloModule m
+
+ENTRY %main (p: f32[8]) -> f32[32] {{
+  %p = f32[8]{{0}} parameter(0)
+  ROOT %g = f32[32]{{0}} all-gather(%p), replica_groups={groups}, dimensions={{0}}
+}}
+"""
+  assert hlo_bytes.collective_bytes(text) == {"fwd": 0, "bwd": 0, "data": 2 * 4 * 3 * 8 * 4}
+
+
 def test_a_wrapped_links_permutes_count_the_other_way():
   """Under `mesh.WRAPPED` (a ring's last device to device 0) a permute to a lower device is an activation."""
   text = """HloModule m

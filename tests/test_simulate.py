@@ -157,7 +157,9 @@ def test_an_executor_that_leaves_out_part_of_the_contract_cannot_be_built():
     def make_train_step(self, pipe, optimizer, mode=Mode.TRAIN):
       return simulate.make_train_step(pipe, optimizer, mode)
 
-  with pytest.raises(TypeError, match="abstract methods batch_shapes, make_eval_step, state_shapes, trace_step, "
-                                      "wire_bytes_per_step"):
+  with pytest.raises(TypeError, match="abstract methods") as refused:
     TrainsOnly()
+  # Python 3.12 quotes the names ('batch_shapes', ...), 3.11 does not
+  assert re.findall(r"\w+", str(refused.value).split("abstract methods", 1)[1]) == [
+      "batch_shapes", "make_eval_step", "state_shapes", "trace_step", "wire_bytes_per_step"]
   assert simulate.Simulate().collective_ways(Mode.TRAIN) == ()

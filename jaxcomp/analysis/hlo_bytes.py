@@ -10,6 +10,7 @@ for memory and refused for collectives. A `conditional` runs one branch per call
 count each branch once, memory the costliest branch.
 """
 import dataclasses
+import math
 import re
 
 import numpy as np
@@ -197,9 +198,17 @@ def executions(module: Module) -> Executions:
 
 
 def _group_size_and_count(line):
+  """(members per group, groups) of a collective's replica_groups, in any of XLA's three spellings: an iota
+  `[count,size]<=[...]`, a list `{{0,1},{2,3}}`, or named mesh axes `mesh['data'=2,'stage'=4] {'stage'}` (one
+  group per point of the axes not named in braces; newer XLA, e.g. libtpu 0.0.50)."""
   iota = re.search(r"replica_groups=\[(\d+),(\d+)\]", line)
   if iota:
     return int(iota.group(2)), int(iota.group(1))
+  mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+  if mesh:
+    axes = {name: int(n) for name, n in re.findall(r"'([^']*)'=(\d+)", mesh.group(1))}
+    size = math.prod(axes[name] for name in re.findall(r"'([^']*)'", mesh.group(2)))
+    return size, math.prod(axes.values()) // size
   groups = re.search(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}", line).group(1)
   members = re.findall(r"\{([\d,]*)\}", groups)
   return len(members[0].split(",")), len(members)
