@@ -2,13 +2,27 @@
 compiling without LLVM's expensive passes: the suite's time is mostly compiling small programs
 (docs/tests.md). Subprocesses that compare their numbers with this process take the same flags
 (`subprocess_xla_flags`). JAX_PLATFORMS and XLA_FLAGS already set win: `JAX_PLATFORMS=cuda python -m pytest
-tests/test_codecs.py` runs on a GPU (`benchmarks.device_check` runs the codec, scheme and boundary tests so)."""
+tests/test_codecs.py` runs on a GPU (`benchmarks.device_check` runs the codec, scheme and boundary tests so).
+
+Many tests compile the same programs (the tiny GPT-2's train and eval steps, each seed of a sweep, simulate's
+reference beside each executor): one run of the suite shares JAX's persistent compilation cache among its processes
+(the xdist workers and the subprocesses they start), in a temporary folder this process makes and removes at the
+end. Every program is still compiled by XLA once per run; a JAX_COMPILATION_CACHE_DIR already set wins (and is
+kept)."""
 import os
 import re
+import shutil
+import tempfile
 
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {FAST_COMPILE}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the first process of the run (xdist's workers inherit it)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = OWN_CACHE = tempfile.mkdtemp(prefix="jaxcomp-tests-xla-cache-")
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # every program: most of the suite's are small
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+else:
+  OWN_CACHE = None
 
 from jaxcomp.analysis import targets  # noqa: E402  (the flags above first)
 
@@ -20,3 +34,8 @@ def subprocess_xla_flags(devices: int) -> str:
   """This process's XLA_FLAGS with `devices` fake CPU devices."""
   others = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", "")).split()
   return " ".join([f"--xla_force_host_platform_device_count={devices}", *others])
+
+
+def pytest_unconfigure(config):
+  if OWN_CACHE and not hasattr(config, "workerinput"):  # the process that made the cache folder removes it
+    shutil.rmtree(OWN_CACHE, ignore_errors=True)

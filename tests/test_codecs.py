@@ -717,7 +717,9 @@ def _property_suite(cases, one_compile=True, **variants):
   return SuiteAndTraces if one_compile else Suite
 
 
-CodecPropertiesTest = _property_suite(LIGHT, with_jit=True, without_jit=True)
+CodecPropertiesTest = _property_suite(LIGHT, with_jit=True)
+# eagerly (op by op): by default RoundTripTest checks each codec's eager round trip against its jitted one
+EagerCodecPropertiesTest = pytest.mark.slow(_property_suite(LIGHT, one_compile=False, without_jit=True))
 # with the inputs placed on the device first: on the suite's CPU devices they already are (so -m slow only)
 OnDeviceCodecPropertiesTest = pytest.mark.slow(_property_suite(LIGHT, one_compile=False, with_device=True))
 # the codecs that take seconds to compile on XLA:CPU (`_slow_to_compile`)

@@ -96,6 +96,16 @@ def test_outlier_model_runs_carry_the_flag_and_keep_their_own_folder(tmp_path):
     frontier.finished(tmp_path, "fp32", 4)
 
 
+def test_a_recipes_own_eval_every_is_the_default_a_rerun_expects(tmp_path):
+  """Without --eval-every a run takes its recipe's (protocol-cpu: every 25 steps), and a rerun finds it done."""
+  (tmp_path / "results").mkdir()
+  (tmp_path / "results" / "fp32.json").write_text(json.dumps(
+      {"config": {"outliers": None, "recipe": "protocol-cpu", "eval_every": 25}, "history": [{"step": 4}]}))
+  assert frontier.finished(tmp_path, "fp32", 4, recipe="protocol-cpu", eval_every=None)["history"][-1]["step"] == 4
+  with pytest.raises(ValueError, match="a run with --eval-every 25, this frontier has --eval-every 16"):
+    frontier.finished(tmp_path, "fp32", 4, recipe="protocol-cpu", eval_every=16)
+
+
 def _results(steps_losses, dense=(0, 0), epoch_steps=4, method="m", seed=0):
   """A run's results: scheduled evaluations (step, eval loss with compression on) over epochs of `epoch_steps`."""
   history = []
