@@ -1,6 +1,7 @@
 """Shared by the benchmarks: timing (warm-up, then the median of synchronised runs), flags, tables."""
 import argparse
 import os
+import re
 import time
 
 import jax
@@ -10,6 +11,13 @@ def use_fake_cpu_devices(count: int) -> None:
   """Sets XLA_FLAGS (unless already set) so that the CPU backend, when it starts, makes `count` fake devices:
   call it before anything touches a JAX backend (a script's `__main__`)."""
   os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={count}")
+
+
+def xla_flags_with_devices(devices: int) -> str:
+  """This process's XLA_FLAGS with `devices` fake CPU devices in place of any count they name: the flags of a
+  subprocess (a real-link stage process, a test's worker) that should compile as this process does."""
+  others = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", "")).split()
+  return " ".join([f"--xla_force_host_platform_device_count={devices}", *others])
 
 
 def median_seconds(fn, *args, repeats: int = 10, warmup: int = 2) -> float:

@@ -57,6 +57,7 @@ import sys
 import tempfile
 import time
 
+from benchmarks import common
 from jaxcomp.analysis.link import Link, parse_rate
 
 SUBNET = "10.77.0"
@@ -636,19 +637,13 @@ class Run:
     self.trace = [r.get("trace", []) for r in recorded]  # per process, per traced step: its thunks
 
 
-def worker_xla_flags() -> str:
-  """A stage process's XLA_FLAGS: one CPU device, and this process's other flags."""
-  others = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", "")).split()
-  return " ".join(["--xla_force_host_platform_device_count=1", *others])
-
-
 def run_method(net: Network, name: str, args, folder: pathlib.Path) -> Run:
   """Runs `name` on every process of `net` (the CLI's multi-process flags), waits for all (killing only
   them when one fails or the time runs out) and collects what they recorded."""
   folder.mkdir(parents=True)
   processes = net.processes
   cores = len(os.sched_getaffinity(0))
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": worker_xla_flags(),
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": common.xla_flags_with_devices(1),
          "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[1])}
   cli = ["--executor", "gpipe", "--stages", str(args.stages), "--data-parallel", str(args.data_parallel),
          "--batch-size", str(args.batch_size), "--train-examples", str(args.train_examples),

@@ -114,11 +114,11 @@ def finished(out: pathlib.Path, name: str, steps: int, outliers: str | None = No
     return None
   run = json.loads(path.read_text())
   expected = {"outliers": outliers, **settings}
+  recipe = expected.get("recipe") or gpt2_wikitext.EXPERIMENT.default_recipe
   if "recipe" in expected:
-    expected["recipe"] = expected["recipe"] or gpt2_wikitext.EXPERIMENT.default_recipe
+    expected["recipe"] = recipe
   if expected.get("eval_every", 0) is None:  # the recipe's own (protocol-cpu evaluates every 25 steps)
-    expected["eval_every"] = gpt2_wikitext.RECIPES[expected.get("recipe") or gpt2_wikitext.EXPERIMENT.default_recipe].get(
-        "eval_every")
+    expected["eval_every"] = gpt2_wikitext.RECIPES[recipe].get("eval_every")
   for key, value in expected.items():
     if run["config"].get(key) != value:
       raise ValueError(f"{path} is a run with --{key.replace('_', '-')} {run['config'].get(key)}, this frontier has "

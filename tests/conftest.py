@@ -10,7 +10,6 @@ reference beside each executor): one run of the suite shares JAX's persistent co
 end. Every program is still compiled by XLA once per run; a JAX_COMPILATION_CACHE_DIR already set wins (and is
 kept)."""
 import os
-import re
 import shutil
 import tempfile
 
@@ -24,16 +23,11 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the first process of the ru
 else:
   OWN_CACHE = None
 
+from benchmarks.common import xla_flags_with_devices as subprocess_xla_flags  # noqa: E402, F401  (tests import it)
 from jaxcomp.analysis import targets  # noqa: E402  (the flags above first)
 
 # the tests compile for TPU targets on this CPU host: libtpu is told it runs on no TPU VM (no metadata server)
 targets.prepare_host(targets.target("v5e-8"))
-
-
-def subprocess_xla_flags(devices: int) -> str:
-  """This process's XLA_FLAGS with `devices` fake CPU devices."""
-  others = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", "")).split()
-  return " ".join([f"--xla_force_host_platform_device_count={devices}", *others])
 
 
 def pytest_unconfigure(config):
