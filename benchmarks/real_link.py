@@ -1,7 +1,7 @@
 """Pipeline stages as processes talking through a shaped network: steps/s and every byte on the links.
 
-`python -m benchmarks.real_link [--rate 100mbit|unshaped] [--stages 2] [--data-parallel 1]
-    [--methods fp32,direct-fw2-bw4,...] [--epochs 2] [--json PATH]`   (as root)
+`python -m benchmarks.real_link [--link 100mbit:20ms|unshaped] [--stages 2] [--data-parallel 1]
+    [--methods fp32,direct-fw2-bw4,...] [--recipe tiny|protocol-cpu|...] [--epochs 2] [--json PATH]`   (as root)
 `python -m benchmarks.real_link --merge A.json B.json ...`   (runs of one method each, as one table)
 
 The network. Each process gets its own network namespace, joined by a veth pair to a bridge in a
@@ -14,9 +14,10 @@ counters) at 100gbit. Namespaces and interfaces are removed when the benchmark e
 interrupted (SIGINT, SIGTERM, SIGHUP).
 
 The run. For each method (a name of `experiments.frontier.METHODS`, or a GPT-2 preset), one process
-per stage x data-parallel replica runs the experiment CLI (`experiments.gpt2_wikitext`, tiny
-recipe) with its own multi-process flags (`--coordinator --num-processes --process-id`,
-`--executor gpipe --stages S`), JAX_PLATFORMS=cpu and one CPU device per process, process i
+per stage x data-parallel replica runs the experiment CLI (`experiments.gpt2_wikitext`, `--recipe`:
+tiny by default, at this benchmark's sizes `TINY_SIZES`; another recipe at its own sizes, the size flags
+given overriding either) with its own multi-process flags (`--coordinator --num-processes --process-id`,
+`--executor gpipe --stages S`; the recipe's schedule), JAX_PLATFORMS=cpu and one CPU device per process, process i
 pinned to core i mod cores (`taskset`; with more processes than cores, processes share cores).
 Each process runs in its own UTS namespace with its address as host name, so that gloo (JAX's CPU
 collectives) binds to the process's link. A process runs the CLI's `main` unchanged, with marks
@@ -622,10 +623,12 @@ def method_flags(name: str) -> list[str]:
 
 
 class Run:
-  """One method's processes on the network: their marks, the CLI's results, the htb counters' totals."""
+  """One method's processes on the network: their marks, the CLI's results (its configuration, as resolved from
+  recipe < preset < flags, and its per-epoch history), the htb counters' totals."""
 
-  def __init__(self, name: str, recorded: list[dict], history: list[dict], sent: dict, wall_s: float):
-    self.name, self.history, self.sent, self.wall_s = name, history, sent, wall_s
+  def __init__(self, name: str, recorded: list[dict], results: dict, sent: dict, wall_s: float):
+    self.name, self.sent, self.wall_s = name, sent, wall_s
+    self.config, self.history = results["config"], results["history"]
     self.marks = [r["marks"] for r in recorded]  # per process
     # per round: each process's op times of its stage, and process 0's replayed steps/s per epoch
     self.rounds = [{"times": [r["rounds"][k]["times"] for r in recorded],
@@ -645,10 +648,9 @@ def run_method(net: Network, name: str, args, folder: pathlib.Path) -> Run:
   cores = len(os.sched_getaffinity(0))
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": common.xla_flags_with_devices(1),
          "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[1])}
-  cli = ["--executor", "gpipe", "--stages", str(args.stages), "--data-parallel", str(args.data_parallel),
-         "--batch-size", str(args.batch_size), "--train-examples", str(args.train_examples),
-         "--eval-examples", str(args.eval_examples), "--epochs", str(args.epochs), "--microbatches",
-         str(args.microbatches), "--no-progress",
+  cli = ["--recipe", args.recipe, "--executor", "gpipe", "--stages", str(args.stages), "--data-parallel",
+         str(args.data_parallel), *[a for k, v in sizes_of(args).items() for a in ("--" + k.replace("_", "-"), str(v))],
+         "--no-progress",
          "--out", str(folder), "--run-name", "run", "--coordinator", f"{address(0)}:{COORDINATOR_PORT}",
          "--num-processes", str(processes), *method_flags(name)]
   before = net.sent()
@@ -681,8 +683,8 @@ def run_method(net: Network, name: str, args, folder: pathlib.Path) -> Run:
     raise RuntimeError(f"method {name}: process(es) {failed} failed (logs in {folder}); process {failed[0][0]}:\n{tail}")
   after = net.sent()
   recorded = [json.loads((folder / f"marks{i}.json").read_text()) for i in range(processes)]
-  history = json.loads((folder / "results" / "run.json").read_text())["history"]
-  return Run(name, recorded, history, {k: after[k] - before.get(k, 0) for k in after}, wall)
+  results = json.loads((folder / "results" / "run.json").read_text())
+  return Run(name, recorded, results, {k: after[k] - before.get(k, 0) for k in after}, wall)
 
 
 # ---------------------------------------------------------------------------------------------- what the marks say
@@ -737,33 +739,34 @@ class Accounting:
     return (self.total - self.step_bytes) / len(self.epochs)
 
 
-def step_collectives(table, data: int) -> list:
+def step_collectives(table, data: int, clips: bool) -> list:
   """The collectives over the devices that a train step of the sharded executor runs besides its boundary messages
   and the tied exchange, as its compiled programs order them (2 and 4 stages, 1 microbatch: docs/benchmarks.md):
   the loss and metrics all-reduce over the stages at the tick of the last chunk's last backward, before that
   tick's messages (then the mean over the replicas), the clipping norm's all-reduce over the stages before the
-  update (the GPT-2 recipes clip), and after the update the driver's `train.all_finite` over every device: gloo's
+  update (when the run clips: the GPT-2 recipes do, the protocol ones do not), and after the update the driver's `train.all_finite` over every device: gloo's
   ring all-reduces of a scalar."""
   from jaxcomp.analysis import netsim
   last = max(t for t in range(table.ticks) for row in table.ops for op in row[t]
              if op.chunk == table.num_chunks - 1 and op.kind != "F")
   losses = [netsim.Collective(last)] + ([netsim.Collective(last, ranks=data)] if data > 1 else [])
-  return [*losses, netsim.Collective("before_update"),
-          netsim.Collective("after_update", ranks=table.num_devices * data)]
+  clipping = [netsim.Collective("before_update")] if clips else []
+  return [*losses, *clipping, netsim.Collective("after_update", ranks=table.num_devices * data)]
 
 
-def netsim_steps_per_s(times: list[dict], record: dict, link_bytes: float, args) -> float:
-  """netsim's steps/s for one epoch of the run, on the executor's ticks (GPipe, no overlapped sends): each stage's
+def netsim_steps_per_s(times: list[dict], record: dict, link_bytes: float, config: dict, link: Link) -> float:
+  """netsim's steps/s for one epoch of a run of `config` (its stages, replicas, microbatches, schedule and clipping,
+  as the run resolved them), on the executor's ticks (no overlapped sends): each stage's
   forward and backward with the codec work of its ends (none in a dense warm-up epoch) and its update, as the
   processes measured them (`times`: one round's, per process; replicas averaged); each message's counted bytes,
   and the tied-parameter exchange's, scaled by the epoch's link bytes / counted bytes (headers, ACKs); each link
-  direction at `--link`'s rate and latency, with the step's collectives (`step_collectives`), under gloo's
+  direction at `link`'s rate and latency, with the step's collectives (`step_collectives`), under gloo's
   rendezvous protocol (`jaxcomp.analysis.wires`). The tied exchange is a swap between the first and the last stage
   that the first reaches last: its own send leaves at once, but its receive's notice must cross before the last
   stage's bytes leave, two latencies."""
   from jaxcomp.analysis import netsim
   from jaxcomp.parallel import schedules
-  stages, m, d = args.stages, args.microbatches, args.data_parallel
+  stages, m, d = config["stages"], config["microbatches"], config["data_parallel"]
   dense = record["mode"] == "warmup"
   per_stage = [[t for t in times if t["stage"] == s] for s in range(stages)]
   mean = lambda s, pick: sum(pick(t) for t in per_stage[s]) / len(per_stage[s])
@@ -776,11 +779,12 @@ def netsim_steps_per_s(times: list[dict], record: dict, link_bytes: float, args)
   data = scale * record.get("wire_bytes_data", 0) / (stages * d)  # per stage device
   exchange = netsim.Exchange([data + (tied if s in (0, stages - 1) else 0.0) for s in range(stages)],
                              (2 if tied else 0) + (2 * (d - 1) if data else 0))
-  table = schedules.GPipe().train_table(stages, m)
+  table = schedules.parse(config["schedule"]).train_table(stages, m)
   timeline = netsim.simulate_step(fwd_s, bwd_s, [message("fwd")] * (stages - 1), [message("bwd")] * (stages - 1), m,
-                                  Link.parse(args.link), exchange=exchange, schedule=table, ticks=True,
+                                  link, exchange=exchange, schedule=table, ticks=True,
                                   overlap_sends=False, update_s=[mean(s, lambda t: t["update"]) for s in range(stages)],
-                                  collectives=step_collectives(table, d), protocol="rendezvous")
+                                  collectives=step_collectives(table, d, config["grad_clip"] is not None),
+                                  protocol="rendezvous")
   return 1 / timeline.makespan
 
 
@@ -791,6 +795,14 @@ def counted_bytes(record: dict) -> int:
 
 # ---------------------------------------------------------------------------------------------- the command
 METHODS = ("fp32", "aqsgd-fw2-bw4", "direct-fw2-bw4", "top10-q8-reuse", "tile64-fw3-bw4", "proj16-fw3-bw4")
+TINY_SIZES = dict(epochs=2, batch_size=32, train_examples=256, eval_examples=32, microbatches=1)  # with --recipe tiny
+
+
+def sizes_of(args) -> dict:
+  """The size flags the stage processes get: those given, and with the tiny recipe `TINY_SIZES` for the rest
+  (another recipe's own sizes stand where no flag is given)."""
+  given = {k: getattr(args, k) for k in TINY_SIZES if getattr(args, k) is not None}
+  return {**TINY_SIZES, **given} if args.recipe == "tiny" else given
 
 
 def rows_of(run: Run, acc: Accounting, args) -> list[dict]:
@@ -800,10 +812,11 @@ def rows_of(run: Run, acc: Accounting, args) -> list[dict]:
   median = lambda values: sorted(values)[len(values) // 2]
   for e in epochs:
     record, e = run.history[e], e % len(run.history)
-    netsim = [netsim_steps_per_s(r["times"], record, acc.epochs[e]["step"], args) for r in run.rounds]
+    netsim = [netsim_steps_per_s(r["times"], record, acc.epochs[e]["step"], run.config, Link.parse(args.link))
+              for r in run.rounds]
     replayed = [r["replayed_steps_per_s"].get(str(e)) for r in run.rounds]
     rows.append({"method": run.name + (" (warm-up)" if record["mode"] == "warmup" else ""), "link": args.link,
-                 "stages": args.stages, "steps_per_s": record["steps_per_s"], "x_fp32": None,
+                 "stages": args.stages, "recipe": run.config["recipe"], "steps_per_s": record["steps_per_s"], "x_fp32": None,
                  "link_bytes_per_step": acc.epochs[e]["step"], "counted_bytes_per_step": counted_bytes(record),
                  "other_link_bytes_per_epoch": acc.other_per_epoch,
                  "netsim_steps_per_s": median(netsim) if netsim else None,
@@ -816,23 +829,28 @@ def link_of(row: dict) -> str:
   return row.get("link") or row["rate"]
 
 
+def setting_of(row: dict) -> tuple:
+  """What a row's fp32 baseline shares with it: its link, stages and recipe (rows written before `--recipe` ran the
+  tiny one)."""
+  return link_of(row), row["stages"], row.get("recipe", "tiny")
+
+
 def with_x_fp32(rows: list[dict]) -> list[dict]:
-  """The rows with x_fp32: steps/s over the fp32 row's of the same link and stages (None without one)."""
-  base = {(link_of(r), r["stages"]): r["steps_per_s"] for r in rows if r["method"] == "fp32"}
-  return [{**r, "x_fp32": r["steps_per_s"] / base[link_of(r), r["stages"]] if (link_of(r), r["stages"]) in base
-           else None} for r in rows]
+  """The rows with x_fp32: steps/s over the fp32 row's of the same link, stages and recipe (None without one)."""
+  base = {setting_of(r): r["steps_per_s"] for r in rows if r["method"] == "fp32"}
+  return [{**r, "x_fp32": r["steps_per_s"] / base[setting_of(r)] if setting_of(r) in base else None} for r in rows]
 
 
 def render(rows: list[dict], details: dict[str, Accounting]) -> str:
   """The rows as a markdown table; with `details` ({method: (Run, Accounting)}) also what the links carried
   besides train steps and the probes' bytes."""
-  lines = ["| link | stages | method | steps/s | x fp32 | replayed steps/s | netsim steps/s | netsim / replayed "
-           "| link B/step | counted B/step | link / counted | other link B/epoch |",
-           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  lines = ["| link | stages | recipe | method | steps/s | x fp32 | replayed steps/s | netsim steps/s "
+           "| netsim / replayed | link B/step | counted B/step | link / counted | other link B/epoch |",
+           "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   number = lambda v, spec: "" if v is None else format(v, spec)
   for r in rows:
     netsim, replayed = r["netsim_steps_per_s"], r.get("replayed_steps_per_s")
-    lines.append(f"| {link_of(r)} | {r['stages']} | {r['method']} | {r['steps_per_s']:.3f} "
+    lines.append(f"| {link_of(r)} | {r['stages']} | {setting_of(r)[2]} | {r['method']} | {r['steps_per_s']:.3f} "
                  f"| {number(r['x_fp32'], '.2f')} | {number(replayed, '.3f')} | {number(netsim, '.3f')} "
                  f"| {'' if None in (netsim, replayed) else format(netsim / replayed, '.2f')} "
                  f"| {r['link_bytes_per_step']:,.0f} | {r['counted_bytes_per_step']:,} "
@@ -885,11 +903,14 @@ def main(argv=None):
   parser.add_argument("--data-parallel", type=int, default=1)
   parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated method names, fp32 first "
                       "(experiments.frontier.METHODS or GPT-2 presets)")
-  parser.add_argument("--epochs", type=int, default=2, help="the fixed budget: epochs of every method")
-  parser.add_argument("--batch-size", type=int, default=32)
-  parser.add_argument("--train-examples", type=int, default=256)
-  parser.add_argument("--eval-examples", type=int, default=32)
-  parser.add_argument("--microbatches", type=int, default=1)
+  parser.add_argument("--recipe", default="tiny", help="the recipe of experiments.gpt2_wikitext the stage "
+                      "processes run (model, optimizer, schedule, sizes), e.g. protocol-cpu (default: tiny, at the "
+                      "sizes below)")
+  parser.add_argument("--epochs", type=int, help="the fixed budget: epochs of every method (default: 2 with the tiny "
+                      "recipe, else the recipe's)")
+  for flag, default in (("--batch-size", 32), ("--train-examples", 256), ("--eval-examples", 32),
+                        ("--microbatches", 1)):
+    parser.add_argument(flag, type=int, help=f"(default: {default} with the tiny recipe, else the recipe's)")
   parser.add_argument("--repeats", type=int, default=5, help="timed runs per op (netsim's stage and codec times); "
                       "0: no op timing (no netsim column), no replay and no probe")
   parser.add_argument("--rounds", type=int, default=3, help="rounds of replayed train steps and op timing "
@@ -912,7 +933,10 @@ def main(argv=None):
       raise ValueError(f"--methods: fp32, the baseline of x fp32, goes first, got {args.methods!r}")
     for m in methods:
       method_flags(m)
-    if args.stages < 2 or args.data_parallel < 1 or args.epochs < 1:
+    from experiments import gpt2_wikitext
+    if args.recipe not in gpt2_wikitext.RECIPES:
+      raise ValueError(f"--recipe: unknown recipe {args.recipe!r}; choose from {', '.join(gpt2_wikitext.RECIPES)}")
+    if args.stages < 2 or args.data_parallel < 1 or sizes_of(args).get("epochs", 1) < 1:
       raise ValueError(f"--stages must be >= 2, --data-parallel and --epochs >= 1 (got {args.stages}, "
                        f"{args.data_parallel}, {args.epochs})")
   except ValueError as err:

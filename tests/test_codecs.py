@@ -99,7 +99,8 @@ class RoundTripTest(parameterized.TestCase):
     np.testing.assert_allclose(np.asarray(traced), np.asarray(eager), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("bits", range(1, 17))
+@pytest.mark.parametrize("bits", [b if b in (1, 2, 3, 4, 8, 16) else pytest.param(b, marks=pytest.mark.slow)
+                                  for b in range(1, 17)])  # the widths the specs name by default, every one with -m slow
 def test_minmax_error_within_half_step(bits):
   x = _x((8, 129), seed=bits)
   x_hat = codecs.MinMaxQuant(bits)(x)
@@ -203,8 +204,12 @@ def _outlier_channels(shape, times=50.0, key=2):
   return x
 
 
-@pytest.mark.parametrize("granularity, group, clip", [("channel", None, "mse"), ("group", 16, 1.0), ("group", 16, "mse")])
-@pytest.mark.parametrize("bits", [2, 3, 4])
+AUTO_GRID_SETTINGS = [("channel", None, "mse"), ("group", 16, 1.0), ("group", 16, "mse")]
+
+
+@pytest.mark.parametrize("granularity, group, clip, bits", [  # each setting at one width by default, all with -m slow
+    (*setting, bits) if bits == 2 + k else pytest.param(*setting, bits, marks=pytest.mark.slow)
+    for k, setting in enumerate(AUTO_GRID_SETTINGS) for bits in (2, 3, 4)])
 def test_auto_grid_takes_the_grid_of_least_error_per_scale(granularity, group, clip, bits):
   """Each scale of grid="auto" decodes as the zero or the midrise grid would (the one its scale's sign bit names, up
   to fp32 rounding of the division by D), and that one errs least: auto's error per scale is the smaller of the two.
@@ -229,8 +234,9 @@ def test_auto_grid_takes_the_grid_of_least_error_per_scale(granularity, group, c
   assert auto.wire_bytes(x.shape, x.dtype) == make("zero").wire_bytes(x.shape, x.dtype)  # the flag is no byte
 
 
-@pytest.mark.parametrize("bits", [2, 3, 4])
-@pytest.mark.parametrize("times", [50.0, 500.0])
+@pytest.mark.parametrize("bits, times", [  # 2 and 4 bits by default, each with one outlier size; all with -m slow
+    case if case in ((2, 500.0), (4, 50.0)) else pytest.param(*case, marks=pytest.mark.slow)
+    for case in itertools.product([2, 3, 4], [50.0, 500.0])])
 def test_default_group_scales_hold_with_outlier_channels(bits, times):
   """On N(0,1) with 4 features times 50 (or 500), each default (`maxabs:B:group=64`, `maxabs:B`) errs no more than
   1.05x the better of `grid=zero` and `grid=midrise`, and at 2 and 3 bits grouped scales no more than one scale per
@@ -322,7 +328,8 @@ def test_nan_is_reported_not_hidden(codec):
 
 
 @pytest.mark.parametrize("fraction, shape", [(0.5, (4, 3, 8, 8)), (0.3, (2, 64, 48)), (0.2, (3, 1000)),
-                                             (0.1, (4, 3, 8, 8)), (0.05, (2, 64, 48)), (0.02, (3, 1000))])
+                                             *(pytest.param(*case, marks=pytest.mark.slow)  # each shape again
+                                               for case in [(0.1, (4, 3, 8, 8)), (0.05, (2, 64, 48)), (0.02, (3, 1000))])])
 def test_topk_keeps_exactly_the_largest(fraction, shape):
   x = _x(shape, seed=int(fraction * 100))
   codec = codecs.TopK(fraction)
@@ -414,7 +421,8 @@ SEARCHING_CODECS = [codecs.MaxAbsQuant(2, clip="mse", grid="auto"),
                     codecs.MaxAbsQuant(4, "tensor", clip=1.0, grid="auto")]
 
 
-@pytest.mark.parametrize("dtype", MAGNITUDE_DTYPES)
+@pytest.mark.parametrize("dtype", [d if d in ("float32", "bfloat16", "float8_e4m3fn") else pytest.param(d, marks=pytest.mark.slow)
+                                   for d in MAGNITUDE_DTYPES])  # float16 and float8_e5m2 with -m slow
 def test_clip_and_grid_choices_do_not_depend_on_magnitude(dtype):
   """x * 10^k (k in -30..30, as far as the dtype holds it) encodes as the same values brought to max|x| ~ 1 by an
   exact power of two 2^j: the same codes, the scales times 2^j, the same grids, so every scale's clip ratio and

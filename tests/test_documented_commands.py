@@ -107,7 +107,10 @@ REGISTRY = {
     "python -m experiments.report runs/E/results --paper resnet|gpt2": Case(
         ("runs/gpt2_wikitext/results", "--paper", "gpt2"), before=("python -m experiments.gpt2_wikitext",),
         expect="wrote runs/gpt2_wikitext/results/report.md", slow=True, why="a GPT-2 run to report on"),
-    "python -m experiments.frontier --seeds 3": Case(("--seeds", "3", *FRONTIER_TINY), expect="| fp32 |"),
+    "python -m experiments.frontier --seeds 3": Case(
+        ("--seeds", "3", *FRONTIER_TINY), expect="| fp32 |", slow=True,
+        why="three seeds of every tiny run (45 s); by default two seeds run through the same main",
+        reached_by="tests/test_frontier.py::test_seeds_run_separately_and_the_table_compares_means"),
     # --- docs/benchmarks.md
     "python -m benchmarks.X": Case(covered="tests/test_documented_commands.py::test_each_module_reaches_its_default_"
                                            "path_by_default", why="the page's pattern for the commands below"),

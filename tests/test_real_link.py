@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -109,8 +110,33 @@ def test_the_delay_line_carries_every_packet(run):
 def test_merged_runs_are_one_table(run, capsys):
   real_link.main(["--merge", str(run)])
   table = capsys.readouterr().out.splitlines()
-  assert table[2].startswith(f"| {LINK} | 2 | fp32 | ") and "| 1.00 |" in table[2]
-  assert table[3].startswith(f"| {LINK} | 2 | direct-fw2-bw4 | ")
+  assert table[2].startswith(f"| {LINK} | 2 | tiny | fp32 | ") and "| 1.00 |" in table[2]
+  assert table[3].startswith(f"| {LINK} | 2 | tiny | direct-fw2-bw4 | ")
+
+
+def test_a_recipe_runs_at_its_own_sizes_unless_a_flag_says():
+  """The tiny recipe runs at the benchmark's sizes (`TINY_SIZES`), another recipe at its own: only the size flags
+  given reach its processes."""
+  unset = dict.fromkeys(real_link.TINY_SIZES)
+  sizes = lambda recipe, **given: real_link.sizes_of(types.SimpleNamespace(recipe=recipe, **{**unset, **given}))
+  assert sizes("tiny") == real_link.TINY_SIZES
+  assert sizes("tiny", batch_size=8) == {**real_link.TINY_SIZES, "batch_size": 8}
+  assert sizes("protocol-cpu") == {}
+  assert sizes("protocol-cpu", train_examples=64, epochs=1) == {"train_examples": 64, "epochs": 1}
+
+
+def test_an_unknown_recipe_is_named_with_the_choices():
+  with pytest.raises(SystemExit) as exit_:
+    real_link.main(["--recipe", "protocol-gpu", "--methods", "fp32"])
+  assert str(exit_.value).startswith("error: --recipe: unknown recipe 'protocol-gpu'; choose from paper, tiny, "
+                                     "protocol, protocol-cpu"), exit_.value
+
+
+def test_netsim_counts_the_clipping_all_reduce_only_for_a_run_that_clips():
+  from jaxcomp.parallel import schedules
+  table = schedules.GPipe().train_table(2, 4)
+  before_update = lambda clips: [c for c in real_link.step_collectives(table, 1, clips) if c.at == "before_update"]
+  assert len(before_update(True)) == 1 and not before_update(False)
 
 
 def test_rate_is_the_older_name_of_link(capsys):

@@ -25,7 +25,7 @@ def tied_pipe(scheme, m=2, **changes):
                              tied_scheme=scheme and jaxcomp.parse_scheme(scheme), **changes)
 
 
-@pytest.mark.parametrize("scheme, data", [("ef+quant:4", 1), slow(BLOCKS, 1), ("ef+maxabs:2:tensor:stoch", 2)])
+@pytest.mark.parametrize("scheme, data", [slow("ef+quant:4", 1), slow(BLOCKS, 1), ("ef+maxabs:2:tensor:stoch", 2)])
 def test_compressed_tied_copies_stay_bitwise_equal(scheme, data):
   """Three steps with the tied exchange compressed: both copies took the same update (bitwise), which is not the
   dense exchange's; each member's EF error is non-zero, on its own device only, the same on every replica."""
