@@ -262,11 +262,24 @@ def ping(target: str, count: int, interval_s: float = 0.1) -> list[float]:
   return trips
 
 
+def connect(peer: str, port: int, within_s: float = 30.0) -> socket.socket:
+  """A TCP connection to `peer`:`port`, tried again while refused (its server, another process, may not listen yet:
+  on a loaded machine its start takes seconds) until `within_s` have passed."""
+  deadline = time.monotonic() + within_s
+  while True:
+    try:
+      return socket.create_connection((peer, port), timeout=30)
+    except ConnectionRefusedError:
+      if time.monotonic() > deadline:
+        raise
+      time.sleep(0.05)
+
+
 def bulk(role: str, peer: str, port: int, seconds: float) -> dict:
   """One TCP transfer for `seconds`: `source` sends to `peer`:`port`, `sink` (on `peer`, its own address) receives
   and returns {"bytes", "seconds"} between its first and last byte."""
   if role == "source":
-    with socket.create_connection((peer, port), timeout=30) as sock:
+    with connect(peer, port) as sock:
       block, end = b"\0" * (1 << 20), time.monotonic() + seconds
       while time.monotonic() < end:
         sock.sendall(block)
@@ -288,7 +301,7 @@ def messages(role: str, peer: str, port: int, nbytes: int, count: int, idle_s: f
   latencies, with windows above the bandwidth-delay product); `server` (on `peer`) answers."""
   if role == "client":
     trips = []
-    with socket.create_connection((peer, port), timeout=30) as sock:
+    with connect(peer, port) as sock:
       for _ in range(count):
         time.sleep(idle_s)
         sent = time.perf_counter()
@@ -350,7 +363,6 @@ def check_link(net: Network, seconds: float = 5.0, pings: int = 20, message_byte
   out = {"rtt_idle_s": result(in_ns(0, "ping", address(1), str(pings)))}
   server = subprocess.Popen(in_ns(1, "server", address(1), "5202", str(message_bytes), str(count)), env=env,
                             stdout=subprocess.DEVNULL)
-  time.sleep(1.0)  # listening
   out["message_bytes"], out["message_trips_s"] = message_bytes, result(
       in_ns(0, "client", address(1), "5202", str(message_bytes), str(count)))
   server.wait(timeout=60)
@@ -360,7 +372,6 @@ def check_link(net: Network, seconds: float = 5.0, pings: int = 20, message_byte
     out["rtt_loaded_s"] = result(in_ns(0, "ping", address(1), str(pings)))
     sinks = [subprocess.Popen(in_ns(j, "sink", address(j), "5201", "0"), stdout=subprocess.PIPE, text=True, env=env)
              for j in (1, 0)]
-    time.sleep(1.0)  # listening
     sources = [subprocess.Popen(in_ns(i, "source", address(j), "5201", str(seconds)), env=env,
                                 stdout=subprocess.DEVNULL) for i, j in ((0, 1), (1, 0))]
     for p in sources:

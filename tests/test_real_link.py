@@ -12,8 +12,10 @@ import json
 import pathlib
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import types
 
@@ -204,3 +206,26 @@ def test_a_latency_needs_gcc_for_the_delay_line(monkeypatch):
   monkeypatch.setattr(real_link.shutil, "which", lambda tool: None if tool == "gcc" else f"/usr/bin/{tool}")
   assert real_link.missing_prerequisites() is None
   assert real_link.missing_prerequisites(latency=True) == "the command(s) gcc (iproute2, util-linux, procps, gcc)"
+
+
+def test_a_probe_connects_to_a_server_that_listens_late():
+  """`--check-link`'s clients connect to servers started in other processes a moment before; on a loaded machine
+  a server listens seconds later (a refused connection once failed the check): the client tries again."""
+  with socket.socket() as free:
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+  accepted = []
+
+  def listen_late():
+    time.sleep(0.5)
+    with socket.create_server(("127.0.0.1", port)) as server:
+      server.settimeout(10)
+      conn, _ = server.accept()
+      accepted.append(conn.recv(1))
+      conn.close()
+  thread = threading.Thread(target=listen_late)
+  thread.start()
+  with real_link.connect("127.0.0.1", port, within_s=10) as sock:
+    sock.sendall(b"x")
+  thread.join(timeout=15)
+  assert accepted == [b"x"]
