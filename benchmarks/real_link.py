@@ -755,8 +755,8 @@ def step_collectives(table, data: int, clips: bool) -> list:
   and the tied exchange, as its compiled programs order them (2 and 4 stages, 1 microbatch: docs/benchmarks.md):
   the loss and metrics all-reduce over the stages at the tick of the last chunk's last backward, before that
   tick's messages (then the mean over the replicas), the clipping norm's all-reduce over the stages before the
-  update (when the run clips: the GPT-2 recipes do, the protocol ones do not), and after the update the driver's `train.all_finite` over every device: gloo's
-  ring all-reduces of a scalar."""
+  update (when the run clips: the GPT-2 recipes do, the protocol ones do not), and after the update the driver's
+  `train.all_finite` over every device: gloo's ring all-reduces of a scalar."""
   from jaxcomp.analysis import netsim
   last = max(t for t in range(table.ticks) for row in table.ops for op in row[t]
              if op.chunk == table.num_chunks - 1 and op.kind != "F")
@@ -827,7 +827,8 @@ def rows_of(run: Run, acc: Accounting, args) -> list[dict]:
               for r in run.rounds]
     replayed = [r["replayed_steps_per_s"].get(str(e)) for r in run.rounds]
     rows.append({"method": run.name + (" (warm-up)" if record["mode"] == "warmup" else ""), "link": args.link,
-                 "stages": args.stages, "recipe": run.config["recipe"], "steps_per_s": record["steps_per_s"], "x_fp32": None,
+                 "stages": args.stages, "recipe": run.config["recipe"], "steps_per_s": record["steps_per_s"],
+                 "x_fp32": None,
                  "link_bytes_per_step": acc.epochs[e]["step"], "counted_bytes_per_step": counted_bytes(record),
                  "other_link_bytes_per_epoch": acc.other_per_epoch,
                  "netsim_steps_per_s": median(netsim) if netsim else None,
@@ -917,11 +918,9 @@ def main(argv=None):
   parser.add_argument("--recipe", default="tiny", help="the recipe of experiments.gpt2_wikitext the stage "
                       "processes run (model, optimizer, schedule, sizes), e.g. protocol-cpu (default: tiny, at the "
                       "sizes below)")
-  parser.add_argument("--epochs", type=int, help="the fixed budget: epochs of every method (default: 2 with the tiny "
-                      "recipe, else the recipe's)")
-  for flag, default in (("--batch-size", 32), ("--train-examples", 256), ("--eval-examples", 32),
-                        ("--microbatches", 1)):
-    parser.add_argument(flag, type=int, help=f"(default: {default} with the tiny recipe, else the recipe's)")
+  for key, default in TINY_SIZES.items():
+    parser.add_argument("--" + key.replace("_", "-"), type=int, help=("the fixed budget: epochs of every method "
+                        if key == "epochs" else "") + f"(default: {default} with the tiny recipe, else the recipe's)")
   parser.add_argument("--repeats", type=int, default=5, help="timed runs per op (netsim's stage and codec times); "
                       "0: no op timing (no netsim column), no replay and no probe")
   parser.add_argument("--rounds", type=int, default=3, help="rounds of replayed train steps and op timing "
