@@ -1,8 +1,8 @@
 """Test setup: 8 fake CPU devices so 2-8 stage pipelines run without an accelerator, and XLA:CPU
 compiling without LLVM's expensive passes: the suite's time is mostly compiling small programs
 (docs/tests.md). Subprocesses that compare their numbers with this process take the same flags
-(`subprocess_xla_flags`). JAX_PLATFORMS and XLA_FLAGS already set win: `JAX_PLATFORMS=cuda python -m pytest
-tests/test_codecs.py` runs on a GPU (`benchmarks.device_check` runs the codec, scheme and boundary tests so).
+(`benchmarks.common.xla_flags_with_devices`). JAX_PLATFORMS and XLA_FLAGS already set win:
+`JAX_PLATFORMS=cuda python -m pytest tests/test_codecs.py` runs on a GPU (`benchmarks.device_check` runs the codec, scheme and boundary tests so).
 
 Many tests compile the same programs (the tiny GPT-2's train and eval steps, each seed of a sweep, simulate's
 reference beside each executor): one run of the suite shares JAX's persistent compilation cache among its processes
@@ -23,7 +23,6 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the first process of the ru
 else:
   OWN_CACHE = None
 
-from benchmarks.common import xla_flags_with_devices as subprocess_xla_flags  # noqa: E402, F401  (tests import it)
 from jaxcomp.analysis import targets  # noqa: E402  (the flags above first)
 
 # the tests compile for TPU targets on this CPU host: libtpu is told it runs on no TPU VM (no metadata server)

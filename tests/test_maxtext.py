@@ -29,7 +29,7 @@ import pytest
 import jaxcomp
 from jaxcomp.integrations import maxtext as jaxcomp_maxtext
 
-from conftest import subprocess_xla_flags  # noqa: I001 - tests/ is on the path
+from benchmarks.common import xla_flags_with_devices as subprocess_xla_flags
 
 try:
   import maxtext

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import subprocess_xla_flags  # noqa: I001 - tests/ is on the path (pytest, and as a script)
+from benchmarks.common import xla_flags_with_devices as subprocess_xla_flags
 
 PROCESSES, LOCAL_DEVICES, STAGES, DATA = 2, 4, 4, 2
 N = B = 16  # one step per epoch: each epoch's train loss is one step's loss
