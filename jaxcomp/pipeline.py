@@ -7,6 +7,7 @@ per training example (AQ-SGD).
 """
 import abc
 import dataclasses
+import functools
 import os
 from typing import Any, Callable, NamedTuple, Protocol
 
@@ -234,10 +235,28 @@ def boundary_shapes(pipe: Pipeline, params, model_state, microbatch):
 
 def activation_shapes(pipe: Pipeline, batch) -> list:
   """The activation [B/M, ...] at each of the S-1 boundaries for batches like `batch`, traced
-  abstractly (nothing is allocated; compression tables are left out)."""
+  abstractly (nothing is allocated; compression tables are left out). The shapes depend on the
+  stages, microbatches and batch shapes only: a pipeline that hashes is traced once per batch shapes,
+  later calls (the run's checks, its bytes in each mode, its tables) reuse that trace."""
   dense = uncompressed(pipe)
+  leaves, treedef = jax.tree.flatten(batch)
+  shapes = (treedef, tuple((tuple(x.shape), jnp.dtype(x.dtype)) for x in leaves))
+  try:
+    hash(dense)
+  except TypeError:  # a stage holding an unhashable value: traced every time
+    return list(_traced_activation_shapes(dense, shapes))
+  return list(_remembered_activation_shapes(dense, shapes))
+
+
+def _traced_activation_shapes(dense: Pipeline, shapes) -> tuple:
+  treedef, leaves = shapes
+  batch = jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in leaves])
   state = jax.eval_shape(lambda b: init_state(dense, optax.identity(), jax.random.key(0), b), batch)
-  return boundary_shapes(pipe, state.params, state.model_state, microbatch_shapes(batch, pipe.microbatches)[pipe.input_key])
+  return tuple(boundary_shapes(dense, state.params, state.model_state,
+                               microbatch_shapes(batch, dense.microbatches)[dense.input_key]))
+
+
+_remembered_activation_shapes = functools.lru_cache(maxsize=32)(_traced_activation_shapes)
 
 
 def free_host_bytes() -> int:
@@ -360,12 +379,13 @@ def _check_shape(given, initialised):
 def wire_bytes_per_step(pipe: Pipeline, state: TrainState | None, batch) -> dict[str, int]:
   """Exact forward/backward bytes one training step sends across all boundaries.
 
-  `state` may be None (shapes are then traced from an abstract initialisation).
+  `state` may be None (the shapes are then `activation_shapes`').
   """
   if state is None:
-    state = jax.eval_shape(lambda b: init_state(pipe, optax.identity(), jax.random.key(0), b), batch)
-  mb = microbatch_shapes(batch, pipe.microbatches)
-  shapes = boundary_shapes(pipe, state.params, state.model_state, mb[pipe.input_key])
+    shapes = activation_shapes(pipe, batch)
+  else:
+    microbatch = microbatch_shapes(batch, pipe.microbatches)[pipe.input_key]
+    shapes = boundary_shapes(pipe, state.params, state.model_state, microbatch)
   per_message = [pipe.boundary.wire_bytes(s.shape, s.dtype) for s in shapes]
   m = pipe.microbatches
   return {"fwd": m * sum(f for f, _ in per_message), "bwd": m * sum(b for _, b in per_message)}

@@ -163,3 +163,23 @@ def test_an_executor_that_leaves_out_part_of_the_contract_cannot_be_built():
   assert re.findall(r"\w+", str(refused.value).split("abstract methods", 1)[1]) == [
       "batch_shapes", "make_eval_step", "state_shapes", "trace_step", "wire_bytes_per_step"]
   assert simulate.Simulate().collective_ways(Mode.TRAIN) == ()
+
+
+def test_activation_shapes_are_traced_once_per_pipeline_and_batch_shapes(monkeypatch):
+  """A run asks for its boundary shapes many times (its checks, its bytes in each mode, its tables): equal
+  pipelines and batch shapes reuse one trace; other stages, microbatches or batch shapes get their own."""
+  traces, init = [], pipeline.init_state
+  monkeypatch.setattr(pipeline, "init_state", lambda *args: traces.append(args) or init(*args))
+  pipe = lambda fwd="none", m=2, stages=3: jaxcomp.Pipeline(  # a width no other test uses: nothing traced before
+      mlp_stages(24, 2, stages), jaxcomp.parse_boundary(fwd, "none"), jaxcomp.losses.classification, "x",
+      microbatches=m)
+  batch = {"x": jnp.zeros((12, 8)), "label": jnp.zeros(12, jnp.int32)}
+  shapes = lambda pipe, batch: [tuple(s.shape) for s in pipeline.activation_shapes(pipe, batch)]
+  assert shapes(pipe(), batch) == [(6, 24)] * 2
+  assert shapes(pipe("quant:2"), batch) == [(6, 24)] * 2  # codecs change no shape: the same trace
+  assert pipeline.wire_bytes_per_step(pipe(), None, batch) == {"fwd": 2 * 2 * 6 * 24 * 4, "bwd": 2 * 2 * 6 * 24 * 4}
+  assert len(traces) == 1
+  assert shapes(pipe(), jax.tree.map(lambda a: a[:6], batch)) == [(3, 24)] * 2
+  assert shapes(pipe(m=3), batch) == [(4, 24)] * 2
+  assert shapes(pipe(stages=4), batch) == [(6, 24)] * 3
+  assert len(traces) == 4
