@@ -21,14 +21,14 @@ import types
 
 import pytest
 
-from benchmarks import real_link
+from benchmarks import link_probe, real_link
 from jaxcomp.analysis.link import Link
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT_S = 600
 LINK = "100mbit:20ms"
 TINY = ["--batch-size", "8", "--train-examples", "16", "--eval-examples", "8", "--epochs", "1"]
-NO_TIMING = ["--repeats", "0"]  # the interruption test needs no op timing
+NO_TIMING = ["--repeats", "0"]  # no op timing: no netsim, replayed steps or probes
 
 
 def unavailable() -> str | None:
@@ -57,28 +57,30 @@ def network():
 
 @pytest.fixture(scope="module")
 def run(network, tmp_path_factory):
-  """The documented command (`--stages S --link LINK --methods METHOD --json ... --keep ...`), two methods, toy
-  sizes: its JSON (rows and the delay line's report)."""
+  """The documented command (`--stages S --link LINK --methods METHOD --json ... --keep ...`) at toy sizes, once
+  per method as the merged tables are made: fp32 with op timing, direct-fw2-bw4 without it (`--repeats 0`). Their
+  JSON files (rows and the delay line's report)."""
   folder = tmp_path_factory.mktemp("real_link")
-  out = folder / f"s2-{LINK}-fp32.json"
-  proc = subprocess.Popen([sys.executable, "-m", "benchmarks.real_link", "--stages", "2", "--link", LINK, "--methods",
-                           "fp32,direct-fw2-bw4", "--json", str(out), "--keep", str(folder / f"s2-{LINK}-fp32.d"),
-                           *TINY, "--repeats", "1", "--rounds", "1"], cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-  try:
-    log, _ = proc.communicate(timeout=TIMEOUT_S)
-  finally:
-    if proc.poll() is None:
-      proc.send_signal(signal.SIGTERM)  # it removes its namespaces and stops its workers
-      proc.wait(timeout=60)
-  assert proc.returncode == 0, log[-3000:]
-  assert not namespaces(proc.pid)
-  return out
+  outs = []
+  for method, timing in (("fp32", ["--repeats", "1", "--rounds", "1"]), ("direct-fw2-bw4", NO_TIMING)):
+    outs.append(folder / f"s2-{LINK}-{method}.json")
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.real_link", "--stages", "2", "--link", LINK, "--methods",
+                             method, "--json", str(outs[-1]), "--keep", str(folder / f"s2-{LINK}-{method}.d"), *TINY,
+                             *timing], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+      log, _ = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+      if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # it removes its namespaces and stops its workers
+        proc.wait(timeout=60)
+    assert proc.returncode == 0, log[-3000:]
+    assert not namespaces(proc.pid)
+  return outs
 
 
 @pytest.fixture(scope="module")
 def rows(run):
-  return {r["method"]: r for r in json.loads(run.read_text())["rows"]}
+  return {r["method"]: r for out in run for r in json.loads(out.read_text())["rows"]}
 
 
 def test_a_train_step_moves_at_most_10_percent_more_than_it_counts(rows):
@@ -87,9 +89,11 @@ def test_a_train_step_moves_at_most_10_percent_more_than_it_counts(rows):
 
 
 def test_netsim_and_the_replayed_steps_are_measured(rows):
-  """The documented default path times each stage's ops after training (`--repeats` > 0) and feeds netsim."""
-  for r in rows.values():
-    assert r["netsim_steps_per_s"] > 0 and r["replayed_steps_per_s"] > 0, r
+  """The documented default path times each stage's ops after training (`--repeats` > 0) and feeds netsim; with
+  `--repeats 0` neither is measured."""
+  timed, untimed = rows["fp32"], rows["direct-fw2-bw4"]
+  assert timed["netsim_steps_per_s"] > 0 and timed["replayed_steps_per_s"] > 0, timed
+  assert untimed["netsim_steps_per_s"] is None and untimed["replayed_steps_per_s"] is None, untimed
 
 
 def test_compressed_steps_move_fewer_link_bytes_than_fp32(rows):
@@ -104,16 +108,18 @@ def test_an_epoch_sends_evaluation_besides_its_steps_not_the_state(rows):
 
 
 def test_the_delay_line_carries_every_packet(run):
-  report = json.loads(run.read_text())["delay_line"]
-  carried = re.search(r"delay 20\.000 ms, .* carried (\d+) packets, dropped (\d+) \(ring full\) \+ (\d+)", report)
-  assert carried and int(carried[1]) > 1000 and carried.groups()[1:] == ("0", "0"), report
+  for out in run:
+    report = json.loads(out.read_text())["delay_line"]
+    carried = re.search(r"delay 20\.000 ms, .* carried (\d+) packets, dropped (\d+) \(ring full\) \+ (\d+)", report)
+    assert carried and int(carried[1]) > 1000 and carried.groups()[1:] == ("0", "0"), report
 
 
 def test_merged_runs_are_one_table(run, capsys):
-  real_link.main(["--merge", str(run)])
+  """One method per run, as the fixture ran them: one table, x fp32 from the fp32 row."""
+  real_link.main(["--merge", *map(str, run)])
   table = capsys.readouterr().out.splitlines()
   assert table[2].startswith(f"| {LINK} | 2 | tiny | fp32 | ") and "| 1.00 |" in table[2]
-  assert table[3].startswith(f"| {LINK} | 2 | tiny | direct-fw2-bw4 | ")
+  assert table[3].startswith(f"| {LINK} | 2 | tiny | direct-fw2-bw4 | ") and table[3].split("|")[6].strip()  # x fp32
 
 
 def test_a_recipe_runs_at_its_own_sizes_unless_a_flag_says():
@@ -225,7 +231,7 @@ def test_a_probe_connects_to_a_server_that_listens_late():
       conn.close()
   thread = threading.Thread(target=listen_late)
   thread.start()
-  with real_link.connect("127.0.0.1", port, within_s=10) as sock:
+  with link_probe.connect("127.0.0.1", port, within_s=10) as sock:
     sock.sendall(b"x")
   thread.join(timeout=15)
   assert accepted == [b"x"]
