@@ -29,6 +29,24 @@ from jaxcomp.analysis import targets  # noqa: E402  (the flags above first)
 targets.prepare_host(targets.target("v5e-8"))
 
 
+# The files that take longest, longest first (measured: docs/tests.md). `--dist loadfile` hands whole files to the
+# workers in collection order (xdist would otherwise put the files with most tests first): with the long ones
+# first, no worker is left running a long file alone at the end while the other idles.
+LONGEST_FIRST = ("test_codecs.py", "test_real_link.py", "test_sharded.py", "test_dryrun.py", "test_benchmarks.py",
+                 "test_train.py", "test_maxtext.py", "test_notebooks.py", "test_permute.py", "test_tied.py",
+                 "test_experiments.py", "test_scale_axes.py", "test_device_check.py", "test_documented_commands.py")
+
+
+def pytest_configure(config):
+  if hasattr(config.option, "loadscopereorder"):  # pytest-xdist's: keep the order below
+    config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests keep their order
+
+
 def pytest_unconfigure(config):
   if OWN_CACHE and not hasattr(config, "workerinput"):  # the process that made the cache folder removes it
     shutil.rmtree(OWN_CACHE, ignore_errors=True)
