@@ -110,7 +110,5 @@ def main(argv=None):
     print(json.dumps(bulk(argv[0], argv[1], int(argv[2]), float(argv[3]))))
 
 
-
-
 if __name__ == "__main__":
   main()
