@@ -671,9 +671,7 @@ def netsim_steps_per_s(times: list[dict], record: dict, link_bytes: float, confi
   processes measured them (`times`: one round's, per process; replicas averaged); each message's counted bytes,
   and the tied-parameter exchange's, scaled by the epoch's link bytes / counted bytes (headers, ACKs); each link
   direction at `link`'s rate and latency, with the step's collectives (`step_collectives`), under gloo's
-  rendezvous protocol (`jaxcomp.analysis.wires`). The tied exchange is a swap between the first and the last stage
-  that the first reaches last: its own send leaves at once, but its receive's notice must cross before the last
-  stage's bytes leave, two latencies."""
+  rendezvous protocol (`jaxcomp.analysis.wires`), and the step's exchanges (`step_exchanges`)."""
   from jaxcomp.analysis import netsim
   from jaxcomp.parallel import schedules
   stages, m, d = config["stages"], config["microbatches"], config["data_parallel"]
@@ -685,17 +683,28 @@ def netsim_steps_per_s(times: list[dict], record: dict, link_bytes: float, confi
   bwd_s = [mean(s, lambda t: t["bwd"]) + codec(s, "sender", "bwd") + codec(s, "receiver", "bwd") for s in range(stages)]
   scale = link_bytes / counted_bytes(record)
   message = lambda key: scale * record[f"wire_bytes_{key}"] / (m * d * (stages - 1))
-  tied = scale * record.get("wire_bytes_tied", 0) / (2 * d)  # each way, per replica
-  data = scale * record.get("wire_bytes_data", 0) / (stages * d)  # per stage device
-  exchange = netsim.Exchange([data + (tied if s in (0, stages - 1) else 0.0) for s in range(stages)],
-                             (2 if tied else 0) + (2 * (d - 1) if data else 0))
+  exchange, tied = step_exchanges(record, scale, stages, d)
   table = schedules.parse(config["schedule"]).train_table(stages, m)
   timeline = netsim.simulate_step(fwd_s, bwd_s, [message("fwd")] * (stages - 1), [message("bwd")] * (stages - 1), m,
-                                  link, exchange=exchange, schedule=table, ticks=True,
+                                  link, exchange=exchange, tied=tied, schedule=table, ticks=True,
                                   overlap_sends=False, update_s=[mean(s, lambda t: t["update"]) for s in range(stages)],
                                   collectives=step_collectives(table, d, config["grad_clip"] is not None),
                                   protocol="rendezvous")
   return 1 / timeline.makespan
+
+
+def step_exchanges(record: dict, scale: float, stages: int, d: int):
+  """netsim's data-parallel exchange and tied-parameter swap of one train step of a run with `stages` stages and
+  `d` replicas, from its epoch's record: its counted `wire_bytes_data` (a ring of 2 (d - 1) messages, each stage
+  device sending its share) and `wire_bytes_tied` (each replica's first and last stage send each other half),
+  times `scale` (link bytes / counted bytes). The swap starts when both ends are ready, after the exchange (the
+  executor ties after the mean), and pays two latencies: the first stage reaches it last, its own send leaves
+  at once, but its receive's notice must cross before the last stage's bytes leave. (None, None): neither."""
+  from jaxcomp.analysis import netsim
+  data = scale * record.get("wire_bytes_data", 0) / (stages * d)  # per stage device
+  tied = scale * record.get("wire_bytes_tied", 0) / (2 * d)  # each way, per replica
+  exchange = netsim.Exchange([data] * stages, 2 * (d - 1)) if data else None
+  return exchange, (netsim.Tied([(0, stages - 1)], [tied], messages=2) if tied else None)
 
 
 def counted_bytes(record: dict) -> int:

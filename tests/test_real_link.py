@@ -147,6 +147,17 @@ def test_netsim_counts_the_clipping_all_reduce_only_for_a_run_that_clips():
   assert len(before_update(True)) == 1 and not before_update(False)
 
 
+def test_netsim_swaps_the_tied_parameters_between_the_first_and_last_stage():
+  """The tied exchange is one swap between stage 0 and the last stage, waiting for both (netsim's `Tied`), half of
+  the counted bytes each way, two latencies; the data-parallel ring stays a separate `Exchange`."""
+  from jaxcomp.analysis import netsim
+  assert real_link.step_exchanges({"wire_bytes_fwd": 10}, 1.0, 4, 1) == (None, None)
+  exchange, tied = real_link.step_exchanges({"wire_bytes_tied": 800}, 1.5, 4, 1)
+  assert exchange is None and tied == netsim.Tied([(0, 3)], [600.0], messages=2)
+  exchange, tied = real_link.step_exchanges({"wire_bytes_tied": 800, "wire_bytes_data": 1600}, 1.0, 2, 2)
+  assert exchange == netsim.Exchange([400.0, 400.0], 2) and tied == netsim.Tied([(0, 1)], [200.0], messages=2)
+
+
 def test_rate_is_the_older_name_of_link(capsys):
   """`--rate RATE` (the table measured before links had a latency) is parsed as `--link`."""
   with pytest.raises(SystemExit) as exit_:
