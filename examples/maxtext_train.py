@@ -14,9 +14,10 @@ import glob
 import json
 import math
 import os
-import re
 import sys
 import tempfile
+
+from benchmarks.common import xla_flags_with_devices
 
 STAGES = 4  # pipeline stages, devices and microbatches
 WIDTH, LENGTH, PER_DEVICE_BATCH = 32, 32, 2
@@ -69,8 +70,7 @@ def main(argv=None):
   dump_dir = os.path.join(workdir, "xla_dump")
   # before JAX starts its backend: 4 CPU devices, and XLA dumping the compiled train step
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  others = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
-  os.environ["XLA_FLAGS"] = (f"{others} --xla_force_host_platform_device_count={STAGES} --xla_dump_to={dump_dir} "
+  os.environ["XLA_FLAGS"] = (f"{xla_flags_with_devices(STAGES)} --xla_dump_to={dump_dir} "
                              "--xla_dump_hlo_module_re=jit_train_step")
   import jax
   if jax.device_count() != STAGES:
