@@ -103,8 +103,10 @@ def _on(config, mesh):
   return stack
 
 
+@functools.cache
 def _compiled(name, loss, patch):
-  """The loss's value_and_grad compiled (inside `patch_pipeline(*patch)` unless patch is None) and run."""
+  """The loss's value_and_grad compiled (inside `patch_pipeline(*patch)` unless patch is None) and run; once per
+  configuration, loss and patch (the tests below share the unpatched and `none/none` programs)."""
   config, mesh, *_, weights = _case(name)
   with _on(config, mesh), (jaxcomp_maxtext.patch_pipeline(*patch) if patch else contextlib.nullcontext()):
     compiled = jax.jit(jax.value_and_grad(loss)).lower(weights).compile()
