@@ -562,7 +562,7 @@ def run_method(net: Network, name: str, args, folder: pathlib.Path) -> Run:
          str(args.data_parallel), *[a for k, v in sizes_of(args).items() for a in ("--" + k.replace("_", "-"), str(v))],
          "--no-progress",
          "--out", str(folder), "--run-name", "run", "--coordinator", f"{address(0)}:{COORDINATOR_PORT}",
-         "--num-processes", str(processes), *method_flags(name)]
+         "--num-processes", str(processes), *(["--overlap"] if args.overlap else []), *method_flags(name)]
   before = net.sent()
   procs, logs = [], []
   start = time.perf_counter()
@@ -666,7 +666,7 @@ def step_collectives(table, data: int, clips: bool) -> list:
 
 def netsim_steps_per_s(times: list[dict], record: dict, link_bytes: float, config: dict, link: Link) -> float:
   """netsim's steps/s for one epoch of a run of `config` (its stages, replicas, microbatches, schedule and clipping,
-  as the run resolved them), on the executor's ticks (no overlapped sends): each stage's
+  as the run resolved them), on the executor's ticks (with its overlapped sends where the run had them): each stage's
   forward and backward with the codec work of its ends (none in a dense warm-up epoch) and its update, as the
   processes measured them (`times`: one round's, per process; replicas averaged); each message's counted bytes,
   and the tied-parameter exchange's, scaled by the epoch's link bytes / counted bytes (headers, ACKs); each link
@@ -684,10 +684,11 @@ def netsim_steps_per_s(times: list[dict], record: dict, link_bytes: float, confi
   scale = link_bytes / counted_bytes(record)
   message = lambda key: scale * record[f"wire_bytes_{key}"] / (m * d * (stages - 1))
   exchange, tied = step_exchanges(record, scale, stages, d)
-  table = schedules.parse(config["schedule"]).train_table(stages, m)
+  table = schedules.parse(config["schedule"], config.get("overlap", False)).train_table(stages, m)
   timeline = netsim.simulate_step(fwd_s, bwd_s, [message("fwd")] * (stages - 1), [message("bwd")] * (stages - 1), m,
                                   link, exchange=exchange, tied=tied, schedule=table, ticks=True,
-                                  overlap_sends=False, update_s=[mean(s, lambda t: t["update"]) for s in range(stages)],
+                                  overlap_sends=table.forwarding_delay > 1,
+                                  update_s=[mean(s, lambda t: t["update"]) for s in range(stages)],
                                   collectives=step_collectives(table, d, config["grad_clip"] is not None),
                                   protocol="rendezvous")
   return 1 / timeline.makespan
@@ -827,6 +828,9 @@ def main(argv=None):
   for key, default in TINY_SIZES.items():
     parser.add_argument("--" + key.replace("_", "-"), type=int, help=("the fixed budget: epochs of every method "
                         if key == "epochs" else "") + f"(default: {default} with the tiny recipe, else the recipe's)")
+  parser.add_argument("--overlap", action="store_true", help="the stage processes run the executor's overlapped "
+                      "sends (each message crosses its link while both ends compute the next tick; --microbatches "
+                      ">= 2 x --stages)")
   parser.add_argument("--repeats", type=int, default=5, help="timed runs per op (netsim's stage and codec times); "
                       "0: no op timing (no netsim column), no replay and no probe")
   parser.add_argument("--rounds", type=int, default=3, help="rounds of replayed train steps and op timing "
@@ -855,6 +859,11 @@ def main(argv=None):
     if args.stages < 2 or args.data_parallel < 1 or sizes_of(args).get("epochs", 1) < 1:
       raise ValueError(f"--stages must be >= 2, --data-parallel and --epochs >= 1 (got {args.stages}, "
                        f"{args.data_parallel}, {args.epochs})")
+    if args.overlap:  # the table needs M >= 2S: refused here rather than in every stage process
+      from experiments import config
+      from jaxcomp.parallel import schedules
+      layout = config.resolve(gpt2_wikitext.EXPERIMENT, args.recipe, **sizes_of(args)).executor
+      schedules.parse(layout.schedule, overlap=True).train_table(args.stages, layout.microbatches)
   except ValueError as err:
     sys.exit(f"error: {err}")
   missing = missing_prerequisites(latency=link.latency_s > 0)

@@ -38,6 +38,7 @@ from experiments import config, gpt2_wikitext, plots, runner
 from jaxcomp.analysis import netsim
 from jaxcomp.analysis.link import Link
 from jaxcomp.data import batching
+from jaxcomp.parallel import schedules
 from jaxcomp.runtime import evaluation
 
 BWD4 = "maxabs:4:stoch"
@@ -93,6 +94,7 @@ def run_config(name: str, args, seed: int = 0, resume: bool = False) -> config.R
                         out=str(args.out), run_name=run_name(name, seed), resume=resume, no_progress=True,
                         bottleneck=learned[0] if learned else None, outliers=args.outliers,
                         lr_steps=args.steps if args.recipe else None, eval_every=args.eval_every,
+                        microbatches=args.microbatches,
                         target_loss=args.target_loss, stop_at_target=args.stop_at_target)
 
 
@@ -254,6 +256,7 @@ def main(argv=None):
   parser.add_argument("--outliers", metavar="N:SCALE[:MASSIVE]",
                       help="every run's model carries outlier channels across its stage boundaries "
                            "(experiments.gpt2_wikitext --outliers), e.g. 4:64:1024")
+  parser.add_argument("--microbatches", type=int, help="microbatches per batch of every run (default: the recipe's)")
   parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs/frontier"))
   parser.add_argument("--list-methods", action="store_true", help="print every method's specs and exit")
   parser.add_argument("--recipe", choices=list(gpt2_wikitext.RECIPES),
@@ -274,13 +277,17 @@ def main(argv=None):
                           "NanoGPT's receiver meter: one inbound wire per stage)")
   timed.add_argument("--schedule", default="1f1b",
                      help="the pipeline schedule whose table netsim times (default: 1f1b, Protocol NanoGPT's)")
+  timed.add_argument("--overlap", action="store_true",
+                     help="netsim times the schedule with the sharded executor's overlapped sends (its --overlap: "
+                          "each message crosses its link while both ends compute the next tick; --microbatches >= "
+                          "2 x stages)")
   timed.add_argument("--repeats", type=int, default=10, help="timed runs per stage and codec op")
   args = parser.parse_args(argv)
   if args.list_methods:
     print(method_list())
     return []
-  if args.target_loss is None and (args.stop_at_target or args.eval_every):
-    parser.error("--stop-at-target and --eval-every belong to the time-to-target mode: add --target-loss L")
+  if args.target_loss is None and (args.stop_at_target or args.eval_every or args.overlap):
+    parser.error("--stop-at-target, --eval-every and --overlap belong to the time-to-target mode: add --target-loss L")
   if args.target_loss is not None:
     args.eval_every = args.eval_every or 16
   names = args.methods.split(",") if args.methods else list(METHODS)
@@ -292,8 +299,14 @@ def main(argv=None):
                  f"{args.train_examples}, {args.seeds}")
   if args.target_loss is not None:  # T is relative to fp32's and bf16's
     names = list(dict.fromkeys(["fp32", "bf16", *names]))
+    try:  # the table netsim times, now rather than after the runs
+      layout = run_config(names[0], args).executor
+      schedules.parse(args.schedule, args.overlap).train_table(layout.stages, layout.microbatches)
+    except ValueError as err:
+      parser.error(f"--schedule {args.schedule}{' --overlap' if args.overlap else ''}: {err}")
   exp = gpt2_wikitext.EXPERIMENT
-  settings = dict(target=args.target_loss, recipe=args.recipe, eval_every=args.eval_every)
+  settings = dict(target=args.target_loss, recipe=args.recipe, eval_every=args.eval_every,
+                  **({"microbatches": args.microbatches} if args.microbatches else {}))
   runs, per_run = [], []
   for name in names:
     for seed in range(args.seed, args.seed + args.seeds):
@@ -329,12 +342,13 @@ def main(argv=None):
 def time_to_target(args, names: list[str], runs: list[dict], per_run: list[dict]) -> list[dict]:
   """The time-to-target table and plot of the methods' finished runs (`experiments.time_to_target`)."""
   from experiments import time_to_target as ttt  # here: it imports the throughput benchmark, which imports this module
-  step_times = ttt.StepTimes(args.link, args.schedule, args.repeats, args.meter)
+  step_times = ttt.StepTimes(args.link, args.schedule, args.repeats, args.meter, overlap=args.overlap)
+  schedule = args.schedule + (" with overlapped sends" if args.overlap else "")
   summaries = {r["method"]: r for r in over_seeds(per_run)}
   rows = []
   for name in names:
     step = step_times(run_config(name, args))
-    print(f"[frontier] {name}: predicted step {step.seconds:.4g} s on {args.link} ({args.schedule})")
+    print(f"[frontier] {name}: predicted step {step.seconds:.4g} s on {args.link} ({schedule})")
     rows.append(ttt.row(name, [r for r, p in zip(runs, per_run) if p["method"] == name], summaries[name], step,
                         args.target_loss))
   rows = ttt.relative(rows)
@@ -343,7 +357,7 @@ def time_to_target(args, names: list[str], runs: list[dict], per_run: list[dict]
   title = (f"time to eval loss {args.target_loss:g} (compression on): {first['model']} ({first['recipe']} recipe), "
            f"{first['stages']} stages x {first['microbatches']} microbatches, {args.steps} steps at most x "
            f"{args.batch_size} x {first['block_size']} tokens, evaluated every {args.eval_every}, {seeds}; step "
-           f"times {step.source}, netsim {args.schedule} on {args.link} (meter {args.meter})")
+           f"times {step.source}, netsim {schedule} on {args.link} (meter {args.meter})")
   text = ttt.table(rows, args.target_loss, args.link)
   (args.out / "time_to_target.md").write_text(f"{title}\n\n{text}\n")
   png = ttt.plot(rows, args.out / "time_to_target.png", title)

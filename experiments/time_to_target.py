@@ -5,8 +5,9 @@ x its steady-state step time over the metered links. Here the steps come from th
 evaluated step whose eval loss with compression on is <= the target, `evaluation.target_summary`, per seed) and the step
 time from `netsim`: each stage's forward and backward and each boundary's codec timed on this machine by the
 throughput benchmark's clock (`benchmarks.throughput_vs_bandwidth.stage_costs`, `op_seconds`), the bytes of each
-message from the boundary, the schedule's table run as the sharded executor runs it (`ticks=True`, without
-overlapped sends) over `link`. Steps in a dense warm-up epoch (AQ-SGD) take the dense (fp32) step's time. A method
+message from the boundary, the schedule's table run as the sharded executor runs it (`ticks=True`; with
+`overlap`, its `--overlap` table: each message crosses its link while both ends compute the next tick) over
+`link`. Steps in a dense warm-up epoch (AQ-SGD) take the dense (fp32) step's time. A method
 whose seeds do not all reach the target within the budget has no T; its best loss is reported.
 """
 import dataclasses
@@ -54,11 +55,14 @@ class StepTimes:
   theirs unless a bottleneck changes them) and its codecs per method, by a clock of the throughput benchmark
   (`clock`; default its `Measured` clock, `repeats` timed runs per op; its `Estimated` clock takes the times of
   programs compiled for a target), netsim's timeline as the sharded executor runs the table with `meter` (netsim's
-  link model: per_direction, or inbound, Protocol NanoGPT's receiver meter)."""
+  link model: per_direction, or inbound, Protocol NanoGPT's receiver meter); `overlap`: the executor's overlapped
+  sends (`schedules.parse(schedule, overlap=True)`, M >= 2S microbatches)."""
 
-  def __init__(self, link: Link, schedule: str, repeats: int = 10, meter: str = "per_direction", clock=None):
+  def __init__(self, link: Link, schedule: str, repeats: int = 10, meter: str = "per_direction", clock=None,
+               overlap: bool = False):
     from benchmarks import throughput_vs_bandwidth  # here: it imports the frontier's method table
-    self.clocked, self.link, self.schedule = throughput_vs_bandwidth, link, schedule
+    self.clocked, self.link = throughput_vs_bandwidth, link
+    self.schedule = schedules.parse(schedule, overlap)
     self.clock = clock or throughput_vs_bandwidth.Measured(repeats)
     self.meter = meter
     self.stage_costs = {}  # stage set -> the benchmark's CostSource
@@ -79,10 +83,10 @@ class StepTimes:
     boundary = boundary or pipe.boundary
     sent = sent or self.sent(cfg, boundary)
     fwd_s, bwd_s = self.clocked.op_seconds(self.stage_costs[stage_set](boundary))
-    table = schedules.parse(self.schedule).train_table(pipe.num_stages, pipe.microbatches)
+    table = self.schedule.train_table(pipe.num_stages, pipe.microbatches)
     return netsim.simulate_step(fwd_s, bwd_s, [f for f, _ in sent], [b for _, b in sent], pipe.microbatches,
-                                self.link.bandwidth_bps, self.link.latency_s, schedule=table, overlap_sends=False,
-                                ticks=True, meter=self.meter)
+                                self.link.bandwidth_bps, self.link.latency_s, schedule=table,
+                                overlap_sends=table.forwarding_delay > 1, ticks=True, meter=self.meter)
 
   def __call__(self, cfg: config.RunConfig) -> StepTime:
     compressed, dense = self.timeline(cfg), self.timeline(cfg, parse_boundary("none", "none"))

@@ -50,7 +50,8 @@ def test_pareto_and_domination():
 
 def test_seeds_run_separately_and_the_table_compares_means(tmp_path):
   args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path, outliers=None,
-                            recipe=None, eval_every=None, target_loss=None, stop_at_target=False)
+                            recipe=None, eval_every=None, target_loss=None, stop_at_target=False,
+                            microbatches=None)
   assert frontier.run_name("fp32", 0) == "fp32" and frontier.run_name("fp32", 2) == "fp32-seed2"
   run = frontier.run_config("fp32", args, 2)
   assert run.training.seed == 2 and run.output.run_name == "fp32-seed2"
@@ -85,7 +86,8 @@ def test_list_methods_names_every_method_with_its_specs(capsys):
 
 def test_outlier_model_runs_carry_the_flag_and_keep_their_own_folder(tmp_path):
   args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path,
-                            outliers="4:64:1024", recipe=None, eval_every=None, target_loss=None, stop_at_target=False)
+                            outliers="4:64:1024", recipe=None, eval_every=None, target_loss=None, stop_at_target=False,
+                            microbatches=None)
   run = frontier.run_config("tile64-fw3-bw4", args)
   assert run.options.outliers == "4:64:1024" and run.record()["outliers"] == "4:64:1024"
   (tmp_path / "results").mkdir()
@@ -164,17 +166,42 @@ def test_the_predicted_step_over_a_slow_link_is_its_messages_and_the_meter_passe
   simulate_step = netsim.simulate_step
   monkeypatch.setattr(netsim, "simulate_step", lambda *a, meter, **kw: meters.append(meter) or simulate_step(*a, **kw))
   args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path, outliers=None,
-                            recipe=None, eval_every=None, target_loss=None, stop_at_target=False)
+                            recipe=None, eval_every=None, target_loss=None, stop_at_target=False,
+                            microbatches=None)
   step = ttt.StepTimes(Link.parse("1mbit:10ms"), "1f1b", repeats=1, meter="inbound")(frontier.run_config("fp32", args))
   link = 6 * (8 * 8 * 128 * 64 * 4 / 1e6 + 0.01)
   assert step.seconds == pytest.approx(step.dense_seconds, rel=0.01) and link < step.seconds < link + 5.0
   assert step.critical["link"] == pytest.approx(link) and meters == ["inbound", "inbound"]
 
 
+def test_with_overlap_netsim_times_the_overlapped_table(tmp_path, monkeypatch):
+  """--overlap: the compressed and the dense step are both timed on the schedule's table of forwarding delay 2 (the
+  executor's --overlap), with overlapped sends; without it on the plain table. 4 stages, 8 microbatches (what they
+  save is netsim's: tests/test_netsim.py)."""
+  from experiments import time_to_target as ttt
+  timed = []
+  simulate_step = netsim.simulate_step
+  monkeypatch.setattr(netsim, "simulate_step", lambda *a, schedule, overlap_sends, **kw: timed.append(
+      (schedule.forwarding_delay, overlap_sends)) or simulate_step(*a, schedule=schedule, overlap_sends=overlap_sends,
+                                                                  **kw))
+  args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path, outliers=None,
+                            recipe=None, eval_every=None, target_loss=None, stop_at_target=False, microbatches=8)
+  cfg = frontier.run_config("direct-fw4-bw8", args)
+  assert cfg.executor.microbatches == 8
+  link = Link.parse("10mbit:1ms")
+  ttt.StepTimes(link, "1f1b", repeats=1, overlap=True)(cfg)
+  ttt.StepTimes(link, "1f1b", repeats=1)(cfg)
+  assert timed == [(2, True), (2, True), (1, False), (1, False)]
+
+
 def test_the_time_to_target_flags_are_checked(capsys):
   with pytest.raises(SystemExit):
     frontier.main(["--stop-at-target"])
-  assert "--stop-at-target and --eval-every belong to the time-to-target mode: add --target-loss L" in \
+  assert "--stop-at-target, --eval-every and --overlap belong to the time-to-target mode: add --target-loss L" in \
+      capsys.readouterr().err
+  with pytest.raises(SystemExit):  # refused before any run: 4 stages of the tiny recipe, 1 microbatch
+    frontier.main(["--target-loss", "2", "--overlap", "--methods", "fp32"])
+  assert "--schedule 1f1b --overlap: overlapped sends (--overlap) need at least 2S microbatches" in \
       capsys.readouterr().err
   with pytest.raises(SystemExit):
     frontier.main(["--target-loss", "2", "--meter", "receiver"])

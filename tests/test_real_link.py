@@ -158,6 +158,20 @@ def test_netsim_swaps_the_tied_parameters_between_the_first_and_last_stage():
   assert exchange == netsim.Exchange([400.0, 400.0], 2) and tied == netsim.Tied([(0, 1)], [200.0], messages=2)
 
 
+def test_netsim_runs_the_overlapped_table_where_the_run_overlapped_its_sends():
+  """A run with --overlap is timed on the schedule's overlapped table: 2 stages, 4 microbatches of 100 kB messages at
+  100 Mbit/s and 5 ms each way, 10/20 ms forward/backward: crossing during the next tick's compute saves time."""
+  times = [{"stage": s, "fwd": 0.01, "bwd": 0.02, "update": 0.001} for s in range(2)]
+  record = {"mode": "train", "wire_bytes_fwd": 400_000, "wire_bytes_bwd": 400_000}
+  config = {"stages": 2, "microbatches": 4, "data_parallel": 1, "schedule": "gpipe", "grad_clip": None}
+  step = lambda **more: 1 / real_link.netsim_steps_per_s(times, record, 800_000, {**config, **more},
+                                                         Link.parse("100mbit:5ms"))
+  assert step(overlap=True) < 0.8 * step()
+  with pytest.raises(SystemExit) as exit_:  # refused before any network or process: M=1 < 2S
+    real_link.main(["--overlap", "--stages", "2", "--methods", "fp32"])
+  assert str(exit_.value).startswith("error: overlapped sends (--overlap) need at least 2S microbatches")
+
+
 def test_rate_is_the_older_name_of_link(capsys):
   """`--rate RATE` (the table measured before links had a latency) is parsed as `--link`."""
   with pytest.raises(SystemExit) as exit_:
