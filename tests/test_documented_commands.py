@@ -230,6 +230,12 @@ REGISTRY = {
         why="the page's command to dump a step's program; by default the real-link fixture runs the CLI so, one "
             "process per stage (as root)",
         reached_by="tests/test_real_link.py::test_a_train_step_moves_at_most_10_percent_more_than_it_counts"),
+    "python -m benchmarks.real_link --stages 2 --link 100mbit:20ms --methods fp32,tile64-fw3-bw4 --batch-size 8 "
+    "--train-examples 32 --eval-examples 8 --epochs 1 --microbatches 4 --repeats 2 --rounds 1 [--overlap]": Case(
+        covered="tests/test_real_link.py::test_netsim_runs_the_overlapped_table_where_the_run_overlapped_its_sends",
+        why="--overlap: netsim's overlapped table and the refusal below 2S microbatches; the stage processes pass "
+            "it to the CLI, whose overlapped sends tests/test_sharded_overlap.py checks; the rest of the command is "
+            "the fixture's (as root)"),
     "python -m benchmarks.real_link --merge s*.json": Case(
         covered="tests/test_real_link.py::test_merged_runs_are_one_table", why="on the fixture's --json"),
 }
