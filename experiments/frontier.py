@@ -19,8 +19,9 @@ Time to target (`--target-loss L`): every run also evaluates every `--eval-every
 the first evaluated step whose eval loss with compression on is <= L (`--stop-at-target` ends it there); each
 method's step time is predicted on `--link` (e.g. 200mbit:50ms, Protocol NanoGPT's) from its stage and codec
 times measured here and `--schedule`'s table (`experiments.time_to_target`), and T = steps x step time, against
-fp32's and bf16's (both always run). Writes <out>/time_to_target.md and <out>/time_to_target.png (T against bytes
-per token). `--recipe protocol-cpu` runs the methods on Protocol NanoGPT's model at CPU scale:
+fp32's and bf16's (both always run); `--overlap` times the schedule's table with the sharded executor's overlapped
+sends (every run then needs `--microbatches` >= 2 x stages). Writes <out>/time_to_target.md and
+<out>/time_to_target.png (T against bytes per token). `--recipe protocol-cpu` runs the methods on Protocol NanoGPT's model at CPU scale:
 
     python -m experiments.frontier --target-loss 2.0 --link 200mbit:50ms --seeds 3 --recipe protocol-cpu \
         --steps 400 --batch-size 16 --train-examples 6400 --eval-examples 256 --eval-every 25 --out runs/ttt
