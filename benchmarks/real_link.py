@@ -18,7 +18,8 @@ per stage x data-parallel replica runs the experiment CLI (`experiments.gpt2_wik
 tiny by default, at this benchmark's sizes `TINY_SIZES`; another recipe at its own sizes, the size flags
 given overriding either) with its own multi-process flags (`--coordinator --num-processes --process-id`,
 `--executor gpipe --stages S`; the recipe's schedule, with `--overlap` its overlapped sends), JAX_PLATFORMS=cpu
-and one CPU device per process, process i pinned to core i mod cores (`taskset`; with more processes than cores, processes share cores).
+and one CPU device per process, process i pinned to core i mod cores (`taskset`; with more processes than cores,
+processes share cores).
 Each process runs in its own UTS namespace with its address as host name, so that gloo (JAX's CPU
 collectives) binds to the process's link. A process runs the CLI's `main` unchanged, with marks
 around the driver's calls: before the first two train steps of every epoch, each evaluation and
