@@ -595,10 +595,17 @@ def _slow_to_compile(codec) -> bool:
       codec not in (codecs.TopK(0.1, select="sort"), TokenAdaptive(3, 4, 0.25))
 
 
+# (codec, shape, a shape of >= 4096 entries: from there XLA:CPU's min/max reductions skip NaN)
+PROPERTY_CASES = ([(c, (4, 40), (8, 512)) for c in ALL_CODECS]
+                  + [(c, (3, 2, 7, 48), (8, 16, 48)) for c in BLOCK_CODECS])
+LIGHT = [i for i, (c, *_) in enumerate(PROPERTY_CASES) if not _slow_to_compile(c)]
+HEAVY = [i for i, (c, *_) in enumerate(PROPERTY_CASES) if _slow_to_compile(c)]
+
+
 def _nan_checked_by_the_property_suite(codec) -> bool:
-  """Whether `CodecPropertiesTest` (by default) already sends a NaN and an inf among >= 4096 entries through the
-  codec's jitted round trip: every codec it takes but RandK (which may drop the entry)."""
-  return codec in (ALL_CODECS + BLOCK_CODECS) and not _slow_to_compile(codec) and not isinstance(codec, codecs.RandK)
+  """Whether `CodecPropertiesTest` (by default: the LIGHT cases) already sends a NaN and an inf among >= 4096
+  entries through the codec's jitted round trip: every codec it takes but RandK (which may drop the entry)."""
+  return any(PROPERTY_CASES[i][0] == codec for i in LIGHT) and not isinstance(codec, codecs.RandK)
 
 
 @pytest.mark.parametrize("codec", [pytest.param(c, marks=pytest.mark.slow)
@@ -672,11 +679,6 @@ def _relative_error_bound(codec) -> float:
   return 4.0 * 2.0 ** -_bits(codec)
 
 
-# (codec, shape, a shape of >= 4096 entries: from there XLA:CPU's min/max reductions skip NaN)
-PROPERTY_CASES = ([(c, (4, 40), (8, 512)) for c in ALL_CODECS]
-                  + [(c, (3, 2, 7, 48), (8, 16, 48)) for c in BLOCK_CODECS])
-LIGHT = [i for i, (c, *_) in enumerate(PROPERTY_CASES) if not _slow_to_compile(c)]
-HEAVY = [i for i, (c, *_) in enumerate(PROPERTY_CASES) if _slow_to_compile(c)]
 
 
 class _CodecProperties(chex.TestCase):
