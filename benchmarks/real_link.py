@@ -688,7 +688,6 @@ def netsim_steps_per_s(times: list[dict], record: dict, link_bytes: float, confi
   table = schedules.parse(config["schedule"], config.get("overlap", False)).train_table(stages, m)
   timeline = netsim.simulate_step(fwd_s, bwd_s, [message("fwd")] * (stages - 1), [message("bwd")] * (stages - 1), m,
                                   link, exchange=exchange, tied=tied, schedule=table, ticks=True,
-                                  overlap_sends=table.forwarding_delay > 1,
                                   update_s=[mean(s, lambda t: t["update"]) for s in range(stages)],
                                   collectives=step_collectives(table, d, config["grad_clip"] is not None),
                                   protocol="rendezvous")

@@ -312,7 +312,7 @@ def tables(names: str, overlap: str, stages: int, microbatches: int) -> tuple[li
 
 
 def label(table: timetable.Timetable) -> str:
-  return table.name + (" with overlapped sends" if table.forwarding_delay > 1 else "")
+  return table.name + (" with overlapped sends" if table.overlapped_sends else "")
 
 
 def method_rows(name, costs, per_message, exchanges, args, table) -> list[Row]:
@@ -325,7 +325,7 @@ def method_rows(name, costs, per_message, exchanges, args, table) -> list[Row]:
     for link in args.links:
       tl = netsim.simulate_step(fwd_s, bwd_s, [m[0] for m in per_message], [m[1] for m in per_message],
                                 args.microbatches, link, 0.0, ex[table.chunks_per_device], table,
-                                overlap_sends=table.forwarding_delay > 1, ticks=True, tied=tied)
+                                ticks=True, tied=tied)
       critical = tl.critical_seconds()
       rows.append(Row(link, name + suffix, netsim.throughput(args.batch * args.data_parallel, tl),
                       {k: critical.get(k, 0.0) for k in CRITICAL}))

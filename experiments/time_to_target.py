@@ -86,7 +86,7 @@ class StepTimes:
     table = self.schedule.train_table(pipe.num_stages, pipe.microbatches)
     return netsim.simulate_step(fwd_s, bwd_s, [f for f, _ in sent], [b for _, b in sent], pipe.microbatches,
                                 self.link.bandwidth_bps, self.link.latency_s, schedule=table,
-                                overlap_sends=table.forwarding_delay > 1, ticks=True, meter=self.meter)
+                                ticks=True, meter=self.meter)
 
   def __call__(self, cfg: config.RunConfig) -> StepTime:
     compressed, dense = self.timeline(cfg), self.timeline(cfg, parse_boundary("none", "none"))

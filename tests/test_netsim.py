@@ -495,8 +495,8 @@ GOOD = dict(
                                      r"interleaved:V \(V >= 1 chunks per device\), got 'pipedream'"),
         (dict(schedule="interleaved:3"), r"schedule 'interleaved:3' places 3 chunks on each device; netsim was given "
                                          r"times for 2 chunks"),
-        (dict(schedule=schedules.GPipe().train_table(2, 2), ticks=True),
-         r"schedule 'gpipe' has forwarding delay 1, so with ticks=True overlap_sends must be False"),
+        (dict(schedule=schedules.GPipe().train_table(2, 2), ticks=True, overlap_sends=True),
+         r"schedule 'gpipe' has forwarding delay 1, so with ticks=True overlap_sends must be False .*got True"),
         (dict(exchange=Exchange([1.0], 2)), r"exchange.sent_bytes has 1 entries but the pipeline has 2 stages"),
         (dict(exchange=Exchange([1.0, -2.0], 2)), r"exchange.sent_bytes\[1\].*-2\.0"),
         (dict(exchange=Exchange([1.0, 1.0], -1)), r"exchange.messages must be an integer >= 0, got -1"),
@@ -648,6 +648,20 @@ def test_overlapped_ticks_cross_during_the_next_tick():
   assert [ev["fwd", 1, m][0] for m in range(4)] == [3.0, 5.0, 7.0, 9.0]
   assert [ev["send_bwd", 0, m] for m in range(4)] == [(11.0, 13.0), (13.0, 15.0), (15.0, 17.0), (17.0, 19.0)]
   assert ev["bwd", 0, 0] == (13.0, 14.0) and ev["bwd", 0, 3] == (19.0, 20.0) and tl.makespan == 20.0
+
+
+def test_ticks_run_a_given_tables_own_sends_unless_told():
+  """With ticks and overlap_sends left out, a schedule, table or plan given runs as its forwarding delay says
+  (`overlapped_sends`), and a name runs its plain table: a caller timing a run's table does not say it twice."""
+  args = ([1.0, 1.0], [1.0, 1.0], [2.0], [2.0], 4, BW8)
+  told = {}
+  for overlap in (False, True):
+    schedule = schedules.parse("gpipe", overlap)
+    told[overlap] = simulate_step(*args, ticks=True, overlap_sends=overlap).makespan
+    for passed in (schedule, schedule.train_table(2, 4), plan.Plan(schedule.train_table(2, 4))):
+      assert simulate_step(*args, schedule=passed, ticks=True).makespan == told[overlap], (overlap, passed)
+  assert told[True] != told[False]
+  assert simulate_step(*args, ticks=True).makespan == told[False]
 
 
 @pytest.mark.parametrize("name", [*schedules.SCHEDULES, "interleaved:2"])

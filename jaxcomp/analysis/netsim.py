@@ -281,7 +281,7 @@ def _ticks(ev: Events, plan: Plan, compute, wires: Wires, barrier) -> list[list]
 
   made = ()  # overlapped sends: the messages made at the tick before, crossing during this one
   for t in range(table.ticks):
-    crossing = start(made) if table.forwarding_delay > 1 else ()
+    crossing = start(made) if table.overlapped_sends else ()
     for d, row in enumerate(table.ops):
       for op in row[t]:
         kind = COMPUTE[op.kind]
@@ -322,7 +322,7 @@ def simulate_step(
     exchange: Exchange | None = None,
     schedule: str | schedules.Schedule | timetable.Timetable | Plan = "gpipe",
     update_s: Sequence[float] | None = None,
-    overlap_sends: bool = True,
+    overlap_sends: bool | None = None,
     input_grad_share: float = 0.5,
     ticks: bool = False,
     meter: Meter = "per_direction",
@@ -345,10 +345,10 @@ def simulate_step(
   ``ticks``: False: the dataflow timing (the table gives each device's order; by name, its table without
   overlapped sends); True: the sharded executor's ticks.
   ``overlap_sends``: dataflow: whether a stage computes while its messages cross (else it waits for each to
-  leave). Ticks: the executor's ``--overlap``: the table of forwarding delay 2 (by name,
+  leave; None: it does). Ticks: the executor's ``--overlap``: the table of forwarding delay 2 (by name,
   ``schedules.parse(name, overlap=True)``, M >= 2S; a schedule or table given must have that delay) whose
-  messages cross during the next tick, else the table of delay 1,
-  each tick compute, then send, then wait.
+  messages cross during the next tick, else the table of delay 1, each tick compute, then send, then wait;
+  None: a schedule or table given, its own (``overlapped_sends``), a name, its table of delay 1.
   ``input_grad_share``: in a table with split backwards, B(c, m) takes ``input_grad_share * bwd_s[c]``
   and W(c, m) the rest (default: half each; B + W = the fused backward).
   ``meter``: ``"per_direction"``: a link per boundary and direction; ``"inbound"``: Protocol NanoGPT's
@@ -380,10 +380,12 @@ def simulate_step(
                      f"ticks={ticks}, meter={meter!r}")
   if not 0 <= input_grad_share <= 1:  # also rejects NaN
     raise ValueError(f"input_grad_share must be in [0, 1] (B's share of the backward), got {input_grad_share!r}")
+  if overlap_sends is None:
+    overlap_sends = schedule.overlapped_sends if ticks and not isinstance(schedule, str) else not ticks
   table = table_of(schedule, num_chunks, microbatches, overlap=ticks and overlap_sends)
-  if ticks and overlap_sends != (table.forwarding_delay > 1):
+  if ticks and overlap_sends != table.overlapped_sends:
     raise ValueError(f"schedule {table.name!r} has forwarding delay {table.forwarding_delay}, so with ticks=True "
-                     f"overlap_sends must be {table.forwarding_delay > 1} (the executor's --overlap runs the table "
+                     f"overlap_sends must be {table.overlapped_sends} (the executor's --overlap runs the table "
                      f"of delay 2: schedules.parse(name, overlap=True)), got {overlap_sends}")
   _check_collectives(collectives, table.ticks if ticks else None)
   num_stages = table.num_devices

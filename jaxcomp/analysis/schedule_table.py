@@ -52,7 +52,7 @@ def executor_idle(plan: Plan, message: float) -> float:
   chunks, per_device = table.num_chunks, table.chunks_per_device
   step = netsim.simulate_step([1.0 / per_device] * chunks, [2.0 / per_device] * chunks, [message] * (chunks - 1),
                               [message] * (chunks - 1), table.microbatches, 8.0, schedule=plan,
-                              overlap_sends=plan.forwarding_delay > 1, ticks=True)  # 8 bps: n bytes take n seconds
+                              ticks=True)  # 8 bps: n bytes take n seconds
   return 1.0 - 3.0 * table.microbatches / step.makespan
 
 
@@ -61,7 +61,7 @@ def row(schedule: schedules.Schedule, stages: int, microbatches: int) -> Row:
   table = plan.table
   bubble = timetable.bubble_fraction(table)
   baseline = timetable.bubble_fraction(schedules.OneFOneB().train_table(stages, microbatches))
-  overlapped = " --overlap" if schedule.forwarding_delay > 1 else ""
+  overlapped = " --overlap" if schedule.overlapped_sends else ""
   return Row(schedule.name + overlapped, stages, microbatches, table.ticks, bubble,
              formula(schedule, stages, microbatches), bubble / baseline if baseline else 1.0,
              timetable.peak_inputs_held(table), (executor_idle(plan, 0.0), executor_idle(plan, 1.0)))

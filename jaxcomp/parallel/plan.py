@@ -164,6 +164,10 @@ class Plan:
   def forwarding_delay(self) -> int:
     return self.table.forwarding_delay
 
+  @property
+  def overlapped_sends(self) -> bool:
+    return self.table.overlapped_sends
+
   def compiled(self) -> "Plan":
     """This plan with every part computed now (the runner's: its table checked runnable, and nothing left to
     compute while its ticks are traced)."""
@@ -202,7 +206,7 @@ class Plan:
     for t in range(count):
       tick = TickPlan(self.sends(t), () if self.forwards_only else self.sends(t, forward=False),
                       tuple(kind for kind in kinds if self.running[kind][t]))
-      if self.forwarding_delay > 1:  # a payload crosses during the tick after its op, is decoded the tick after
+      if self.overlapped_sends:  # a payload crosses during the tick after its op, is decoded the tick after
         sent = lambda ago, forward: self.sends(t - ago, forward) if t >= ago else ()
         tick = tick._replace(fwd_crossing=sent(1, True), bwd_crossing=sent(1, False),
                              fwd_arriving=sent(2, True), bwd_arriving=sent(2, False))

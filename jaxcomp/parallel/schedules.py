@@ -32,6 +32,11 @@ class Schedule(abc.ABC):
                        f"sends), got {self.forwarding_delay!r}")
 
   @property
+  def overlapped_sends(self) -> bool:
+    """Whether its messages cross their links while both ends compute (`timetable.Timetable.overlapped_sends`)."""
+    return self.forwarding_delay == timetable.OVERLAPPED_SENDS
+
+  @property
   @abc.abstractmethod
   def name(self) -> str:
     """Its command-line spelling (`parse` reads it back), without the forwarding delay."""
@@ -57,7 +62,7 @@ class Schedule(abc.ABC):
     """Overlapped sends need M >= 2S: each message then takes two ticks, and with fewer microbatches the
     pipeline never has every stage computing while every link carries a message (no steady ticks), so the S-1
     extra ticks each way cost more than the overlap can hide. A ValueError naming the values and the fix."""
-    if self.forwarding_delay > 1 and microbatches < 2 * num_stages:
+    if self.overlapped_sends and microbatches < 2 * num_stages:
       raise ValueError(f"overlapped sends (--overlap) need at least 2S microbatches per data shard: got M="
                        f"{microbatches} for S={num_stages} stages; use --microbatches {2 * num_stages} (or more), "
                        "or drop --overlap")

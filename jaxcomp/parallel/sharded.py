@@ -80,7 +80,7 @@ class ShardedExecutor(pipeline.Executor):
     if not isinstance(self.schedule, schedules.GPipe) and self.remat == "none":
       raise ValueError(f"the {self.schedule.name} schedule always recomputes a stage from its stashed input; "
                        "use remat='stage'")
-    if self.schedule.forwarding_delay > 1 and self.remat == "none":
+    if self.schedule.overlapped_sends and self.remat == "none":
       raise ValueError("overlapped sends run the explicit backward (remat='stage'); remat='none' differentiates "
                        "GPipe's forward ticks, whose messages cannot wait a tick: use remat='stage'")
 
@@ -214,7 +214,7 @@ class ShardedExecutor(pipeline.Executor):
 
   def describe(self) -> str:
     return (f"sharded: {self.num_stages} stages x {self.data} data, schedule {self.schedule.name}"
-            + (", overlapped sends" if self.schedule.forwarding_delay > 1 else ""))
+            + (", overlapped sends" if self.schedule.overlapped_sends else ""))
 
   def batch_shapes(self, batch):
     """Executor protocol: `batch` split over the mesh's `data` axis."""
@@ -248,7 +248,7 @@ class ShardedExecutor(pipeline.Executor):
     explicit = train and self.remat == "stage"
     # train steps run the schedule's table; eval steps (and GPipe with remat="none") its forward pass
     table = (self.schedule.train_table if explicit else self.schedule.eval_table)(self.num_stages, m_count)
-    runner = (OverlappedRunner if table.forwarding_delay > 1 else StageRunner)(pipe, lay.template, local, mode, train,
+    runner = (OverlappedRunner if table.overlapped_sends else StageRunner)(pipe, lay.template, local, mode, train,
                                                                                table)
     exchange = dataparallel.exchange_for(optimizer, self.grad_scheme, warmup=mode is Mode.WARMUP)
     total = lambda v: jax.lax.pmean(jax.lax.psum(v, STAGE), DATA)

@@ -65,6 +65,11 @@ class Timetable:
     validate(self)
 
   @property
+  def overlapped_sends(self) -> bool:
+    """Whether each message crosses its link during the tick after it is sent, while both ends compute."""
+    return self.forwarding_delay == OVERLAPPED_SENDS
+
+  @property
   def num_devices(self) -> int:
     return len(self.ops)
 
