@@ -345,7 +345,7 @@ def simulate_step(
   ``ticks``: False: the dataflow timing (the table gives each device's order; by name, its table without
   overlapped sends); True: the sharded executor's ticks.
   ``overlap_sends``: dataflow: whether a stage computes while its messages cross (else it waits for each to
-  leave; None: it does). Ticks: the executor's ``--overlap``: the table of forwarding delay 2 (by name,
+  leave; None: True). Ticks: the executor's ``--overlap``: the table of forwarding delay 2 (by name,
   ``schedules.parse(name, overlap=True)``, M >= 2S; a schedule or table given must have that delay) whose
   messages cross during the next tick, else the table of delay 1, each tick compute, then send, then wait;
   None: a schedule or table given, its own (``overlapped_sends``), a name, its table of delay 1.
