@@ -380,9 +380,9 @@ def simulate_step(
                      f"ticks={ticks}, meter={meter!r}")
   if not 0 <= input_grad_share <= 1:  # also rejects NaN
     raise ValueError(f"input_grad_share must be in [0, 1] (B's share of the backward), got {input_grad_share!r}")
+  table = table_of(schedule, num_chunks, microbatches, overlap=ticks and bool(overlap_sends))
   if overlap_sends is None:
-    overlap_sends = schedule.overlapped_sends if ticks and not isinstance(schedule, str) else not ticks
-  table = table_of(schedule, num_chunks, microbatches, overlap=ticks and overlap_sends)
+    overlap_sends = table.overlapped_sends if ticks else True
   if ticks and overlap_sends != table.overlapped_sends:
     raise ValueError(f"schedule {table.name!r} has forwarding delay {table.forwarding_delay}, so with ticks=True "
                      f"overlap_sends must be {table.overlapped_sends} (the executor's --overlap runs the table "
