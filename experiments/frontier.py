@@ -17,7 +17,8 @@ one from its checkpoint. Writes <out>/frontier.md (table) and <out>/frontier.png
 
 Time to target (`--target-loss L`): every run also evaluates every `--eval-every` steps (default 16) and records
 the first evaluated step whose eval loss with compression on is <= L (`--stop-at-target` ends it there); each
-method's step time is predicted on `--link` (e.g. 200mbit:50ms, Protocol NanoGPT's) from its stage and codec
+method's step time is predicted on `--link` (e.g. 200mbit:50ms, Protocol NanoGPT's meter; or `--dense-slowdown R`:
+the link on which fp32's step takes R times its unmetered step, `record` the dense record's 186.3) from its stage and codec
 times measured here and `--schedule`'s table (`experiments.time_to_target`), and T = steps x step time, against
 fp32's and bf16's (both always run); `--overlap` times the schedule's table with the sharded executor's overlapped
 sends (every run then needs `--microbatches` >= 2 x stages). Writes <out>/time_to_target.md and
@@ -35,7 +36,7 @@ import sys
 
 import numpy as np
 
-from experiments import config, gpt2_wikitext, plots, runner
+from experiments import config, gpt2_wikitext, paper, plots, runner
 from jaxcomp.analysis import netsim
 from jaxcomp.analysis.link import Link
 from jaxcomp.data import batching
@@ -245,6 +246,20 @@ def link_arg(text: str) -> Link:
     raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def slowdown_arg(text: str) -> float:
+  """--dense-slowdown's value: a number > 1, or `record` (Protocol NanoGPT's dense record's)."""
+  if text == "record":
+    return paper.PROTOCOL_DENSE_SLOWDOWN
+  try:
+    value = float(text)
+  except ValueError:
+    value = math.nan
+  if not value > 1:
+    raise argparse.ArgumentTypeError(f"{text!r}: give how many times its unmetered step fp32's step takes on the link "
+                                     f"(a number > 1, e.g. 186.3), or `record` for the dense record's")
+  return value
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m experiments.frontier", description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=192, help="training steps per method (the budget)")
@@ -270,9 +285,14 @@ def main(argv=None):
   timed.add_argument("--eval-every", type=int, help="evaluate every N steps (default with --target-loss: 16; "
                                                     "without: at epoch ends)")
   timed.add_argument("--stop-at-target", action="store_true", help="end each run at its target")
-  timed.add_argument("--link", type=link_arg, default=Link.parse("200mbit:50ms"),
-                     help="bandwidth and one-way latency per message of every stage boundary (default: Protocol "
-                          "NanoGPT's 200mbit:50ms)")
+  link = timed.add_mutually_exclusive_group()
+  link.add_argument("--link", type=link_arg, default=Link.parse("200mbit:50ms"),
+                    help="bandwidth and one-way latency per message of every stage boundary (default: Protocol "
+                         "NanoGPT's 200mbit:50ms)")
+  link.add_argument("--dense-slowdown", type=slowdown_arg, metavar="R|record",
+                    help="instead of --link: the link on which fp32's step takes R times its step unmetered, its "
+                         "latency Protocol NanoGPT's share of a dense message (0.0745); `record`: the dense record's "
+                         f"R, its metered step over its unmetered one ({paper.PROTOCOL_DENSE_SLOWDOWN:.1f})")
   timed.add_argument("--meter", choices=typing.get_args(netsim.Meter), default="per_direction",
                      help="netsim's link model: per_direction (one link each way per boundary) or inbound (Protocol "
                           "NanoGPT's receiver meter: one inbound wire per stage)")
@@ -287,8 +307,9 @@ def main(argv=None):
   if args.list_methods:
     print(method_list())
     return []
-  if args.target_loss is None and (args.stop_at_target or args.eval_every or args.overlap):
-    parser.error("--stop-at-target, --eval-every and --overlap belong to the time-to-target mode: add --target-loss L")
+  if args.target_loss is None and (args.stop_at_target or args.eval_every or args.overlap or args.dense_slowdown):
+    parser.error("--stop-at-target, --eval-every, --overlap and --dense-slowdown belong to the time-to-target mode: "
+                 "add --target-loss L")
   if args.target_loss is not None:
     args.eval_every = args.eval_every or 16
   names = args.methods.split(",") if args.methods else list(METHODS)
@@ -345,21 +366,27 @@ def time_to_target(args, names: list[str], runs: list[dict], per_run: list[dict]
   from experiments import time_to_target as ttt  # here: it imports the throughput benchmark, which imports this module
   step_times = ttt.StepTimes(args.link, args.schedule, args.repeats, args.meter, overlap=args.overlap)
   schedule = args.schedule + (" with overlapped sends" if args.overlap else "")
+  if args.dense_slowdown:
+    step_times.link = step_times.link_for_slowdown(run_config("fp32", args), args.dense_slowdown,
+                                                   paper.PROTOCOL_LATENCY_SHARE)
+    print(f"[frontier] fp32's step takes {args.dense_slowdown:g}x its unmetered step on {step_times.link}")
+  link = step_times.link
   summaries = {r["method"]: r for r in over_seeds(per_run)}
   rows = []
   for name in names:
     step = step_times(run_config(name, args))
-    print(f"[frontier] {name}: predicted step {step.seconds:.4g} s on {args.link} ({schedule})")
+    print(f"[frontier] {name}: predicted step {step.seconds:.4g} s on {link} ({schedule})")
     rows.append(ttt.row(name, [r for r, p in zip(runs, per_run) if p["method"] == name], summaries[name], step,
                         args.target_loss))
   rows = ttt.relative(rows)
   first = runs[0]["config"]
+  slowdown = f" (fp32's step {args.dense_slowdown:g}x its unmetered one)" if args.dense_slowdown else ""
   seeds = f"seed {args.seed}" if args.seeds == 1 else f"seeds {args.seed}..{args.seed + args.seeds - 1}"
   title = (f"time to eval loss {args.target_loss:g} (compression on): {first['model']} ({first['recipe']} recipe), "
            f"{first['stages']} stages x {first['microbatches']} microbatches, {args.steps} steps at most x "
            f"{args.batch_size} x {first['block_size']} tokens, evaluated every {args.eval_every}, {seeds}; step "
-           f"times {step.source}, netsim {schedule} on {args.link} (meter {args.meter})")
-  text = ttt.table(rows, args.target_loss, args.link)
+           f"times {step.source}, netsim {schedule} on {link}{slowdown} (meter {args.meter})")
+  text = ttt.table(rows, args.target_loss, link)
   (args.out / "time_to_target.md").write_text(f"{title}\n\n{text}\n")
   png = ttt.plot(rows, args.out / "time_to_target.png", title)
   print(text)

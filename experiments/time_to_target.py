@@ -11,6 +11,7 @@ message from the boundary, the schedule's table run as the sharded executor runs
 whose seeds do not all reach the target within the budget has no T; its best loss is reported.
 """
 import dataclasses
+import math
 import pathlib
 import textwrap
 
@@ -66,6 +67,7 @@ class StepTimes:
     self.clock = clock or throughput_vs_bandwidth.Measured(repeats)
     self.meter = meter
     self.stage_costs = {}  # stage set -> the benchmark's CostSource
+    self.op_times = {}  # (stage set, boundary) -> its stages' forward and backward op seconds, codecs in
 
   def sent(self, cfg: config.RunConfig, boundary=None) -> list[tuple[int, int]]:
     """Each stage boundary's (forward, backward) bytes per message of `cfg`'s run with `boundary` (default: the
@@ -73,20 +75,38 @@ class StepTimes:
     pipe, _, batch, _ = gpt2_wikitext.abstract(cfg)
     return [(boundary or pipe.boundary).wire_bytes(s.shape, s.dtype) for s in pipeline.activation_shapes(pipe, batch)]
 
-  def timeline(self, cfg: config.RunConfig, boundary=None, sent=None) -> netsim.Timeline:
+  def timeline(self, cfg: config.RunConfig, boundary=None, sent=None, link: Link | None = None) -> netsim.Timeline:
     """netsim's step of `cfg`'s run with `boundary` (default: the run's; its codecs timed by the clock), sending
-    `sent` (each boundary's (forward, backward) bytes per message; default: `self.sent`)."""
+    `sent` (each boundary's (forward, backward) bytes per message; default: `self.sent`) over `link` (default:
+    `self.link`)."""
     pipe, _, batch, _ = gpt2_wikitext.abstract(cfg)
     stage_set = (cfg.compression.bottleneck, cfg.training.batch_size, pipe.microbatches)
     if stage_set not in self.stage_costs:
       self.stage_costs[stage_set] = self.clocked.stage_costs(pipeline.uncompressed(pipe), batch, self.clock)
     boundary = boundary or pipe.boundary
     sent = sent or self.sent(cfg, boundary)
-    fwd_s, bwd_s = self.clocked.op_seconds(self.stage_costs[stage_set](boundary))
+    if (stage_set, boundary) not in self.op_times:
+      self.op_times[stage_set, boundary] = self.clocked.op_seconds(self.stage_costs[stage_set](boundary))
+    fwd_s, bwd_s = self.op_times[stage_set, boundary]
     table = self.schedule.train_table(pipe.num_stages, pipe.microbatches)
     return netsim.simulate_step(fwd_s, bwd_s, [f for f, _ in sent], [b for _, b in sent], pipe.microbatches,
-                                self.link.bandwidth_bps, self.link.latency_s, schedule=table,
-                                ticks=True, meter=self.meter)
+                                link or self.link, schedule=table, ticks=True, meter=self.meter)
+
+  def link_for_slowdown(self, dense: config.RunConfig, slowdown: float, latency_share: float) -> Link:
+    """The link on which `dense`'s step takes `slowdown` times its unmetered step (its messages free: `Link(inf)`):
+    bandwidth B by bisection, latency `latency_share` x one dense message's transfer at B (8 x the first boundary's
+    forward bytes / B). Protocol NanoGPT's dense record: slowdown 186.3, latency share 0.0745 (`experiments.paper`)."""
+    if not slowdown > 1:  # also rejects NaN
+      raise ValueError(f"a dense slowdown is the step on the link over the step unmetered, so it must be > 1, got "
+                       f"{slowdown!r}")
+    bits = 8 * self.sent(dense)[0][0]
+    unmetered = self.timeline(dense, link=Link(math.inf)).makespan
+    link_at = lambda bps: Link(bps, latency_share * bits / bps)
+    lo, hi = 1.0, 1e15  # bits/s: the slowdown falls as the bandwidth grows
+    for _ in range(60):
+      mid = math.sqrt(lo * hi)
+      lo, hi = (lo, mid) if self.timeline(dense, link=link_at(mid)).makespan < slowdown * unmetered else (mid, hi)
+    return link_at(hi)
 
   def __call__(self, cfg: config.RunConfig) -> StepTime:
     compressed, dense = self.timeline(cfg), self.timeline(cfg, parse_boundary("none", "none"))

@@ -1,6 +1,7 @@
 """Smoke test of the frontier sweep: two methods, a few steps, resumable, exact byte accounting."""
 import argparse
 import json
+import math
 
 import jax
 import pytest
@@ -205,10 +206,27 @@ def test_with_overlap_netsim_times_the_overlapped_table(tmp_path, monkeypatch):
   assert overlapped.critical["link"] < plain.critical["link"] and overlapped.seconds < plain.seconds
 
 
+def test_the_link_for_a_dense_slowdown_slows_the_dense_step_that_much(tmp_path):
+  """fp32 on the tiny recipe's 4 stages, ops of 10 ms: on the link found for a slowdown of 50 its step takes 50 times
+  its step with free messages, and each message pays the latency share of one dense message's transfer."""
+  from experiments import time_to_target as ttt
+  args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path, outliers=None,
+                            recipe=None, eval_every=None, target_loss=None, stop_at_target=False, microbatches=None)
+  cfg, times = frontier.run_config("fp32", args), ttt.StepTimes(Link.parse("1mbit"), "1f1b", clock=TenMilliseconds())
+  link = times.link_for_slowdown(cfg, 50, 0.0745)
+  unmetered = times.timeline(cfg, link=Link(math.inf)).makespan
+  assert times.timeline(cfg, link=link).makespan == pytest.approx(50 * unmetered, rel=1e-6)
+  assert link.latency_s == pytest.approx(0.0745 * 8 * 8 * 128 * 64 * 4 / link.bandwidth_bps)
+  assert times.link == Link.parse("1mbit")  # found, not set
+  with pytest.raises(ValueError, match="a dense slowdown is the step on the link over the step unmetered, so it must "
+                                       "be > 1, got 1.0"):
+    times.link_for_slowdown(cfg, 1.0, 0.0745)
+
+
 def test_the_time_to_target_flags_are_checked(capsys):
   with pytest.raises(SystemExit):
     frontier.main(["--stop-at-target"])
-  assert "--stop-at-target, --eval-every and --overlap belong to the time-to-target mode: add --target-loss L" in \
+  assert "--stop-at-target, --eval-every, --overlap and --dense-slowdown belong to the time-to-target mode: " in \
       capsys.readouterr().err
   with pytest.raises(SystemExit):  # refused before any run: 4 stages of the tiny recipe, 1 microbatch
     frontier.main(["--target-loss", "2", "--overlap", "--methods", "fp32"])
@@ -220,6 +238,13 @@ def test_the_time_to_target_flags_are_checked(capsys):
   with pytest.raises(SystemExit):
     frontier.main(["--target-loss", "2", "--link", "200mb"])
   assert "link rate '200mb'" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    frontier.main(["--target-loss", "2", "--dense-slowdown", "0.5"])
+  assert "'0.5': give how many times its unmetered step fp32's step takes on the link" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    frontier.main(["--target-loss", "2", "--dense-slowdown", "record", "--link", "1mbit"])
+  assert "not allowed with argument --dense-slowdown" in capsys.readouterr().err
+  assert frontier.slowdown_arg("record") == pytest.approx(100.475 / 0.53945)
 
 
 @pytest.mark.slow  # heavy: python -m pytest -m slow
