@@ -835,7 +835,8 @@ def main(argv=None):
                       "0: no op timing (no netsim column), no replay and no probe")
   parser.add_argument("--rounds", type=int, default=3, help="rounds of replayed train steps and op timing "
                       "(netsim's inputs and the steps/s beside them, medians over the rounds)")
-  parser.add_argument("--json", help="write the rows here")
+  parser.add_argument("--json", help="write the rows here (after each method: an interrupted run keeps its finished "
+                      "methods' rows)")
   parser.add_argument("--merge", nargs="+", metavar="JSON", help="run nothing: the rows of these --json files (e.g. "
                       "one method per run) as one table, x fp32 from the fp32 row of each rate and stage count")
   parser.add_argument("--keep", help="keep each method's logs, marks and results in this folder")
@@ -887,6 +888,12 @@ def main(argv=None):
   args.link = str(link)
   folder = pathlib.Path(args.keep) if args.keep else pathlib.Path(tempfile.mkdtemp(prefix="real_link"))
   rows, details = [], {}
+
+  def save(delay_report=""):
+    """--json: the rows so far (after each method, so that an interrupted run keeps its finished methods' rows)."""
+    if args.json:
+      pathlib.Path(args.json).write_text(json.dumps({"rows": with_x_fp32(rows), "delay_line": delay_report},
+                                                    indent=1))
   try:
     with Network(args.stages * args.data_parallel, link) as net:
       for name in methods:
@@ -894,18 +901,17 @@ def main(argv=None):
         acc = Accounting(run)
         rows += rows_of(run, acc, args)
         details[name] = (run, acc)
+        save()
         print(f"{name}: {run.wall_s:.0f} s", file=sys.stderr)
   except RuntimeError as err:
     sys.exit("error: " + str(err))
   finally:
     if not args.keep:
       shutil.rmtree(folder, ignore_errors=True)
-  rows = with_x_fp32(rows)
-  print(render(rows, details))
+  print(render(with_x_fp32(rows), details))
   if net.delay_report:
     print("\n" + net.delay_report)
-  if args.json:
-    pathlib.Path(args.json).write_text(json.dumps({"rows": rows, "delay_line": net.delay_report}, indent=1))
+  save(net.delay_report)
 
 
 if __name__ == "__main__":

@@ -254,9 +254,9 @@ def slowdown_arg(text: str) -> float:
     value = float(text)
   except ValueError:
     value = math.nan
-  if not value > 1:
+  if not 1 < value < math.inf:
     raise argparse.ArgumentTypeError(f"{text!r}: give how many times its unmetered step fp32's step takes on the link "
-                                     f"(a number > 1, e.g. 186.3), or `record` for the dense record's")
+                                     f"(a finite number > 1, e.g. 186.3), or `record` for the dense record's")
   return value
 
 

@@ -96,9 +96,9 @@ class StepTimes:
     """The link on which `dense`'s step takes `slowdown` times its unmetered step (its messages free: `Link(inf)`):
     bandwidth B by bisection, latency `latency_share` x one dense message's transfer at B (8 x the first boundary's
     forward bytes / B). Protocol NanoGPT's dense record: slowdown 186.3, latency share 0.0745 (`experiments.paper`)."""
-    if not slowdown > 1:  # also rejects NaN
-      raise ValueError(f"a dense slowdown is the step on the link over the step unmetered, so it must be > 1, got "
-                       f"{slowdown!r}")
+    if not 1 < slowdown < math.inf:  # also rejects NaN
+      raise ValueError(f"a dense slowdown is the step on the link over the step unmetered, so it must be finite and "
+                       f"> 1, got {slowdown!r}")
     bits = 8 * self.sent(dense)[0][0]
     unmetered = self.timeline(dense, link=Link(math.inf)).makespan
     link_at = lambda bps: Link(bps, latency_share * bits / bps)

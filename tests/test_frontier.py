@@ -218,9 +218,10 @@ def test_the_link_for_a_dense_slowdown_slows_the_dense_step_that_much(tmp_path):
   assert times.timeline(cfg, link=link).makespan == pytest.approx(50 * unmetered, rel=1e-6)
   assert link.latency_s == pytest.approx(0.0745 * 8 * 8 * 128 * 64 * 4 / link.bandwidth_bps)
   assert times.link == Link.parse("1mbit")  # found, not set
-  with pytest.raises(ValueError, match="a dense slowdown is the step on the link over the step unmetered, so it must "
-                                       "be > 1, got 1.0"):
-    times.link_for_slowdown(cfg, 1.0, 0.0745)
+  for bad in (1.0, math.inf):
+    with pytest.raises(ValueError, match="a dense slowdown is the step on the link over the step unmetered, so it "
+                                         f"must be finite and > 1, got {bad}"):
+      times.link_for_slowdown(cfg, bad, 0.0745)
 
 
 def test_the_time_to_target_flags_are_checked(capsys):
@@ -241,6 +242,9 @@ def test_the_time_to_target_flags_are_checked(capsys):
   with pytest.raises(SystemExit):
     frontier.main(["--target-loss", "2", "--dense-slowdown", "0.5"])
   assert "'0.5': give how many times its unmetered step fp32's step takes on the link" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    frontier.main(["--target-loss", "2", "--dense-slowdown", "inf"])
+  assert "'inf': give how many times" in capsys.readouterr().err
   with pytest.raises(SystemExit):
     frontier.main(["--target-loss", "2", "--dense-slowdown", "record", "--link", "1mbit"])
   assert "not allowed with argument --dense-slowdown" in capsys.readouterr().err

@@ -219,6 +219,34 @@ def test_an_interrupted_benchmark_leaves_nothing_behind(network, tmp_path):
   assert not delay_line.split(), delay_line
 
 
+def test_an_interrupted_run_keeps_the_rows_of_its_finished_methods(monkeypatch, tmp_path):
+  """--json holds each finished method's rows as soon as it ends: a signal in the next method loses none of them (the
+  network, the stage processes and their accounting stand-ins here)."""
+  class Network:
+    delay_report = ""
+    __init__ = lambda self, processes, link: None
+    __enter__ = lambda self: self
+    __exit__ = lambda self, *exc: False
+
+  def run_method(net, name, args, folder):
+    if name != "fp32":
+      raise KeyboardInterrupt("signal 15")
+    return types.SimpleNamespace(name=name, wall_s=1.0)
+  monkeypatch.setattr(real_link, "missing_prerequisites", lambda latency=False: None)
+  monkeypatch.setattr(real_link.signal, "signal", lambda *a: None)
+  monkeypatch.setattr(real_link, "Network", Network)
+  monkeypatch.setattr(real_link, "run_method", run_method)
+  monkeypatch.setattr(real_link, "Accounting", lambda run: None)
+  monkeypatch.setattr(real_link, "rows_of", lambda run, acc, args: [
+      {"method": run.name, "link": args.link, "stages": args.stages, "recipe": "tiny", "steps_per_s": 2.0}])
+  out = tmp_path / "rows.json"
+  with pytest.raises(KeyboardInterrupt):
+    real_link.main(["--link", LINK, "--methods", "fp32,top10-q8-reuse", "--json", str(out), "--keep",
+                    str(tmp_path / "kept")])
+  assert json.loads(out.read_text())["rows"] == [
+      {"method": "fp32", "link": LINK, "stages": 2, "recipe": "tiny", "steps_per_s": 2.0, "x_fp32": 1.0}]
+
+
 def test_without_root_it_says_what_is_missing(monkeypatch, capsys):
   monkeypatch.setattr(real_link.os, "geteuid", lambda: 1000)
   with pytest.raises(SystemExit) as exit_:
