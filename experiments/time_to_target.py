@@ -99,13 +99,14 @@ class StepTimes:
     if not 1 < slowdown < math.inf:  # also rejects NaN
       raise ValueError(f"a dense slowdown is the step on the link over the step unmetered, so it must be finite and "
                        f"> 1, got {slowdown!r}")
-    bits = 8 * self.sent(dense)[0][0]
-    unmetered = self.timeline(dense, link=Link(math.inf)).makespan
-    link_at = lambda bps: Link(bps, latency_share * bits / bps)
+    sent = self.sent(dense)  # once: every step below sends the same messages
+    step = lambda link: self.timeline(dense, sent=sent, link=link).makespan
+    unmetered = step(Link(math.inf))
+    link_at = lambda bps: Link(bps, latency_share * 8 * sent[0][0] / bps)
     lo, hi = 1.0, 1e15  # bits/s: the slowdown falls as the bandwidth grows
     for _ in range(60):
       mid = math.sqrt(lo * hi)
-      lo, hi = (lo, mid) if self.timeline(dense, link=link_at(mid)).makespan < slowdown * unmetered else (mid, hi)
+      lo, hi = (lo, mid) if step(link_at(mid)) < slowdown * unmetered else (mid, hi)
     return link_at(hi)
 
   def __call__(self, cfg: config.RunConfig) -> StepTime:
