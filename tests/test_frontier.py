@@ -225,29 +225,24 @@ def test_the_link_for_a_dense_slowdown_slows_the_dense_step_that_much(tmp_path):
 
 
 def test_the_time_to_target_flags_are_checked(capsys):
-  with pytest.raises(SystemExit):
-    frontier.main(["--stop-at-target"])
-  assert "--stop-at-target, --eval-every, --overlap and --dense-slowdown belong to the time-to-target mode: " in \
-      capsys.readouterr().err
-  with pytest.raises(SystemExit):  # refused before any run: 4 stages of the tiny recipe, 1 microbatch
-    frontier.main(["--target-loss", "2", "--overlap", "--methods", "fp32"])
-  assert "--schedule 1f1b --overlap: overlapped sends (--overlap) need at least 2S microbatches" in \
-      capsys.readouterr().err
-  with pytest.raises(SystemExit):
-    frontier.main(["--target-loss", "2", "--meter", "receiver"])
-  assert "--meter: invalid choice: 'receiver'" in capsys.readouterr().err
-  with pytest.raises(SystemExit):
-    frontier.main(["--target-loss", "2", "--link", "200mb"])
-  assert "link rate '200mb'" in capsys.readouterr().err
-  with pytest.raises(SystemExit):
-    frontier.main(["--target-loss", "2", "--dense-slowdown", "0.5"])
-  assert "'0.5': give how many times its unmetered step fp32's step takes on the link" in capsys.readouterr().err
-  with pytest.raises(SystemExit):
-    frontier.main(["--target-loss", "2", "--dense-slowdown", "inf"])
-  assert "'inf': give how many times" in capsys.readouterr().err
-  with pytest.raises(SystemExit):
-    frontier.main(["--target-loss", "2", "--dense-slowdown", "record", "--link", "1mbit"])
-  assert "not allowed with argument --dense-slowdown" in capsys.readouterr().err
+  refused = [  # (argv, what its one error line says)
+      (["--stop-at-target"], "--stop-at-target, --eval-every, --overlap and --dense-slowdown belong to the "
+                             "time-to-target mode: "),
+      # refused before any run: 4 stages of the tiny recipe, 1 microbatch
+      (["--target-loss", "2", "--overlap", "--methods", "fp32"],
+       "--schedule 1f1b --overlap: overlapped sends (--overlap) need at least 2S microbatches"),
+      (["--target-loss", "2", "--meter", "receiver"], "--meter: invalid choice: 'receiver'"),
+      (["--target-loss", "2", "--link", "200mb"], "link rate '200mb'"),
+      (["--target-loss", "2", "--dense-slowdown", "0.5"],
+       "'0.5': give how many times its unmetered step fp32's step takes on the link"),
+      (["--target-loss", "2", "--dense-slowdown", "inf"], "'inf': give how many times"),
+      (["--target-loss", "2", "--dense-slowdown", "record", "--link", "1mbit"],
+       "not allowed with argument --dense-slowdown"),
+  ]
+  for argv, error in refused:
+    with pytest.raises(SystemExit):
+      frontier.main(argv)
+    assert error in capsys.readouterr().err, argv
   assert frontier.slowdown_arg("record") == pytest.approx(100.475 / 0.53945)
 
 
