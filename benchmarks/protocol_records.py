@@ -9,7 +9,7 @@ This predicts its records' step times (`experiments.paper.PROTOCOL_RECORDS`: den
 `experiments.time_to_target.StepTimes` on `--model protocol-203m` (`--recipe protocol`: 8 stages, 1F1B, 512 x 1024
 tokens a step):
 1. compute: each stage's forward and backward (the vjp with the forward recomputed) of one microbatch, compiled for
-   `--compile-for`'s chip and timed by the roofline (`throughput_vs_bandwidth.Estimated`: max(FLOPs / peak, HBM
+   `--compile-for`'s chip and timed by the roofline (`step_cost.Estimated`: max(FLOPs / peak, HBM
    traffic / bandwidth); nothing runs) once per microbatch size; stages whose programs are equal compile once;
 2. a record's messages: its bytes per token (both ways) split evenly between the activation and its gradient, x the
    tokens of one of its microbatches (`--link` and the records' microbatch counts);
@@ -17,7 +17,7 @@ tokens a step):
 Printed: predicted vs published step time, the relative error, the critical path's compute and link seconds and
 the inbound wire of a middle stage (2 M messages of 8 x bytes / rate + latency each).
 
-Then every frontier method (`experiments.frontier.METHODS`; a learned bottleneck is rank R of the 1,024-wide
+Then every frontier method (`jaxcomp.methods`; a learned bottleneck is rank R of the 1,024-wide
 stream) on the same setup at each record's microbatch count: its bytes per token from its boundary's `wire_bytes`
 at the model's bf16 activations, its codecs timed by the same clock, and the step inflation at which it ties each
 record: record T / (step time x the dense record's steps), its faster step time of the two.
@@ -28,9 +28,10 @@ from typing import Callable, NamedTuple
 
 import jax
 
-from benchmarks.throughput_vs_bandwidth import Estimated
-from experiments import config, frontier, gpt2_wikitext, paper
+from jaxcomp.analysis.step_cost import Estimated
+from experiments import config, gpt2_wikitext, paper
 from experiments.time_to_target import StepTimes
+from jaxcomp import methods as registry
 from jaxcomp.analysis import targets
 from jaxcomp.analysis.link import Link
 from jaxcomp.compress.spec import parse_boundary
@@ -101,8 +102,9 @@ def method_rows(setup: Setup, methods: dict, records=RECORDS) -> list[dict]:
   boundary's, at the first record's microbatches), and the inflation at which its faster step ties each record; a
   method one of whose programs the target's compiler refuses has its error (`refused`) instead."""
   rows = []
-  for name, (fwd, bwd, _, *learned) in methods.items():
-    row = {"method": name, "fwd": fwd, "bwd": bwd, "bottleneck": learned[0] if learned else None, "step_s": {}}
+  for name, method in methods.items():
+    fwd, bwd = method.fwd, method.bwd
+    row = {"method": name, "fwd": fwd, "bwd": bwd, "bottleneck": method.bottleneck, "step_s": {}}
     try:
       for record in records:
         cfg = setup.run_config(fwd, bwd, row["bottleneck"], record.microbatches)
@@ -151,7 +153,7 @@ def main(argv=None):
   parser.add_argument("--compile-for", metavar="TARGET", default="h100-8",
                       help="estimate compute from programs compiled for TARGET's chip (the records: h100-8)")
   parser.add_argument("--link", default="200mbit:50ms", help="each stage's inbound wire: rate and per-message latency")
-  parser.add_argument("--methods", default=",".join(frontier.METHODS),
+  parser.add_argument("--methods", default=",".join(registry.METHODS),
                       help="comma-separated frontier methods (default: all; 'none' for the records alone)")
   args = parser.parse_args(argv)
   try:
@@ -159,9 +161,9 @@ def main(argv=None):
   except ValueError as err:
     parser.error(str(err))
   names = [] if args.methods == "none" else [n.strip() for n in args.methods.split(",") if n.strip()]
-  unknown = [n for n in names if n not in frontier.METHODS]
+  unknown = [n for n in names if n not in registry.METHODS]
   if unknown:
-    parser.error(f"--methods: unknown {unknown}; choose from {list(frontier.METHODS)} or none")
+    parser.error(f"--methods: unknown {unknown}; choose from {list(registry.METHODS)} or none")
   if target.devices < 8:
     parser.error(f"--compile-for {target.name}: the records' 8 stages need 8 chips, it has {target.devices}")
   targets.prepare_host(target)  # before any backend starts
@@ -175,7 +177,7 @@ def main(argv=None):
         f"message / {link.bandwidth_bps:g} + {link.latency_s:g}) s. The ReparamSSN row takes the dense model's compute "
         "(its record widens the MLP to 11,292 and adds its projection; jaxcomp's model has neither).")
   if names:
-    methods = {n: frontier.METHODS[n] for n in names}
+    methods = {n: registry.METHODS[n] for n in names}
     print(f"\nFrontier methods on the same setup (bytes per token: the boundary's wire_bytes at [microbatch, 1024, "
           f"1024] bf16, both ways; a step's steady state); tie inflation = record T / (the faster step s x "
           f"{DENSE_STEPS:,}, the dense record's steps):\n")

@@ -13,7 +13,7 @@ each TCP segment's own, as on a wire of MTU 1500). `unshaped` keeps the classes 
 counters) at 100gbit. Namespaces and interfaces are removed when the benchmark ends, fails or is
 interrupted (SIGINT, SIGTERM, SIGHUP).
 
-The run. For each method (a name of `experiments.frontier.METHODS`, or a GPT-2 preset), one process
+The run. For each method (a name of `jaxcomp.methods`, or a GPT-2 preset), one process
 per stage x data-parallel replica runs the experiment CLI (`experiments.gpt2_wikitext`, `--recipe`:
 tiny by default, at this benchmark's sizes `TINY_SIZES`; another recipe at its own sizes, the size flags
 given overriding either) with its own multi-process flags (`--coordinator --num-processes --process-id`,
@@ -60,6 +60,7 @@ import tempfile
 import time
 
 from benchmarks import common
+from jaxcomp import methods
 from jaxcomp.analysis.link import Link, parse_rate
 
 SUBNET = "10.77.0"
@@ -373,8 +374,8 @@ def stage_seconds(pipe, optimizer, executor, batch, state, repeats: int) -> dict
   import jax.numpy as jnp
   import numpy as np
 
-  from benchmarks.common import median_seconds
-  from benchmarks.throughput_vs_bandwidth import Measured, codec_seconds
+  from jaxcomp.analysis.step_cost import median_seconds
+  from jaxcomp.analysis.step_cost import Measured, codec_seconds
   from jaxcomp.compress.boundary import Mode
   from jaxcomp.parallel import padded_rows
   from jaxcomp.parallel.stage_runner import StageRunner
@@ -522,15 +523,13 @@ def worker(argv):
 # ---------------------------------------------------------------------------------------------- one method
 def method_flags(name: str) -> list[str]:
   """The CLI flags of a method: a frontier method's specs, else a GPT-2 preset."""
-  from experiments import frontier, gpt2_wikitext
-  if name in frontier.METHODS:
-    fwd, bwd, warmup, *learned = frontier.METHODS[name]
-    return ["--fwd", fwd, "--bwd", bwd, "--warmup-epochs", str(warmup),
-            *(["--bottleneck", learned[0]] if learned else [])]
+  from experiments import gpt2_wikitext
+  if name in methods.METHODS:
+    return methods.METHODS[name].flags()
   if name in gpt2_wikitext.PRESETS:
     return ["--preset", name]
-  raise ValueError(f"--methods: unknown method {name!r}; choose from experiments.frontier.METHODS "
-                   f"({', '.join(frontier.METHODS)}) or the GPT-2 presets ({', '.join(gpt2_wikitext.PRESETS)})")
+  raise ValueError(f"--methods: unknown method {name!r}; choose from jaxcomp.methods "
+                   f"({', '.join(methods.METHODS)}) or the GPT-2 presets ({', '.join(gpt2_wikitext.PRESETS)})")
 
 
 class Run:
@@ -821,7 +820,7 @@ def main(argv=None):
   parser.add_argument("--stages", type=int, default=2)
   parser.add_argument("--data-parallel", type=int, default=1)
   parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated method names, fp32 first "
-                      "(experiments.frontier.METHODS or GPT-2 presets)")
+                      "(jaxcomp.methods or GPT-2 presets)")
   parser.add_argument("--recipe", default="tiny", help="the recipe of experiments.gpt2_wikitext the stage "
                       "processes run (model, optimizer, schedule, sizes), e.g. protocol-cpu (default: tiny, at the "
                       "sizes below)")

@@ -29,108 +29,21 @@ sends (every run then needs `--microbatches` >= 2 x stages). Writes <out>/time_t
 """
 import argparse
 import typing
-import json
 import math
 import pathlib
 import sys
 
 import numpy as np
 
-from experiments import config, gpt2_wikitext, paper, plots, runner
+from experiments import gpt2_wikitext, paper, plots, study
+from experiments.study import finished, run_config, run_name  # noqa: F401 (this script's names for them)
+from jaxcomp import methods
 from jaxcomp.analysis import netsim
 from jaxcomp.analysis.link import Link
-from jaxcomp.data import batching
+from jaxcomp.data import text as shipped
 from jaxcomp.parallel import schedules
-from jaxcomp.runtime import evaluation
 
-BWD4 = "maxabs:4:stoch"
-METHODS = {  # name -> (forward spec, backward spec, warm-up epochs[, bottleneck]); the reference and new codecs first
-    "fp32": ("none", "none", 0),
-    "aqsgd-fw2-bw4": ("aqsgd+maxabs:2:stoch", BWD4, 1),
-    "direct-fw2-bw4": ("maxabs:2:stoch", BWD4, 0),
-    "had-fw2-bw4": ("hadamard+maxabs:2:group=64:stoch", "hadamard+maxabs:4:group=64:stoch", 0),
-    "had-fw3-bw4": ("hadamard+maxabs:3:group=64", "hadamard+maxabs:4:group=64:stoch", 0),
-    "had-adapt23-bw4": ("hadamard+adaptive:2:3:0.25:stoch", "hadamard+maxabs:4:group=64:stoch", 0),
-    "adapt34-bw4": ("adaptive:3:4:0.25", "hadamard+maxabs:4:group=64:stoch", 0),
-    "tile16-fw3-bw4": ("maxabs:3:group=16", "maxabs:4:group=16:stoch", 0),
-    "tile64-fw3-bw4": ("maxabs:3:group=64", "maxabs:4:group=64:stoch", 0),  # had-fw3-bw4 without rotation
-    "chan-tile64-fw3-bw4": ("maxabs:3:group=64:scales=both", "maxabs:4:group=64:scales=both:stoch", 0),  # scales both ways
-    "had-fw2-bw3": ("hadamard+maxabs:2:group=64:stoch", "hadamard+maxabs:3:group=64:stoch", 0),
-    "bf16": ("bf16", "bf16", 0),
-    "fp8": ("fp8", "fp8", 0),
-    "sfp8": ("fp8:scaled", "fp8:scaled", 0),  # e4m3 with one fp32 amax scale per message
-    "sfp8-channel": ("fp8:scaled:channel", "fp8:scaled:channel", 0),  # one per feature
-    "quant-fw4-bw8": ("quant:4", "quant:8", 0),
-    "direct-fw4-bw8": ("maxabs:4:stoch", "maxabs:8:stoch", 0),
-    "top10-reuse": ("topk:0.1", "reuse", 0),
-    "top10-bf16-reuse": ("topk:0.1:bf16", "reuse", 0),  # values (and reused-index gradients) in bf16
-    "top10-q8-reuse": ("topk:0.1:q8", "reuse", 0),  # int8 values, one fp32 scale per row
-    "ef-top10-reuse": ("ef+topk:0.1", "reuse", 0),
-    "ef21-top10-reuse": ("ef21+topk:0.1", "reuse", 0),
-    "efmixed-top10": ("efmixed+topk:0.1", BWD4, 0),
-    "rand10": ("randk:0.1", BWD4, 0),
-    # learned rank-r bottlenecks (jaxcomp.compress.bottleneck): the specs compress z = x P, r of 64 features wide
-    "proj16-fp32": ("none", "none", 0, "proj:16"),  # the bottleneck alone
-    "proj16-fw3-bw4": ("maxabs:3", BWD4, 0, "proj:16"),
-    "subspace16-fw3-bw4": ("maxabs:3", BWD4, 0, "subspace:16"),
-    "proj16-fw4-bw4": ("maxabs:4", BWD4, 0, "proj:16"),
-    "proj24-fw2-bw3": ("maxabs:2", "maxabs:3:stoch", 0, "proj:24"),
-    "proj8-fw4-bw4": ("maxabs:4", BWD4, 0, "proj:8"),
-    "proj32-fw2-bw2": ("maxabs:2", "maxabs:2:stoch", 0, "proj:32"),
-}
-REFERENCE = "aqsgd-fw2-bw4"
-
-
-def run_name(method: str, seed: int) -> str:
-  """The run of one method and seed: the method's name for seed 0, METHOD-seedK otherwise."""
-  return method if seed == 0 else f"{method}-seed{seed}"
-
-
-def run_config(name: str, args, seed: int = 0, resume: bool = False) -> config.RunConfig:
-  """The gpt2_wikitext run of one method and seed (its own run name, budget and folder)."""
-  fwd, bwd, warmup, *learned = METHODS[name]
-  spe = batching.num_batches(args.train_examples, args.batch_size)
-  return config.resolve(gpt2_wikitext.EXPERIMENT, args.recipe, fwd=fwd, bwd=bwd, warmup_epochs=warmup,
-                        steps=args.steps, epochs=math.ceil(args.steps / spe), batch_size=args.batch_size, seed=seed,
-                        train_examples=args.train_examples, eval_examples=args.eval_examples,
-                        out=str(args.out), run_name=run_name(name, seed), resume=resume, no_progress=True,
-                        bottleneck=learned[0] if learned else None, outliers=args.outliers,
-                        lr_steps=args.steps if args.recipe else None, eval_every=args.eval_every,
-                        microbatches=args.microbatches,
-                        target_loss=args.target_loss, stop_at_target=args.stop_at_target)
-
-
-def method_list() -> str:
-  """One line per method: its name, forward and backward specs, dense warm-up epochs and bottleneck."""
-  lines = [f"{'method':22s} {'fwd':34s} {'bwd':34s} warm-up  bottleneck"]
-  for name, (fwd, bwd, warmup, *learned) in METHODS.items():
-    lines.append(f"{name:22s} {fwd:34s} {bwd:34s} {warmup:7d}  {learned[0] if learned else '-'}")
-  return "\n".join(lines)
-
-
-def finished(out: pathlib.Path, name: str, steps: int, outliers: str | None = None, target: float | None = None,
-             **settings) -> dict | None:
-  """The method's results if they cover the whole budget, or evaluate at or below `target`, else None; ValueError
-  if they are of a model with other `--outliers`, or other `settings` (`recipe`, `eval_every`: None for the
-  defaults)."""
-  path = out / "results" / f"{name}.json"
-  if not path.is_file():
-    return None
-  run = json.loads(path.read_text())
-  expected = {"outliers": outliers, **settings}
-  recipe = expected.get("recipe") or gpt2_wikitext.EXPERIMENT.default_recipe
-  if "recipe" in expected:
-    expected["recipe"] = recipe
-  if expected.get("eval_every", 0) is None:  # the recipe's own (protocol-cpu evaluates every 25 steps)
-    expected["eval_every"] = gpt2_wikitext.RECIPES[recipe].get("eval_every")
-  for key, value in expected.items():
-    if run["config"].get(key) != value:
-      raise ValueError(f"{path} is a run with --{key.replace('_', '-')} {run['config'].get(key)}, this frontier has "
-                       f"--{key.replace('_', '-')} {value}: give each its own --out")
-  if not run["history"]:
-    return None
-  reached = target is not None and evaluation.target_summary(run["history"], target)["step"] is not None
-  return run if reached or run["history"][-1]["step"] >= steps else None
+METHODS, REFERENCE = methods.METHODS, methods.REFERENCE  # the registry (jaxcomp.methods)
 
 
 def summarize(run: dict, method: str | None = None) -> dict:
@@ -275,6 +188,8 @@ def main(argv=None):
   parser.add_argument("--microbatches", type=int, help="microbatches per batch of every run (default: the recipe's)")
   parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs/frontier"))
   parser.add_argument("--list-methods", action="store_true", help="print every method's specs and exit")
+  parser.add_argument("--text", choices=shipped.SHIPPED_TEXTS, default="wikitext2",
+                      help="the shipped text every run trains on (jaxcomp/data/TEXTS_README.md)")
   parser.add_argument("--recipe", choices=list(gpt2_wikitext.RECIPES),
                       help="experiments.gpt2_wikitext's recipe the runs start from (default: tiny; its lr schedule "
                            "then spans --steps), e.g. protocol-cpu")
@@ -305,7 +220,7 @@ def main(argv=None):
   timed.add_argument("--repeats", type=int, default=10, help="timed runs per stage and codec op")
   args = parser.parse_args(argv)
   if args.list_methods:
-    print(method_list())
+    print(methods.listing())
     return []
   if args.target_loss is None and (args.stop_at_target or args.eval_every or args.overlap or args.dense_slowdown):
     parser.error("--stop-at-target, --eval-every, --overlap and --dense-slowdown belong to the time-to-target mode: "
@@ -326,21 +241,13 @@ def main(argv=None):
       schedules.parse(args.schedule, args.overlap).train_table(layout.stages, layout.microbatches)
     except ValueError as err:
       parser.error(f"--schedule {args.schedule}{' --overlap' if args.overlap else ''}: {err}")
-  exp = gpt2_wikitext.EXPERIMENT
-  settings = dict(target=args.target_loss, recipe=args.recipe, eval_every=args.eval_every,
-                  **({"microbatches": args.microbatches} if args.microbatches else {}))
+  checked = dict(recipe=args.recipe, eval_every=args.eval_every, text=args.text,
+                 **({"microbatches": args.microbatches} if args.microbatches else {}))
   runs, per_run = [], []
   for name in names:
     for seed in range(args.seed, args.seed + args.seeds):
-      run = run_name(name, seed)
-      done = finished(args.out, run, args.steps, args.outliers, **settings)
-      if done is None:  # resumed when interrupted: continue from its last checkpoint
-        runner.run(exp, run_config(name, args, seed, resume=(args.out / run / "ckpt").is_dir()))
-        done = finished(args.out, run, args.steps, args.outliers, **settings)
-      else:
-        print(f"[frontier] {run}: done, skipped")
-      runs.append(done)
-      per_run.append(summarize(done, name))
+      runs.append(study.run_or_resume(name, args, seed, checked, "frontier", text=args.text))
+      per_run.append(summarize(runs[-1], name))
   if args.target_loss is not None:
     return time_to_target(args, names, runs, per_run)
   rows = over_seeds(per_run)

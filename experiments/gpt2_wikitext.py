@@ -26,7 +26,7 @@ import optax
 
 from experiments import checks, cli, config, paper
 from jaxcomp import losses
-from jaxcomp.compress import bottleneck
+from jaxcomp.compress import bottleneck, token_ids
 from jaxcomp.compress.spec import parse_boundary, parse_scheme
 from jaxcomp.data import batching, text
 from jaxcomp.models import gpt2, gpt2_weights, protocol_gpt
@@ -97,19 +97,24 @@ class Options:
   train_file: str | None = None
   valid_file: str | None = None
   data_dir: str | None = None
+  text: str = "wikitext2"  # the shipped text without --train-file / --data-dir (text.SHIPPED_TEXTS)
+  model_width: int | None = None  # protocol-tiny's width (None: its 128)
 
 
 def corpus_for(own: Options) -> text.Corpus:
-  """--train-file [--valid-file], else --data-dir, else the shipped WikiText-2 validation text."""
+  """--train-file [--valid-file], else --data-dir, else the shipped --text (default the WikiText-2 validation
+  text)."""
   if own.valid_file and not own.train_file:
     raise ValueError("--valid-file needs --train-file too")
+  if (own.train_file or own.data_dir) and own.text != "wikitext2":
+    raise ValueError(f"--text {own.text} is a shipped text; --train-file and --data-dir give your own: choose one")
   if own.train_file:
     if own.data_dir:
       raise ValueError("give either --data-dir or --train-file/--valid-file, not both")
     return text.files_corpus(own.train_file, own.valid_file)
   if own.data_dir:
     return text.data_dir_corpus(own.data_dir)
-  return text.shipped_corpus()
+  return text.shipped_corpus(own.text)
 
 
 def tokenizer_for(own: Options):
@@ -141,8 +146,10 @@ def model_config(own: Options, vocab_size: int, size: str | None = None):
   tokenizer's; protocol-tiny takes the tokenizer's)."""
   if own.model in PROTOCOL_MODELS:
     base = PROTOCOL_MODELS[own.model]()
+    if own.model_width is not None and own.model != "protocol-tiny":
+      raise ValueError(f"--model-width scales protocol-tiny; --model {own.model} has its own width")
     if own.model == "protocol-tiny":
-      return dataclasses.replace(base, vocab_size=vocab_size)
+      return dataclasses.replace(base, vocab_size=vocab_size, n_embd=own.model_width or base.n_embd)
     if vocab_size > base.vocab_size:
       raise ValueError(f"--model {own.model} has the benchmark's {base.vocab_size:,}-token vocabulary; the tokenizer "
                        f"has {vocab_size:,}: use --tokenizer gpt2 or --model protocol-tiny")
@@ -197,6 +204,28 @@ def optimizer_for(run: config.RunConfig, steps: int) -> optax.GradientTransforma
                           "vector": adamw(hyper["scalar_lr"])}, protocol_gpt.param_groups)
 
 
+SSN = "ssn"  # --bottleneck ssn[:R]: Protocol NanoGPT's ReparamSSN (a fixed subspace; a change of the model)
+
+
+def reparam_ssn(cfg, spec: str, boundary, protocol: bool):
+  """The Protocol NanoGPT model `cfg` as ReparamSSN of --bottleneck ssn[:R] (`protocol_gpt.reparam_ssn`; R default
+  the record's 160/1024 of the width), checking that both directions send the token ids (`ids+CODEC`)."""
+  if not protocol:
+    raise ValueError(f"--bottleneck {spec}: ReparamSSN changes Protocol NanoGPT's model; use --model protocol-tiny "
+                     "or protocol-203m")
+  _, *rank = spec.split(":")
+  if len(rank) > 1 or (rank and not rank[0].isdigit()):
+    raise ValueError(f"--bottleneck {spec}: expected ssn or ssn:R (R a positive integer, the subspace rank)")
+  for name, scheme in (("--fwd", boundary.fwd), ("--bwd", boundary.bwd)):
+    if not isinstance(getattr(scheme, "codec", None), token_ids.TokenIds):
+      raise ValueError(f"--bottleneck {spec} sends [c, token ids] across each boundary: {name} must be ids+CODEC "
+                       "(e.g. ids+bf16, the record's; ids+maxabs:8)")
+  try:
+    return protocol_gpt.reparam_ssn(cfg, int(rank[0]) if rank else None)
+  except ValueError as err:
+    raise ValueError(f"--bottleneck {spec}: {err}") from None
+
+
 def assemble(run: config.RunConfig, cfg, num_train: int):
   """(Pipeline, optimizer) of the run for `num_train` training blocks (AQ-SGD tables, lr schedule)."""
   own, learned_spec = run.options, run.compression.bottleneck
@@ -224,6 +253,11 @@ def assemble(run: config.RunConfig, cfg, num_train: int):
                      f"into 1..{cfg.n_layer} stages; pass one of those (or a larger --model)")
   optimizer = optimizer_for(run, own.lr_steps or batching.num_batches(num_train, bs, shards) * run.training.epochs)
   boundary = parse_boundary(run.compression.fwd, run.compression.bwd, num_examples=num_train)
+  if learned_spec and learned_spec.split(":")[0] == SSN:
+    cfg, learned_spec = reparam_ssn(cfg, learned_spec, boundary, protocol), None
+  elif any(isinstance(getattr(scheme, "codec", None), token_ids.TokenIds) for scheme in (boundary.fwd, boundary.bwd)):
+    raise ValueError("ids+CODEC sends the last channel of what crosses a boundary as token ids: only ReparamSSN's "
+                     "boundaries carry them (add --bottleneck ssn, or drop ids+)")
   stages, tied, copies = (protocol_gpt.protocol_stages(cfg, s), (), ()) if protocol else (gpt2.gpt2_stages(cfg, s),
                                                                                           gpt2.gpt2_tied(s), ())
   if run.compression.untie_embeddings:
@@ -294,7 +328,8 @@ def abstract(run: config.RunConfig):
 
 FLAGS = {
     "bottleneck": ("compression", "learned rank-R projection at every boundary, proj:R or subspace:R (sends z = x P, "
-                   "R wide; --fwd/--bwd compress z and its gradient)", {}),
+                   "R wide; --fwd/--bwd compress z and its gradient); or ssn[:R], Protocol NanoGPT's ReparamSSN (a "
+                   "fixed rank-R subspace; protocol models; sends [c, token ids]: --fwd/--bwd ids+CODEC)", {}),
     "model": ("training", "GPT-2 size, or Protocol NanoGPT's model (protocol-203m) or its 2-CPU-core scale "
               "(protocol-tiny; jaxcomp.models.protocol_gpt)",
               dict(choices=["tiny", "small", "medium", "large", "xl", *PROTOCOL_MODELS])),
@@ -320,6 +355,11 @@ FLAGS = {
     "data_dir": ("data", "folder with wiki.{train,valid}.raw or wiki.{train,valid}.tokens (default: the "
                  "WikiText-2 validation text shipped with jaxcomp)", {}),
     "block_size": ("data", "tokens per example", dict(type=int)),
+    "model_width": ("training", "protocol-tiny's width (default 128; a multiple of its head dim, 32), its depth and "
+                    "head dim kept", dict(type=int)),
+    "text": ("data", "a text shipped with jaxcomp (jaxcomp/data/TEXTS_README.md): the WikiText-2 validation text "
+             "(default), tiny Shakespeare, the King James Bible, or long (all three: ~5.7 M training bytes)",
+             dict(choices=text.SHIPPED_TEXTS)),
 }
 
 

@@ -68,3 +68,7 @@ def gpt2_row(preset: str) -> str:
   if preset.startswith("aqsgd"):
     return f"Wang et al. (AQ-SGD, GPT2-1.5B, 8 stages): {'-'.join(bits)} converges like fp32"
   return f"Wang et al. (AQ-SGD's baseline): direct quantization {'-'.join(bits)} diverges or lags fp32"
+# Protocol NanoGPT's ReparamSSN record against its dense record, both WAN_MODE=off loss runs (their logs, validation
+# every 125 steps, linear interpolation between logged points): the steps SSN takes to dense's eval loss at dense's
+# step D, over D (the two runs decay their learning rates over their own horizons, 3,000 and 9,500 steps)
+SSN_RECORD_INFLATION = {250: 1.66, 500: 1.80, 1000: 1.95, 1500: 2.61, 2000: 3.06, 2925: 3.13}

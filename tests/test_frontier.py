@@ -96,7 +96,7 @@ def test_outlier_model_runs_carry_the_flag_and_keep_their_own_folder(tmp_path):
   (tmp_path / "results" / "fp32.json").write_text(json.dumps(
       {"config": {"outliers": "4:64:1024"}, "history": [{"step": 4}]}))
   assert frontier.finished(tmp_path, "fp32", 4, "4:64:1024")["history"][-1]["step"] == 4
-  with pytest.raises(ValueError, match="a run with --outliers 4:64:1024, this frontier has --outliers None"):
+  with pytest.raises(ValueError, match="a run with --outliers 4:64:1024, this study has --outliers None"):
     frontier.finished(tmp_path, "fp32", 4)
 
 
@@ -106,7 +106,7 @@ def test_a_recipes_own_eval_every_is_the_default_a_rerun_expects(tmp_path):
   (tmp_path / "results" / "fp32.json").write_text(json.dumps(
       {"config": {"outliers": None, "recipe": "protocol-cpu", "eval_every": 25}, "history": [{"step": 4}]}))
   assert frontier.finished(tmp_path, "fp32", 4, recipe="protocol-cpu", eval_every=None)["history"][-1]["step"] == 4
-  with pytest.raises(ValueError, match="a run with --eval-every 25, this frontier has --eval-every 16"):
+  with pytest.raises(ValueError, match="a run with --eval-every 25, this study has --eval-every 16"):
     frontier.finished(tmp_path, "fp32", 4, recipe="protocol-cpu", eval_every=16)
 
 
@@ -154,9 +154,9 @@ def test_a_run_stopped_at_its_target_is_finished_for_that_target_only(tmp_path):
   assert frontier.finished(tmp_path, "m", 8, target=2.5, recipe=None, eval_every=2) == run
   assert frontier.finished(tmp_path, "m", 8, target=2.4, recipe=None, eval_every=2) is None
   assert frontier.finished(tmp_path, "m", 4, recipe=None, eval_every=2) == run  # the budget done
-  with pytest.raises(ValueError, match="is a run with --eval-every 2, this frontier has --eval-every 4"):
+  with pytest.raises(ValueError, match="is a run with --eval-every 2, this study has --eval-every 4"):
     frontier.finished(tmp_path, "m", 8, target=2.5, recipe=None, eval_every=4)
-  with pytest.raises(ValueError, match="is a run with --recipe tiny, this frontier has --recipe protocol-cpu"):
+  with pytest.raises(ValueError, match="is a run with --recipe tiny, this study has --recipe protocol-cpu"):
     frontier.finished(tmp_path, "m", 8, target=2.5, recipe="protocol-cpu", eval_every=2)
 
 

@@ -14,20 +14,22 @@ maxabs group=G scales: `group` one per G features of each token; `both` each cha
 errs less (so channel+maxabs:...:group=G is channel scales around that choice, not `both`).
 Wrappers: hadamard[:BLOCK][:seed=S]+CODEC   (randomized Hadamard rotation around CODEC)
           channel+CODEC   (each channel divided by its RMS first, the scales sent: outlier channels)
+          ids+CODEC       (the last channel holds token ids, sent as uint16 beside CODEC of the rest: ReparamSSN)
 Schemes: plain (default) | ef | ef21 | efmixed | aqsgd;  backward only: reuse (TopK index reuse)
 Examples: `topk:0.1`, `topk:0.1:q8` (8-bit values), `quant:4`, `ef21+topk:0.1`, `aqsgd+maxabs:2:stoch`,
           `maxabs:2:clip=mse`, `reuse`,
           `hadamard+maxabs:3:group=64`, `channel+maxabs:3:group=64`, `adaptive:3:4:0.25:group=32`.
 """
-from jaxcomp.compress import adaptive, channel_scale, codecs, rotation, scale_axes, schemes, selection
+from jaxcomp.compress import adaptive, channel_scale, codecs, rotation, scale_axes, schemes, selection, token_ids
 from jaxcomp.compress.boundary import Boundary, Reuse
 
 _SCHEMES = {"plain": schemes.Plain, "ef": schemes.EF, "ef21": schemes.EF21,
             "efmixed": schemes.EFMixed, "aqsgd": schemes.AQSGD}
 _CASTS = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
-_CODECS = ("none", *_CASTS, "fp8:scaled", "quant", "maxabs", "topk", "randk", "adaptive", "hadamard+CODEC", "channel+CODEC")
+_CODECS = ("none", *_CASTS, "fp8:scaled", "quant", "maxabs", "topk", "randk", "adaptive", "hadamard+CODEC", "channel+CODEC",
+           "ids+CODEC")
 _SCALES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-_WRAPPERS = ("hadamard", "channel")  # CODEC wrappers: `hadamard[:BLOCK]+CODEC`, `channel+CODEC`
+_WRAPPERS = ("hadamard", "channel", "ids")  # CODEC wrappers: `hadamard[:BLOCK]+CODEC`, `channel+CODEC`, `ids+CODEC`
 _GROUP_SCALES = ("auto", "both", "group")  # maxabs group=G's scales= (docstring above)
 
 
@@ -110,9 +112,11 @@ def parse_codec(spec: str) -> codecs.Codec:
   if plus:
     if head == "channel":
       return channel_scale.ChannelScale(parse_codec(inner))
+    if head == "ids":
+      return token_ids.TokenIds(parse_codec(inner))
     if head.split(":")[0] not in _WRAPPERS:
-      raise ValueError(f"unknown codec wrapper {head!r} in {spec!r}; the wrappers are hadamard[:BLOCK]+CODEC "
-                       "and channel+CODEC")
+      raise ValueError(f"unknown codec wrapper {head!r} in {spec!r}; the wrappers are hadamard[:BLOCK]+CODEC, "
+                       "channel+CODEC and ids+CODEC")
     return _hadamard(head, inner, spec)
   name, *args = head.split(":")
   options = set(args[1:])

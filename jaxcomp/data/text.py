@@ -1,5 +1,6 @@
-"""Language-model data: text from any files (raw or tokenized WikiText), or the WikiText-2
-validation text shipped with jaxcomp; byte tokens or GPT-2's BPE.
+"""Language-model data: text from any files (raw or tokenized WikiText), or a text shipped with jaxcomp (the
+WikiText-2 validation text, tiny Shakespeare, the King James Bible: `SHIPPED_TEXTS`, TEXTS_README.md); byte tokens
+or GPT-2's BPE.
 
 Each split's text is tokenised whole, and cut into non-overlapping blocks of `block_size`
 tokens (the remainder dropped); block i has example id i (AQ-SGD's buffer row). A `Corpus`
@@ -8,6 +9,7 @@ every output labels its data.
 """
 import dataclasses
 import functools
+import gzip
 import pathlib
 import re
 
@@ -16,6 +18,10 @@ import numpy as np
 from jaxcomp.data import batching
 
 SHIPPED_FILE = pathlib.Path(__file__).with_name("wikitext2_valid.txt")  # notice: WIKITEXT2_README.md
+# the shipped public-domain texts (TEXTS_README.md: source, licence, checksum), gzip-compressed
+SHIPPED_GZ = {"shakespeare": ("shakespeare.txt.gz", "tiny Shakespeare (public domain)"),
+              "kjv": ("kjv.txt.gz", "the King James Bible (public domain)")}
+SHIPPED_TEXTS = ("wikitext2", *SHIPPED_GZ, "long")  # `long`: all three, each split on its own
 EVAL_FRACTION = 0.1  # of the articles, the last ones, when one text is split into train/eval
 DATA_DIR_FILES = {"train": ("wiki.train.raw", "wiki.train.tokens"),
                   "validation": ("wiki.valid.raw", "wiki.valid.tokens")}
@@ -117,11 +123,32 @@ def split_articles(content: str, source: str, eval_fraction: float = EVAL_FRACTI
   return content[: starts[-n_eval]], content[starts[-n_eval]:], how
 
 
-def shipped_corpus() -> Corpus:
-  """The WikiText-2 validation text shipped with jaxcomp (60 articles), split by article."""
-  train, validation, how = split_articles(read_text(SHIPPED_FILE), str(SHIPPED_FILE))
-  return Corpus(f"WikiText-2 validation split (tokenized release, CC BY-SA 3.0; shipped with jaxcomp), {how} "
-                "(NOT the papers' WikiText-2 train/test)", train, validation)
+def split_paragraphs(content: str, eval_fraction: float = EVAL_FRACTION) -> tuple[str, str, str]:
+  """(train text, eval text, how): cut at the last blank line before 1 - `eval_fraction` of the text (at the
+  character itself if there is none)."""
+  at = round(len(content) * (1 - eval_fraction))
+  blank = content.rfind("\n\n", 0, at)
+  cut = blank + 2 if blank > 0 else at
+  return content[:cut], content[cut:], f"the first {cut / len(content):.0%} train, the rest eval (cut at a blank line)"
+
+
+def shipped_corpus(name: str = "wikitext2") -> Corpus:
+  """A text shipped with jaxcomp (`SHIPPED_TEXTS`): the WikiText-2 validation text (60 articles, split by article),
+  tiny Shakespeare or the King James Bible (split at a blank line, `split_paragraphs`), or `long`, all three."""
+  if name == "wikitext2":
+    train, validation, how = split_articles(read_text(SHIPPED_FILE), str(SHIPPED_FILE))
+    return Corpus(f"WikiText-2 validation split (tokenized release, CC BY-SA 3.0; shipped with jaxcomp), {how} "
+                  "(NOT the papers' WikiText-2 train/test)", train, validation)
+  if name == "long":
+    parts = [shipped_corpus(n) for n in ("kjv", "shakespeare", "wikitext2")]
+    return Corpus("; ".join(p.name for p in parts), "".join(p.train for p in parts),
+                  "".join(p.validation for p in parts))
+  if name not in SHIPPED_GZ:
+    raise ValueError(f"--text {name!r}: the shipped texts are {', '.join(SHIPPED_TEXTS)}")
+  file, what = SHIPPED_GZ[name]
+  train, validation, how = split_paragraphs(gzip.decompress(pathlib.Path(__file__).with_name(file).read_bytes())
+                                            .decode("utf-8"))
+  return Corpus(f"{what}, shipped with jaxcomp, {how}", train, validation)
 
 
 def files_corpus(train_file, valid_file=None) -> Corpus:
