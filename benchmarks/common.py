@@ -6,6 +6,8 @@ import time
 
 import jax
 
+from jaxcomp.analysis.step_cost import median_seconds
+
 
 def use_fake_cpu_devices(count: int) -> None:
   """Sets XLA_FLAGS (unless already set) so that the CPU backend, when it starts, makes `count` fake devices:
@@ -18,18 +20,6 @@ def xla_flags_with_devices(devices: int) -> str:
   subprocess (a real-link stage process, a test's worker) that should compile as this process does."""
   others = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", "")).split()
   return " ".join([f"--xla_force_host_platform_device_count={devices}", *others])
-
-
-def median_seconds(fn, *args, repeats: int = 10, warmup: int = 2) -> float:
-  """Median wall time of fn(*args) with every output ready (device work included)."""
-  for _ in range(warmup):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return sorted(times)[len(times) // 2]
 
 
 def interleaved_medians(runs: dict, rounds: int, repeats: int = 3) -> dict[str, float]:

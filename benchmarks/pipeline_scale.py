@@ -17,7 +17,7 @@ import jax
 import optax
 
 import jaxcomp
-from benchmarks.common import median_seconds
+from jaxcomp.analysis.step_cost import median_seconds
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models import gpt2
 from jaxcomp.models.mlp import mlp_stages

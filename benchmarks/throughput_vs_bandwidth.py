@@ -33,17 +33,19 @@ dense warm-up epoch), QuantizedAdam's after its dense warm-up. The paper's colum
 (`experiments.paper.AQSGD_THROUGHPUT`: another model and cluster), not results of this run.
 """
 import dataclasses
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 import jaxcomp
-from benchmarks.common import gpt2_config, gpt2_parser, median_seconds, select
-from experiments import frontier, gpt2_wikitext, paper
+from benchmarks.common import gpt2_config, gpt2_parser, select
+from experiments import gpt2_wikitext, paper
+from jaxcomp import methods as registry
 from jaxcomp import pipeline
-from jaxcomp.analysis import dryrun, netsim, targets
+from jaxcomp.analysis import netsim, targets
+from jaxcomp.analysis.step_cost import Clock, Estimated, Measured, StageCosts, op_seconds, scheme_seconds, stage_costs
 from jaxcomp.analysis.link import Link
 from jaxcomp.compress import spec
 from jaxcomp.compress.tied import check_scheme
@@ -62,145 +64,7 @@ def method_specs() -> dict[str, tuple[str, str]]:
   """(forward, backward) spec of every named method: the GPT-2 presets and the frontier's (but its learned
   bottlenecks, which change the model, not only what the boundary sends)."""
   presets = {name: (p["fwd"], p["bwd"]) for name, p in gpt2_wikitext.PRESETS.items() if "fwd" in p}
-  return {**presets, **{name: (fwd, bwd) for name, (fwd, bwd, _, *learned) in frontier.METHODS.items()
-                        if not learned}}
-
-
-class StageCosts(NamedTuple):
-  """One method's seconds per microbatch, and where they come from (`source`, printed with every table).
-
-  fwd_s[s], bwd_s[s]: stage s's forward, and its backward as the executor runs it (the vjp with the forward
-  recomputed, `StageRunner.stage_grads`), codecs excluded. encode_s[b], decode_s[b]: boundary b's codec as
-  (forward message, backward message); stage b encodes the forward message and decodes the backward one,
-  stage b+1 the other way round.
-  """
-  source: str
-  fwd_s: tuple[float, ...]
-  bwd_s: tuple[float, ...]
-  encode_s: tuple[tuple[float, float], ...]
-  decode_s: tuple[tuple[float, float], ...]
-
-
-CostSource = Callable[[jaxcomp.Boundary], StageCosts]  # one method's boundary -> its costs
-
-
-def op_seconds(costs: StageCosts) -> tuple[list[float], list[float]]:
-  """Each stage's forward and backward op with the codec work it does (netsim's fwd_s, bwd_s)."""
-  last = len(costs.fwd_s) - 1
-  fwd = [t + (costs.decode_s[s - 1][0] if s > 0 else 0.0) + (costs.encode_s[s][0] if s < last else 0.0)
-         for s, t in enumerate(costs.fwd_s)]
-  bwd = [t + (costs.decode_s[s][1] if s < last else 0.0) + (costs.encode_s[s - 1][1] if s > 0 else 0.0)
-         for s, t in enumerate(costs.bwd_s)]
-  return fwd, bwd
-
-
-class Measured:
-  """Times ops by running them on this process's default device (the median of `repeats` synchronised runs)."""
-
-  def __init__(self, repeats: int):
-    self.repeats = repeats
-    self.source = f"measured on {jax.devices()[0].device_kind}"
-
-  def input(self, shape: jax.ShapeDtypeStruct):
-    return jax.random.normal(jax.random.key(2), shape.shape, shape.dtype)
-
-  def output(self, fn, *args):
-    return jax.jit(fn)(*args)
-
-  def seconds(self, fn, *args) -> float:
-    return median_seconds(jax.jit(fn), *args, repeats=self.repeats)
-
-
-class Estimated:
-  """Estimates ops from their programs compiled for `target` (one chip; nothing runs): the roofline
-  max(FLOPs / the chip's peak, HBM traffic / its bandwidth) of `dryrun.compile_op`. Ops whose lowered programs
-  are equal (stages of the same shape) are compiled once."""
-
-  def __init__(self, target: targets.Target):
-    self.target, self.devices, self.known = target, targets.compile_only_devices(target), {}
-    self.source = f"estimated for {target.chip.name} from programs compiled for {target.name} (roofline, not run)"
-
-  def input(self, shape: jax.ShapeDtypeStruct):
-    return jax.ShapeDtypeStruct(shape.shape, shape.dtype)
-
-  def output(self, fn, *args):
-    return jax.eval_shape(fn, *args)
-
-  def seconds(self, fn, *args) -> float:
-    program = jax.jit(fn).trace(*args).lower().as_text()
-    if program not in self.known:
-      step = dryrun.compile_op(self.target, "op", fn, *args, devices=self.devices)
-      self.known[program] = step.estimated_s(self.target.chip)
-    return self.known[program]
-
-
-Clock = Measured | Estimated
-
-
-def stage_times(pipe, state, microbatch, clock: Clock):
-  """(forward seconds, backward seconds) of each stage on one microbatch; the backward is the vjp with the
-  forward recomputed, as the executor's explicit backward runs it."""
-  fwd_s, bwd_s = [], []
-  x = microbatch[pipe.input_key]
-  rng = jax.random.key(0)
-  for stage, params, ms in zip(pipe.stages, state.params, state.model_state):
-    forward = lambda p, x, stage=stage, ms=ms: stage.apply(p, ms, x, train=True, rng=rng)[0]
-    y = clock.output(forward, params, x)
-    diff_x = jnp.issubdtype(x.dtype, jnp.floating)
-
-    def backward(p, x, g, forward=forward, diff_x=diff_x):
-      if diff_x:
-        return jax.vjp(forward, p, x)[1](g)
-      return jax.vjp(lambda p: forward(p, x), p)[1](g)
-
-    fwd_s.append(clock.seconds(forward, params, x))
-    bwd_s.append(clock.seconds(backward, params, x, clock.input(y)))
-    x = y
-  return fwd_s, bwd_s
-
-
-def scheme_seconds(scheme, x, clock: Clock):
-  """(encode seconds, decode seconds, payload) of one message of `x` through `scheme` (its state rows for x's
-  rows: AQ-SGD's buffer arithmetic is included)."""
-  rows = lambda init: clock.output(lambda: jax.tree.map(lambda a: a[: x.shape[0]],
-                                                        init(x.shape[0], x.shape[1:], x.dtype)))
-  send = lambda x, state, key: scheme.send(x, state, key)
-  sender, receiver, key = rows(scheme.init_sender), rows(scheme.init_receiver), jax.random.key(0)
-  payload = clock.output(send, x, sender, key)[0]
-  return clock.seconds(send, x, sender, key), clock.seconds(scheme.receive, payload, receiver), payload
-
-
-def codec_seconds(boundary, shape, clock: Clock):
-  """((encode forward, encode backward), (decode forward, decode backward)) seconds of one message each way
-  (index reuse: the gather of the gradient at the forward's positions and its scatter)."""
-  x = clock.input(shape)
-  enc_f, dec_f, payload = scheme_seconds(boundary.fwd, x, clock)
-  if boundary.reuse:
-    topk = boundary.fwd.codec
-    idx = clock.output(topk.where, payload)
-    enc_b = clock.seconds(topk.values_at, x, idx)
-    dec_b = clock.seconds(topk.scatter, clock.output(topk.values_at, x, idx), idx)
-  else:
-    enc_b, dec_b, _ = scheme_seconds(boundary.bwd, x, clock)
-  return (enc_f, enc_b), (dec_f, dec_b)
-
-
-def stage_costs(pipe, batch, clock: Clock) -> CostSource:
-  """Stage and codec times of one microbatch of `batch` from `clock` (stage times once, codec times per method
-  and boundary shape)."""
-  state = clock.output(lambda: pipeline.init_state(pipe, optax.sgd(0.0), jax.random.key(1), batch))
-  microbatch = jax.tree.map(lambda a: a[0], pipeline.split_microbatches(batch, pipe.microbatches))
-  fwd_s, bwd_s = stage_times(pipe, state, microbatch, clock)
-  shapes = pipeline.boundary_shapes(pipe, state.params, state.model_state, microbatch[pipe.input_key])
-
-  def costs(boundary):
-    by_shape = {}
-    for s in shapes:
-      if (s.shape, s.dtype) not in by_shape:
-        by_shape[s.shape, s.dtype] = codec_seconds(boundary, s, clock)
-    encode, decode = zip(*(by_shape[s.shape, s.dtype] for s in shapes))
-    return StageCosts(clock.source, tuple(fwd_s), tuple(bwd_s), tuple(encode), tuple(decode))
-  return costs
+  return {**presets, **{m.name: (m.fwd, m.bwd) for m in registry.METHODS.values() if not m.changes_model}}
 
 
 def exchange(scheme, row, stages, replicas, chunks=1) -> netsim.Exchange:

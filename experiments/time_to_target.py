@@ -4,7 +4,7 @@ Protocol NanoGPT's score (PluralisResearch/ProtocolNanoGPT): T = the steps a run
 x its steady-state step time over the metered links. Here the steps come from the frontier's runs (the first
 evaluated step whose eval loss with compression on is <= the target, `evaluation.target_summary`, per seed) and the step
 time from `netsim`: each stage's forward and backward and each boundary's codec timed on this machine by the
-throughput benchmark's clock (`benchmarks.throughput_vs_bandwidth.stage_costs`, `op_seconds`), the bytes of each
+step-cost library's clock (`jaxcomp.analysis.step_cost.stage_costs`, `op_seconds`), the bytes of each
 message from the boundary, the schedule's table run as the sharded executor runs it (`ticks=True`; with
 `overlap`, its `--overlap` table: each message crosses its link while both ends compute the next tick) over
 `link`. Steps in a dense warm-up epoch (AQ-SGD) take the dense (fp32) step's time. A method
@@ -19,7 +19,7 @@ import numpy as np
 
 from experiments import config, gpt2_wikitext, plots
 from jaxcomp import pipeline
-from jaxcomp.analysis import netsim
+from jaxcomp.analysis import netsim, step_cost
 from jaxcomp.analysis.link import Link
 from jaxcomp.compress.spec import parse_boundary
 from jaxcomp.parallel import schedules
@@ -53,7 +53,7 @@ def steps_to_target(run: dict, target: float) -> dict:
 class StepTimes:
   """Predicted step times of runs (`config.RunConfig`s) on `link`, on `schedule`'s table: each run's pipeline built
   without data (`gpt2_wikitext.abstract`), its stages timed once per stage set (the methods of a frontier share
-  theirs unless a bottleneck changes them) and its codecs per method, by a clock of the throughput benchmark
+  theirs unless a bottleneck changes them) and its codecs per method, by a clock of `jaxcomp.analysis.step_cost`
   (`clock`; default its `Measured` clock, `repeats` timed runs per op; its `Estimated` clock takes the times of
   programs compiled for a target), netsim's timeline as the sharded executor runs the table with `meter` (netsim's
   link model: per_direction, or inbound, Protocol NanoGPT's receiver meter); `overlap`: the executor's overlapped
@@ -61,10 +61,9 @@ class StepTimes:
 
   def __init__(self, link: Link, schedule: str, repeats: int = 10, meter: str = "per_direction", clock=None,
                overlap: bool = False):
-    from benchmarks import throughput_vs_bandwidth  # here: it imports the frontier's method table
-    self.clocked, self.link = throughput_vs_bandwidth, link
+    self.link = link
     self.schedule = schedules.parse(schedule, overlap)
-    self.clock = clock or throughput_vs_bandwidth.Measured(repeats)
+    self.clock = clock or step_cost.Measured(repeats)
     self.meter = meter
     self.stage_costs = {}  # stage set -> the benchmark's CostSource
     self.op_times = {}  # (stage set, boundary) -> its stages' forward and backward op seconds, codecs in
@@ -82,11 +81,11 @@ class StepTimes:
     pipe, _, batch, _ = gpt2_wikitext.abstract(cfg)
     stage_set = (cfg.compression.bottleneck, cfg.training.batch_size, pipe.microbatches)
     if stage_set not in self.stage_costs:
-      self.stage_costs[stage_set] = self.clocked.stage_costs(pipeline.uncompressed(pipe), batch, self.clock)
+      self.stage_costs[stage_set] = step_cost.stage_costs(pipeline.uncompressed(pipe), batch, self.clock)
     boundary = boundary or pipe.boundary
     sent = sent or self.sent(cfg, boundary)
     if (stage_set, boundary) not in self.op_times:
-      self.op_times[stage_set, boundary] = self.clocked.op_seconds(self.stage_costs[stage_set](boundary))
+      self.op_times[stage_set, boundary] = step_cost.op_seconds(self.stage_costs[stage_set](boundary))
     fwd_s, bwd_s = self.op_times[stage_set, boundary]
     table = self.schedule.train_table(pipe.num_stages, pipe.microbatches)
     return netsim.simulate_step(fwd_s, bwd_s, [f for f, _ in sent], [b for _, b in sent], pipe.microbatches,

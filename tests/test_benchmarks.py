@@ -19,7 +19,7 @@ from benchmarks import (
   topk_selection,
   wire_bytes,
 )
-from jaxcomp.analysis import netsim
+from jaxcomp.analysis import netsim, step_cost
 from jaxcomp.analysis.link import Link
 from jaxcomp.compress import spec
 
@@ -107,9 +107,9 @@ def test_throughput_from_a_compiled_target_is_labelled_an_estimate(capsys):
 
 
 def test_codec_work_goes_to_the_stage_that_does_it():
-  costs = throughput_vs_bandwidth.StageCosts("test", fwd_s=(1, 2, 3), bwd_s=(10, 20, 30),
+  costs = step_cost.StageCosts("test", fwd_s=(1, 2, 3), bwd_s=(10, 20, 30),
                                              encode_s=((0.1, 0.2), (0.3, 0.4)), decode_s=((0.01, 0.02), (0.03, 0.04)))
-  fwd, bwd = throughput_vs_bandwidth.op_seconds(costs)
+  fwd, bwd = step_cost.op_seconds(costs)
   # stage s encodes boundary s's forward message and decodes boundary s-1's; backwards the other way round
   assert fwd == pytest.approx([1 + 0.1, 2 + 0.01 + 0.3, 3 + 0.03])
   assert bwd == pytest.approx([10 + 0.02, 20 + 0.2 + 0.04, 30 + 0.4])
@@ -132,7 +132,7 @@ def test_throughput_schedules_with_and_without_overlap():
 def test_interleaved_chunks_cut_the_stage_times():
   """interleaved:V: each stage's compute cut into V chunks of 1/V; every chunk boundary with boundary 0's codec
   times and bytes; V = 1 leaves the costs as they are."""
-  costs = throughput_vs_bandwidth.StageCosts("test", fwd_s=(2.0, 4.0), bwd_s=(6.0, 8.0), encode_s=((0.1, 0.2),),
+  costs = step_cost.StageCosts("test", fwd_s=(2.0, 4.0), bwd_s=(6.0, 8.0), encode_s=((0.1, 0.2),),
                                              decode_s=((0.3, 0.4),))
   chunked, messages = throughput_vs_bandwidth.on_chunks(costs, [(10, 20)], 2)
   assert chunked.fwd_s == (1.0, 1.0, 2.0, 2.0) and chunked.bwd_s == (3.0, 3.0, 4.0, 4.0)

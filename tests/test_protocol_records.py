@@ -4,7 +4,7 @@ import jax
 import pytest
 
 from benchmarks import protocol_records as pr
-from benchmarks.throughput_vs_bandwidth import op_seconds
+from jaxcomp.analysis.step_cost import op_seconds
 from jaxcomp.analysis import netsim
 from jaxcomp.analysis.link import Link
 from jaxcomp.compress.spec import parse_boundary
