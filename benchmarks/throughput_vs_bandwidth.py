@@ -32,7 +32,6 @@ exchange / tied) say which term dominates the step. AQ-SGD rows are its steady s
 dense warm-up epoch), QuantizedAdam's after its dense warm-up. The paper's column holds its reported figures
 (`experiments.paper.AQSGD_THROUGHPUT`: another model and cluster), not results of this run.
 """
-import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -45,13 +44,13 @@ from experiments import gpt2_wikitext, paper
 from jaxcomp import methods as registry
 from jaxcomp import pipeline
 from jaxcomp.analysis import netsim, targets
-from jaxcomp.analysis.step_cost import Clock, Estimated, Measured, StageCosts, op_seconds, scheme_seconds, stage_costs
+from jaxcomp.analysis.step_cost import Estimated, Measured, op_seconds, stage_costs
+from jaxcomp.analysis.step_inputs import TIED_CHOICES, exchange, on_chunks, tied_exchange
 from jaxcomp.analysis.link import Link
 from jaxcomp.compress import spec
 from jaxcomp.compress.tied import check_scheme
 from jaxcomp.models import gpt2
-from jaxcomp.parallel import dataparallel, padded_rows, schedules, timetable
-from jaxcomp.parallel.state_layout import StateLayout
+from jaxcomp.parallel import padded_rows, schedules, timetable
 
 # The stateless quantizer of the frontier table (docs/frontier.md) with the fewest bytes among those that learn
 # (192 B/token, eval loss 2.617 vs fp32's 2.576).
@@ -67,15 +66,6 @@ def method_specs() -> dict[str, tuple[str, str]]:
   return {**presets, **{m.name: (m.fwd, m.bwd) for m in registry.METHODS.values() if not m.changes_model}}
 
 
-def exchange(scheme, row, stages, replicas, chunks=1) -> netsim.Exchange:
-  """Each of the `stages` stage devices' data-parallel exchange of its `chunks` [row] rows (the executor's: every
-  stage's parameters padded to the longest's), as `dataparallel.exchange_bytes` counts it: dense (scheme None) a
-  ring all-reduce of them all, 2(D-1) messages; compressed a ring all-gather per row, chunks x (D-1) messages."""
-  dense = scheme is None
-  sent = dataparallel.exchange_bytes(scheme, row, chunks, replicas, dense) / replicas
-  return netsim.Exchange([sent] * stages, (2 if dense else chunks) * (replicas - 1))
-
-
 def padded_row(cfg, num_stages: int, batch, microbatches: int) -> int:
   """The parameter row every stage device of GPT-2 cut into `num_stages` stages exchanges (`padded_rows.FlatRows`: each
   stage's parameters, padded to the longest stage's), traced abstractly."""
@@ -83,29 +73,6 @@ def padded_row(cfg, num_stages: int, batch, microbatches: int) -> int:
                           jaxcomp.losses.language_model, "tokens", microbatches)
   return padded_rows.FlatRows(jax.eval_shape(lambda: pipeline.init_state(pipe, optax.sgd(0.0), jax.random.key(1),
                                                                      batch)).params).size
-
-
-TIED_CHOICES = ("dense", "untied")  # --tied-exchange's words; anything else is a scheme spec
-
-
-def tied_exchange(choice: str, pipe, batch, clock: Clock) -> netsim.Tied | None:
-  """netsim's tied exchange of one replica of the S-stage `pipe` (GPT-2's embedding and head tied) for
-  `--tied-exchange` `choice`: None when untied; else the executor's messages (`StateLayout.tied_messages`: devices
-  and bytes each way), with the scheme's encode and two decodes of one member's segment when compressed (the
-  clock's seconds); after the data-parallel exchange (`before_exchange` False)."""
-  if choice == "untied":
-    return None
-  scheme = None if choice == "dense" else spec.parse_scheme(choice)
-  lay = StateLayout(dataclasses.replace(pipe, tied_scheme=scheme), None, batch, pipe.num_stages, 1)
-  codec = []
-  for (a, _, _), (b, _, _), n in lay.tied_ends():
-    if a != b and scheme is not None:
-      encode, decode, _ = scheme_seconds(scheme, clock.input(jax.ShapeDtypeStruct((1, n), jnp.float32)), clock)
-      codec.append(encode + 2 * decode)
-    elif a != b:
-      codec.append(0.0)
-  messages = lay.tied_messages()
-  return netsim.Tied([m.ends for m in messages], [m.nbytes for m in messages], 1, codec)
 
 
 class Row(NamedTuple):
@@ -140,18 +107,6 @@ def render(rows: list[Row], baseline: str = "fp32") -> str:
     lines.append(f"| {link_label(r.link)} | {r.method} | {r.samples_per_s:.2f} "
                  f"| {r.samples_per_s / base[r.link]:.2f} | {shares} | {reported} |")
   return "\n".join(lines)
-
-
-def on_chunks(costs: StageCosts, per_message, chunks_per_device: int):
-  """(costs, bytes per message) of the S*V chunks of an interleaved table: each stage's forward and backward cut
-  into V chunks of 1/V of its time, each of the S*V-1 chunk boundaries with boundary 0's codec times and bytes
-  (every boundary carries the same shape: checked by `main`). V = 1: as they are."""
-  if chunks_per_device == 1:
-    return costs, per_message
-  cut = lambda times: tuple(t / chunks_per_device for t in times for _ in range(chunks_per_device))
-  n = len(costs.fwd_s) * chunks_per_device - 1
-  return (costs._replace(fwd_s=cut(costs.fwd_s), bwd_s=cut(costs.bwd_s), encode_s=(costs.encode_s[0],) * n,
-                         decode_s=(costs.decode_s[0],) * n), [per_message[0]] * n)
 
 
 def tables(names: str, overlap: str, stages: int, microbatches: int) -> tuple[list[timetable.Timetable], list[str]]:

@@ -26,10 +26,10 @@ import optax
 
 from experiments import checks, cli, config, paper
 from jaxcomp import losses
-from jaxcomp.compress import bottleneck, token_ids
+from jaxcomp.compress import bottleneck
 from jaxcomp.compress.spec import parse_boundary, parse_scheme
 from jaxcomp.data import batching, text
-from jaxcomp.models import gpt2, gpt2_weights, protocol_gpt
+from jaxcomp.models import gpt2, gpt2_weights, protocol_gpt, registry
 from jaxcomp.pipeline import Pipeline
 from jaxcomp.runtime import train
 
@@ -204,28 +204,6 @@ def optimizer_for(run: config.RunConfig, steps: int) -> optax.GradientTransforma
                           "vector": adamw(hyper["scalar_lr"])}, protocol_gpt.param_groups)
 
 
-SSN = "ssn"  # --bottleneck ssn[:R]: Protocol NanoGPT's ReparamSSN (a fixed subspace; a change of the model)
-
-
-def reparam_ssn(cfg, spec: str, boundary, protocol: bool):
-  """The Protocol NanoGPT model `cfg` as ReparamSSN of --bottleneck ssn[:R] (`protocol_gpt.reparam_ssn`; R default
-  the record's 160/1024 of the width), checking that both directions send the token ids (`ids+CODEC`)."""
-  if not protocol:
-    raise ValueError(f"--bottleneck {spec}: ReparamSSN changes Protocol NanoGPT's model; use --model protocol-tiny "
-                     "or protocol-203m")
-  _, *rank = spec.split(":")
-  if len(rank) > 1 or (rank and not rank[0].isdigit()):
-    raise ValueError(f"--bottleneck {spec}: expected ssn or ssn:R (R a positive integer, the subspace rank)")
-  for name, scheme in (("--fwd", boundary.fwd), ("--bwd", boundary.bwd)):
-    if not isinstance(getattr(scheme, "codec", None), token_ids.TokenIds):
-      raise ValueError(f"--bottleneck {spec} sends [c, token ids] across each boundary: {name} must be ids+CODEC "
-                       "(e.g. ids+bf16, the record's; ids+maxabs:8)")
-  try:
-    return protocol_gpt.reparam_ssn(cfg, int(rank[0]) if rank else None)
-  except ValueError as err:
-    raise ValueError(f"--bottleneck {spec}: {err}") from None
-
-
 def assemble(run: config.RunConfig, cfg, num_train: int):
   """(Pipeline, optimizer) of the run for `num_train` training blocks (AQ-SGD tables, lr schedule)."""
   own, learned_spec = run.options, run.compression.bottleneck
@@ -253,21 +231,14 @@ def assemble(run: config.RunConfig, cfg, num_train: int):
                      f"into 1..{cfg.n_layer} stages; pass one of those (or a larger --model)")
   optimizer = optimizer_for(run, own.lr_steps or batching.num_batches(num_train, bs, shards) * run.training.epochs)
   boundary = parse_boundary(run.compression.fwd, run.compression.bwd, num_examples=num_train)
-  if learned_spec and learned_spec.split(":")[0] == SSN:
-    cfg, learned_spec = reparam_ssn(cfg, learned_spec, boundary, protocol), None
-  elif any(isinstance(getattr(scheme, "codec", None), token_ids.TokenIds) for scheme in (boundary.fwd, boundary.bwd)):
-    raise ValueError("ids+CODEC sends the last channel of what crosses a boundary as token ids: only ReparamSSN's "
-                     "boundaries carry them (add --bottleneck ssn, or drop ids+)")
-  stages, tied, copies = (protocol_gpt.protocol_stages(cfg, s), (), ()) if protocol else (gpt2.gpt2_stages(cfg, s),
-                                                                                          gpt2.gpt2_tied(s), ())
+  try:
+    built = registry.model_stages(cfg, s, learned_spec, boundary)
+  except registry.BottleneckError as err:
+    raise ValueError(f"--bottleneck {learned_spec}: {err}") from None
+  stages, tied, copies = built.stages, built.tied, ()
   if run.compression.untie_embeddings:
     tied, copies = (), tied
-  if learned_spec:
-    try:
-      learned = bottleneck.parse(learned_spec)
-      stages, tied = bottleneck.wrap(stages, learned, cfg.n_embd), tied + bottleneck.tied(learned, s)
-    except ValueError as err:
-      raise ValueError(f"--bottleneck {learned_spec}: {err}") from None
+  tied += built.added_ties
   tied_scheme = parse_scheme(run.compression.tied_compression) if run.compression.tied_compression else None
   pipe = Pipeline(stages, boundary, losses.language_model, "tokens", run.executor.microbatches, tied=tied,
                   grad_clip_norm=own.grad_clip, tied_scheme=tied_scheme, init_copies=copies)

@@ -2,15 +2,8 @@
 
 Inflation of a method at a rung (width W, horizon H) and seed = its steps to the rung's target / fp32's steps on the
 same cap (`experiments.ladder`). A method that does not reach the target within the cap is censored: its
-inflation is > cap steps / fp32's (reported as such, and left out of the fit). The fitted model, per method,
-
-    log inflation = a + b log(H / 100) + c log(W / 128)         (c only when the ladder has two or more widths)
-
-is least squares over every seed's point; its uncertainty is the coefficients' covariance (residual variance x
-(X^T X)^-1), carried to a projection by the delta method (`project`: the inflation at (H, W) with one standard
-error either side). A projection outside the horizons and widths measured says so (`extrapolated`); one whose
-trend bends (the slopes of the lower and upper halves of the horizons differ by more than twice their combined
-standard error) is not made (`bends`): the ladder cannot say.
+inflation is > cap steps / fp32's (reported as such, and left out of the fit). Per method, the points of every
+seed are fitted by `jaxcomp.analysis.inflation` (log inflation linear in log horizon and log width).
 """
 import json
 import math
@@ -19,9 +12,8 @@ import pathlib
 import numpy as np
 
 from jaxcomp import methods
+from jaxcomp.analysis.inflation import bends, fit
 from jaxcomp.runtime import evaluation
-
-H0, W0 = 100, 128  # the fit's reference horizon and width
 
 
 def steps_to(run: dict, target: float) -> int | None:
@@ -54,60 +46,6 @@ def rung_points(rung: pathlib.Path, names, cap: int, horizon: int) -> dict:
       out[name].append({"seed": seed_suffix or "-seed0", "target": target, "fp32_steps": s0, "steps": s,
                         "inflation": (s if s is not None else cap * horizon) / s0, "censored": s is None})
   return out
-
-
-def fit(points: list[tuple[float, float, float]]) -> dict | None:
-  """Least squares of log inflation on log(H/100) [and log(W/128)] over (H, W, inflation) points; None with too
-  few points to fit (fewer than the coefficients + 1)."""
-  hs, ws, ys = (np.array(v, float) for v in zip(*points)) if points else ([], [], [])
-  if len(points) == 0:
-    return None
-  columns = [np.ones(len(hs))]
-  names = ["a"]
-  if len(set(hs)) > 1:
-    columns.append(np.log(hs / H0))
-    names.append("b")
-  if len(set(ws)) > 1:
-    columns.append(np.log(ws / W0))
-    names.append("c")
-  x, y = np.stack(columns, 1), np.log(ys)
-  if len(y) <= len(names):
-    return None
-  coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-  residual = y - x @ coef
-  variance = float(residual @ residual) / (len(y) - len(names))
-  cov = variance * np.linalg.inv(x.T @ x)
-  return {"coef": dict(zip(names, coef.tolist())), "cov": cov.tolist(), "names": names, "points": len(y),
-          "horizons": sorted(set(hs.tolist())), "widths": sorted(set(ws.tolist())),
-          "residual_sd": math.sqrt(variance)}
-
-
-def bends(points: list[tuple[float, float, float]]) -> bool:
-  """Whether the horizon trend bends: with three or more horizons, the slopes of log inflation on log H over the
-  lower and the upper horizons differ by more than twice their combined standard error."""
-  horizons = sorted({h for h, _, _ in points})
-  if len(horizons) < 3:
-    return False
-  mid = horizons[len(horizons) // 2]
-  low = fit([p for p in points if p[0] <= mid])
-  high = fit([p for p in points if p[0] >= mid])
-  if not low or not high or "b" not in low["coef"] or "b" not in high["coef"]:
-    return False
-  se = math.sqrt(low["cov"][1][1] + high["cov"][1][1])
-  return abs(low["coef"]["b"] - high["coef"]["b"]) > 2 * se
-
-
-def project(model: dict, horizon: float, width: float) -> dict:
-  """The fitted inflation at (`horizon`, `width`) with one standard error either side (`low`, `high`), and whether
-  it lies outside what was measured (`extrapolated`)."""
-  row = {"a": 1.0, "b": math.log(horizon / H0), "c": math.log(width / W0)}
-  v = np.array([row[n] for n in model["names"]])
-  mean = float(v @ np.array([model["coef"][n] for n in model["names"]]))
-  se = math.sqrt(max(float(v @ np.array(model["cov"]) @ v), 0.0))
-  measured_h, measured_w = model["horizons"], model["widths"]
-  outside = not (measured_h[0] <= horizon <= measured_h[-1]) or not (measured_w[0] <= width <= measured_w[-1])
-  return {"inflation": math.exp(mean), "low": math.exp(mean - se), "high": math.exp(mean + se),
-          "extrapolated": outside}
 
 
 def ladder_report(out: pathlib.Path, widths, horizons, names, cap: int) -> dict:

@@ -15,8 +15,12 @@ ladder.png from the finished rungs, with the fitted model of inflation against h
 (`experiments.inflation`) and, beside the ReparamSSN port, its record's own curve.
 """
 import argparse
+import datetime
 import json
+import os
 import pathlib
+import platform
+import subprocess
 import sys
 import types
 
@@ -100,6 +104,15 @@ def train(args) -> int:
   return trained
 
 
+def provenance(args) -> dict:
+  """Where a ladder's figures come from: the command, the commit, the machine and the date."""
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=pathlib.Path(__file__).parent).stdout.strip() or "unknown"
+  return {"command": "python -m experiments.ladder " + " ".join(sys.argv[1:]), "commit": commit,
+          "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".replace("  ", " "),
+          "date": datetime.date.today().isoformat(), "text": TEXT, "model": "protocol-tiny (protocol-cpu recipe)"}
+
+
 def int_list(text: str) -> list[int]:
   try:
     values = [int(v) for v in text.split(",") if v.strip()]
@@ -126,6 +139,9 @@ def main(argv=None):
                       "ladder; rerun to go on)")
   parser.add_argument("--report", action="store_true", help="only write the tables and plots of finished rungs")
   parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs/ladder"))
+  parser.add_argument("--export", type=pathlib.Path, metavar="FILE",
+                      help="also write the report as a step-inflation table with its provenance (the planner's "
+                           "format, jaxcomp.analysis.step_table; jaxcomp/data/step_inflation.json is the shipped one)")
   args = parser.parse_args(argv)
   args.methods = list(dict.fromkeys([methods.DENSE, *[n.strip() for n in args.methods.split(",") if n.strip()]]))
   unknown = [n for n in args.methods if n not in methods.METHODS]
@@ -133,7 +149,7 @@ def main(argv=None):
     parser.error(f"--methods: unknown {unknown}; choose from {', '.join(methods.METHODS)}")
   if len(args.seeds) == 1:
     args.seeds = args.seeds * len(args.horizons)
-  if len(args.seeds) != len(args.horizons):
+  if len(args.seeds) != len(args.horizons) and not args.report:
     parser.error(f"--seeds {','.join(map(str, args.seeds))}: give one number or one per horizon "
                  f"({len(args.horizons)})")
   if args.cap < 1:
@@ -147,6 +163,9 @@ def main(argv=None):
   png = inflation.plot(report, args.out / "ladder.png", paper.SSN_RECORD_INFLATION)
   print(text)
   print(f"wrote {args.out / 'ladder.md'}, {args.out / 'ladder.json'} and {png}")
+  if args.export:
+    args.export.write_text(json.dumps({"provenance": provenance(args), "regimes": {"scratch": report}}, indent=1))
+    print(f"wrote {args.export}")
   return report
 
 

@@ -38,7 +38,7 @@ class Method:
     """The method as command-line flags of `experiments.gpt2_wikitext`."""
     out = []
     for key, value in self.run_settings().items():
-      if value is not None:
+      if value is not None and not (key == "warmup_epochs" and value == 0):
         out += [f"--{key.replace('_', '-')}", str(value)]
     return out
 

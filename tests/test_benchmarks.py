@@ -19,7 +19,7 @@ from benchmarks import (
   topk_selection,
   wire_bytes,
 )
-from jaxcomp.analysis import netsim, step_cost
+from jaxcomp.analysis import netsim, step_cost, step_inputs
 from jaxcomp.analysis.link import Link
 from jaxcomp.compress import spec
 
@@ -134,10 +134,10 @@ def test_interleaved_chunks_cut_the_stage_times():
   times and bytes; V = 1 leaves the costs as they are."""
   costs = step_cost.StageCosts("test", fwd_s=(2.0, 4.0), bwd_s=(6.0, 8.0), encode_s=((0.1, 0.2),),
                                              decode_s=((0.3, 0.4),))
-  chunked, messages = throughput_vs_bandwidth.on_chunks(costs, [(10, 20)], 2)
+  chunked, messages = step_inputs.on_chunks(costs, [(10, 20)], 2)
   assert chunked.fwd_s == (1.0, 1.0, 2.0, 2.0) and chunked.bwd_s == (3.0, 3.0, 4.0, 4.0)
   assert chunked.encode_s == ((0.1, 0.2),) * 3 and chunked.decode_s == ((0.3, 0.4),) * 3 and messages == [(10, 20)] * 3
-  assert throughput_vs_bandwidth.on_chunks(costs, [(10, 20)], 1) == (costs, [(10, 20)])
+  assert step_inputs.on_chunks(costs, [(10, 20)], 1) == (costs, [(10, 20)])
   rows = {"gpipe": [throughput_vs_bandwidth.Row(Link(1e9, 0.02), m, rate, {})
                     for m, rate in (("fp32", 2.0), ("q", 5.0))]}
   assert (throughput_vs_bandwidth.render_schedules(rows).splitlines()[2]
@@ -146,14 +146,14 @@ def test_interleaved_chunks_cut_the_stage_times():
 
 def test_data_parallel_exchange_per_stage_device():
   """Every stage device exchanges the executor's row (each stage's parameters padded to the longest stage's)."""
-  dense = throughput_vs_bandwidth.exchange(None, 1000, 2, 4)
+  dense = step_inputs.exchange(None, 1000, 2, 4)
   assert dense == netsim.Exchange([2 * 3 / 4 * 4000] * 2, 6)  # ring all-reduce of the fp32 row
   q4 = spec.parse_scheme("ef+quant:4")
-  compressed = throughput_vs_bandwidth.exchange(q4, 1000, 1, 4)
+  compressed = step_inputs.exchange(q4, 1000, 1, 4)
   assert compressed == netsim.Exchange([3 * q4.wire_bytes((1, 1000), "float32")], 3)  # all-gather to 3 others
-  chunked = throughput_vs_bandwidth.exchange(q4, 1000, 1, 4, chunks=2)  # interleaved:2: two rows, one ring each
+  chunked = step_inputs.exchange(q4, 1000, 1, 4, chunks=2)  # interleaved:2: two rows, one ring each
   assert chunked == netsim.Exchange([2 * 3 * q4.wire_bytes((1, 1000), "float32")], 6)
-  assert throughput_vs_bandwidth.exchange(None, 1000, 3, 1) == netsim.Exchange([0] * 3, 0)
+  assert step_inputs.exchange(None, 1000, 3, 1) == netsim.Exchange([0] * 3, 0)
 
 
 def test_fit_table_renders_the_cached_cells_and_marks_the_rest(tmp_path, capsys):

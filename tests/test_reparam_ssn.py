@@ -169,7 +169,7 @@ def _run(**flags):
 
 
 def test_the_experiment_refuses_ssn_without_ids_and_ids_without_ssn():
-  for flags, match in ((dict(bottleneck="ssn", fwd="bf16", bwd="ids+bf16"), "--fwd must be ids"),
+  for flags, match in ((dict(bottleneck="ssn", fwd="bf16", bwd="ids+bf16"), "its forward spec must be ids"),
                        (dict(fwd="ids+bf16", bwd="ids+bf16"), "only ReparamSSN's boundaries carry them"),
                        (dict(bottleneck="ssn:x", fwd="ids+bf16", bwd="ids+bf16"), "expected ssn or ssn:R")):
     with pytest.raises(ValueError, match=match):

@@ -105,17 +105,19 @@ def stage_times(pipe, state, microbatch, clock: Clock):
   x = microbatch[pipe.input_key]
   rng = jax.random.key(0)
   for stage, params, ms in zip(pipe.stages, state.params, state.model_state):
-    forward = lambda p, x, stage=stage, ms=ms: stage.apply(p, ms, x, train=True, rng=rng)[0]
-    y = clock.output(forward, params, x)
+    # the model state (e.g. ReparamSSN's constants) is an argument, not a constant of the program: abstract under
+    # the Estimated clock, and not folded into the program under the Measured one
+    forward = lambda p, x, ms, stage=stage: stage.apply(p, ms, x, train=True, rng=rng)[0]
+    y = clock.output(forward, params, x, ms)
     diff_x = jnp.issubdtype(x.dtype, jnp.floating)
 
-    def backward(p, x, g, forward=forward, diff_x=diff_x):
+    def backward(p, x, ms, g, forward=forward, diff_x=diff_x):
       if diff_x:
-        return jax.vjp(forward, p, x)[1](g)
-      return jax.vjp(lambda p: forward(p, x), p)[1](g)
+        return jax.vjp(lambda p, x: forward(p, x, ms), p, x)[1](g)
+      return jax.vjp(lambda p: forward(p, x, ms), p)[1](g)
 
-    fwd_s.append(clock.seconds(forward, params, x))
-    bwd_s.append(clock.seconds(backward, params, x, clock.input(y)))
+    fwd_s.append(clock.seconds(forward, params, x, ms))
+    bwd_s.append(clock.seconds(backward, params, x, ms, clock.input(y)))
     x = y
   return fwd_s, bwd_s
 

@@ -1,0 +1,84 @@
+"""The steps half of T: each method's step inflation (its steps to a target over the dense run's), from measured
+points, projected to a user's horizon and width.
+
+A table is a ladder's report (`python -m experiments.ladder`, its ladder.json: per rung of width W and horizon H,
+per method, every seed's inflation) with its provenance (command, commit, machine, date) and the regime it was
+measured in (`scratch`: trained from scratch; `finetune`: fine-tuning a pretrained model). The shipped table,
+`jaxcomp/data/step_inflation.json`, is the one the planner uses unless given another (`load(path)`).
+
+`inflation(table, method, horizon, width)`: the fitted model's projection (`analysis.inflation`) with one
+standard error either side, or, where a method has too few points to fit, the span of its measured points; each
+says where it comes from and whether it leaves what was measured.
+"""
+import json
+import pathlib
+from typing import NamedTuple
+
+import numpy as np
+
+from jaxcomp.analysis import inflation as model
+
+SHIPPED = pathlib.Path(__file__).parent.parent / "data" / "step_inflation.json"
+REGIMES = ("scratch", "finetune")
+
+
+class Inflation(NamedTuple):
+  """A method's step inflation at the user's horizon and width: `value` and its range [`low`, `high`], `source`
+  (how it was obtained), `extrapolated` (outside the horizons or widths measured)."""
+  value: float
+  low: float
+  high: float
+  source: str
+  extrapolated: bool
+
+
+def load(path=None, regime: str = "scratch") -> dict:
+  """The table at `path` (a ladder.json, or a folder holding one; None: the shipped table) for `regime`;
+  ValueError naming what is missing."""
+  if regime not in REGIMES:
+    raise ValueError(f"--regime {regime!r}: choose one of {', '.join(REGIMES)}")
+  file = SHIPPED if path is None else pathlib.Path(path)
+  if file.is_dir():
+    file = file / "ladder.json"
+  if not file.is_file():
+    raise ValueError(f"--steps-from {path}: no ladder.json there (python -m experiments.ladder writes one in its "
+                     "--out folder)")
+  data = json.loads(file.read_text())
+  tables = data.get("regimes", {"scratch": data})  # a ladder's own report is one regime's table
+  if regime not in tables or not tables[regime].get("rungs"):
+    raise ValueError(f"--regime {regime}: {file} holds no {regime} measurements (it has: "
+                     f"{', '.join(k for k, t in tables.items() if t.get('rungs')) or 'none'}); measure them with "
+                     "python -m experiments.ladder and pass --steps-from")
+  return {**tables[regime], "provenance": data.get("provenance", {"file": str(file)}), "regime": regime}
+
+
+def points(table: dict, method: str) -> list[tuple[float, float, float]]:
+  """(horizon, width, inflation) of every seed of `method` that reached its target."""
+  return [(r["horizon"], r["width"], p["inflation"]) for r in table["rungs"].values()
+          for p in r["methods"].get(method, []) if not p["censored"]]
+
+
+def inflation(table: dict, method: str, horizon: float, width: float, dense: str = "fp32") -> Inflation | None:
+  """`method`'s inflation at (`horizon`, `width`) (`dense`: exactly 1); None when the table has no point of it."""
+  if method == dense:
+    return Inflation(1.0, 1.0, 1.0, "the dense run (by definition)", False)
+  pts = points(table, method)
+  if not pts:
+    return None
+  fitted = model.fit(pts)
+  measured = f"{len(pts)} points at H {sorted({int(h) for h, _, _ in pts})}, W {sorted({int(w) for _, w, _ in pts})}"
+  if fitted is None or "b" not in fitted["coef"] or model.bends(pts):
+    values = [v for _, _, v in pts]
+    why = "trend bends" if fitted is not None and model.bends(pts) else "too few horizons to fit"
+    outside = horizon > max(h for h, _, _ in pts) or width != pts[0][1]
+    return Inflation(float(np.mean(values)), min(values), max(values), f"measured ({why}): {measured}", outside)
+  p = model.project(fitted, horizon, width)
+  width_note = "" if "c" in fitted["coef"] else f"; width not varied (measured at {int(pts[0][1])})"
+  return Inflation(p["inflation"], p["low"], p["high"], f"fitted to {measured}{width_note}",
+                   p["extrapolated"] or ("c" not in fitted["coef"] and width != pts[0][1]))
+
+
+def provenance(table: dict) -> str:
+  """One line: where the table's measurements come from."""
+  p = table["provenance"]
+  return ", ".join(f"{k} {v}" for k, v in p.items()) + f"; regime {table['regime']}"

@@ -1,0 +1,96 @@
+"""The planner (`python -m jaxcomp.plan`): a user's own Flax pipeline through the API, the shipped step-inflation
+table, the search's pieces, and the command's refusals."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxcomp
+from jaxcomp import plan
+from jaxcomp.analysis import step_cost, step_table
+from jaxcomp.analysis.link import Link
+from jaxcomp.compress.spec import parse_boundary
+from jaxcomp.pipeline import FlaxStage, Pipeline
+
+
+class Hidden(nn.Module):
+  """A user's own layer: x -> relu(x W + b), 64 wide."""
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    return nn.relu(nn.Dense(64)(x))
+
+
+class Classifier(nn.Module):
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    return nn.Dense(4)(nn.relu(nn.Dense(64)(x)))
+
+
+def test_a_user_built_flax_pipeline_gets_a_ranked_plan_through_the_api():
+  """Two stages of the user's own modules on a slow link: every method that keeps the model gets a row (ReparamSSN,
+  a change of the model, none); TopK sends a fraction of fp32's bytes and steps faster; rows with a measured
+  inflation have T, ranked by it."""
+  pipe = Pipeline((FlaxStage(Hidden()), FlaxStage(Classifier())), parse_boundary("none", "none"),
+                  jaxcomp.losses.classification, "x", microbatches=2)
+  x = jax.random.normal(jax.random.key(0), (16, 32))
+  batch = {"x": x, "label": (x[:, 0] > 0).astype(jnp.int32), "id": jnp.arange(16)}
+  link = Link.parse("1mbit:1ms")
+  ranked = plan.for_pipeline(pipe, batch, [link], names=("fp32", "top10-q8-reuse", "bf16", "ssn"),
+                             clock=step_cost.Measured(1), microbatches=[2, 4])
+  rows = {r.choice.method: r for r in ranked[link]}
+  assert set(rows) == {"fp32", "top10-q8-reuse", "bf16"}
+  assert rows["top10-q8-reuse"].choice.bytes_per_token < rows["fp32"].choice.bytes_per_token / 5
+  assert rows["top10-q8-reuse"].choice.step_s < rows["fp32"].choice.step_s
+  with_t = [r.T for r in ranked[link] if r.T is not None]
+  assert with_t == sorted(with_t) and rows["fp32"].T == pytest.approx(plan.DENSE_STEPS * rows["fp32"].choice.step_s)
+
+
+def test_the_shipped_table_says_where_it_comes_from_and_projects_with_a_range():
+  table = step_table.load()
+  assert {"command", "commit", "machine", "date"} <= set(table["provenance"])
+  fp32 = step_table.inflation(table, "fp32", 2925, 1024)
+  assert (fp32.value, fp32.low, fp32.high, fp32.extrapolated) == (1.0, 1.0, 1.0, False)
+  topk = step_table.inflation(table, "top10-q8-reuse", 2925, 1024)
+  assert topk.low <= topk.value <= topk.high and topk.extrapolated and topk.value > 1
+  assert step_table.inflation(table, "aqsgd-fw2-bw4", 2925, 1024) is None  # not on the ladder: no T
+  with pytest.raises(ValueError, match="holds no finetune measurements"):
+    step_table.load(regime="finetune")
+
+
+def test_costs_between_the_compiled_microbatch_counts_are_affine_in_tokens():
+  a = step_cost.StageCosts("s", (1.0, 2.0), (3.0, 4.0), ((0.1, 0.2),), ((0.3, 0.4),))
+  b = step_cost.StageCosts("s", (3.0, 6.0), (7.0, 8.0), ((0.3, 0.6),), ((0.5, 0.8),))
+  mid = plan.interpolate(a, 100, b, 300, 200)
+  np.testing.assert_allclose(mid.fwd_s, (2.0, 4.0))
+  np.testing.assert_allclose(mid.encode_s, ((0.2, 0.4),))
+  assert plan.interpolate(a, 100, b, 300, 100).bwd_s == a.bwd_s
+
+
+def test_microbatch_choices_divide_the_batch():
+  assert plan.microbatch_choices(8, 512) == [8, 16, 32, 64]
+  assert plan.microbatch_choices(4, 12) == [4]
+  with pytest.raises(ValueError, match="each must divide the 12 examples"):
+    plan.microbatch_choices(4, 12, [5])
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--model", "gpt5"], "--model gpt5: unknown model"),
+    (["--model", "protocol", "--width", "2048"], "needs --width W and --depth L"),
+    (["--device", "h999-8"], "--device h999-8: unknown target"),
+    (["--stages", "9"], "--stages 9: --model protocol-203m has 8 blocks"),
+    (["--methods", "fp32,top5"], "--methods: unknown method 'top5'"),
+    (["--schedules", "2f2b"], "--schedules: schedule must be one of"),
+    (["--dense-steps", "0"], "--dense-steps 0"),
+])
+def test_bad_input_is_refused_with_one_line_naming_the_flag(argv, match, tmp_path):
+  with pytest.raises(ValueError, match=match):
+    plan.main([*argv, "--out", str(tmp_path)])
+  assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_a_bad_link_is_an_argparse_error_naming_it(capsys):
+  with pytest.raises(SystemExit):
+    plan.main(["--link", "fast"])
+  assert "--link" in capsys.readouterr().err
