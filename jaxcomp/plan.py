@@ -191,7 +191,7 @@ def render(link: Link, rows: list[Row], dense: str = methods.DENSE) -> str:
   """One link's ranked table."""
   base = next((r.T for r in rows if r.choice.method == dense and r.T), None)
   lines = [f"| # | method | B/token | schedule | M | tied | step s | compute / link % | inflation [range] | "
-           f"T s [range] | T / {dense} |", "|---:|---|---:|---|---:|---|---:|---:|---|---|---:|"]
+           f"T s [range] | T / {dense} [range] |", "|---:|---|---:|---|---:|---|---:|---:|---|---|---:|"]
   for i, r in enumerate(rows, 1):
     c = r.choice
     crit = sum(c.critical.values()) or 1.0
@@ -200,9 +200,11 @@ def render(link: Link, rows: list[Row], dense: str = methods.DENSE) -> str:
         f"{r.inflation.value:.2f} [{r.inflation.low:.2f}, {r.inflation.high:.2f}]"
         + (" extrapolated" if r.inflation.extrapolated else ""))
     t = "-" if r.T is None else f"{r.T:,.0f} [{r.T_low:,.0f}, {r.T_high:,.0f}]"
-    rel = "-" if r.T is None or not base else f"{r.T / base:.3f}"
+    rel = "-" if r.T is None or not base else f"{r.T / base:.3f} [{r.T_low / base:.3f}, {r.T_high / base:.3f}]"
     lines.append(f"| {i} | {c.method} | {c.bytes_per_token:,.1f} | {schedule_label(c)} | {c.microbatches} | "
                  f"{c.tied or '-'} | {c.step_s:.4g} | {share} | {inf} | {t} | {rel} |")
+  sources = {r.choice.method: r.inflation.source for r in rows if r.inflation is not None}
+  lines += ["", "Inflation from: " + "; ".join(f"{m}: {s}" for m, s in sources.items())]
   return "\n".join(lines)
 
 
