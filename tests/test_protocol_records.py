@@ -4,6 +4,7 @@ import jax
 import pytest
 
 from benchmarks import protocol_records as pr
+from jaxcomp import methods as registry
 from jaxcomp.analysis.step_cost import op_seconds
 from jaxcomp.analysis import netsim
 from jaxcomp.analysis.link import Link
@@ -56,10 +57,10 @@ def test_a_record_sends_half_its_bytes_per_token_each_way_per_microbatch_token(s
 def test_a_method_ties_a_record_at_its_T_over_its_faster_step_times_the_dense_records_steps(setup):
   """tie inflation = record T / (step s x the dense record's 2,925 steps), the method's faster step of the records'
   microbatch counts; its bytes per token from its boundary's wire_bytes at protocol-tiny's [mb, 128, 128] fp32."""
-  methods = {"fp32": ("none", "none", 0), "tile64-fw3-bw4": ("maxabs:3:group=64", "maxabs:4:group=64:stoch", 0)}
+  methods = {n: registry.METHODS[n] for n in ("fp32", "tile64-fw3-bw4")}
   rows = {r["method"]: r for r in pr.method_rows(setup, methods, RECORDS)}
   assert rows["fp32"]["bytes_per_token"] == 2 * 128 * 4
-  tile = parse_boundary(*methods["tile64-fw3-bw4"][:2])
+  tile = parse_boundary(methods["tile64-fw3-bw4"].fwd, methods["tile64-fw3-bw4"].bwd)
   x = jax.ShapeDtypeStruct((4, 128, 128), "float32")
   assert rows["tile64-fw3-bw4"]["bytes_per_token"] == sum(tile.wire_bytes(x.shape, x.dtype)) / 512
   for r in rows.values():

@@ -114,8 +114,8 @@ def model_stages(cfg, num_stages: int, bottleneck: str | None = None, boundary=N
   if bottleneck:
     try:
       learned = learned_bottleneck.parse(bottleneck)
+      stages = learned_bottleneck.wrap(stages, learned, cfg.n_embd)
+      added = learned_bottleneck.tied(learned, num_stages)
     except ValueError as err:
       raise BottleneckError(str(err)) from None
-    stages = learned_bottleneck.wrap(stages, learned, cfg.n_embd)
-    added = learned_bottleneck.tied(learned, num_stages)
   return ModelStages(stages, tied, added, cfg)
