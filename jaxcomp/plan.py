@@ -91,7 +91,7 @@ class Planner:
     self.build, self.batch, self.clock, self.meter, self.replicas = build, batch, clock, meter, data_parallel
     self.depth = depth  # the model's blocks
     self.sources = {}  # (stage set, microbatches) -> CostSource
-    self.skipped = []  # why a configuration was left out
+    self.skipped = {}  # why configurations were left out -> which
 
   def costs(self, pipe, method: methods.Method, m: int, known: list[int]) -> step_cost.StageCosts:
     """The method's costs at `m` microbatches: compiled or measured at the fewest and the most of `known`,
@@ -114,7 +114,7 @@ class Planner:
       for m in microbatches:
         pipe = self.build(method, m)
         if pipe is None:
-          self.skipped.append(f"{name}: changes a model this one cannot take ({method.bottleneck})")
+          self.skipped.setdefault(f"changes a model this one cannot take ({method.bottleneck})", []).append(name)
           break
         costs = self.costs(pipe, method, m, microbatches)
         sent = [pipe.boundary.wire_bytes(s.shape, s.dtype) for s in pipeline.activation_shapes(pipe, self.batch)]
@@ -158,7 +158,8 @@ class Planner:
             raise ValueError("interleaved tables are searched with one data-parallel replica")
           yield schedule.train_table(pipe.num_stages, m)
         except ValueError as err:
-          self.skipped.append(f"{name}{' with overlapped sends' if overlap else ''} at M={m}: {err}")
+          reason = str(err).split(": got")[0]  # the same reason at every M
+          self.skipped.setdefault(reason, []).append(f"{name}{' +overlap' if overlap else ''} at M={m}")
 
 
 class Row(NamedTuple):
@@ -379,8 +380,8 @@ def main(argv=None):
     winner = next((r for r in rows if r.T is not None), rows[0])
     text += [f"## {link}", "", render(link, rows), "", "Winner: " + winner.choice.method + " — train it with:", "",
              "    " + command(winner.choice, args.model, args.stages, batch, seq), ""]
-  if planner.skipped:
-    text += ["Left out: " + "; ".join(dict.fromkeys(planner.skipped)), ""]
+  for reason, which in planner.skipped.items():
+    text += [f"Left out ({reason}): {', '.join(dict.fromkeys(which))}", ""]
   text.append(f"Searched {len(names)} methods x {len(micro)} microbatch counts x {len(schedule_names)} schedules x "
               f"2 (overlapped sends) on {len(links)} link(s) in {elapsed:.0f} s.")
   args.out.mkdir(parents=True, exist_ok=True)

@@ -94,3 +94,20 @@ def test_a_bad_link_is_an_argparse_error_naming_it(capsys):
   with pytest.raises(SystemExit):
     plan.main(["--link", "fast"])
   assert "--link" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_dense_and_reparamssn_records_steps_are_reproduced_on_h100(tmp_path):
+  """Protocol NanoGPT's setting (protocol-203m, 8 stages, 1F1B, 200 Mb/s + 50 ms on the inbound meter, compute
+  compiled for H100s): fp32's step at 64 microbatches within 5% of the dense record's 100.475 s, ReparamSSN's at 32
+  within 10% of its record's 19.889 s (its model: the subspace blocks and the 11,292-wide MLP)."""
+  pytest.importorskip("jax_plugins.xla_cuda12", reason="the CUDA PJRT plugin is not installed "
+                      "(pip install jax-cuda12-pjrt==<jax version>)")
+  ranked = plan.main(["--model", "protocol-203m", "--stages", "8", "--link", "200mbit:50ms", "--meter", "inbound",
+                      "--device", "h100-8", "--methods", "fp32,ssn", "--schedules", "1f1b", "--microbatches", "32,64",
+                      "--out", str(tmp_path)])
+  (rows,) = ranked.values()
+  step = {r.choice.method: r.choice for r in rows}
+  assert step["fp32"].microbatches == 64 and step["fp32"].step_s == pytest.approx(100.475, rel=0.05)
+  assert step["ssn"].microbatches == 32 and step["ssn"].step_s == pytest.approx(19.889, rel=0.10)
+  assert step["ssn"].bytes_per_token == 644
