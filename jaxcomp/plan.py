@@ -209,8 +209,15 @@ def render(link: Link, rows: list[Row], dense: str = methods.DENSE) -> str:
   return "\n".join(lines)
 
 
-def command(c: Choice, model: str, stages: int, batch: int, seq: int) -> str:
-  """The training command of a choice (experiments.gpt2_wikitext, from a jaxcomp checkout)."""
+def command(c: Choice, model: str, stages: int, batch: int, seq: int, cfg=None) -> str:
+  """The training command of a choice (experiments.gpt2_wikitext, from a jaxcomp checkout); for a custom
+  `--model protocol`, which the experiment has no flag for, the pipeline to build and the method's specs."""
+  if model == registry.CUSTOM:
+    m = methods.get(c.method)
+    return (f"jaxcomp.Pipeline(registry.model_stages(ProtocolConfig(n_embd={cfg.n_embd}, n_layer={cfg.n_layer}, "
+            f"head_dim={cfg.head_dim}), {stages}, {m.bottleneck!r}).stages, jaxcomp.parse_boundary({m.fwd!r}, "
+            f"{m.bwd!r}), jaxcomp.losses.language_model, 'tokens', microbatches={c.microbatches}) on "
+            f"ShardedExecutor(make_mesh({stages}), schedule=schedules.parse({c.schedule!r}, overlap={c.overlap}))")
   flags = [f"--model {model}", f"--stages {stages}", f"--batch-size {batch}", f"--block-size {seq}",
            f"--microbatches {c.microbatches}", "--executor sharded", f"--schedule {c.schedule}",
            *(["--overlap"] if c.overlap else []), *(["--untie-embeddings"] if c.tied == "untied" else []),
@@ -379,7 +386,7 @@ def main(argv=None):
   for link, rows in ranked.items():
     winner = next((r for r in rows if r.T is not None), rows[0])
     text += [f"## {link}", "", render(link, rows), "", "Winner: " + winner.choice.method + " — train it with:", "",
-             "    " + command(winner.choice, args.model, args.stages, batch, seq), ""]
+             "    " + command(winner.choice, args.model, args.stages, batch, seq, cfg), ""]
   for reason, which in planner.skipped.items():
     text += [f"Left out ({reason}): {', '.join(dict.fromkeys(which))}", ""]
   text.append(f"Searched {len(names)} methods x {len(micro)} microbatch counts x {len(schedule_names)} schedules x "
