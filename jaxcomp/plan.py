@@ -45,6 +45,9 @@ DEFAULT_METHODS = ("fp32", "bf16", "top10-q8-reuse", "chan-tile64-fw3-bw4", "ada
 DEFAULT_SCHEDULES = ("gpipe", "1f1b", "zb-h1", "interleaved:2")
 TIED_COMPRESSED = "ef+maxabs:4:group=64:scales=group"  # the tied exchange compressed (--tied-compression)
 DENSE_STEPS = 2925  # Protocol NanoGPT's dense record's steps to its target: the default horizon
+# the step time's share of T's range: netsim fed compiled compute predicts both Protocol NanoGPT records' steps
+# within 0.5% (dense -0.07%, ReparamSSN -0.45%; docs/results/step_inflation.md), so +-1%
+STEP_TOLERANCE = 0.01
 
 
 class Choice(NamedTuple):
@@ -172,12 +175,14 @@ class Row(NamedTuple):
 
 
 def rank(choices: list[Choice], table: dict, dense_steps: int, width: int) -> dict[Link, list[Row]]:
-  """Per link, every method's row ranked by T (methods without a measured inflation after, by step time)."""
+  """Per link, every method's row ranked by T (methods without a measured inflation after, by step time); T's range
+  is the inflation's range times the step time +-`STEP_TOLERANCE`."""
   out = {}
   for c in choices:
     inf = step_table.inflation(table, c.method, dense_steps, width)
     t = None if inf is None else dense_steps * c.step_s
-    row = Row(c, inf, t and t * inf.value, t and t * inf.low, t and t * inf.high)
+    row = Row(c, inf, t and t * inf.value, t and t * inf.low * (1 - STEP_TOLERANCE),
+              t and t * inf.high * (1 + STEP_TOLERANCE))
     out.setdefault(c.link, []).append(row)
   for rows in out.values():
     rows.sort(key=lambda r: (r.T is None, r.T if r.T is not None else r.choice.step_s))
