@@ -17,7 +17,7 @@ The run. For each method (a name of `jaxcomp.methods`, or a GPT-2 preset), one p
 per stage x data-parallel replica runs the experiment CLI (`experiments.gpt2_wikitext`, `--recipe`:
 tiny by default, at this benchmark's sizes `TINY_SIZES`; another recipe at its own sizes, the size flags
 given overriding either) with its own multi-process flags (`--coordinator --num-processes --process-id`,
-`--executor gpipe --stages S`; the recipe's schedule, with `--overlap` its overlapped sends), JAX_PLATFORMS=cpu
+`--executor sharded --stages S`; the recipe's schedule, with `--overlap` its overlapped sends), JAX_PLATFORMS=cpu
 and one CPU device per process, process i pinned to core i mod cores (`taskset`; with more processes than cores,
 processes share cores).
 Each process runs in its own UTS namespace with its address as host name, so that gloo (JAX's CPU
@@ -558,7 +558,7 @@ def run_method(net: Network, name: str, args, folder: pathlib.Path) -> Run:
   cores = len(os.sched_getaffinity(0))
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": common.xla_flags_with_devices(1),
          "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[1])}
-  cli = ["--recipe", args.recipe, "--executor", "gpipe", "--stages", str(args.stages), "--data-parallel",
+  cli = ["--recipe", args.recipe, "--executor", "sharded", "--stages", str(args.stages), "--data-parallel",
          str(args.data_parallel), *[a for k, v in sizes_of(args).items() for a in ("--" + k.replace("_", "-"), str(v))],
          "--no-progress",
          "--out", str(folder), "--run-name", "run", "--coordinator", f"{address(0)}:{COORDINATOR_PORT}",

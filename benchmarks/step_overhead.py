@@ -1,6 +1,6 @@
 """Compression overhead: train-step time of each preset / the uncompressed step, one run.
 
-`python -m benchmarks.step_overhead [--model tiny|small] [--executor simulate|gpipe]`
+`python -m benchmarks.step_overhead [--model tiny|small] [--executor simulate|sharded]`
 GPT-2 in 4 stages; the same batch and executor for every preset. All presets are compiled
 first, then timed in interleaved rounds (so machine drift hits all alike; each round starts one
 preset later, so no preset always runs first); each figure is the median over rounds of

@@ -47,7 +47,7 @@ MUON = dict(ns_coeffs=(2.0, -1.5, 0.5), ns_steps=12, beta=0.95, eps=1e-7, nester
 # --data-dir and --tokenizer-dir give the text. `epochs` only bounds the run: its 3,000 steps end it.
 PROTOCOL = dict(PAPER, model="protocol-203m", optimizer="muon", lr=0.025, **MUON_DEFAULTS, weight_decay=0.001,
                 cooldown=0.7, lr_steps=3000, steps=3000, epochs=3000, grad_clip=None, batch_size=512,
-                microbatches=paper.PROTOCOL_RECORDS["dense-bf16"]["microbatches"], stages=8, executor="gpipe",
+                microbatches=paper.PROTOCOL_RECORDS["dense-bf16"]["microbatches"], stages=8, executor="sharded",
                 schedule="1f1b", eval_every=25, target_loss=paper.PROTOCOL_TARGET_LOSS)
 # The same at 2-CPU-core scale: `protocol-tiny` (4 blocks of width 128, one per stage on 4 stages) on the shipped
 # text's byte tokens, blocks of 128, 16 a step in 4 microbatches, the benchmark's optimizer settings over 200 steps,
@@ -214,6 +214,8 @@ def assemble(run: config.RunConfig, cfg, num_train: int):
     raise ValueError(f"--optimizer {own.optimizer!r}: choose adamw or muon")
   if not 0.0 < own.cooldown <= 1.0:
     raise ValueError(f"--cooldown must be in (0, 1] (the share of the schedule that decays), got {own.cooldown}")
+  if not (math.isfinite(own.weight_decay) and own.weight_decay >= 0):
+    raise ValueError(f"--weight-decay must be a finite number >= 0, got {own.weight_decay}")
   if own.outliers:
     try:
       cfg = dataclasses.replace(cfg, **outliers(own.outliers, cfg.n_embd))
@@ -306,6 +308,8 @@ FLAGS = {
               dict(choices=["tiny", "small", "medium", "large", "xl", *PROTOCOL_MODELS])),
     "optimizer": ("training", "adamw: AdamW on every parameter; muon (protocol models): Muon (optax.contrib.muon) on "
                   "the blocks' matrices at --lr, AdamW on the rest", dict(choices=["adamw", "muon"])),
+    "weight_decay": ("training", "AdamW's decoupled weight decay (with --optimizer muon: the AdamW groups')",
+                     dict(type=float)),
     "cooldown": ("training", "share of the lr schedule, at its end, over which lr falls linearly to 0 (1: from the "
                  "start)", dict(type=float)),
     "lr_steps": ("training", "the lr schedule's length in steps", dict(type=int)),

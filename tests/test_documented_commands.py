@@ -226,8 +226,8 @@ REGISTRY = {
     "sS-RATE-METHOD.d": Case(
         covered="tests/test_real_link.py::test_rate_is_the_older_name_of_link",
         why="the table measured before links had a latency; --rate RATE is --link RATE, run by the fixture"),
-    "python -m experiments.gpt2_wikitext --executor gpipe --stages S --microbatches 1": Case(
-        ("--executor", "gpipe", "--stages", "2", "--microbatches", "1", *GPT2_TINY), slow=True,
+    "python -m experiments.gpt2_wikitext --executor sharded --stages S --microbatches 1": Case(
+        ("--executor", "sharded", "--stages", "2", "--microbatches", "1", *GPT2_TINY), slow=True,
         why="the page's command to dump a step's program; by default the real-link fixture runs the CLI so, one "
             "process per stage (as root)",
         reached_by="tests/test_real_link.py::test_a_train_step_moves_at_most_10_percent_more_than_it_counts"),

@@ -286,6 +286,7 @@ WIDTH_64 = "does not fit this model's boundary activations float32[8, 128, 64]: 
     (["--model", "protocol-tiny", "--dropout", "0.1"], "--outliers and --dropout change GPT-2 models; --model "
                                                        "protocol-tiny has neither"),
     (["--cooldown", "0"], "--cooldown must be in (0, 1] (the share of the schedule that decays), got 0.0"),
+    (["--weight-decay", "-1"], "--weight-decay must be a finite number >= 0, got -1.0"),
     (["--model", "protocol-tiny", "--optimizer", "muon", "--embed-lr", "-1"],
      "--embed-lr must be a finite number >= 0, got -1.0"),
 ])

@@ -151,7 +151,7 @@ def test_muon_refuses_a_gpt2_model():
 def test_the_protocol_recipe_is_the_benchmarks_dense_record():
   run = config.resolve(gpt2_wikitext.EXPERIMENT, "protocol")
   ex, training, own = run.executor, run.training, run.options
-  assert (ex.executor, ex.schedule, ex.stages, ex.microbatches) == ("gpipe", "1f1b", 8, 64)
+  assert (ex.executor, ex.schedule, ex.stages, ex.microbatches) == ("sharded", "1f1b", 8, 64)
   assert (training.batch_size, own.block_size, training.steps, own.lr_steps) == (512, 1024, 3000, 3000)
   assert (training.eval_every, training.target_loss) == (25, 3.276)
   assert (own.model, own.optimizer, training.lr, own.cooldown, own.grad_clip) == ("protocol-203m", "muon", 0.025, 0.7,
