@@ -175,7 +175,8 @@ def main(argv=None):
   print(render_records(record_rows(setup)), flush=True)
   print(f"\nerror = predicted / published - 1; middle stage's inbound wire = 2 x microbatches x (8 x bytes per "
         f"message / {link.bandwidth_bps:g} + {link.latency_s:g}) s. The ReparamSSN row takes the dense model's compute "
-        "(its record widens the MLP to 11,292 and adds its projection; jaxcomp's model has neither).")
+        "(its record widens the MLP to 11,292 and projects through its subspace; the ReparamSSN port, --bottleneck ssn, "
+        "has both: python -m jaxcomp.plan --methods ssn times it).")
   if names:
     methods = {n: registry.METHODS[n] for n in names}
     print(f"\nFrontier methods on the same setup (bytes per token: the boundary's wire_bytes at [microbatch, 1024, "
