@@ -149,6 +149,11 @@ class Pipeline:
   def __post_init__(self):
     if len(self.stages) < 1:
       raise ValueError("a pipeline needs at least one stage")
+    for s, stage in enumerate(self.stages):
+      if isinstance(stage, nn.Module):
+        raise TypeError(f"stage {s} is a Flax module ({type(stage).__name__}); wrap it as jaxcomp.FlaxStage(module): "
+                        "a stage is init(rng, x) -> (params, model_state) and apply(params, model_state, x, *, train, "
+                        "rng) -> (y, model_state), and FlaxStage makes a module `__call__(x, train)` one")
     tied_exchange.check_scheme(self.tied_scheme)
     m = self.microbatches
     if not is_integer(m) or m < 1:

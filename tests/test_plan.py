@@ -111,3 +111,4 @@ def test_the_dense_and_reparamssn_records_steps_are_reproduced_on_h100(tmp_path)
   assert step["fp32"].microbatches == 64 and step["fp32"].step_s == pytest.approx(100.475, rel=0.05)
   assert step["ssn"].microbatches == 32 and step["ssn"].step_s == pytest.approx(19.889, rel=0.10)
   assert step["ssn"].bytes_per_token == 644
+

@@ -183,3 +183,17 @@ def test_activation_shapes_are_traced_once_per_pipeline_and_batch_shapes(monkeyp
   assert shapes(pipe(m=3), batch) == [(4, 24)] * 2
   assert shapes(pipe(stages=4), batch) == [(6, 24)] * 3
   assert len(traces) == 4
+
+
+def test_a_raw_flax_module_as_a_stage_is_one_error_naming_flaxstage_and_the_contract():
+  """A plain Flax module is not a stage (its init returns one dict, not (params, state)): refused when the pipeline
+  is built, naming FlaxStage and the stage contract."""
+  class Head(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+      return nn.Dense(4)(x)
+
+  with pytest.raises(TypeError, match=r"stage 1 is a Flax module \(Head\); wrap it as jaxcomp.FlaxStage\(module\): a "
+                                      r"stage is init\(rng, x\) -> \(params, model_state\)"):
+    jaxcomp.Pipeline((jaxcomp.FlaxStage(Head()), Head()), jaxcomp.parse_boundary("none", "none"),
+                     jaxcomp.losses.classification, "x")
