@@ -197,3 +197,13 @@ def test_a_raw_flax_module_as_a_stage_is_one_error_naming_flaxstage_and_the_cont
                                       r"stage is init\(rng, x\) -> \(params, model_state\)"):
     jaxcomp.Pipeline((jaxcomp.FlaxStage(Head()), Head()), jaxcomp.parse_boundary("none", "none"),
                      jaxcomp.losses.classification, "x")
+
+
+def test_the_own_model_example_trains_the_same_pipeline_on_simulate_and_sharded(capsys):
+  """examples/own_model.py (docs/guide/own_model.md): both executors train and count the same bytes."""
+  from examples import own_model
+  own_model.main()
+  lines = capsys.readouterr().out.splitlines()
+  (sim,), (shd,) = ([line for line in lines if line.startswith(kind)] for kind in ("simulate", "sharded"))
+  assert sim.split(" ", 2)[2] == shd.split(" ", 2)[2] == "{'fwd': 12288, 'bwd': 20480}"
+  assert float(sim.split()[1]) < 0.1 and float(shd.split()[1]) < 0.1
