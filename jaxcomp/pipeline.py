@@ -384,8 +384,13 @@ def _check_shape(given, initialised):
 def wire_bytes_per_step(pipe: Pipeline, state: TrainState | None, batch) -> dict[str, int]:
   """Exact forward/backward bytes one training step sends across all boundaries.
 
-  `state` may be None (the shapes are then `activation_shapes`').
+  `state` may be None (the shapes are then `activation_shapes`'). (An executor's `wire_bytes_per_step(pipe, batch,
+  mode)` is the same count for one mode: a batch passed here as `state` is refused, naming both.)
   """
+  if state is not None and not isinstance(state, TrainState):
+    raise TypeError(f"jaxcomp.wire_bytes_per_step(pipe, state, batch) takes a TrainState (or None) second, got "
+                    f"{type(state).__name__}; for an executor's count of one mode call "
+                    "executor.wire_bytes_per_step(pipe, batch, mode)")
   if state is None:
     shapes = activation_shapes(pipe, batch)
   else:

@@ -207,3 +207,13 @@ def test_the_own_model_example_trains_the_same_pipeline_on_simulate_and_sharded(
   (sim,), (shd,) = ([line for line in lines if line.startswith(kind)] for kind in ("simulate", "sharded"))
   assert sim.split(" ", 2)[2] == shd.split(" ", 2)[2] == "{'fwd': 12288, 'bwd': 20480}"
   assert float(sim.split()[1]) < 0.1 and float(shd.split()[1]) < 0.1
+
+
+def test_the_library_byte_count_refuses_a_batch_where_its_state_goes_naming_the_executors_form():
+  pipe = jaxcomp.Pipeline(mlp_stages(8, 4, num_stages=2), jaxcomp.parse_boundary("quant:4", "quant:8"),
+                          jaxcomp.losses.classification, "x")
+  batch = {"x": jnp.zeros((4, 8)), "label": jnp.zeros(4, jnp.int32)}
+  with pytest.raises(TypeError, match=r"takes a TrainState \(or None\) second, got dict; for an executor's count of "
+                                      r"one mode call executor.wire_bytes_per_step\(pipe, batch, mode\)"):
+    jaxcomp.wire_bytes_per_step(pipe, batch, Mode.TRAIN)
+  assert jaxcomp.wire_bytes_per_step(pipe, None, batch) == simulate.wire_bytes_per_step(pipe, batch)
