@@ -23,6 +23,7 @@ are estimates say so, and an inflation outside what was measured says so.
 import argparse
 import dataclasses
 import json
+import math
 import pathlib
 import sys
 import time
@@ -184,8 +185,9 @@ def rank(choices: list[Choice], table: dict, dense_steps: int, width: int) -> di
     row = Row(c, inf, t and t * inf.value, t and t * inf.low * (1 - STEP_TOLERANCE),
               t and t * inf.high * (1 + STEP_TOLERANCE))
     out.setdefault(c.link, []).append(row)
+  bounded = lambda r: r.T is None or math.isinf(r.T_high)  # not measured, or only a lower bound
   for rows in out.values():
-    rows.sort(key=lambda r: (r.T is None, r.T if r.T is not None else r.choice.step_s))
+    rows.sort(key=lambda r: (bounded(r), r.T if not bounded(r) else r.choice.step_s))
   return out
 
 
@@ -202,11 +204,16 @@ def render(link: Link, rows: list[Row], dense: str = methods.DENSE) -> str:
     c = r.choice
     crit = sum(c.critical.values()) or 1.0
     share = f"{100 * c.critical.get('compute', 0) / crit:.0f} / {100 * c.critical.get('link', 0) / crit:.0f}"
-    inf = "not measured" if r.inflation is None else (
-        f"{r.inflation.value:.2f} [{r.inflation.low:.2f}, {r.inflation.high:.2f}]"
-        + (" extrapolated" if r.inflation.extrapolated else ""))
-    t = "-" if r.T is None else f"{r.T:,.0f} [{r.T_low:,.0f}, {r.T_high:,.0f}]"
-    rel = "-" if r.T is None or not base else f"{r.T / base:.3f} [{r.T_low / base:.3f}, {r.T_high / base:.3f}]"
+    if r.inflation is None:
+      inf, t, rel = "not measured", "-", "-"
+    elif math.isinf(r.inflation.high):  # only a lower bound
+      inf, t = f"> {r.inflation.low:.2f}", f"> {r.T_low:,.0f}"
+      rel = f"> {r.T_low / base:.3f}" if base else "-"
+    else:
+      inf = (f"{r.inflation.value:.2f} [{r.inflation.low:.2f}, {r.inflation.high:.2f}]"
+             + (" extrapolated" if r.inflation.extrapolated else ""))
+      t = f"{r.T:,.0f} [{r.T_low:,.0f}, {r.T_high:,.0f}]"
+      rel = f"{r.T / base:.3f} [{r.T_low / base:.3f}, {r.T_high / base:.3f}]" if base else "-"
     lines.append(f"| {i} | {c.method} | {c.bytes_per_token:,.1f} | {schedule_label(c)} | {c.microbatches} | "
                  f"{c.tied or '-'} | {c.step_s:.4g} | {share} | {inf} | {t} | {rel} |")
   sources = {r.choice.method: r.inflation.source for r in rows if r.inflation is not None}
@@ -239,7 +246,7 @@ def plot(ranked: dict[Link, list[Row]], path: pathlib.Path, title: str) -> pathl
   fig, axes = plt.subplots(1, len(ranked), figsize=(5.5 * len(ranked), 4.2), squeeze=False)
   for ax, (link, rows) in zip(axes[0], ranked.items()):
     for r in rows:
-      if r.T is None:
+      if r.T is None or math.isinf(r.T_high):
         continue
       ax.errorbar([r.choice.bytes_per_token], [r.T], yerr=[[r.T - r.T_low], [r.T_high - r.T]], fmt="o", capsize=3)
       ax.annotate(r.choice.method, (r.choice.bytes_per_token, r.T), fontsize=7, xytext=(3, 3),
@@ -389,7 +396,7 @@ def main(argv=None):
            f"{clock.source}; T = {args.dense_steps:,} dense steps x inflation x step")
   text = [f"# Plan: {title}", "", f"Step inflation: {step_table.provenance(table)}", ""]
   for link, rows in ranked.items():
-    winner = next((r for r in rows if r.T is not None), rows[0])
+    winner = next((r for r in rows if r.T is not None and not math.isinf(r.T_high)), rows[0])
     text += [f"## {link}", "", render(link, rows), "", "Winner: " + winner.choice.method + " — train it with:", "",
              "    " + command(winner.choice, args.model, args.stages, batch, seq, cfg), ""]
   for reason, which in planner.skipped.items():

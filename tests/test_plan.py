@@ -112,3 +112,13 @@ def test_the_dense_and_reparamssn_records_steps_are_reproduced_on_h100(tmp_path)
   assert step["ssn"].microbatches == 32 and step["ssn"].step_s == pytest.approx(19.889, rel=0.10)
   assert step["ssn"].bytes_per_token == 644
 
+
+
+def test_a_method_that_missed_its_target_at_the_longest_horizon_has_only_a_lower_bound():
+  point = lambda v, censored=False: {"inflation": v, "censored": censored}
+  table = {"rungs": {"w128-h100": {"width": 128, "horizon": 100, "methods": {"m": [point(1.5)]}},
+                     "w128-h300": {"width": 128, "horizon": 300, "methods": {"m": [point(2.1, True)]}}}}
+  got = step_table.inflation(table, "m", 2925, 1024)
+  assert (got.low, got.high) == (2.1, float("inf")) and "did not reach the target" in got.source
+  del table["rungs"]["w128-h300"]
+  assert step_table.inflation(table, "m", 2925, 1024).value == 1.5

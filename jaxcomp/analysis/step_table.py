@@ -11,6 +11,7 @@ standard error either side, or, where a method has too few points to fit, the sp
 says where it comes from and whether it leaves what was measured.
 """
 import json
+import math
 import pathlib
 from typing import NamedTuple
 
@@ -58,11 +59,24 @@ def points(table: dict, method: str) -> list[tuple[float, float, float]]:
           for p in r["methods"].get(method, []) if not p["censored"]]
 
 
+def censored(table: dict, method: str) -> list[tuple[float, float, float]]:
+  """(horizon, width, bound) of every seed of `method` that did not reach its target within the cap: its
+  inflation is above the bound."""
+  return [(r["horizon"], r["width"], p["inflation"]) for r in table["rungs"].values()
+          for p in r["methods"].get(method, []) if p["censored"]]
+
+
 def inflation(table: dict, method: str, horizon: float, width: float, dense: str = "fp32") -> Inflation | None:
-  """`method`'s inflation at (`horizon`, `width`) (`dense`: exactly 1); None when the table has no point of it."""
+  """`method`'s inflation at (`horizon`, `width`) (`dense`: exactly 1); None when the table has no point of it. A
+  method that missed its target within the cap at the longest horizon measured has only a lower bound there: its
+  inflation is `low` = that bound, `high` = inf (no T can be given, only a bound)."""
   if method == dense:
     return Inflation(1.0, 1.0, 1.0, "the dense run (by definition)", False)
-  pts = points(table, method)
+  pts, missed = points(table, method), censored(table, method)
+  if missed and (not pts or max(h for h, _, _ in missed) >= max(h for h, _, _ in pts)):
+    h, _, bound = max(missed)
+    return Inflation(bound, bound, math.inf, f"did not reach the target within the cap at H {int(h)} "
+                     f"({len(missed)} seed(s)): above {bound:.2f} there", True)
   if not pts:
     return None
   fitted = model.fit(pts)
