@@ -61,7 +61,8 @@ def ladder_report(out: pathlib.Path, widths, horizons, names, cap: int) -> dict:
   for name in names:
     pts = [(r["horizon"], r["width"], p["inflation"]) for r in rungs.values() for p in r["methods"][name]
            if not p["censored"]]
-    models[name] = {"fit": fit(pts), "bends": bends(pts)}
+    missed = sorted({r["horizon"] for r in rungs.values() for p in r["methods"][name] if p["censored"]})
+    models[name] = {"fit": fit(pts), "bends": bends(pts), "censored_at": missed}
   return {"cap": cap, "rungs": rungs, "models": models}
 
 
@@ -99,13 +100,15 @@ def render(report: dict, record_curve: dict) -> str:
             "| method | a | b (horizon) | c (width) | points | residual sd | trend |", "|---|---:|---:|---:|---:|---:|---|"]
   for name, model in report["models"].items():
     f = model["fit"]
+    missed = (f"; missed the target within the cap at H {', '.join(map(str, model['censored_at']))}: a lower bound "
+              "there" if model.get("censored_at") else "")
     if f is None:
-      lines.append(f"| {name} | - | - | - | - | - | too few points |")
+      lines.append(f"| {name} | - | - | - | - | - | too few points{missed} |")
       continue
     se = {n: math.sqrt(f["cov"][i][i]) for i, n in enumerate(f["names"])}
     cell = lambda n: f"{f['coef'][n]:.3f} ({se[n]:.3f})" if n in f["coef"] else "-"
     lines.append(f"| {name} | {cell('a')} | {cell('b')} | {cell('c')} | {f['points']} | {f['residual_sd']:.3f} | "
-                 f"{'bends: no projection' if model['bends'] else 'straight'} |")
+                 f"{'bends: no projection' if model['bends'] else 'straight'}{missed} |")
   lines += ["", "Protocol NanoGPT's ReparamSSN record against its dense record (their loss logs, validation every "
             "125 steps, linear interpolation): steps to dense's loss at dense's step D, over D:", "",
             "| D | " + " | ".join(str(d) for d in record_curve) + " |", "|---|" + "---:|" * len(record_curve),
