@@ -1,4 +1,4 @@
-"""The README stays a short guide (at most 200 lines) and every relative link in it and in docs/ resolves."""
+"""The README stays a short guide (at most 200 lines) and every relative link in it and in docs/ (guide/ and results/ too) resolves."""
 import pathlib
 import re
 
@@ -11,7 +11,7 @@ def test_readme_is_at_most_200_lines():
 
 def test_relative_links_resolve():
   broken = []
-  for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+  for page in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]:
     text = page.read_text()
     for target, anchor in re.findall(r"\]\(([^)#\s]+)(#[^)\s]*)?\)", text):
       if re.match(r"[a-z]+://", target):
