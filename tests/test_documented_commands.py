@@ -107,7 +107,6 @@ REGISTRY = {
     "python -m experiments.report runs/E/results --paper resnet|gpt2": Case(
         ("runs/gpt2_wikitext/results", "--paper", "gpt2"), before=("python -m experiments.gpt2_wikitext",),
         expect="wrote runs/gpt2_wikitext/results/report.md", slow=True, why="a GPT-2 run to report on"),
-    "python -m experiments.frontier --list-methods": Case(("--list-methods",), expect="ssn-fw4-bw4"),
     "python -m experiments.frontier --seeds 3": Case(
         ("--seeds", "3", *FRONTIER_TINY), expect="| fp32 |", slow=True,
         why="three seeds of every tiny run (45 s); by default two seeds run through the same main",

@@ -112,7 +112,7 @@ def test_help_groups_the_flags_and_shows_each_recipes_default(capsys):
   # unset by the default recipe: RUN_DEFAULTS', the experiment's own default, or the CLI's words for it
   assert "after the last (default: epoch ends; 25 with --recipe protocol; 25 with --recipe" in text
   assert "falls linearly to 0 (1: from the start) (default: 1.0; 0.7 with --recipe protocol; 0.7 with" in text
-  assert "(default: simulate; gpipe with --recipe protocol)" in text
+  assert "(default: simulate; sharded with --recipe protocol)" in text
   assert "--warmup-epochs WARMUP_EPOCHS epochs sent uncompressed first (AQ-SGD fills its buffers) (default: 0)" in text
 
 
