@@ -30,8 +30,8 @@ class Classifier(nn.Module):
 
 def test_a_user_built_flax_pipeline_gets_a_ranked_plan_through_the_api():
   """Two stages of the user's own modules on a slow link: every method that keeps the model gets a row (ReparamSSN,
-  a change of the model, none); TopK sends a fraction of fp32's bytes and steps faster; rows with a measured
-  inflation have T, ranked by it."""
+  a change of the model, none); TopK sends a fraction of fp32's bytes and steps faster; rows with a T (a measured
+  inflation) come first, ranked by it, then those with only a bound or none."""
   pipe = Pipeline((FlaxStage(Hidden()), FlaxStage(Classifier())), parse_boundary("none", "none"),
                   jaxcomp.losses.classification, "x", microbatches=2)
   x = jax.random.normal(jax.random.key(0), (16, 32))
@@ -43,7 +43,9 @@ def test_a_user_built_flax_pipeline_gets_a_ranked_plan_through_the_api():
   assert set(rows) == {"fp32", "top10-q8-reuse", "bf16"}
   assert rows["top10-q8-reuse"].choice.bytes_per_token < rows["fp32"].choice.bytes_per_token / 5
   assert rows["top10-q8-reuse"].choice.step_s < rows["fp32"].choice.step_s
-  with_t = [r.T for r in ranked[link] if r.T is not None]
+  full = [r.T is not None and r.T_high < float("inf") for r in ranked[link]]
+  assert full == sorted(full, reverse=True)  # rows with a T first, then those with a bound or none
+  with_t = [r.T for r, has_t in zip(ranked[link], full) if has_t]
   assert with_t == sorted(with_t) and rows["fp32"].T == pytest.approx(plan.DENSE_STEPS * rows["fp32"].choice.step_s)
 
 
