@@ -75,8 +75,9 @@ def inflation(table: dict, method: str, horizon: float, width: float, dense: str
   pts, missed = points(table, method), censored(table, method)
   if missed and (not pts or max(h for h, _, _ in missed) >= max(h for h, _, _ in pts)):
     h, _, bound = max(missed)
+    seeds = sum(m[0] == h for m in missed)
     return Inflation(bound, bound, math.inf, f"did not reach the target within the cap at H {int(h)} "
-                     f"({len(missed)} seed(s)): above {bound:.2f} there", True)
+                     f"({seeds} seed(s)): above {bound:.2f} there", True)
   if not pts:
     return None
   fitted = model.fit(pts)
