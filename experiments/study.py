@@ -7,7 +7,7 @@ import pathlib
 from experiments import config, gpt2_wikitext, runner
 from jaxcomp import methods
 from jaxcomp.data import batching
-from jaxcomp.runtime import evaluation
+from jaxcomp.runtime import evaluation, train
 
 
 def run_name(method: str, seed: int) -> str:
@@ -63,5 +63,6 @@ def run_or_resume(name: str, args, seed: int, checked: dict, tag: str, **setting
   if done is not None:
     print(f"[{tag}] {run}: done, skipped")
     return done
-  runner.run(gpt2_wikitext.EXPERIMENT, run_config(name, args, seed, resume=(out / run / "ckpt").is_dir(), **settings))
+  resume = bool(train.saved_epochs(out / run / "ckpt"))  # interrupted after a checkpoint (not merely its folder)
+  runner.run(gpt2_wikitext.EXPERIMENT, run_config(name, args, seed, resume=resume, **settings))
   return finished(out, run, args.steps, args.outliers, args.target_loss, **checked)

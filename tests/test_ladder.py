@@ -73,3 +73,17 @@ def test_a_toy_ladder_runs_and_a_rerun_skips_what_finished(tmp_path, capsys):
   capsys.readouterr()
   ladder.main(argv)
   assert capsys.readouterr().out.count("done, skipped") == 3
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_afresh(tmp_path):
+  """Its folder holds an empty ckpt/ (the run was stopped before it saved one): the study trains it anew instead of
+  asking the runner to resume a checkpoint that does not exist."""
+  import types
+
+  from experiments import study
+  (tmp_path / "fp32" / "ckpt").mkdir(parents=True)
+  args = types.SimpleNamespace(recipe=None, steps=1, train_examples=16, batch_size=8, eval_examples=8, out=tmp_path,
+                               outliers=None, eval_every=None, microbatches=None, target_loss=None,
+                               stop_at_target=False)
+  done = study.run_or_resume("fp32", args, 0, {}, "test")
+  assert done["history"][-1]["step"] == 1
