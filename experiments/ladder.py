@@ -88,19 +88,15 @@ def train(args) -> int:
   trained = 0
   targets = {}
   for width, horizon, seed, name in plan(args.widths, args.horizons, args.seeds, args.methods):
-    key = (width, horizon, seed)
-    if name is None:
-      if args.max_runs is not None and trained >= args.max_runs:
-        break
-      path = rung_dir(args.out, width, horizon) / "budget" / "results" / f"{study.run_name(methods.DENSE, seed)}.json"
-      trained += not path.is_file()
-      targets[key] = target_of(budget_run(args.out, width, horizon, seed, args.eval_examples))
-      continue
-    path = rung_dir(args.out, width, horizon) / "cap" / "results" / f"{study.run_name(name, seed)}.json"
     if args.max_runs is not None and trained >= args.max_runs:
       break
-    trained += not path.is_file()
-    cap_run(args.out, width, horizon, args.cap, seed, name, targets[key], args.eval_examples)
+    key, kind = (width, horizon, seed), "budget" if name is None else "cap"
+    results = rung_dir(args.out, width, horizon) / kind / "results" / f"{study.run_name(name or methods.DENSE, seed)}.json"
+    trained += not results.is_file()
+    if name is None:
+      targets[key] = target_of(budget_run(args.out, width, horizon, seed, args.eval_examples))
+    else:
+      cap_run(args.out, width, horizon, args.cap, seed, name, targets[key], args.eval_examples)
   return trained
 
 
