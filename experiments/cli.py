@@ -218,7 +218,9 @@ def one_line_warning(message, category, filename, lineno, file=None, line=None):
     (file or sys.stderr).write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
-def main(exp: config.Experiment, argv=None):
+def main(exp: config.Experiment, argv=None, hooks=()):
+  """The experiment's command line: `argv` (default sys.argv) run, or compiled with --compile-for; `hooks`
+  (`train.Hook`s) go to the training driver."""
   args = parser_for(exp).parse_args(argv)
   with warnings.catch_warnings():
     warnings.showwarning = one_line_warning
@@ -234,7 +236,7 @@ def main(exp: config.Experiment, argv=None):
           sys.exit(1)
         return None
       distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-      return runner.run(exp, config_from_args(exp, args))
+      return runner.run(exp, config_from_args(exp, args), hooks)
     except pipeline.TablesDoNotFit as err:  # AQ-SGD tables on the device: the CLI can keep them in host memory
       sys.exit("error: " + " ".join(str(err).split()) + " (CLI: --aqsgd-buffers host|DIR)")
     except (ValueError, OSError, RuntimeError, train.NonFiniteLossError, lock.FolderInUseError) as err:  # fixable

@@ -34,9 +34,9 @@ def run_lock(folder, change: str, flag: str):
     held.release()
 
 
-def run(exp: config.Experiment, cfg: config.RunConfig):
-  """Builds, checks everything it can before creating anything, trains and writes results after every
-  epoch. Returns (state, history)."""
+def run(exp: config.Experiment, cfg: config.RunConfig, hooks=()):
+  """Builds, checks everything it can before creating anything, trains (`hooks`: `train.Hook`s for the driver) and
+  writes results after every epoch. Returns (state, history)."""
   logfilter.silence_orbax_noise()  # its checkpoints would repeat two harmless Orbax warnings per epoch and resume
   out = pathlib.Path(cfg.output.out)
   name = cfg.output.run_name
@@ -90,7 +90,7 @@ def run(exp: config.Experiment, cfg: config.RunConfig):
       print(hostbuffer.device_summary(pipe, data.example_batch))  # train.fit's init_state checks that they fit
     try:
       state, history = train.fit(pipe, optimizer, executor, data, driver, jax.random.key(training.seed),
-                                 on_epoch=write, initial_params=initial_params)
+                                 on_epoch=write, initial_params=initial_params, hooks=hooks)
     except checkpoint.CorruptCheckpointError as err:
       raise ValueError(checks.corrupt_checkpoint_advice(cfg, run_dir, err)) from None
   if history:

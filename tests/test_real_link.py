@@ -21,7 +21,9 @@ import types
 
 import pytest
 
-from benchmarks import link_probe, real_link
+from benchmarks import link_probe
+from benchmarks.real_link import accounting, command, processes
+from benchmarks.real_link import network as shaped
 from jaxcomp.analysis.link import Link
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -33,11 +35,11 @@ NO_TIMING = ["--repeats", "0"]  # no op timing: no netsim, replayed steps or pro
 
 def unavailable() -> str | None:
   """Why the benchmark cannot build its network here (None: it can)."""
-  missing = real_link.missing_prerequisites(latency=True)
+  missing = shaped.missing_prerequisites(latency=True)
   if missing:
     return missing
   try:
-    with real_link.Network(2, Link.parse(LINK)):
+    with shaped.Network(2, Link.parse(LINK)):
       return None
   except RuntimeError as err:
     return f"network namespaces, veth, htb and a TUN device ({err})"
@@ -116,7 +118,7 @@ def test_the_delay_line_carries_every_packet(run):
 
 def test_merged_runs_are_one_table(run, capsys):
   """One method per run, as the fixture ran them: one table, x fp32 from the fp32 row."""
-  real_link.main(["--merge", *map(str, run)])
+  command.main(["--merge", *map(str, run)])
   table = capsys.readouterr().out.splitlines()
   assert table[2].startswith(f"| {LINK} | 2 | tiny | fp32 | ") and "| 1.00 |" in table[2]
   assert table[3].startswith(f"| {LINK} | 2 | tiny | direct-fw2-bw4 | ") and table[3].split("|")[6].strip()  # x fp32
@@ -125,17 +127,17 @@ def test_merged_runs_are_one_table(run, capsys):
 def test_a_recipe_runs_at_its_own_sizes_unless_a_flag_says():
   """The tiny recipe runs at the benchmark's sizes (`TINY_SIZES`), another recipe at its own: only the size flags
   given reach its processes."""
-  unset = dict.fromkeys(real_link.TINY_SIZES)
-  sizes = lambda recipe, **given: real_link.sizes_of(types.SimpleNamespace(recipe=recipe, **{**unset, **given}))
-  assert sizes("tiny") == real_link.TINY_SIZES
-  assert sizes("tiny", batch_size=8) == {**real_link.TINY_SIZES, "batch_size": 8}
+  unset = dict.fromkeys(processes.TINY_SIZES)
+  sizes = lambda recipe, **given: processes.sizes_of(types.SimpleNamespace(recipe=recipe, **{**unset, **given}))
+  assert sizes("tiny") == processes.TINY_SIZES
+  assert sizes("tiny", batch_size=8) == {**processes.TINY_SIZES, "batch_size": 8}
   assert sizes("protocol-cpu") == {}
   assert sizes("protocol-cpu", train_examples=64, epochs=1) == {"train_examples": 64, "epochs": 1}
 
 
 def test_an_unknown_recipe_is_named_with_the_choices():
   with pytest.raises(SystemExit) as exit_:
-    real_link.main(["--recipe", "protocol-gpu", "--methods", "fp32"])
+    command.main(["--recipe", "protocol-gpu", "--methods", "fp32"])
   assert str(exit_.value).startswith("error: --recipe: unknown recipe 'protocol-gpu'; choose from paper, tiny, "
                                      "protocol, protocol-cpu"), exit_.value
 
@@ -143,7 +145,7 @@ def test_an_unknown_recipe_is_named_with_the_choices():
 def test_netsim_counts_the_clipping_all_reduce_only_for_a_run_that_clips():
   from jaxcomp.parallel import schedules
   table = schedules.GPipe().train_table(2, 4)
-  before_update = lambda clips: [c for c in real_link.step_collectives(table, 1, clips) if c.at == "before_update"]
+  before_update = lambda clips: [c for c in accounting.step_collectives(table, 1, clips) if c.at == "before_update"]
   assert len(before_update(True)) == 1 and not before_update(False)
 
 
@@ -151,10 +153,10 @@ def test_netsim_swaps_the_tied_parameters_between_the_first_and_last_stage():
   """The tied exchange is one swap between stage 0 and the last stage, waiting for both (netsim's `Tied`), half of
   the counted bytes each way, two latencies; the data-parallel ring stays a separate `Exchange`."""
   from jaxcomp.analysis import netsim
-  assert real_link.step_exchanges({"wire_bytes_fwd": 10}, 1.0, 4, 1) == (None, None)
-  exchange, tied = real_link.step_exchanges({"wire_bytes_tied": 800}, 1.5, 4, 1)
+  assert accounting.step_exchanges({"wire_bytes_fwd": 10}, 1.0, 4, 1) == (None, None)
+  exchange, tied = accounting.step_exchanges({"wire_bytes_tied": 800}, 1.5, 4, 1)
   assert exchange is None and tied == netsim.Tied([(0, 3)], [600.0], messages=2)
-  exchange, tied = real_link.step_exchanges({"wire_bytes_tied": 800, "wire_bytes_data": 1600}, 1.0, 2, 2)
+  exchange, tied = accounting.step_exchanges({"wire_bytes_tied": 800, "wire_bytes_data": 1600}, 1.0, 2, 2)
   assert exchange == netsim.Exchange([400.0, 400.0], 2) and tied == netsim.Tied([(0, 1)], [200.0], messages=2)
 
 
@@ -164,18 +166,18 @@ def test_netsim_runs_the_overlapped_table_where_the_run_overlapped_its_sends():
   times = [{"stage": s, "fwd": 0.01, "bwd": 0.02, "update": 0.001} for s in range(2)]
   record = {"mode": "train", "wire_bytes_fwd": 400_000, "wire_bytes_bwd": 400_000}
   config = {"stages": 2, "microbatches": 4, "data_parallel": 1, "schedule": "gpipe", "grad_clip": None}
-  step = lambda **more: 1 / real_link.netsim_steps_per_s(times, record, 800_000, {**config, **more},
+  step = lambda **more: 1 / accounting.netsim_steps_per_s(times, record, 800_000, {**config, **more},
                                                          Link.parse("100mbit:5ms"))
   assert step(overlap=True) < 0.8 * step()
   with pytest.raises(SystemExit) as exit_:  # refused before any network or process: M=1 < 2S
-    real_link.main(["--overlap", "--stages", "2", "--methods", "fp32"])
+    command.main(["--overlap", "--stages", "2", "--methods", "fp32"])
   assert str(exit_.value).startswith("error: overlapped sends (--overlap) need at least 2S microbatches")
 
 
 def test_rate_is_the_older_name_of_link(capsys):
   """`--rate RATE` (the table measured before links had a latency) is parsed as `--link`."""
   with pytest.raises(SystemExit) as exit_:
-    real_link.main(["--rate", "100mbit:20", "--methods", "fp32"])
+    command.main(["--rate", "100mbit:20", "--methods", "fp32"])
   assert str(exit_.value).startswith("error: link latency '20': give the one-way latency of a message with its unit")
 
 
@@ -232,39 +234,39 @@ def test_an_interrupted_run_keeps_the_rows_of_its_finished_methods(monkeypatch, 
     if name != "fp32":
       raise KeyboardInterrupt("signal 15")
     return types.SimpleNamespace(name=name, wall_s=1.0)
-  monkeypatch.setattr(real_link, "missing_prerequisites", lambda latency=False: None)
-  monkeypatch.setattr(real_link.signal, "signal", lambda *a: None)
-  monkeypatch.setattr(real_link, "Network", Network)
-  monkeypatch.setattr(real_link, "run_method", run_method)
-  monkeypatch.setattr(real_link, "Accounting", lambda run: None)
-  monkeypatch.setattr(real_link, "rows_of", lambda run, acc, args: [
+  monkeypatch.setattr(command, "missing_prerequisites", lambda latency=False: None)
+  monkeypatch.setattr(command.signal, "signal", lambda *a: None)
+  monkeypatch.setattr(command, "Network", Network)
+  monkeypatch.setattr(command, "run_method", run_method)
+  monkeypatch.setattr(command, "Accounting", lambda run: None)
+  monkeypatch.setattr(command, "rows_of", lambda run, acc, args: [
       {"method": run.name, "link": args.link, "stages": args.stages, "recipe": "tiny", "steps_per_s": 2.0}])
   out = tmp_path / "rows.json"
   with pytest.raises(KeyboardInterrupt):
-    real_link.main(["--link", LINK, "--methods", "fp32,top10-q8-reuse", "--json", str(out), "--keep",
+    command.main(["--link", LINK, "--methods", "fp32,top10-q8-reuse", "--json", str(out), "--keep",
                     str(tmp_path / "kept")])
   assert json.loads(out.read_text())["rows"] == [
       {"method": "fp32", "link": LINK, "stages": 2, "recipe": "tiny", "steps_per_s": 2.0, "x_fp32": 1.0}]
 
 
 def test_without_root_it_says_what_is_missing(monkeypatch, capsys):
-  monkeypatch.setattr(real_link.os, "geteuid", lambda: 1000)
+  monkeypatch.setattr(shaped.os, "geteuid", lambda: 1000)
   with pytest.raises(SystemExit) as exit_:
-    real_link.main(["--methods", "fp32"])
+    command.main(["--methods", "fp32"])
   assert str(exit_.value) == "error: the real-link benchmark needs root (network namespaces and tc need it): run as root"
 
 
 def test_without_tc_it_says_what_is_missing(monkeypatch):
-  monkeypatch.setattr(real_link.os, "geteuid", lambda: 0)
-  monkeypatch.setattr(real_link.shutil, "which", lambda tool: None if tool == "tc" else f"/usr/bin/{tool}")
-  assert real_link.missing_prerequisites() == "the command(s) tc (iproute2, util-linux, procps)"
+  monkeypatch.setattr(shaped.os, "geteuid", lambda: 0)
+  monkeypatch.setattr(shaped.shutil, "which", lambda tool: None if tool == "tc" else f"/usr/bin/{tool}")
+  assert shaped.missing_prerequisites() == "the command(s) tc (iproute2, util-linux, procps)"
 
 
 def test_a_latency_needs_gcc_for_the_delay_line(monkeypatch):
-  monkeypatch.setattr(real_link.os, "geteuid", lambda: 0)
-  monkeypatch.setattr(real_link.shutil, "which", lambda tool: None if tool == "gcc" else f"/usr/bin/{tool}")
-  assert real_link.missing_prerequisites() is None
-  assert real_link.missing_prerequisites(latency=True) == "the command(s) gcc (iproute2, util-linux, procps, gcc)"
+  monkeypatch.setattr(shaped.os, "geteuid", lambda: 0)
+  monkeypatch.setattr(shaped.shutil, "which", lambda tool: None if tool == "gcc" else f"/usr/bin/{tool}")
+  assert shaped.missing_prerequisites() is None
+  assert shaped.missing_prerequisites(latency=True) == "the command(s) gcc (iproute2, util-linux, procps, gcc)"
 
 
 def test_a_probe_connects_to_a_server_that_listens_late():

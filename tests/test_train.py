@@ -7,7 +7,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import jaxcomp
@@ -15,42 +14,14 @@ from jaxcomp import pipeline
 from jaxcomp.data import batching
 from jaxcomp.models.mlp import mlp_stages
 from jaxcomp.parallel import hostbuffer, schedules, sharded, simulate
-from jaxcomp.runtime import checkpoint, evaluation, results, train
+from jaxcomp.runtime import checkpoint, results, train
 from jaxcomp.runtime.checkpoint import Checkpointer
-
-N, B = 48, 8
-RNG = np.random.default_rng(0)
-X = RNG.normal(size=(N, 6)).astype(np.float32)
-ARRAYS = {"x": X, "label": (X[:, 0] > 0).astype(np.int32)}
-
-
-def _data(poison_epoch=None, shards=1):
-  def batches(epoch):
-    for batch in batching.iterate(ARRAYS, B, seed=3, epoch=epoch, shards=shards):
-      if epoch == poison_epoch:
-        batch = {**batch, "x": batch["x"] * np.nan}
-      yield batch
-  return train.Data(batches, N // B, lambda: batching.iterate(ARRAYS, B, 0, 0, shuffle=False),
-                    next(batching.iterate(ARRAYS, B, 0, 0, shuffle=False)), "toy")
-
-
-def _pipe(fwd="aqsgd+quant:2", bwd="ef+quant:4", stages=3):
-  return jaxcomp.Pipeline(mlp_stages(8, 2, stages), jaxcomp.parse_boundary(fwd, bwd, num_examples=N),
-                          jaxcomp.losses.classification, "x", microbatches=2)
-
-
-OPT = optax.adam(1e-2)
-
-
-def _fit(tmp, epochs, resume=False, data=None, pipe=None, executor=simulate.Simulate(), **kw):
-  cfg = train.RunConfig(epochs=epochs, warmup_epochs=1, checkpoint_dir=str(tmp), resume=resume, progress=False, **kw)
-  return train.fit(pipe or _pipe(), OPT, executor, data or _data(), cfg, jax.random.key(0))
-
+from training_cases import ARRAYS, B, N, OPT, toy_data, toy_fit, toy_pipe
 
 def _host(tables_dir=None):
   """A new host-buffered executor (fresh zero tables, as in a new process)."""
-  batch = _data().example_batch
-  return hostbuffer.HostBuffered(hostbuffer.HostTables.for_pipeline(_pipe(), batch, tables_dir), len(batch["id"]))
+  batch = toy_data().example_batch
+  return hostbuffer.HostBuffered(hostbuffer.HostTables.for_pipeline(toy_pipe(), batch, tables_dir), len(batch["id"]))
 
 
 def _assert_same_as_device(state, history, host, device_run):
@@ -69,13 +40,13 @@ def _assert_same_as_device(state, history, host, device_run):
 @pytest.fixture(scope="module")
 def device_run(tmp_path_factory):
   """An uninterrupted 2-epoch run (warm-up, then AQ-SGD) with the tables on the device."""
-  return _fit(tmp_path_factory.mktemp("device"), 2)
+  return toy_fit(tmp_path_factory.mktemp("device"), 2)
 
 
 def test_resumed_run_is_bit_identical(tmp_path):
-  full, full_history = _fit(tmp_path / "a", 3)
-  _fit(tmp_path / "b", 1)
-  resumed, history = _fit(tmp_path / "b", 3, resume=True)
+  full, full_history = toy_fit(tmp_path / "a", 3)
+  toy_fit(tmp_path / "b", 1)
+  resumed, history = toy_fit(tmp_path / "b", 3, resume=True)
   chex.assert_trees_all_equal(jax.random.key_data(full.rng), jax.random.key_data(resumed.rng))
   chex.assert_trees_all_equal(full._replace(rng=0), resumed._replace(rng=0))
   assert [r["epoch"] for r in history] == [1, 2, 3]
@@ -92,7 +63,7 @@ def test_host_tables_train_bit_identical_to_device_tables(tmp_path, device_run, 
                       lambda self, state, batch, next_ids=None: calls.append((batch["id"], next_ids))
                       or call(self, state, batch, next_ids))
   host = _host()
-  state, history = _fit(tmp_path, 2, executor=host)
+  state, history = toy_fit(tmp_path, 2, executor=host)
   _assert_same_as_device(state, history, host, device_run)
   assert [r["mode"] for r in history] == ["warmup", "train"]
   per_epoch = N // B
@@ -109,12 +80,12 @@ def test_resumed_host_buffered_run_is_bit_identical(tmp_path, device_run, memmap
   """Killed after the warm-up epoch and resumed in a new process: ends as the uninterrupted run (which the
   test above shows equal to the device-table run)."""
   tables_dir = tmp_path / "tables" if memmap else None
-  _fit(tmp_path / "ckpt", 1, executor=_host(tables_dir))
+  toy_fit(tmp_path / "ckpt", 1, executor=_host(tables_dir))
   with pytest.raises(ValueError, match="was saved with host state .*; restore it with host state too"):
-    _fit(tmp_path / "ckpt", 2, resume=True)
+    toy_fit(tmp_path / "ckpt", 2, resume=True)
   host = _host(tables_dir)
   assert not any(t.any() for t in host.tables.tables)  # the warm-up's tables can only come from the checkpoint
-  state, history = _fit(tmp_path / "ckpt", 2, resume=True, executor=host)
+  state, history = toy_fit(tmp_path / "ckpt", 2, resume=True, executor=host)
   _assert_same_as_device(state, history, host, device_run)
   if memmap:
     np.testing.assert_array_equal(np.load(tables_dir / "boundary1.npy"), host.tables.tables[1])
@@ -127,10 +98,10 @@ def test_a_host_buffered_run_leaves_no_prefetch_thread(tmp_path, monkeypatch):
   monkeypatch.setattr(hostbuffer.HostBuffered, "make_train_step", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
   before = set(threading.enumerate())
   prefetching = lambda: [t for t in set(threading.enumerate()) - before if t.name.startswith(hostbuffer.PREFETCH_THREAD)]
-  _fit(tmp_path / "a", 2, executor=_host())
+  toy_fit(tmp_path / "a", 2, executor=_host())
   assert len(made) == 2 and not prefetching()
   with pytest.raises(train.NonFiniteLossError):
-    _fit(tmp_path / "b", 2, data=_data(poison_epoch=1), executor=_host())
+    toy_fit(tmp_path / "b", 2, data=toy_data(poison_epoch=1), executor=_host())
   assert len(made) == 4 and not prefetching()
 
 
@@ -138,7 +109,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
   written = []
   with pytest.raises(train.NonFiniteLossError, match=r"training loss is nan at epoch 2, step 1 .* epoch 1 in"):
     cfg = train.RunConfig(epochs=3, checkpoint_dir=str(tmp_path), progress=False)
-    train.fit(_pipe(), OPT, simulate.Simulate(), _data(poison_epoch=1), cfg, jax.random.key(0),
+    train.fit(toy_pipe(), OPT, simulate.Simulate(), toy_data(poison_epoch=1), cfg, jax.random.key(0),
               on_epoch=lambda h: written.append(results.write(tmp_path / "res", "run", {}, h)))
   assert Checkpointer(tmp_path).epochs() == [1]
   assert len(json.loads((tmp_path / "res" / "run.json").read_text())["history"]) == 1
@@ -169,7 +140,7 @@ class _ZeroesNaN(nn.Module):
 def test_a_step_that_returns_nan_parameters_stops_the_run_there(tmp_path):
   pipe = jaxcomp.Pipeline((pipeline.FlaxStage(_ZeroesNaN()), *mlp_stages(8, 2, 2)),
                           jaxcomp.parse_boundary("none", "none"), jaxcomp.losses.classification, "x")
-  good = _data()
+  good = toy_data()
 
   def batches(epoch):
     for i, batch in enumerate(good.train_batches(epoch)):
@@ -181,17 +152,17 @@ def test_a_step_that_returns_nan_parameters_stops_the_run_there(tmp_path):
   data = train.Data(batches, good.steps_per_epoch, good.eval_batches, good.example_batch, "toy")
   with pytest.raises(train.NonFiniteLossError, match=r"training loss is [\d.]+ but the step's new parameters hold "
                                                      r"NaN/Inf .* at epoch 2, step 3 of the epoch \(global step 9\)"):
-    _fit(tmp_path, 3, data=data, pipe=pipe)
+    toy_fit(tmp_path, 3, data=data, pipe=pipe)
   assert Checkpointer(tmp_path).epochs() == [1]
 
 
 def test_warm_start_takes_the_baselines_model(tmp_path):
-  baseline = _pipe("none", "none")
-  _fit(tmp_path / "base", 2, pipe=baseline)
-  base_state, _ = Checkpointer(tmp_path / "base").restore(1, simulate.init_state(baseline, OPT, jax.random.key(9), _data().example_batch))
+  baseline = toy_pipe("none", "none")
+  toy_fit(tmp_path / "base", 2, pipe=baseline)
+  base_state, _ = Checkpointer(tmp_path / "base").restore(1, simulate.init_state(baseline, OPT, jax.random.key(9), toy_data().example_batch))
   cfg = train.RunConfig(epochs=2, checkpoint_dir=str(tmp_path / "warm"), init_from=(str(tmp_path / "base"), 1),
                         progress=False)
-  pipe = _pipe("ef21+topk:0.5", "quant:8")
+  pipe = toy_pipe("ef21+topk:0.5", "quant:8")
   captured = {}
 
   class Spy(simulate.Simulate):  # records the state the driver starts training from
@@ -203,16 +174,16 @@ def test_warm_start_takes_the_baselines_model(tmp_path):
         return step(state, batch)
       return first
 
-  _, history = train.fit(pipe, OPT, Spy(), _data(), cfg, jax.random.key(5))
+  _, history = train.fit(pipe, OPT, Spy(), toy_data(), cfg, jax.random.key(5))
   assert [r["epoch"] for r in history] == [2]
   jax.tree.map(np.testing.assert_array_equal, captured["params"], jax.tree.map(np.asarray, base_state.params))
   assert not captured["estimate"].any()  # compression state starts fresh
 
 
 def test_existing_checkpoints_are_not_overwritten(tmp_path):
-  _fit(tmp_path, 1)
+  toy_fit(tmp_path, 1)
   with pytest.raises(ValueError, match="already holds checkpoints"):
-    _fit(tmp_path, 2)
+    toy_fit(tmp_path, 2)
   assert Checkpointer(tmp_path).epochs() == [1]
 
 
@@ -229,12 +200,12 @@ def test_results_files(tmp_path):
 @pytest.mark.slow  # heavy: python -m pytest -m slow
 def test_run_cut_short_inside_epochs_resumes_exactly(tmp_path):
   """--steps may stop inside an epoch (6 batches each); resuming finishes that epoch exactly."""
-  full, full_history = _fit(tmp_path / "a", 2)
-  _, cut = _fit(tmp_path / "b", 2, steps=4)  # 4 of epoch 1's 6 batches
+  full, full_history = toy_fit(tmp_path / "a", 2)
+  _, cut = toy_fit(tmp_path / "b", 2, steps=4)  # 4 of epoch 1's 6 batches
   assert [(r["epoch"], r["epoch_batches"]) for r in cut] == [(1, 4)]
-  _, cut = _fit(tmp_path / "b", 2, resume=True, steps=9)  # rest of epoch 1, 3 of epoch 2
+  _, cut = toy_fit(tmp_path / "b", 2, resume=True, steps=9)  # rest of epoch 1, 3 of epoch 2
   assert [(r["epoch"], r["epoch_batches"]) for r in cut] == [(1, 6), (2, 3)]
-  resumed, history = _fit(tmp_path / "b", 2, resume=True)
+  resumed, history = toy_fit(tmp_path / "b", 2, resume=True)
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                full._replace(rng=0), resumed._replace(rng=0))
   for got, want in zip(history, full_history, strict=True):
@@ -244,15 +215,15 @@ def test_run_cut_short_inside_epochs_resumes_exactly(tmp_path):
 
 
 def test_warm_start_refuses_an_unfinished_epoch(tmp_path):
-  _fit(tmp_path / "base", 2, pipe=_pipe("none", "none"), steps=3)
+  toy_fit(tmp_path / "base", 2, pipe=toy_pipe("none", "none"), steps=3)
   cfg = train.RunConfig(epochs=2, init_from=(str(tmp_path / "base"), 1), progress=False)
   with pytest.raises(ValueError, match="epoch 1 .* holds an unfinished epoch \\(3 of its batches\\)"):
-    train.fit(_pipe("none", "none"), OPT, simulate.Simulate(), _data(), cfg, jax.random.key(0))
+    train.fit(toy_pipe("none", "none"), OPT, simulate.Simulate(), toy_data(), cfg, jax.random.key(0))
 
 
 def test_checkpoints_of_every_keep_period_th_epoch_stay(tmp_path):
   """baseN warm starts need epoch N of a longer baseline run."""
-  state = simulate.init_state(_pipe(), OPT, jax.random.key(0), _data().example_batch)
+  state = simulate.init_state(toy_pipe(), OPT, jax.random.key(0), toy_data().example_batch)
   ckpt = Checkpointer(tmp_path, keep=2, keep_period=3)
   for epoch in range(1, 9):
     ckpt.save(epoch, state, {"epoch": epoch, "history": []})
@@ -262,7 +233,7 @@ def test_checkpoints_of_every_keep_period_th_epoch_stay(tmp_path):
 def test_aqsgd_first_visit_without_warmup_sends_the_activation(tmp_path):
   """warmup_epochs=0: the first step sends a densely, so both ends hold m(xi) = a exactly;
   its gradients stay compressed."""
-  pipe, data = _pipe(), _data()
+  pipe, data = toy_pipe(), toy_data()
   state0 = simulate.init_state(pipe, OPT, jax.random.key(0), data.example_batch)
   batch = next(data.train_batches(0))
   cfg = train.RunConfig(epochs=1, steps=1, progress=False)
@@ -290,7 +261,7 @@ def test_aqsgd_examples_missed_by_warmup_are_sent_dense_and_counted(tmp_path):
   warm_ids = np.concatenate([b["id"] for b in data.train_batches(0)])
   first_visits = sum(not np.isin(b["id"], warm_ids).all() for b in data.train_batches(1))
   assert first_visits >= 1  # the data really has the case
-  _, history = _fit(tmp_path, 2, data=data, pipe=pipe)
+  _, history = toy_fit(tmp_path, 2, data=data, pipe=pipe)
   wire = {m: simulate.wire_bytes_per_step(pipe, data.example_batch, m) for m in train.Mode if m.trains}
   assert wire[train.Mode.FIRST_VISIT] == {"fwd": wire[train.Mode.WARMUP]["fwd"], "bwd": wire[train.Mode.TRAIN]["bwd"]}
   assert [r["dense_steps"] for r in history] == [2, first_visits]
@@ -305,8 +276,8 @@ def test_aqsgd_examples_missed_by_warmup_are_sent_dense_and_counted(tmp_path):
 # ---------------------------------------------------------------- checkpoints: integrity, one layout
 def _saved_twice(tmp_path):
   """The same state saved as epochs 1 and 2; 128-wide layers make array files hold raw data."""
-  pipe = jaxcomp.Pipeline(mlp_stages(128, 2, 3), _pipe().boundary, jaxcomp.losses.classification, "x", microbatches=2)
-  state = checkpoint.to_host(simulate.init_state(pipe, OPT, jax.random.key(0), _data().example_batch))
+  pipe = jaxcomp.Pipeline(mlp_stages(128, 2, 3), toy_pipe().boundary, jaxcomp.losses.classification, "x", microbatches=2)
+  state = checkpoint.to_host(simulate.init_state(pipe, OPT, jax.random.key(0), toy_data().example_batch))
   ckpt = Checkpointer(tmp_path)
   for epoch in (1, 2):
     ckpt.save(epoch, state, {"epoch": epoch, "history": []})
@@ -351,28 +322,28 @@ def test_corrupt_checkpoints_are_detected_and_skipped(tmp_path, damage, why):
 
 
 def test_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path):
-  _fit(tmp_path, 2)
+  toy_fit(tmp_path, 2)
   _damage_empty_meta(tmp_path)
   with pytest.warns(UserWarning, match="epoch 2 .* is corrupt"):  # resumes after epoch 1 and redoes epoch 2
-    _, history = _fit(tmp_path, 2, resume=True)
+    _, history = toy_fit(tmp_path, 2, resume=True)
   assert [r["epoch"] for r in history] == [1, 2]
 
 
 def test_restore_of_another_model_names_it(tmp_path):
-  _fit(tmp_path, 1)
-  wider = jaxcomp.Pipeline(mlp_stages(16, 2, 3), _pipe().boundary, jaxcomp.losses.classification, "x", microbatches=2)
-  like = simulate.init_state(wider, OPT, jax.random.key(0), _data().example_batch)
+  toy_fit(tmp_path, 1)
+  wider = jaxcomp.Pipeline(mlp_stages(16, 2, 3), toy_pipe().boundary, jaxcomp.losses.classification, "x", microbatches=2)
+  like = simulate.init_state(wider, OPT, jax.random.key(0), toy_data().example_batch)
   with pytest.raises(ValueError, match="holds model arrays of other shapes than this run's"):
     Checkpointer(tmp_path).restore(1, like)
 
 
 def test_epoch_with_non_finite_eval_loss_is_not_checkpointed(tmp_path):
-  good = _data()
+  good = toy_data()
   poisoned = lambda: ({**b, "x": b["x"] * np.inf} for b in good.eval_batches())
   data = train.Data(good.train_batches, good.steps_per_epoch, poisoned, good.example_batch, "toy")
   with pytest.raises(train.NonFiniteLossError, match=r"epoch 1 ends with .*evaluation losses \[nan.*without "
                                                      r"checkpointing it. Last good checkpoint: none"):
-    _fit(tmp_path, 2, data=data)
+    toy_fit(tmp_path, 2, data=data)
   assert Checkpointer(tmp_path).epochs() == []
 
 
@@ -386,8 +357,8 @@ def _layout_parts(state):
 def test_checkpoint_layout_round_trips_through_gpipe(tmp_path, stages_data):
   """A simulate checkpoint placed on a (data, stage) mesh and converted back is unchanged,
   AQ-SGD rows and slot rows of every data shard included."""
-  _fit(tmp_path, 2)
-  pipe, batch = _pipe(), _data().example_batch
+  toy_fit(tmp_path, 2)
+  pipe, batch = toy_pipe(), toy_data().example_batch
   saved, _ = Checkpointer(tmp_path).restore(2, checkpoint.to_host(simulate.init_state(pipe, OPT, jax.random.key(0), batch)))
   assert np.abs(saved.links[0].fwd_send.buffer).max() > 0  # AQ-SGD rows
   assert any(np.abs(leaf).max() > 0 for leaf in jax.tree.leaves(saved.links[0][2:]))  # EF slot rows
@@ -406,17 +377,17 @@ def test_checkpoint_layout_round_trips_through_gpipe(tmp_path, stages_data):
 def test_warm_starts_and_resumes_across_executors(tmp_path):
   """simulate baseline -> GPipe warm start; GPipe (3 x 2) baseline -> simulate warm start and
   a GPipe (3 x 1) resume of it."""
-  baseline, batch = _pipe("none", "none"), _data().example_batch
+  baseline, batch = toy_pipe("none", "none"), toy_data().example_batch
   runs = {"sim": simulate.Simulate(), "gp32": sharded.ShardedExecutor(sharded.make_mesh(3, 2)), "gp31": sharded.ShardedExecutor(sharded.make_mesh(3, 1))}
   for name in ("sim", "gp32"):
-    _fit(tmp_path / name, 1, pipe=baseline, executor=runs[name])
+    toy_fit(tmp_path / name, 1, pipe=baseline, executor=runs[name])
   template = checkpoint.to_host(simulate.init_state(baseline, OPT, jax.random.key(0), batch))
   for base, target in (("sim", "gp32"), ("gp32", "sim"), ("gp32", "gp31")):
     saved, _ = Checkpointer(tmp_path / base).restore(1, template)
     resume = base == "gp32" and target == "gp31"
     directory = tmp_path / base if resume else tmp_path / f"{base}-{target}"
     kw = {} if resume else {"init_from": (str(tmp_path / base), 1)}
-    state, _ = _fit(directory, 1, resume=resume, pipe=baseline, executor=runs[target], **kw)  # nothing left to train
+    state, _ = toy_fit(directory, 1, resume=resume, pipe=baseline, executor=runs[target], **kw)  # nothing left to train
     got = checkpoint.simulate_layout(runs[target], baseline, OPT, state, batch)
     chex.assert_trees_all_equal((got.step, got.rng, got.params, got.opt_state), (saved.step, saved.rng, saved.params, saved.opt_state))
 
@@ -430,10 +401,10 @@ def test_a_run_resumes_bit_identically_on_another_schedule(tmp_path, first, then
   4 stages' rows 2 per device, 1f1b one: the checkpoint converts them)."""
   ex = lambda name: sharded.ShardedExecutor(sharded.make_mesh(stages // schedules.parse(name).chunks_per_device, 1),
                                             schedule=schedules.parse(name))
-  pipe = _pipe(stages=stages)
-  full, full_history = _fit(tmp_path / "a", 2, executor=ex(then), pipe=pipe)
-  _fit(tmp_path / "b", 1, executor=ex(first), pipe=pipe)
-  resumed, history = _fit(tmp_path / "b", 2, resume=True, executor=ex(then), pipe=pipe)
+  pipe = toy_pipe(stages=stages)
+  full, full_history = toy_fit(tmp_path / "a", 2, executor=ex(then), pipe=pipe)
+  toy_fit(tmp_path / "b", 1, executor=ex(first), pipe=pipe)
+  resumed, history = toy_fit(tmp_path / "b", 2, resume=True, executor=ex(then), pipe=pipe)
   chex.assert_trees_all_equal(jax.random.key_data(full.rng), jax.random.key_data(resumed.rng))
   chex.assert_trees_all_equal(full._replace(rng=0), resumed._replace(rng=0))
   assert history[1]["eval_on"] == full_history[1]["eval_on"]
@@ -443,76 +414,10 @@ def test_a_run_resumes_bit_identically_on_another_schedule(tmp_path, first, then
 def test_gpipe_resumed_run_is_bit_identical(tmp_path):
   """Through the simulate-layout checkpoint and back: params, optimizer rows, tables, keys (3 stages x 2 data,
   each example on its data shard in every epoch)."""
-  ex, data = lambda: sharded.ShardedExecutor(sharded.make_mesh(3, 2)), _data(shards=2)
-  full, full_history = _fit(tmp_path / "a", 2, executor=ex(), data=data)
-  _fit(tmp_path / "b", 1, executor=ex(), data=data)
-  resumed, history = _fit(tmp_path / "b", 2, resume=True, executor=ex(), data=data)
+  ex, data = lambda: sharded.ShardedExecutor(sharded.make_mesh(3, 2)), toy_data(shards=2)
+  full, full_history = toy_fit(tmp_path / "a", 2, executor=ex(), data=data)
+  toy_fit(tmp_path / "b", 1, executor=ex(), data=data)
+  resumed, history = toy_fit(tmp_path / "b", 2, resume=True, executor=ex(), data=data)
   chex.assert_trees_all_equal(jax.random.key_data(full.rng), jax.random.key_data(resumed.rng))
   chex.assert_trees_all_equal(full._replace(rng=0), resumed._replace(rng=0))
   assert history[1]["eval_on"] == full_history[1]["eval_on"]
-
-
-def _dense_fit(tmp, epochs, **kw):
-  return _fit(tmp, epochs, pipe=_pipe("none", "none"), **kw)
-
-
-def test_eval_every_evaluates_every_nth_step_and_the_last(tmp_path):
-  """6 batches an epoch, 2 epochs, --eval-every 5: steps 5 and 10, and 12 (the run's last step)."""
-  _, history = _dense_fit(tmp_path, 2, eval_every=5)
-  assert [[e["step"] for e in r["evals"]] for r in history] == [[5], [10, 12]]
-  assert history[1]["eval_on"] == history[1]["evals"][-1]["eval_on"]  # the last step's evaluation, not repeated
-  assert history[0]["eval_off"] != history[0]["evals"][0]["eval_off"]  # epoch 1 ends at step 6, off the schedule
-  assert [e["step"] for e in evaluation.evaluations(history)] == [5, 10, 12]
-  assert all(r["steps_per_s"] > 0 for r in history)
-  _, plain = _dense_fit(tmp_path / "plain", 2)
-  assert [e["step"] for e in evaluation.evaluations(plain)] == [6, 12]  # no schedule: the epoch ends
-
-
-def test_the_first_evaluated_step_at_or_below_the_target_is_recorded(tmp_path):
-  _, history = _dense_fit(tmp_path / "a", 2, eval_every=2)
-  losses = [(e["step"], e["eval_on"]["loss"]) for e in evaluation.evaluations(history)]
-  assert len(losses) == 6 and losses[-1][1] < losses[0][1]
-  target = sorted(loss for _, loss in losses)[2]  # the third lowest: reached before the end
-  first = next(step for step, loss in losses if loss <= target)
-  summary = evaluation.target_summary(history, target)
-  assert summary["step"] == first < 12 and summary["evaluated"] == 6
-  assert (summary["best_loss"], summary["best_step"]) == min(((l, s) for s, l in losses))
-  never = evaluation.target_summary(history, min(l for _, l in losses) - 1.0)
-  assert never["step"] is None and never["best_loss"] == summary["best_loss"]
-
-
-def test_stop_at_target_ends_the_run_there_and_a_resumed_run_keeps_its_schedule(tmp_path):
-  """6 batches an epoch, --eval-every 4: the target is the eval loss at step 8, inside epoch 2."""
-  full, full_history = _dense_fit(tmp_path / "full", 2, eval_every=4)
-  target = evaluation.evaluations(full_history)[1]["eval_on"]["loss"]
-  assert evaluation.target_summary(full_history, target)["step"] == 8  # (step 4's loss is higher)
-  state, history = _dense_fit(tmp_path / "b", 2, eval_every=4, target_loss=target, stop_at_target=True)
-  assert int(state.step) == 8 == history[-1]["step"] and history[-1]["epoch_batches"] == 2
-  assert evaluation.target_summary(history, target)["step"] == 8
-  again, same = _dense_fit(tmp_path / "b", 2, resume=True, eval_every=4, target_loss=target, stop_at_target=True)
-  assert int(again.step) == 8 and same == history  # reached already: nothing more to train
-  resumed, resumed_history = _dense_fit(tmp_path / "b", 2, resume=True, eval_every=4, target_loss=target)
-  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-               full._replace(rng=0), resumed._replace(rng=0))
-  untimed = lambda h: [{k: v for k, v in r.items() if k != "steps_per_s"} for r in h]
-  assert untimed(resumed_history) == untimed(full_history)
-
-
-def test_a_shorter_runs_last_evaluation_leaves_the_schedule_when_it_resumes(tmp_path):
-  _, full_history = _dense_fit(tmp_path / "full", 2, eval_every=4)
-  _, cut = _dense_fit(tmp_path / "b", 2, eval_every=4, steps=5)
-  assert [e["step"] for e in evaluation.evaluations(cut)] == [4, 5]
-  _, resumed = _dense_fit(tmp_path / "b", 2, resume=True, eval_every=4)
-  assert [e["step"] for e in evaluation.evaluations(resumed)] \
-      == [e["step"] for e in evaluation.evaluations(full_history)] == [4, 8, 12]
-  assert [e["eval_on"] for e in evaluation.evaluations(resumed)] \
-      == [e["eval_on"] for e in evaluation.evaluations(full_history)]
-
-
-def test_eval_schedule_settings_are_checked():
-  with pytest.raises(ValueError, match="eval_every must be >= 1"):
-    train.RunConfig(epochs=1, eval_every=0)
-  with pytest.raises(ValueError, match="stop_at_target needs a target_loss"):
-    train.RunConfig(epochs=1, stop_at_target=True)
-  with pytest.raises(ValueError, match="target_loss must be a finite number"):
-    train.RunConfig(epochs=1, target_loss=float("nan"))

@@ -142,11 +142,39 @@ def _with_next(batches):
     current = following
 
 
-def _train_step(step, state, batch, following, place):
-  """step(state, placed batch), plus the next batch's ids for steps that prefetch (`takes_next_ids`)."""
+def _step_arguments(step, batch, following, place) -> tuple:
+  """What `step` takes after the state: the placed batch, plus the next batch's ids for steps that prefetch
+  (`takes_next_ids`)."""
   if getattr(step, "takes_next_ids", False):
-    return step(state, place(batch), None if following is None else following["id"])
-  return step(state, place(batch))
+    return place(batch), None if following is None else following["id"]
+  return (place(batch),)
+
+
+class Hook:
+  """What `fit` calls at its events, as Levanter's trainer hooks: subclass and override the events you need (each
+  is a no-op here; none may change what the run computes). `run` is the `Run` at that moment.
+
+    before_step(run, mode, step, args)   a train step of `mode` (a `Mode`) is about to run as
+                                         `step(run.state, *args)`
+    before_evaluate(run, compressed)   an evaluation with compression on (True) or off (False) begins
+    before_checkpoint(run) / after_checkpoint(run)   around each checkpoint's save
+    after_fit(run)   training is over (`run.state` is the final state)
+  """
+
+  def before_step(self, run: "Run", mode: Mode, step, args: tuple):
+    pass
+
+  def before_evaluate(self, run: "Run", compressed: bool):
+    pass
+
+  def before_checkpoint(self, run: "Run"):
+    pass
+
+  def after_checkpoint(self, run: "Run"):
+    pass
+
+  def after_fit(self, run: "Run"):
+    pass
 
 
 def batch_placement(executor) -> Callable[[dict], dict]:
@@ -251,6 +279,11 @@ class Run:
   done_evals: list = dataclasses.field(default_factory=list)  # of `done_losses`' steps (`RunConfig.eval_every`)
   reached: int | None = None  # the first evaluated step at or below `RunConfig.target_loss`
   steps: dict = dataclasses.field(default_factory=dict)  # compiled train steps, per Mode
+  hooks: tuple = ()  # `Hook`s, called in order at each event
+
+  def call_hooks(self, event: str, *args):
+    for hook in self.hooks:
+      getattr(hook, event)(self, *args)
 
   def epoch_mode(self, epoch: int) -> Mode:
     return Mode.WARMUP if epoch < self.cfg.warmup_epochs else Mode.TRAIN
@@ -258,9 +291,12 @@ class Run:
   def evaluate(self) -> dict:
     """{"step", "eval_on", "eval_off"}: the model now, evaluated with compression on and off."""
     data = self.data
-    return {"step": self.global_step, **{
-        f"eval_{way}": evaluation.evaluate(self.eval_steps[compressed], self.state, data.eval_batches(),
-                                           data.eval_summary, self.place) for way, compressed in (("on", True), ("off", False))}}
+    evaluated = {"step": self.global_step}
+    for way, compressed in (("on", True), ("off", False)):
+      self.call_hooks("before_evaluate", compressed)
+      evaluated[f"eval_{way}"] = evaluation.evaluate(self.eval_steps[compressed], self.state, data.eval_batches(),
+                                                     data.eval_summary, self.place)
+    return evaluated
 
   def note(self, evaluated: dict):
     """An evaluated step (of the schedule): `reached` if it is the first to reach the target."""
@@ -366,7 +402,10 @@ def run_epoch(run: Run, epoch: int) -> EpochResult:
                  disable=not (cfg.progress and main), leave=False)
     if step_mode not in run.steps:
       run.steps[step_mode] = run.executor.make_train_step(run.pipe, run.optimizer, step_mode)
-    run.state, metrics = _train_step(run.steps[step_mode], run.state, batch, following, run.place)
+    step = run.steps[step_mode]
+    args = _step_arguments(step, batch, following, run.place)
+    run.call_hooks("before_step", step_mode, step, args)
+    run.state, metrics = step(run.state, *args)
     count(step_mode)
     loss = float(metrics["loss"])
     if not (math.isfinite(loss) and bool(all_finite(run.state.params))):
@@ -433,9 +472,11 @@ def record(run: Run, epoch: int, result: EpochResult, on_epoch=None, last: bool 
   if run.ckpt and not diverged:
     finished = len(losses) == data.steps_per_epoch
     position = {"epoch": epoch + 1} if finished else {"epoch": epoch, "epoch_losses": losses}
+    run.call_hooks("before_checkpoint")
     run.ckpt.save(epoch + 1, run.state, {**position, "history": run.history, "ties": pipeline.ties(run.pipe)},
                   run.executor.host_state,
                   run.executor.rows_description(run.pipe, run.optimizer, data.example_batch))
+    run.call_hooks("after_checkpoint")
   if on_epoch and distributed.is_main_process():
     on_epoch(run.history)
   if diverged:
@@ -444,11 +485,12 @@ def record(run: Run, epoch: int, result: EpochResult, on_epoch=None, last: bool 
 
 
 def fit(pipe: pipeline.Pipeline, optimizer, executor: pipeline.Executor, data: Data, cfg: RunConfig, rng,
-        on_epoch: Callable[[list[dict]], Any] | None = None, initial_params=None):
+        on_epoch: Callable[[list[dict]], Any] | None = None, initial_params=None, hooks=()):
   """Trains `pipe` (from `initial_params`, e.g. pretrained, if given); returns (state, history).
 
-  `on_epoch(history)` runs on process 0 only."""
+  `on_epoch(history)` runs on process 0 only; `hooks` (`Hook`s) run on every process."""
   run = start(pipe, optimizer, executor, data, cfg, rng, initial_params)
+  run.hooks = tuple(hooks)
   try:
     for epoch in range(run.start_epoch, cfg.epochs):
       if run.finished():
@@ -461,4 +503,5 @@ def fit(pipe: pipeline.Pipeline, optimizer, executor: pipeline.Executor, data: D
         step.close()
   if run.ckpt:
     run.ckpt.close()
+  run.call_hooks("after_fit")
   return run.state, run.history
