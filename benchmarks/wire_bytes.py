@@ -75,7 +75,7 @@ def pipeline_table(batch=8, seq=64, microbatches=2) -> str:
     pipe, data, cfg = _toy_gpt2(batch, seq, microbatches, fwd, bwd)
     state = ex.init_state(pipe, opt, jax.random.key(1), data)
     sent = dryrun.collective_bytes(ex, pipe, opt, state, data)
-    predicted = jaxcomp.wire_bytes_per_step(pipe, jaxcomp.init_state(pipe, opt, jax.random.key(1), data), data)
+    predicted = jaxcomp.boundary_bytes(pipe, data, jaxcomp.init_state(pipe, opt, jax.random.key(1), data))
     total = sent["fwd"] + sent["bwd"]
     dense_total = dense_total or total
     lines.append(f"| {name} | {sent['fwd']:,} | {sent['bwd']:,} | {predicted['fwd']:,}, {predicted['bwd']:,} "

@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import optax
 
 import jaxcomp
-from jaxcomp.parallel import sharded, simulate
 
 
 class Encoder(nn.Module):  # your own layers: any Flax module with __call__(x, train)
@@ -43,14 +42,15 @@ def main():
   STEPS = 50
 
   # one device: every stage and boundary in one program
-  state = simulate.init_state(pipe, opt, jax.random.key(1), batch)
-  step = simulate.make_train_step(pipe, opt)
+  sim = jaxcomp.Simulate()
+  state = sim.init_state(pipe, opt, jax.random.key(1), batch)
+  step = sim.make_train_step(pipe, opt)
   for _ in range(STEPS):
     state, metrics = step(state, batch)
-  print("simulate", float(metrics["loss"]), simulate.wire_bytes_per_step(pipe, batch))
+  print("simulate", float(metrics["loss"]), sim.wire_bytes_per_step(pipe, batch, jaxcomp.Mode.TRAIN))
 
   # one device per stage (here 3 fake CPU devices): the same numbers, the payloads in ppermutes
-  ex = sharded.ShardedExecutor(sharded.make_mesh(3))
+  ex = jaxcomp.ShardedExecutor(jaxcomp.make_mesh(3), schedule=jaxcomp.OneFOneB())
   flat = ex.init_state(pipe, opt, jax.random.key(1), batch)
   step = ex.make_train_step(pipe, opt)
   for _ in range(STEPS):

@@ -17,22 +17,41 @@ program, and a dry run trains nothing); the experiment scripts use both.
   integrations/  the top: other libraries' pipelines with jaxcomp inside (`integrations.maxtext`); each imports
              jaxcomp's public API and its library, and is not imported here (jaxcomp needs no MaxText)
 """
+import warnings
+
 from jaxcomp import losses
 from jaxcomp.compress import codecs, schemes
 from jaxcomp.compress.boundary import Boundary, Mode, Reuse
 from jaxcomp.compress.spec import parse_boundary, parse_codec, parse_scheme
 from jaxcomp.parallel import sharded, simulate
+from jaxcomp.parallel.executors import HostBufferedConfig, ShardedConfig, SimulateConfig, make_executor
 from jaxcomp.parallel.permute import CompressedLink, compressed_link, ppermute, ppermute_init, ppermute_with_state
-from jaxcomp.pipeline import (
-    FlaxStage,
-    Pipeline,
-    TrainState,
-    init_state,
-    wire_bytes_per_step,
-)
+from jaxcomp.parallel.schedules import GPipe, Interleaved, OneFOneB, Schedule, ZeroBubbleH1
+from jaxcomp.parallel.mesh import make_mesh
+from jaxcomp.parallel.sharded import ShardedExecutor
+from jaxcomp.parallel.simulate import Simulate
+from jaxcomp.pipeline import FlaxStage, Pipeline, TrainState, boundary_bytes, init_state
+from jaxcomp.runtime.train import Data, Hook, RunConfig, fit
 
 __all__ = [
-    "Boundary", "CompressedLink", "FlaxStage", "Mode", "Pipeline", "Reuse", "TrainState", "codecs",
-    "compressed_link", "init_state", "losses", "parse_boundary", "parse_codec", "parse_scheme", "ppermute",
-    "ppermute_init", "ppermute_with_state", "schemes", "sharded", "simulate", "wire_bytes_per_step",
+    # a pipeline: stages, the boundary between them (specs), its state
+    "Boundary", "FlaxStage", "Mode", "Pipeline", "Reuse", "TrainState", "codecs", "init_state", "losses",
+    "parse_boundary", "parse_codec", "parse_scheme", "schemes",
+    # executing it: executors and their factory, schedules
+    "GPipe", "HostBufferedConfig", "Interleaved", "OneFOneB", "Schedule", "ShardedConfig", "ShardedExecutor",
+    "Simulate", "SimulateConfig", "ZeroBubbleH1", "make_executor", "make_mesh", "sharded", "simulate",
+    # training it, counting its bytes, sending compressed messages in your own shard_map
+    "Data", "Hook", "RunConfig", "boundary_bytes", "fit",
+    "CompressedLink", "compressed_link", "ppermute", "ppermute_init", "ppermute_with_state",
 ]
+
+_warned = set()
+
+
+def wire_bytes_per_step(pipe, state, batch):
+  """The old name of `boundary_bytes(pipe, batch, state)` (its arguments in the old order); warns once."""
+  if "wire_bytes_per_step" not in _warned:
+    _warned.add("wire_bytes_per_step")
+    warnings.warn("jaxcomp.wire_bytes_per_step(pipe, state, batch) is now jaxcomp.boundary_bytes(pipe, batch, "
+                  "state=None); the old name will go", FutureWarning, stacklevel=2)
+  return boundary_bytes(pipe, batch, state)

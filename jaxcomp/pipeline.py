@@ -381,16 +381,15 @@ def _check_shape(given, initialised):
                      f"{tuple(initialised.shape)}")
 
 
-def wire_bytes_per_step(pipe: Pipeline, state: TrainState | None, batch) -> dict[str, int]:
-  """Exact forward/backward bytes one training step sends across all boundaries.
-
-  `state` may be None (the shapes are then `activation_shapes`'). (An executor's `wire_bytes_per_step(pipe, batch,
-  mode)` is the same count for one mode: a batch passed here as `state` is refused, naming both.)
-  """
+def boundary_bytes(pipe: Pipeline, batch, state: TrainState | None = None) -> dict[str, int]:
+  """Exact bytes one training step of `batch` sends across all boundaries, each way: {"fwd", "bwd"}, summed over
+  microbatches and boundaries (each message's payload as its codec encodes it). The message shapes come from the
+  model (`activation_shapes`), or from `state`'s parameters when given. (An executor's
+  `wire_bytes_per_step(pipe, batch, mode)` counts what its program sends in a mode: these messages, and its tied
+  and data-parallel exchanges.)"""
   if state is not None and not isinstance(state, TrainState):
-    raise TypeError(f"jaxcomp.wire_bytes_per_step(pipe, state, batch) takes a TrainState (or None) second, got "
-                    f"{type(state).__name__}; for an executor's count of one mode call "
-                    "executor.wire_bytes_per_step(pipe, batch, mode)")
+    raise TypeError(f"jaxcomp.boundary_bytes(pipe, batch, state=None) takes a TrainState (or None) as state, got "
+                    f"{type(state).__name__}")
   if state is None:
     shapes = activation_shapes(pipe, batch)
   else:

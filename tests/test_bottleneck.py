@@ -51,10 +51,10 @@ def test_a_rank_wider_than_the_boundary_is_refused():
 def test_the_boundary_sends_rank_wide_messages(spec):
   """Dense: 2 boundaries x 32 examples x r fp32 each way; with maxabs:4 the codec's bytes of [32, r]."""
   pipe = _pipe(spec)
-  assert jaxcomp.wire_bytes_per_step(pipe, None, BATCH) == {"fwd": 2 * 32 * RANK * 4, "bwd": 2 * 32 * RANK * 4}
+  assert jaxcomp.boundary_bytes(pipe, BATCH) == {"fwd": 2 * 32 * RANK * 4, "bwd": 2 * 32 * RANK * 4}
   coded = _pipe(spec, "maxabs:4", "maxabs:8")
   fwd, bwd = coded.boundary.wire_bytes((32, RANK), jnp.float32)
-  assert jaxcomp.wire_bytes_per_step(coded, None, BATCH) == {"fwd": 2 * fwd, "bwd": 2 * bwd}
+  assert jaxcomp.boundary_bytes(coded, BATCH) == {"fwd": 2 * fwd, "bwd": 2 * bwd}
 
 
 @pytest.mark.parametrize("spec", ["proj:4", "subspace:4"])

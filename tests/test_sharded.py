@@ -196,7 +196,7 @@ def test_collective_permutes_carry_exactly_the_payload(fwd, bwd, stages, m, sche
   ex = sharded.ShardedExecutor(sharded.make_mesh(pipe.num_stages), schedule=schedules.parse(schedule))
   flat = ex.init_state(pipe, opt, jax.random.key(1), BATCH)
   sent = dryrun.collective_bytes(ex, pipe, opt, flat, BATCH)
-  expected = jaxcomp.wire_bytes_per_step(pipe, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
+  expected = jaxcomp.boundary_bytes(pipe, BATCH, simulate.init_state(pipe, opt, jax.random.key(1), BATCH))
   assert sent == {**expected, "data": 0}
 
 

@@ -73,7 +73,7 @@ def test_interleaved_collective_permutes_carry_exactly_the_payload(fwd, bwd, dev
   pipe, opt = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, devices * chunks), m=4), optax.sgd(0.1)
   ex = sharded.ShardedExecutor(sharded.make_mesh(devices), schedule=schedules.parse(f"interleaved:{chunks}", overlap))
   sent = dryrun.collective_bytes(ex, pipe, opt, ex.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
-  expected = jaxcomp.wire_bytes_per_step(pipe, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
+  expected = jaxcomp.boundary_bytes(pipe, BATCH, simulate.init_state(pipe, opt, jax.random.key(1), BATCH))
   assert sent == {**expected, "data": 0}
 
 

@@ -107,7 +107,7 @@ def test_overlapped_sends_carry_exactly_the_payload(fwd, bwd, schedule, stages, 
   pipe, opt = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, stages), m=m), optax.sgd(0.1)
   ex = sharded.ShardedExecutor(sharded.make_mesh(stages), schedule=schedules.parse(schedule, overlap=True))
   sent = dryrun.collective_bytes(ex, pipe, opt, ex.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
-  expected = jaxcomp.wire_bytes_per_step(pipe, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
+  expected = jaxcomp.boundary_bytes(pipe, BATCH, simulate.init_state(pipe, opt, jax.random.key(1), BATCH))
   assert sent == {**expected, "data": 0}
 
 

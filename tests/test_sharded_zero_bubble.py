@@ -89,7 +89,7 @@ def test_zero_bubble_carries_exactly_the_payload(fwd, bwd, stages, m):
   pipe, opt = mlp_pipe(fwd, bwd, stages=mlp_stages(16, 2, stages), m=m), optax.sgd(0.1)
   ex = sharded.ShardedExecutor(sharded.make_mesh(stages), schedule=schedules.ZeroBubbleH1())
   sent = dryrun.collective_bytes(ex, pipe, opt, ex.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
-  expected = jaxcomp.wire_bytes_per_step(pipe, simulate.init_state(pipe, opt, jax.random.key(1), BATCH), BATCH)
+  expected = jaxcomp.boundary_bytes(pipe, BATCH, simulate.init_state(pipe, opt, jax.random.key(1), BATCH))
   assert sent == {**expected, "data": 0}
 
 

@@ -1,4 +1,7 @@
 import pathlib
+import os
+import subprocess
+import sys
 import re
 
 import flax.linen as nn
@@ -177,7 +180,7 @@ def test_activation_shapes_are_traced_once_per_pipeline_and_batch_shapes(monkeyp
   shapes = lambda pipe, batch: [tuple(s.shape) for s in pipeline.activation_shapes(pipe, batch)]
   assert shapes(pipe(), batch) == [(6, 24)] * 2
   assert shapes(pipe("quant:2"), batch) == [(6, 24)] * 2  # codecs change no shape: the same trace
-  assert pipeline.wire_bytes_per_step(pipe(), None, batch) == {"fwd": 2 * 2 * 6 * 24 * 4, "bwd": 2 * 2 * 6 * 24 * 4}
+  assert pipeline.boundary_bytes(pipe(), batch) == {"fwd": 2 * 2 * 6 * 24 * 4, "bwd": 2 * 2 * 6 * 24 * 4}
   assert len(traces) == 1
   assert shapes(pipe(), jax.tree.map(lambda a: a[:6], batch)) == [(3, 24)] * 2
   assert shapes(pipe(m=3), batch) == [(4, 24)] * 2
@@ -209,11 +212,21 @@ def test_the_own_model_example_trains_the_same_pipeline_on_simulate_and_sharded(
   assert float(sim.split()[1]) < 0.1 and float(shd.split()[1]) < 0.1
 
 
-def test_the_library_byte_count_refuses_a_batch_where_its_state_goes_naming_the_executors_form():
+def test_the_library_byte_count_refuses_a_batch_where_its_state_goes_and_its_old_name_warns_once():
   pipe = jaxcomp.Pipeline(mlp_stages(8, 4, num_stages=2), jaxcomp.parse_boundary("quant:4", "quant:8"),
                           jaxcomp.losses.classification, "x")
   batch = {"x": jnp.zeros((4, 8)), "label": jnp.zeros(4, jnp.int32)}
-  with pytest.raises(TypeError, match=r"takes a TrainState \(or None\) second, got dict; for an executor's count of "
-                                      r"one mode call executor.wire_bytes_per_step\(pipe, batch, mode\)"):
-    jaxcomp.wire_bytes_per_step(pipe, batch, Mode.TRAIN)
-  assert jaxcomp.wire_bytes_per_step(pipe, None, batch) == simulate.wire_bytes_per_step(pipe, batch)
+  with pytest.raises(TypeError, match=r"takes a TrainState \(or None\) as state, got dict"):
+    jaxcomp.boundary_bytes(pipe, batch, batch)
+  assert jaxcomp.boundary_bytes(pipe, batch) == simulate.wire_bytes_per_step(pipe, batch)
+  old_name_twice = ("import jax.numpy as jnp, jaxcomp; from jaxcomp.models.mlp import mlp_stages\n"
+                    "pipe = jaxcomp.Pipeline(mlp_stages(8, 4, num_stages=2), jaxcomp.parse_boundary('quant:4', "
+                    "'quant:8'), jaxcomp.losses.classification, 'x')\n"
+                    "batch = {'x': jnp.zeros((4, 8)), 'label': jnp.zeros(4, jnp.int32)}\n"
+                    "print(jaxcomp.wire_bytes_per_step(pipe, None, batch))\n"  # two call sites: Python's own filter would warn at each
+                    "print(jaxcomp.wire_bytes_per_step(pipe, None, batch))")
+  done = subprocess.run([sys.executable, "-c", old_name_twice], capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert done.stdout.splitlines() == [str(jaxcomp.boundary_bytes(pipe, batch))] * 2
+  assert done.stderr.count("FutureWarning: jaxcomp.wire_bytes_per_step(pipe, state, batch) is now "
+                           "jaxcomp.boundary_bytes(pipe, batch, state=None)") == 1

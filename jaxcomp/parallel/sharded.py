@@ -192,7 +192,7 @@ class ShardedExecutor(pipeline.Executor):
     """Executor protocol: every data shard's pipeline bytes each way, its tied-parameter exchange
     (`tied`, when the pipeline ties parameters: `StateLayout.tied_bytes`), plus the gradient (or
     QuantizedAdam momentum) exchange; warm-up steps send everything dense (`pipeline.as_sent`)."""
-    local = pipeline.wire_bytes_per_step(pipeline.as_sent(pipe, mode), None, self.local_batch(batch))
+    local = pipeline.boundary_bytes(pipeline.as_sent(pipe, mode), self.local_batch(batch))
     out = {k: v * self.data for k, v in local.items()}
     if pipe.tied:
       out["tied"] = self.data * self.state_layout(pipe, None, batch).tied_bytes()

@@ -55,7 +55,7 @@ def init_state(pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation,
 def wire_bytes_per_step(pipe: pipeline.Pipeline, batch, mode: Mode = Mode.TRAIN) -> dict[str, int]:
   """Executor protocol: bytes one training step sends over all boundaries, each way
   (warm-up steps send dense tensors)."""
-  return pipeline.wire_bytes_per_step(pipeline.as_sent(pipe, mode), None, batch)
+  return pipeline.boundary_bytes(pipeline.as_sent(pipe, mode), batch)
 
 
 def _tables(state: pipeline.TrainState):
