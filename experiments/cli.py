@@ -220,7 +220,7 @@ def one_line_warning(message, category, filename, lineno, file=None, line=None):
 
 def main(exp: config.Experiment, argv=None, hooks=()):
   """The experiment's command line: `argv` (default sys.argv) run, or compiled with --compile-for; `hooks`
-  (`train.Hook`s) go to the training driver."""
+  (`hooks.Hook`s) go to the training driver."""
   args = parser_for(exp).parse_args(argv)
   with warnings.catch_warnings():
     warnings.showwarning = one_line_warning

@@ -35,7 +35,7 @@ def run_lock(folder, change: str, flag: str):
 
 
 def run(exp: config.Experiment, cfg: config.RunConfig, hooks=()):
-  """Builds, checks everything it can before creating anything, trains (`hooks`: `train.Hook`s for the driver) and
+  """Builds, checks everything it can before creating anything, trains (`hooks`: `hooks.Hook`s for the driver) and
   writes results after every epoch. Returns (state, history)."""
   logfilter.silence_orbax_noise()  # its checkpoints would repeat two harmless Orbax warnings per epoch and resume
   out = pathlib.Path(cfg.output.out)

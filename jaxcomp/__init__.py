@@ -31,7 +31,8 @@ from jaxcomp.parallel.mesh import make_mesh
 from jaxcomp.parallel.sharded import ShardedExecutor
 from jaxcomp.parallel.simulate import Simulate
 from jaxcomp.pipeline import FlaxStage, Pipeline, TrainState, boundary_bytes, init_state
-from jaxcomp.runtime.train import Data, Hook, RunConfig, fit
+from jaxcomp.runtime.hooks import Hook
+from jaxcomp.runtime.train import Data, RunConfig, fit
 
 __all__ = [
     # a pipeline: stages, the boundary between them (specs), its state

@@ -1,10 +1,10 @@
-"""The driver's events: its evaluation schedule, the target, and the hooks it calls (`train.Hook`)."""
+"""The driver's events: its evaluation schedule, the target, and the hooks it calls (`hooks.Hook`)."""
 import jax
 import numpy as np
 import pytest
 
 from jaxcomp.compress.boundary import Mode
-from jaxcomp.runtime import evaluation, train
+from jaxcomp.runtime import evaluation, hooks, train
 from training_cases import toy_fit, toy_pipe
 
 
@@ -74,7 +74,7 @@ def test_eval_schedule_settings_are_checked():
     train.RunConfig(epochs=1, target_loss=float("nan"))
 
 
-class Recorder(train.Hook):
+class Recorder(hooks.Hook):
   """Every event the driver calls, in order, with what it says (the step counter when it calls)."""
 
   def __init__(self):

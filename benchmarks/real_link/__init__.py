@@ -45,7 +45,7 @@ epoch's too (`METHOD (warm-up)`). After the op timing each process also measures
 bytes of one `train.all_finite`, one scalar all-reduce and one second of idling.
 
 Modules by role: `network` (namespaces, shaping, the delay line, class counters, the link check), `stage` (one
-stage process: the CLI with a `train.Hook` that marks its events, op timing, replay, trace, probes), `processes`
+stage process: the CLI with a `hooks.Hook` that marks its events, op timing, replay, trace, probes), `processes`
 (one method's processes on the network), `accounting` (what the marks say: bytes by what sent them, netsim's
 steps/s), `command` (the table and the command line).
 """

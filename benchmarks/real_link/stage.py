@@ -1,4 +1,4 @@
-"""One stage process: the experiment CLI unchanged, its driver's events marked by a `train.Hook`; after training, its
+"""One stage process: the experiment CLI unchanged, its driver's events marked by a `hooks.Hook`; after training, its
 stage's op times (netsim's inputs), its recorded steps replayed and traced, and probes of what else it sends."""
 import argparse
 import json
@@ -23,15 +23,15 @@ from jaxcomp.compress.boundary import Mode
 from jaxcomp.parallel import padded_rows
 from jaxcomp.parallel.mesh import STAGE
 from jaxcomp.parallel.stage_runner import StageRunner
-from jaxcomp.runtime import train
+from jaxcomp.runtime import hooks, train
 
 REPLAYED_STEPS = 4  # timed steps per round of the replay
 
 
-class Marks(train.Hook):
+class Marks(hooks.Hook):
   """Bytes this process has sent to each peer (its htb class counters), read at named points of the
   run: the first two train steps of every epoch, each evaluation and checkpoint, start and end; and what the
-  replay needs (each epoch's train steps with their arguments, the trained run). The driver's hook (`train.Hook`):
+  replay needs (each epoch's train steps with their arguments, the trained run). The driver's hook (`hooks.Hook`):
   it reads counters and keeps references, and changes nothing the run computes."""
 
   def __init__(self):

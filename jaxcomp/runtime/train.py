@@ -50,6 +50,7 @@ from jaxcomp import pipeline
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.compress.schemes import AQSGD
 from jaxcomp.runtime import checkpoint, distributed, evaluation
+from jaxcomp.runtime.hooks import Hook
 from jaxcomp.runtime.checkpoint import Checkpointer
 
 
@@ -148,33 +149,6 @@ def _step_arguments(step, batch, following, place) -> tuple:
   if getattr(step, "takes_next_ids", False):
     return place(batch), None if following is None else following["id"]
   return (place(batch),)
-
-
-class Hook:
-  """What `fit` calls at its events, as Levanter's trainer hooks: subclass and override the events you need (each
-  is a no-op here; none may change what the run computes). `run` is the `Run` at that moment.
-
-    before_step(run, mode, step, args)   a train step of `mode` (a `Mode`) is about to run as
-                                         `step(run.state, *args)`
-    before_evaluate(run, compressed)   an evaluation with compression on (True) or off (False) begins
-    before_checkpoint(run) / after_checkpoint(run)   around each checkpoint's save
-    after_fit(run)   training is over (`run.state` is the final state)
-  """
-
-  def before_step(self, run: "Run", mode: Mode, step, args: tuple):
-    pass
-
-  def before_evaluate(self, run: "Run", compressed: bool):
-    pass
-
-  def before_checkpoint(self, run: "Run"):
-    pass
-
-  def after_checkpoint(self, run: "Run"):
-    pass
-
-  def after_fit(self, run: "Run"):
-    pass
 
 
 def batch_placement(executor) -> Callable[[dict], dict]:
@@ -279,7 +253,7 @@ class Run:
   done_evals: list = dataclasses.field(default_factory=list)  # of `done_losses`' steps (`RunConfig.eval_every`)
   reached: int | None = None  # the first evaluated step at or below `RunConfig.target_loss`
   steps: dict = dataclasses.field(default_factory=dict)  # compiled train steps, per Mode
-  hooks: tuple = ()  # `Hook`s, called in order at each event
+  hooks: tuple[Hook, ...] = ()  # called in order at each event
 
   def call_hooks(self, event: str, *args):
     for hook in self.hooks:
