@@ -14,38 +14,11 @@ import argparse
 import jax
 import jax.numpy as jnp
 
-from benchmarks.common import pipelined_seconds
-from jaxcomp.compress import codecs, spec
+from benchmarks.common import codec_seconds, copy_seconds
 
 SPECS = ["bf16", "fp8:scaled", "fp8:scaled:channel", "quant:2", "quant:4", "quant:8", "maxabs:2",
          "maxabs:2:grid=zero:clip=1", "maxabs:3", "maxabs:4", "maxabs:4:stoch", "topk:0.1", "topk:0.1:sort",
          "topk:0.1:bf16", "topk:0.1:q8", "topk:0.01", "reuse"]  # maxabs:2 and :3 default to clip=mse: a 25-ratio search
-REUSE = "reuse"
-REUSE_OF = "topk:0.1"  # the forward codec whose positions `reuse` sends the gradient at
-
-
-def copy_seconds(x, repeats: int) -> float:
-  """Seconds of x + 1 (one read and one write of x)."""
-  return pipelined_seconds(jax.jit(lambda x: x + 1), x, repeats=repeats)
-
-
-def codec_seconds(text: str, x, repeats: int) -> tuple[float, float, int]:
-  """(encode seconds, decode seconds, payload bytes) of the codec `text` (or `reuse`) on x."""
-  key = jax.random.key(1)
-  if text == REUSE:
-    topk = spec.parse_codec(REUSE_OF)
-    idx = jax.jit(lambda x: topk.where(topk.encode(x, key)))(x)
-    encode, decode = jax.jit(topk.values_at), jax.jit(topk.scatter)
-    args = (x, idx)
-    payload = encode(*args)
-    return (pipelined_seconds(encode, *args, repeats=repeats), pipelined_seconds(decode, payload, idx, repeats=repeats),
-            codecs.nbytes(payload))
-  codec = spec.parse_codec(text)
-  encode = jax.jit(lambda x, k: codec.encode(x, k))
-  decode = jax.jit(codec.decode)
-  payload = encode(x, key)
-  return (pipelined_seconds(encode, x, key, repeats=repeats), pipelined_seconds(decode, payload, repeats=repeats),
-          codecs.nbytes(payload))
 
 
 def measure(shape, repeats, dtype="float32", specs=SPECS):

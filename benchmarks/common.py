@@ -1,4 +1,5 @@
-"""Shared by the benchmarks: timing (warm-up, then the median of synchronised runs), flags, tables."""
+"""Shared by the benchmarks: timing (warm-up, then the median of synchronised runs; a codec's encode and decode), the
+methods they run, flags, tables."""
 import argparse
 import os
 import re
@@ -6,7 +7,10 @@ import time
 
 import jax
 
+from experiments import gpt2_wikitext
+from jaxcomp import methods as registry
 from jaxcomp.analysis.step_cost import median_seconds
+from jaxcomp.compress import codecs, spec
 
 
 def use_fake_cpu_devices(count: int) -> None:
@@ -81,3 +85,38 @@ def select(table: dict, names: str, baseline: str) -> dict:
   if unknown:
     raise SystemExit(f"error: unknown {unknown}; choose from {list(table)}")
   return {n: table[n] for n in dict.fromkeys([baseline, *wanted])}
+
+
+REUSE = "reuse"
+REUSE_OF = "topk:0.1"  # the forward codec whose positions `reuse` sends the gradient at
+
+
+def copy_seconds(x, repeats: int) -> float:
+  """Seconds of x + 1 (one read and one write of x)."""
+  return pipelined_seconds(jax.jit(lambda x: x + 1), x, repeats=repeats)
+
+
+def codec_seconds(text: str, x, repeats: int) -> tuple[float, float, int]:
+  """(encode seconds, decode seconds, payload bytes) of the codec `text` (or `reuse`) on x."""
+  key = jax.random.key(1)
+  if text == REUSE:
+    topk = spec.parse_codec(REUSE_OF)
+    idx = jax.jit(lambda x: topk.where(topk.encode(x, key)))(x)
+    encode, decode = jax.jit(topk.values_at), jax.jit(topk.scatter)
+    args = (x, idx)
+    payload = encode(*args)
+    return (pipelined_seconds(encode, *args, repeats=repeats), pipelined_seconds(decode, payload, idx, repeats=repeats),
+            codecs.nbytes(payload))
+  codec = spec.parse_codec(text)
+  encode = jax.jit(lambda x, k: codec.encode(x, k))
+  decode = jax.jit(codec.decode)
+  payload = encode(x, key)
+  return (pipelined_seconds(encode, x, key, repeats=repeats), pipelined_seconds(decode, payload, repeats=repeats),
+          codecs.nbytes(payload))
+
+
+def method_specs() -> dict[str, tuple[str, str]]:
+  """(forward, backward) spec of every named method: the GPT-2 presets and the frontier's (but its learned
+  bottlenecks, which change the model, not only what the boundary sends)."""
+  presets = {name: (p["fwd"], p["bwd"]) for name, p in gpt2_wikitext.PRESETS.items() if "fwd" in p}
+  return {**presets, **{m.name: (m.fwd, m.bwd) for m in registry.METHODS.values() if not m.changes_model}}

@@ -39,9 +39,8 @@ import jax.numpy as jnp
 import optax
 
 import jaxcomp
-from benchmarks.common import gpt2_config, gpt2_parser, select
-from experiments import gpt2_wikitext, paper
-from jaxcomp import methods as registry
+from benchmarks.common import gpt2_config, gpt2_parser, method_specs, select
+from experiments import paper
 from jaxcomp import pipeline
 from jaxcomp.analysis import netsim, targets
 from jaxcomp.analysis.step_cost import Estimated, Measured, op_seconds, stage_costs
@@ -57,13 +56,6 @@ from jaxcomp.parallel import padded_rows, schedules, timetable
 BEST_QUANTIZER = "tile64-fw3-bw4"
 METHODS = ("fp32", "aqsgd-fw3-bw6", "aqsgd-fw2-bw4", "top10-reuse", "top10-q8-reuse", BEST_QUANTIZER)
 QADAM = " + QuantizedAdam"
-
-
-def method_specs() -> dict[str, tuple[str, str]]:
-  """(forward, backward) spec of every named method: the GPT-2 presets and the frontier's (but its learned
-  bottlenecks, which change the model, not only what the boundary sends)."""
-  presets = {name: (p["fwd"], p["bwd"]) for name, p in gpt2_wikitext.PRESETS.items() if "fwd" in p}
-  return {**presets, **{m.name: (m.fwd, m.bwd) for m in registry.METHODS.values() if not m.changes_model}}
 
 
 def padded_row(cfg, num_stages: int, batch, microbatches: int) -> int:
