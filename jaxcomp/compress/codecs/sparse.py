@@ -72,6 +72,7 @@ def _selected_mask(selector, x_RxF, k):
 
 
 THRESHOLD_FROM_FRACTION_CPU = 0.01  # select="auto" on CPU: threshold from this K up (docs/benchmarks.md)
+AUTO_SELECTION = {"cpu": "threshold", "cuda": "threshold", "rocm": "threshold", "tpu": "sort"}  # select="auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,9 +90,12 @@ class TopK(Codec):
   v_hat = s c / 127, |v - v_hat| <= s / 254, +-inf as the quantizer sends it. A row holding a
   NaN or +-inf sends NaN in place of its finite selected values (q8: a NaN scale).
   `select`: "threshold" (counting passes + prefix-sum compaction, `jaxcomp.compress.selection`),
-  "sort" (`lax.top_k`), "approx" (`lax.approx_max_k`), or "auto": the fastest measured on
-  the platform the program is compiled for (`jax.lax.platform_dependent`; CPU: threshold from
-  K = THRESHOLD_FROM_FRACTION_CPU up, sort below; sort elsewhere until measured).
+  "sort" (`lax.top_k`), "approx" (`lax.approx_max_k`), or "auto": per platform the program is compiled for
+  (`jax.lax.platform_dependent`, `AUTO_SELECTION`): on CPU the faster measured (threshold from K =
+  THRESHOLD_FROM_FRACTION_CPU up, sort below); on GPU the threshold, the one selection whose compiled program
+  sorts no row (XLA:GPU lowers `lax.top_k` and `approx_max_k` of k in the thousands to a sort of the row:
+  docs/results/codecs_compiled.md); on TPU sort, until a TPU measures it (the threshold's counting passes compile
+  there to ~150 passes over the row against the sort's ~14 plus its sort).
   """
   fraction: float = 0.1
   per: str = "example"
@@ -114,19 +118,21 @@ class TopK(Codec):
     return f / 8 < self.k(shape) * np.dtype(_index_dtype(f)).itemsize
 
   def selector(self, platform: str) -> str:
-    """The selection method on `platform` ("cpu", "tpu", "cuda", ...): `select`, or for "auto"
-    the threshold selection on CPU from K = THRESHOLD_FROM_FRACTION_CPU up, `lax.top_k` elsewhere."""
+    """The selection method on `platform` ("cpu", "cuda", "rocm", "tpu"): `select`, or for "auto" the platform's
+    (`AUTO_SELECTION`; on CPU below K = THRESHOLD_FROM_FRACTION_CPU, sort)."""
     if self.select != "auto":
       return self.select
-    return "threshold" if platform == "cpu" and self.fraction >= THRESHOLD_FROM_FRACTION_CPU else "sort"
+    if platform == "cpu" and self.fraction < THRESHOLD_FROM_FRACTION_CPU:
+      return "sort"
+    return AUTO_SELECTION.get(platform, "sort")
 
   def _selected(self, how, x_RxF, k):
     """how(selector, x, k) with the selector of the platform the program is lowered for (not the
     host's default backend: a program compiled for a TPU from a CPU host selects as on the TPU)."""
-    on_cpu, elsewhere = self.selector("cpu"), self.selector("tpu")
-    if on_cpu == elsewhere:
-      return how(on_cpu, x_RxF, k)
-    return jax.lax.platform_dependent(x_RxF, cpu=lambda x: how(on_cpu, x, k), default=lambda x: how(elsewhere, x, k))
+    chosen = {p: self.selector(p) for p in ("cpu", "cuda", "rocm", "tpu")}
+    if len(set(chosen.values())) == 1:
+      return how(chosen["cpu"], x_RxF, k)
+    return jax.lax.platform_dependent(x_RxF, **{p: (lambda x, s=s: how(s, x, k)) for p, s in chosen.items()})
 
   def positions(self, x) -> jax.Array:
     """Int32 [R, k]: positions of the largest-magnitude entries of each row."""

@@ -1,0 +1,92 @@
+"""What a codec costs on an accelerator, from its compiled programs (nothing runs).
+
+Each op of a message (encode: x -> payload; decode: payload -> x; with TopK's index reuse also the backward's
+`values_at`: gradient -> values at the forward's positions, and `scatter`: values -> dense gradient) is compiled
+alone for one device of a target (`dryrun.compile_op`) and read three ways:
+  logical bytes   what the op cannot avoid moving: every input read once and every output written once;
+  traffic         the HBM bytes of the compiled program (`hlo_bytes.memory_bytes`: each top-level instruction
+                  reads its operands and writes its result, a fusion at its boundary); passes = traffic / logical;
+  XLA's count     the backend's own cost analysis ("bytes accessed"), where it gives one (TPU; GPU compile-only
+                  devices give none);
+and its sorts: a sort whose sorted dimension holds at least `ROW_SORT` entries is a sort of the row (`lax.top_k`
+lowers to one for large k); a smaller one (the threshold selection's strided sample) is not. Its roofline time is
+max(traffic / HBM bandwidth, matrix FLOPs / peak) at the chip's published figures: an estimate, never a
+measurement (`benchmarks.device_check` measures the same ops where a device is at hand).
+"""
+import re
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from jaxcomp.analysis import dryrun, targets
+from jaxcomp.compress import codecs
+
+ROW_SORT = 4096  # entries along the sorted dimension from which a sort counts as a sort of the row
+_SORT = re.compile(r"=\s*(\(.*?\)|\S+)\s+sort\((.*?)\),\s*dimensions=\{(\d+)\}")
+_SHAPE = re.compile(r"\w+\[([\d,]*)\]")
+
+
+class OpCost(NamedTuple):
+  """One compiled op of a codec on a target (bytes per call, one device)."""
+  op: str  # "encode", "decode", "values_at", "scatter"
+  logical_bytes: int
+  traffic_bytes: int
+  xla_bytes: float | None  # the backend's cost analysis, where it gives one
+  peak_bytes: int
+  sorts: int  # sort instructions in the program
+  row_sorts: int  # of them, sorts of >= ROW_SORT entries (a sort of the row)
+  roofline_s: float
+  compile_s: float
+
+  @property
+  def passes(self) -> float:
+    """Traffic per logical byte: 1.0 is an op that touches each byte it must exactly once."""
+    return self.traffic_bytes / self.logical_bytes
+
+
+def nbytes(tree) -> int:
+  """Bytes of every array (or ShapeDtypeStruct) in `tree`."""
+  return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(tree))
+
+
+def sorts(hlo: str) -> list[int]:
+  """The length of the sorted dimension of each sort instruction in the HLO text."""
+  lengths = []
+  for result, _, dim in _SORT.findall(hlo):
+    dims = _SHAPE.search(result).group(1).split(",")
+    lengths.append(int(dims[int(dim)]))
+  return lengths
+
+
+def op_cost(target: targets.Target, op: str, fn, *args, devices=None) -> OpCost:
+  """`fn(*args)` (arrays or ShapeDtypeStructs) compiled for one device of `target`, read as above."""
+  device = (devices or targets.compile_only_devices(target))[0]
+  placed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                       sharding=jax.sharding.SingleDeviceSharding(device)), args)
+  step, compiled = dryrun.compile_step(op, lambda: jax.jit(fn).trace(*placed), target.platform)
+  text = compiled.as_text()
+  analysis = compiled.cost_analysis()
+  analysis = (analysis[0] if isinstance(analysis, list) else analysis) or {}
+  lengths = sorts(text)
+  logical = nbytes(args) + nbytes(jax.eval_shape(fn, *args))
+  return OpCost(op, logical, step.traffic_bytes, analysis.get("bytes accessed"), step.peak_bytes, len(lengths),
+                sum(n >= ROW_SORT for n in lengths), step.estimated_s(target.chip), step.compile_s)
+
+
+def codec_costs(target: targets.Target, codec: codecs.Codec, shape, dtype, reuse: bool = False,
+                devices=None) -> list[OpCost]:
+  """The codec's encode and decode of one message of `shape` and `dtype` on `target`; with `reuse` (a TopK codec)
+  also the index-reuse backward's `values_at` and `scatter` at the forward's positions."""
+  devices = devices or targets.compile_only_devices(target)
+  x = jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
+  encode = lambda x: codec.encode(x, jax.random.key(0))  # a stochastic codec's key: a constant of the program
+  payload = jax.eval_shape(encode, x)
+  out = [op_cost(target, "encode", encode, x, devices=devices),
+         op_cost(target, "decode", codec.decode, payload, devices=devices)]
+  if reuse:
+    where = jax.eval_shape(codec.where, payload)
+    values = jax.eval_shape(codec.values_at, x, where)
+    out += [op_cost(target, "values_at", codec.values_at, x, where, devices=devices),
+            op_cost(target, "scatter", codec.scatter, values, where, devices=devices)]
+  return out

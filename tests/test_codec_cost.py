@@ -1,0 +1,47 @@
+"""A codec's compiled cost on a target (`analysis.codec_cost`): logical bytes, traffic, sorts of the row."""
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxcomp.analysis import codec_cost, targets
+from jaxcomp.compress import codecs, spec
+
+GPT2_SMALL = (8, 1024, 768)  # the papers' boundary activation: 8 examples x 1,024 tokens x 768 features
+
+
+def test_sorts_reads_the_sorted_axis_of_each_sort():
+  hlo = ("%sort.2 = (f32[8,786432]{1,0}, s32[8,786432]{1,0}) sort(%abs.2, %iota.15), dimensions={1}, to_apply=%cmp\n"
+         "%sort.9 = s32[8,128]{1,0} sort(%bits), dimensions={1}, is_stable=true, to_apply=%lt\n")
+  assert codec_cost.sorts(hlo) == [786432, 128]
+
+
+def test_a_cast_moves_its_logical_bytes_and_sorts_nothing():
+  """bf16 of fp32 on v5e: the input read once, half of it written: one pass, no sort."""
+  v5e = targets.target("v5e-1")
+  encode, decode = codec_cost.codec_costs(v5e, spec.parse_codec("bf16"), (4, 128, 256), jnp.float32)
+  assert encode.logical_bytes == 4 * 128 * 256 * (4 + 2) and decode.logical_bytes == encode.logical_bytes
+  assert encode.passes == pytest.approx(1.0) and encode.sorts == encode.row_sorts == 0
+  assert encode.roofline_s == pytest.approx(encode.traffic_bytes / v5e.chip.hbm_bytes_per_s)
+
+
+def test_the_threshold_selection_fits_v5e_at_gpt2_smalls_paper_step_and_sorts_no_row():
+  """TopK 10% of GPT-2 small's boundary activation compiled for TPU v5e: the threshold selection compiles (it once
+  ran out of VMEM there, from a strided slice of the long row) and sorts only its sample; lax.top_k sorts the row."""
+  v5e = targets.target("v5e-1")
+  devices = targets.compile_only_devices(v5e)
+  threshold = codec_cost.op_cost(v5e, "encode", codecs.TopK(0.1, select="threshold", values="q8").encode,
+                                 jax.ShapeDtypeStruct(GPT2_SMALL, jnp.float32), devices=devices)
+  assert threshold.row_sorts == 0 and threshold.sorts == 1  # the sorted strided sample (128 per row)
+  assert threshold.peak_bytes < v5e.chip.hbm_bytes
+
+
+def test_the_default_topk_sorts_no_row_on_gpu():
+  """On H100 the default selection is the threshold: its compiled encode has no sort of the row, lax.top_k's has one
+  (skipped without the CUDA plugin, which the test extra does not bring)."""
+  pytest.importorskip("jax_plugins.xla_cuda12", reason="the CUDA PJRT plugin is not installed "
+                      "(pip install jax-cuda12-pjrt==<jax version> and a ptxas)")
+  h100 = targets.target("h100")
+  devices = targets.compile_only_devices(h100)
+  default, sort = (codec_cost.codec_costs(h100, spec.parse_codec(s), GPT2_SMALL, jnp.float32, devices=devices)[0]
+                   for s in ("topk:0.1:q8", "topk:0.1:q8:sort"))
+  assert default.row_sorts == 0 and sort.row_sorts == 1
