@@ -1,3 +1,5 @@
+"""Every codec: exact wire bytes, jit and eager alike, round trips within their bounds, non-finite inputs kept
+visible, bad configurations and inputs refused, and the properties each family promises."""
 import copy
 import itertools
 import re
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 from jaxcomp.compress import codecs, packing, spec
 from jaxcomp.compress.adaptive import TokenAdaptive
 from jaxcomp.compress.rotation import Hadamard
+from codec_cases import normal_input, relative_mse
 
 ALL_CODECS = [
     codecs.Identity(), codecs.Cast("bfloat16"), codecs.Cast("float16"), codecs.ScaledCast(),
@@ -47,10 +50,6 @@ WIRE_CASES = ([(c, s, d) for c, s in CASES for d in (jnp.float32, jnp.bfloat16)]
               + [(c, s, jnp.float16) for c, s in CASES if s in (SHAPES[0], BLOCK_SHAPES[0])])
 
 
-def _x(shape, dtype=jnp.float32, seed=0):
-  return (jax.random.normal(jax.random.key(seed), shape) * 3 + 1).astype(dtype)
-
-
 @pytest.mark.parametrize("codec, shape, dtype", WIRE_CASES, ids=repr)
 def test_wire_bytes_is_payload_size(codec, shape, dtype):
   """Payload shapes are static: tracing encode gives the bytes every call sends."""
@@ -64,7 +63,7 @@ def test_wire_bytes_is_payload_size(codec, shape, dtype):
 @pytest.mark.parametrize("codec", [c if i in (1, 5, 7) else pytest.param(c, marks=pytest.mark.slow)
                                    for i, c in enumerate(BLOCK_CODECS)], ids=repr)
 def test_block_codecs_jit_and_eager_agree(codec):
-  x = _x((3, 5, 16))
+  x = normal_input((3, 5, 16))
   np.testing.assert_allclose(np.asarray(jax.jit(codec)(x, jax.random.key(1))), np.asarray(codec(x, jax.random.key(1))),
                              rtol=1e-5, atol=1e-5)
 
@@ -93,7 +92,7 @@ class RoundTripTest(parameterized.TestCase):
   @parameterized.parameters(*range(len(ALL_CODECS)))
   def test_jit_and_eager_agree(self, i):
     codec = ALL_CODECS[i]
-    x = _x((4, 40), seed=i)
+    x = normal_input((4, 40), seed=i)
     eager = codec(x, jax.random.key(3))
     traced = self.variant(lambda x, k: codec(x, k))(x, jax.random.key(3))
     np.testing.assert_allclose(np.asarray(traced), np.asarray(eager), rtol=1e-6, atol=1e-6)
@@ -102,7 +101,7 @@ class RoundTripTest(parameterized.TestCase):
 @pytest.mark.parametrize("bits", [b if b in (1, 2, 3, 4, 8, 16) else pytest.param(b, marks=pytest.mark.slow)
                                   for b in range(1, 17)])  # the widths the specs name by default, every one with -m slow
 def test_minmax_error_within_half_step(bits):
-  x = _x((8, 129), seed=bits)
+  x = normal_input((8, 129), seed=bits)
   x_hat = codecs.MinMaxQuant(bits)(x)
   lo, hi = float(x.min()), float(x.max())
   half_step = (hi - lo) / (2 * (2**bits - 1))
@@ -119,7 +118,7 @@ def test_minmax_error_within_half_step(bits):
                                   codecs.MAXABS_GRIDS)])
 def test_maxabs_error_within_half_step(bits, granularity, scale_dtype, grid):
   """|x - x_hat| <= s / (2D) unclipped: s/(2L) on the zero grid, s/(2^B - 1) on midrise."""
-  x = _x((6, 5, 16), seed=bits)
+  x = normal_input((6, 5, 16), seed=bits)
   codec = codecs.MaxAbsQuant(bits, granularity, scale_dtype=scale_dtype, clip=1.0, grid=grid)
   payload = codec.encode(x)
   scale = jax.lax.bitcast_convert_type(payload.arrays.scale, jnp.dtype(scale_dtype)).astype(jnp.float32)
@@ -131,149 +130,9 @@ def test_maxabs_error_within_half_step(bits, granularity, scale_dtype, grid):
   assert bool(jnp.all(err <= scale / (2 * codec.levels) * (1 + 1e-5)))
 
 
-@pytest.mark.parametrize("bits", [2, 4, 8])
-@pytest.mark.parametrize("clip", [1.0, 0.6, "mse"])
-def test_maxabs_grid_is_symmetric_and_contains_zero(bits, clip):
-  """0 -> 0 exactly; x and -x decode to opposite values (no bias); 2L+1 levels, L = 2^(B-1)-1."""
-  x = jnp.concatenate([_x((64, 8), seed=bits), jnp.zeros((16, 8))])
-  x = jnp.concatenate([x, -x])
-  codec = codecs.MaxAbsQuant(bits, clip=clip, grid="zero")
-  x_hat = codec(x)
-  np.testing.assert_array_equal(np.asarray(x_hat[64:80]), 0.0)
-  np.testing.assert_array_equal(np.asarray(x_hat[:80]), -np.asarray(x_hat[80:]))
-  assert codec.levels == 2 ** (bits - 1) - 1
-  assert len(np.unique(np.asarray(x_hat[:, 0]))) <= 2 * codec.levels + 1
-
-
-@pytest.mark.parametrize("bits", [1, 2, 3, 4])
-@pytest.mark.parametrize("clip", [1.0, 0.6, "mse"])
-def test_maxabs_midrise_grid_uses_every_code(bits, clip):
-  """All 2^B points +-(2j-1) s/(2^B-1) occur; x and -x decode to opposite values; 0 decodes to
-  +s/(2^B-1) (there is no 0 point), an all-zero channel to 0."""
-  x = jnp.concatenate([_x((256, 8), seed=bits), -_x((256, 8), seed=bits)]).at[:, 5].set(0.0)
-  codec = codecs.MaxAbsQuant(bits, clip=clip, grid="midrise")
-  assert codec.levels == (2**bits - 1) / 2
-  scale = lambda payload: np.asarray(jax.lax.bitcast_convert_type(payload.arrays.scale, jnp.float32))
-  payload = codec.encode(x)
-  x_hat = np.asarray(codec.decode(payload))
-  np.testing.assert_array_equal(x_hat[:256], -x_hat[256:])
-  points = np.unique(x_hat[:, 0])
-  np.testing.assert_allclose(points, np.arange(-(2**bits - 1), 2**bits, 2) * scale(payload)[0] / (2**bits - 1),
-                             rtol=1e-6)
-  np.testing.assert_array_equal(x_hat[:, 5], 0.0)
-  zeros = codec.encode(jnp.zeros((3, 8)).at[0].set(1.0))
-  np.testing.assert_allclose(np.asarray(codec.decode(zeros))[1:], scale(zeros) / (2**bits - 1) + np.zeros((2, 8)),
-                             rtol=1e-6)
-
-
-def _relative_mse(x, x_hat):
-  return float(np.mean((np.asarray(x_hat, np.float64) - np.asarray(x, np.float64)) ** 2) / np.mean(np.asarray(x, np.float64) ** 2))
-
-
-IDEAL_ROUNDING = {"zero": np.round, "midrise": lambda y: np.floor(y) + 0.5}  # nearest point, in steps s/D
-
-
-@pytest.mark.parametrize("bits", [2, 4, 8])
-@pytest.mark.parametrize("relu", [True, False])
-@pytest.mark.parametrize("grid", codecs.MAXABS_GRIDS)
-def test_maxabs_matches_an_ideal_symmetric_grid(bits, relu, grid):
-  """Relative MSE within 2% of float64 nearest rounding to {-D..D} * s / D with the same scales."""
-  x = np.asarray(jax.random.normal(jax.random.key(bits), (16, 8, 8, 64) if relu else (8, 128, 96)))
-  x = np.maximum(x, 0) if relu else x
-  s = np.abs(x).reshape(-1, x.shape[-1]).max(0).astype(np.float64)
-  codec = codecs.MaxAbsQuant(bits, clip=1.0, grid=grid)
-  levels = codec.levels
-  ideal = np.clip(IDEAL_ROUNDING[grid](x / s * levels), -levels, levels) * s / levels
-  ours = _relative_mse(x, codec(jnp.asarray(x)))
-  assert ours == pytest.approx(_relative_mse(x, ideal), rel=0.02)
-
-
-def test_default_two_bits_reach_the_authors_quantizer_error():
-  """`maxabs:2` (defaults: the grid per scale, clip=mse) on N(0,1), one scale per feature: relative MSE at
-  most the AQ-SGD authors' quantizer's 0.253 (SPEC.md); the zero grid unclipped has 0.75."""
-  x = jax.random.normal(jax.random.key(1), (4, 128, 256))
-  assert codecs.MaxAbsQuant(2) == codecs.MaxAbsQuant(2, grid="auto", clip="mse")
-  assert _relative_mse(x, spec.parse_codec("maxabs:2")(x)) <= 0.253
-  assert _relative_mse(x, codecs.MaxAbsQuant(2, clip=1.0, grid="zero")(x)) > 0.7
-
-
-def _outlier_channels(shape, times=50.0, key=2):
-  """N(0,1) with 4 random features (of the last axis) times `times`: pretrained transformers' activation pattern."""
-  x = np.array(jax.random.normal(jax.random.key(1), shape))
-  x[..., np.asarray(jax.random.choice(jax.random.key(key), shape[-1], (4,), replace=False))] *= times
-  return x
-
-
-AUTO_GRID_SETTINGS = [("channel", None, "mse"), ("group", 16, 1.0), ("group", 16, "mse")]
-
-
-@pytest.mark.parametrize("granularity, group, clip, bits", [  # each setting at one width by default, all with -m slow
-    (*setting, bits) if bits == 2 + k else pytest.param(*setting, bits, marks=pytest.mark.slow)
-    for k, setting in enumerate(AUTO_GRID_SETTINGS) for bits in (2, 3, 4)])
-def test_auto_grid_takes_the_grid_of_least_error_per_scale(granularity, group, clip, bits):
-  """Each scale of grid="auto" decodes as the zero or the midrise grid would (the one its scale's sign bit names, up
-  to fp32 rounding of the division by D), and that one errs least: auto's error per scale is the smaller of the two.
-  The tensor has outlier features (their groups take the zero grid) and 4 features that are 0 but in a few tokens
-  (their channels take the zero grid, which sends 0 exactly)."""
-  x = _outlier_channels((4, 32, 64))
-  x[:, 2:, 8:12] = 0.0
-  x = jnp.asarray(x)
-  make = lambda grid: codecs.MaxAbsQuant(bits, granularity, clip=clip, group=group, grid=grid)
-  auto = make("auto")
-  payload = auto.encode(x)
-  _, offset = auto.grids(payload)
-  view = (4, 32, 64 // group, group) if group else (4, 32, 64)
-  axes = (-1,) if group else (0, 1)
-  decoded = {grid: np.asarray(make(grid)(x)).reshape(view) for grid in ("auto", *codecs.MAXABS_GRIDS)}
-  errors = {grid: np.sum((d - np.asarray(x).reshape(view)) ** 2, axis=axes) for grid, d in decoded.items()}
-  midrise = np.asarray(offset) == 0.5
-  assert midrise.any() and not midrise.all()  # the outlier scales take the zero grid, the others midrise
-  expand = (lambda m: m[..., None]) if group else (lambda m: m)
-  np.testing.assert_allclose(decoded["auto"], np.where(expand(midrise), decoded["midrise"], decoded["zero"]), rtol=1e-6)
-  np.testing.assert_allclose(errors["auto"], np.minimum(errors["zero"], errors["midrise"]), rtol=1e-5)
-  assert auto.wire_bytes(x.shape, x.dtype) == make("zero").wire_bytes(x.shape, x.dtype)  # the flag is no byte
-
-
-@pytest.mark.parametrize("bits, times", [  # 2 and 4 bits by default, each with one outlier size; all with -m slow
-    case if case in ((2, 500.0), (4, 50.0)) else pytest.param(*case, marks=pytest.mark.slow)
-    for case in itertools.product([2, 3, 4], [50.0, 500.0])])
-def test_default_group_scales_hold_with_outlier_channels(bits, times):
-  """On N(0,1) with 4 features times 50 (or 500), each default (`maxabs:B:group=64`, `maxabs:B`) errs no more than
-  1.05x the better of `grid=zero` and `grid=midrise`, and at 2 and 3 bits grouped scales no more than one scale per
-  channel. (The mid-rise default of before erred 16-20x more than the zero grid, grouped. At 4 bits a group holding an
-  outlier rounds its small entries to 0 whatever its grid, and whether that errs more than one scale per channel
-  depends on how many tokens set the channel's scale: docs/grids.md.)"""
-  x = jnp.asarray(_outlier_channels((4, 64, 256), times))
-  error = lambda text: _relative_mse(x, spec.parse_codec(text.format(b=bits))(x))
-  grouped, channel = error("maxabs:{b}:group=64"), error("maxabs:{b}")
-  assert grouped <= channel or bits == 4
-  assert grouped <= 1.05 * min(error(f"maxabs:{{b}}:group=64:grid={g}") for g in codecs.MAXABS_GRIDS)
-  assert channel <= 1.05 * min(error(f"maxabs:{{b}}:grid={g}") for g in codecs.MAXABS_GRIDS)
-
-
-def test_auto_grid_decodes_an_all_zero_group_to_zero_on_the_zero_grid():
-  codec = codecs.MaxAbsQuant(2, "group", group=4, grid="auto")
-  x = jnp.asarray([[0.0, 0.0, 0.0, 0.0, 1.0, -0.3, 0.2, 0.9]])
-  scale, offset = codec.grids(codec.encode(x))
-  np.testing.assert_array_equal(np.asarray(offset), [[0.0, 0.5]])  # ties go to the zero grid
-  assert bool(jnp.all(scale >= 0))
-  np.testing.assert_array_equal(np.asarray(codec(x))[0, :4], 0.0)
-  with pytest.raises(ValueError, match="picks D per scale"):
-    codec.levels  # noqa: B018
-
-
-@pytest.mark.parametrize("grid", codecs.MAXABS_GRIDS)
-def test_maxabs_mse_clip_never_worse_than_no_clip(grid):
-  x = jnp.maximum(jax.random.normal(jax.random.key(0), (16, 8, 8, 64)), 0)
-  error = lambda bits, clip: _relative_mse(x, codecs.MaxAbsQuant(bits, clip=clip, grid=grid)(x))
-  for bits in (2, 4, 8):
-    assert error(bits, "mse") <= error(bits, 1.0)
-  assert error(2, "mse") < 0.7 * error(2, 1.0)
-
-
 @pytest.mark.parametrize("grid", codecs.MAXABS_GRIDS)
 def test_stochastic_rounding_is_unbiased(grid):
-  x = _x((2, 64), seed=7)
+  x = normal_input((2, 64), seed=7)
   codec = codecs.MaxAbsQuant(2, "tensor", stochastic=True, clip=1.0, grid=grid)
   samples = jax.vmap(lambda k: codec(x, k))(jax.random.split(jax.random.key(0), 4000))
   step = float(jnp.max(jnp.abs(x))) / codec.levels
@@ -288,9 +147,9 @@ def test_stochastic_rounding_is_unbiased(grid):
 
 def test_stochastic_without_key_is_an_error():
   with pytest.raises(ValueError, match="needs a PRNG key"):
-    codecs.MinMaxQuant(4, stochastic=True).encode(_x((2, 4)))
+    codecs.MinMaxQuant(4, stochastic=True).encode(normal_input((2, 4)))
   with pytest.raises(ValueError, match="needs a PRNG key"):
-    codecs.RandK(0.5).encode(_x((2, 4)))
+    codecs.RandK(0.5).encode(normal_input((2, 4)))
 
 
 @pytest.mark.parametrize("codec", [codecs.MinMaxQuant(4), codecs.MaxAbsQuant(4), codecs.MaxAbsQuant(3, "tensor"),
@@ -326,61 +185,8 @@ def test_huge_inputs(grid):
                                               codecs.TopK(0.1)) else pytest.param(c, marks=pytest.mark.slow)
                                    for c in ALL_CODECS[3:-1]], ids=repr)
 def test_nan_is_reported_not_hidden(codec):
-  x = _x((2, 16)).at[0, 3].set(jnp.nan)
+  x = normal_input((2, 16)).at[0, 3].set(jnp.nan)
   assert bool(jnp.any(jnp.isnan(codec(x, jax.random.key(0)))))
-
-
-@pytest.mark.parametrize("fraction, shape", [(0.5, (4, 3, 8, 8)), (0.3, (2, 64, 48)), (0.2, (3, 1000)),
-                                             *(pytest.param(*case, marks=pytest.mark.slow)  # each shape again
-                                               for case in [(0.1, (4, 3, 8, 8)), (0.05, (2, 64, 48)), (0.02, (3, 1000))])])
-def test_topk_keeps_exactly_the_largest(fraction, shape):
-  x = _x(shape, seed=int(fraction * 100))
-  codec = codecs.TopK(fraction)
-  x_hat = np.asarray(jax.jit(codec)(x)).reshape(shape[0], -1)
-  flat = np.asarray(x).reshape(shape[0], -1)
-  k = int(np.ceil(round(fraction * flat.shape[1], 6)))
-  assert codec.k(shape) == k
-  for row, row_hat in zip(flat, x_hat):
-    kept = row_hat != 0
-    assert kept.sum() == k
-    np.testing.assert_array_equal(row_hat[kept], row[kept])
-    assert np.abs(row[kept]).min() >= np.abs(row[~kept]).max(initial=0)
-
-
-def test_topk_ties_never_drop_below_k():
-  x = jnp.ones((3, 50))
-  for codec in [codecs.TopK(0.1), codecs.TopK(0.9)]:  # index and mask encodings
-    assert np.count_nonzero(np.asarray(codec(x)), axis=1).tolist() == [codec.k(x.shape)] * 3
-
-
-def test_topk_chooses_cheaper_position_encoding_and_both_decode():
-  x = _x((2, 256))
-  dense, sparse = codecs.TopK(0.5), codecs.TopK(0.02)
-  assert dense.uses_mask(x.shape) and dense.encode(x).arrays.mask is not None
-  assert not sparse.uses_mask(x.shape) and sparse.encode(x).arrays.indices is not None
-  assert sparse.encode(x).arrays.indices.dtype == jnp.uint16
-  for codec in (dense, sparse):
-    kept = [np.flatnonzero(row) for row in np.asarray(codec.decode(codec.encode(x)))]
-    np.testing.assert_array_equal(kept, np.sort(np.asarray(codec.positions(x)), axis=1))
-
-
-def test_topk_per_row_and_values_at_scatter():
-  x = _x((2, 3, 20))
-  codec = codecs.TopK(0.25, per="row")
-  assert np.all(np.count_nonzero(np.asarray(codec(x)), axis=-1) == 5)
-  where = codec.where(codec.encode(x))
-  assert codec.positions(x).shape == (6, 5) and where.shape == (6, 3)  # 5 of 20 positions: a 3-byte mask per row
-  np.testing.assert_array_equal(np.asarray(codec.scatter(codec.values_at(x, where), where)), np.asarray(codec(x)))
-
-
-def test_randk_keeps_k_random_entries_decoded_from_seed():
-  x = _x((3, 40))
-  codec = codecs.RandK(0.25)
-  a, b = codec(x, jax.random.key(0)), codec(x, jax.random.key(1))
-  assert np.all(np.count_nonzero(np.asarray(a), axis=1) == 10)
-  np.testing.assert_array_equal(np.asarray(a)[np.asarray(a) != 0], np.asarray(x)[np.asarray(a) != 0])
-  assert not np.array_equal(np.asarray(a) != 0, np.asarray(b) != 0)
-  assert set(codec.encode(x, jax.random.key(0)).parts()) == {"values", "seed"}
 
 
 @pytest.mark.parametrize("make, match", [
@@ -415,59 +221,6 @@ def test_default_maxabs_round_trips_any_magnitude(exponent, seed, bits, grid):
   s = np.abs(np.asarray(x)).max(0)
   err = np.abs(np.asarray(codec(x)) - np.asarray(x))
   assert np.all(err <= s / (2 * codec.levels) * (1 + 1e-5))
-
-
-# every floating dtype a codec accepts as input; x * 10^k for the k each holds (max|x| finite and normal)
-MAGNITUDE_DTYPES = ["float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"]
-SEARCHING_CODECS = [codecs.MaxAbsQuant(2, clip="mse", grid="auto"),
-                    codecs.MaxAbsQuant(3, "group", clip="mse", group=8, grid="midrise"),
-                    codecs.MaxAbsQuant(4, "tensor", clip=1.0, grid="auto")]
-
-
-@pytest.mark.parametrize("dtype", [d if d in ("float32", "bfloat16", "float8_e4m3fn") else pytest.param(d, marks=pytest.mark.slow)
-                                   for d in MAGNITUDE_DTYPES])  # float16 and float8_e5m2 with -m slow
-def test_clip_and_grid_choices_do_not_depend_on_magnitude(dtype):
-  """x * 10^k (k in -30..30, as far as the dtype holds it) encodes as the same values brought to max|x| ~ 1 by an
-  exact power of two 2^j: the same codes, the scales times 2^j, the same grids, so every scale's clip ratio and
-  grid are chosen alike at any magnitude. In fp32 the ratios and grids also equal those of x itself."""
-  info = jnp.finfo(jnp.dtype(dtype))
-  x = np.asarray(jax.random.normal(jax.random.key(3), (4, 16, 32)), np.float64) * 3.0
-  top = np.abs(x).max()
-  ks = [k for k in range(-30, 31) if float(info.tiny) <= top * 10.0**k <= float(info.max) / 2]
-  assert len(ks) == (61 if dtype in ("float32", "bfloat16") else len(ks)) and len(ks) >= 2
-
-  def choices(codec, xs):
-    payload = codec.encode(jnp.asarray(xs))
-    scale, offset = codec.grids(payload)
-    return payload, np.asarray(scale), np.broadcast_to(np.asarray(offset), np.shape(scale))
-
-  for codec in SEARCHING_CODECS:
-    reduce_to = lambda a: (np.abs(a).max(axis=(0, 1)) if codec.granularity == "channel" else
-                           np.abs(a.reshape(4, 16, 4, 8)).max(-1) if codec.granularity == "group" else np.abs(a).max())
-    ratios_at_1 = None
-    for k in ks:
-      xk = np.asarray(jnp.asarray(x * 10.0**k, dtype), np.float32)
-      j = -int(np.floor(np.log2(np.abs(xk).max())))
-      payload, scale, grid = choices(codec, jnp.asarray(xk, dtype))
-      ref_payload, ref_scale, ref_grid = choices(codec, np.ldexp(xk, j))  # exact in fp32
-      np.testing.assert_array_equal(np.asarray(payload.arrays.codes), np.asarray(ref_payload.arrays.codes))
-      np.testing.assert_array_equal(np.ldexp(scale, j), ref_scale)
-      np.testing.assert_array_equal(grid, ref_grid)
-      if dtype == "float32":
-        ratios = (scale / reduce_to(xk), grid)
-        ratios_at_1 = ratios_at_1 or ratios
-        np.testing.assert_allclose(ratios[0], ratios_at_1[0], rtol=1e-5)
-        np.testing.assert_array_equal(ratios[1], ratios_at_1[1])
-
-
-def test_mse_clip_chooses_at_a_tiny_magnitude():
-  """`maxabs:2` on N(0, 9) x 1e-25 (the squares of its entries flush to 0 in fp32): the clip ratios of the
-  same tensor at magnitude 1, not ratio 1 for every channel."""
-  x = jax.random.normal(jax.random.key(0), (8, 16)) * 3.0
-  codec = spec.parse_codec("maxabs:2")
-  ratio = lambda v: np.asarray(codec.grids(codec.encode(v))[0]) / np.abs(np.asarray(v)).max(0)
-  np.testing.assert_allclose(ratio(x * np.float32(1e-25)), ratio(x), rtol=1e-5)
-  assert np.sum(ratio(x) < 0.99) >= 12  # the reference clips (the fault sent ratio 1 for all 16)
 
 
 @settings(max_examples=40, deadline=None)
@@ -521,55 +274,8 @@ def test_scaled_fp8_round_trips_any_magnitude(exponent, seed, dtype, granularity
 
 def test_scaled_fp8_keeps_activation_gradients_that_plain_fp8_flushes():
   g = jax.random.normal(jax.random.key(0), (8, 64)) * 1e-5  # typical of a loss averaged over many tokens
-  assert _relative_mse(g, codecs.Cast("float8_e4m3fn")(g)) > 0.9  # below e4m3's smallest subnormal, 2^-9
-  assert _relative_mse(g, codecs.ScaledCast()(g)) < 2e-3
-
-
-@pytest.mark.parametrize("fraction", [0.5, 0.02])  # mask and index encodings
-def test_topk_q8_values_on_a_symmetric_grid_with_zero(fraction):
-  x = _x((3, 200), seed=5).at[1].set(0.0)  # an all-zero row: scale 0 decodes to exact zeros
-  q8, exact = codecs.TopK(fraction, values="q8"), codecs.TopK(fraction)
-  payload = q8.encode(x)
-  assert payload.arrays.values.dtype == jnp.int8 and payload.arrays.scale.shape == (3,)
-  assert int(jnp.min(payload.arrays.values)) >= -127
-  reference = np.asarray(exact(x))
-  scale = np.abs(reference).max(axis=1, keepdims=True)
-  x_hat = np.asarray(q8.decode(payload))
-  assert (np.abs(x_hat - reference) <= scale / 254 * (1 + 1e-5)).all()
-  np.testing.assert_array_equal(x_hat[1], 0.0)
-  np.testing.assert_array_equal(np.asarray(q8(-x)), -x_hat)  # symmetric grid
-
-
-@pytest.mark.parametrize("fraction", [0.01, 0.5])  # one value per row (only +-inf sent), and an inf among finite ones
-def test_topk_q8_sends_inf_as_its_max_abs_quantizer_does(fraction):
-  """q8 values are `MaxAbsQuant(8)`'s: +-inf decodes to +-inf, never NaN or the other sign; a row whose
-  finite values are flagged NaN (`_flag_nonfinite_rows`) decodes all NaN, as its quantizer's NaN scale."""
-  x = _x((3, 64), seed=3).at[:, 5].set(jnp.array([jnp.inf, -jnp.inf, jnp.inf]) * 1e3)
-  x = x.at[2, 6].set(jnp.inf)
-  x_hat, sent = np.asarray(codecs.TopK(fraction, values="q8")(x)), np.asarray(codecs.TopK(fraction)(x))
-  inf = np.isinf(sent)
-  if fraction < 0.1:
-    assert inf.sum() == 3 and (x_hat[inf] == sent[inf]).all()
-  else:
-    assert np.isnan(x_hat[sent != 0]).all()  # every row holds an inf: its finite values are flagged NaN
-  assert not np.any(np.isneginf(x_hat[np.isposinf(np.asarray(x))]))
-
-
-@pytest.mark.parametrize("values", ["native", "bf16", "q8"])
-def test_topk_value_formats_with_index_reuse(values):
-  from jaxcomp.compress import schemes
-  from jaxcomp.compress.boundary import Boundary, Reuse
-  x, g = _x((4, 64), seed=1), _x((4, 64), seed=2)
-  topk = codecs.TopK(0.25, values=values)
-  idx = topk.where(topk.encode(x))
-  sent = topk.values_at(g, idx)
-  link = Boundary(schemes.Plain(topk), Reuse())
-  assert link.wire_bytes(x.shape, x.dtype) == (codecs.nbytes(topk.encode(x)), codecs.nbytes(sent))
-  g_hat = np.asarray(topk.scatter(sent, idx))
-  kept = np.asarray(codecs.TopK(0.25)(x)) != 0
-  tolerance = {"native": 0.0, "bf16": 2**-8, "q8": 1 / 254}[values] * np.abs(np.asarray(g)).max()
-  assert (np.abs(g_hat - np.where(kept, np.asarray(g), 0.0)) <= tolerance * (1 + 1e-5)).all()
-  assert (g_hat[~kept] == 0).all()
+  assert relative_mse(g, codecs.Cast("float8_e4m3fn")(g)) > 0.9  # below e4m3's smallest subnormal, 2^-9
+  assert relative_mse(g, codecs.ScaledCast()(g)) < 2e-3
 
 
 BAD_INPUTS = [((0, 16), jnp.float32), ((4, 0), jnp.float32), ((), jnp.float32), ((2, 16), jnp.complex64),
@@ -616,41 +322,10 @@ def test_nan_and_inf_reach_the_decoded_message_under_jit(codec):
   """XLA:CPU's min/max reductions skip NaN from 4096 entries up, approx_max_k (k = 1) too; ranges, scales and
   sent rows still carry it. By default the codecs the property suite's check leaves out (RandK, top-k of one entry
   per row by approx_max_k); every codec with -m slow."""
-  x = _x((8, 512))
+  x = normal_input((8, 512))
   both = jax.jit(lambda a, b: (codec(a, jax.random.key(0)), codec(b, jax.random.key(1))))
   for value, x_hat in zip((np.nan, np.inf), both(x.at[5, 37].set(np.nan), x.at[5, 37].set(np.inf))):
     assert not bool(jnp.all(jnp.isfinite(x_hat))), value
-
-
-@pytest.mark.parametrize("fraction", [0.25, 0.02])  # positions sent as a mask, as uint16 indices
-@pytest.mark.parametrize("values", ["native", "bf16"])
-def test_index_reuse_sends_the_gradient_at_the_forward_positions_bit_for_bit(fraction, values):
-  """What crosses back is g at the forward's positions in position order, exactly (signed zeros, subnormals and
-  the largest finite value included), in `value_bytes`; the receiver's tensor is g there and 0 elsewhere."""
-  x, g = _x((4, 256), seed=1), _x((4, 256), seed=2)
-  g = g.at[:, ::5].set(-0.0).at[:, 1::7].set(1e-40).at[1, 2::9].set(np.finfo(np.float32).max)
-  topk = codecs.TopK(fraction, values=values)
-  assert topk.uses_mask(x.shape) == (fraction == 0.25)
-  sent, dense = jax.jit(lambda x, g: (lambda w: (topk.values_at(g, w), topk.scatter(topk.values_at(g, w), w)))(
-      topk.where(topk.encode(x))))(x, g)
-  idx = np.sort(np.asarray(topk.positions(x)), axis=1)
-  at = np.take_along_axis(np.asarray(g), idx, axis=1).astype(jnp.bfloat16 if values == "bf16" else np.float32)
-  np.testing.assert_array_equal(np.asarray(sent.arrays.values).view(np.uint16 if values == "bf16" else np.uint32),
-                                at.view(np.uint16 if values == "bf16" else np.uint32))
-  assert codecs.nbytes(sent) == topk.value_bytes(x.shape, x.dtype)
-  expected = np.zeros((4, 256), np.float32)
-  np.put_along_axis(expected, idx, at.astype(np.float32), axis=1)
-  np.testing.assert_array_equal(np.asarray(dense).view(np.uint32), expected.view(np.uint32))
-
-
-def test_index_reuse_flags_a_non_finite_gradient_it_does_not_send():
-  x, g = _x((4, 64), seed=1), _x((4, 64), seed=2)
-  topk = codecs.TopK(0.25)
-  where = topk.where(topk.encode(x))
-  idx = np.sort(np.asarray(topk.positions(x)), axis=1)
-  unsent = int(np.setdiff1d(np.arange(64), idx[2])[0])
-  g_hat = np.asarray(topk.scatter(topk.values_at(g.at[2, unsent].set(np.nan), where), where))
-  assert np.isnan(g_hat[2, idx[2]]).all() and np.isfinite(np.delete(g_hat, 2, axis=0)).all()
 
 
 # Property suite (optax's alias_test style): every codec crossed with jit / eager / committed-to-device calls.
@@ -679,8 +354,6 @@ def _relative_error_bound(codec) -> float:
   return 4.0 * 2.0 ** -_bits(codec)
 
 
-
-
 class _CodecProperties(chex.TestCase):
   """What every codec must satisfy, on every variant: the decoded message keeps the input's shape and dtype, the
   payload's bytes are `wire_bytes`, the error is within the family's bound, a NaN or inf among 4096 entries reaches
@@ -693,17 +366,17 @@ class _CodecProperties(chex.TestCase):
     encode = self.variant(lambda x, key: codec.encode(x, key))
     key = jax.random.key(7)
     for dtype in (jnp.float32, jnp.bfloat16):
-      x = _x(shape, dtype, seed=i)
+      x = normal_input(shape, dtype, seed=i)
       x_hat = round_trip(x, key)
       chex.assert_shape(x_hat, shape)
       chex.assert_type(x_hat, dtype)
       chex.assert_equal(codecs.nbytes(jax.eval_shape(encode, x, key)), codec.wire_bytes(shape, dtype))  # traced only
       chex.assert_trees_all_equal(round_trip(x, key), x_hat)
-    x = _x(shape, seed=i)
+    x = normal_input(shape, seed=i)
     error = jnp.linalg.norm((round_trip(x, key) - x).ravel()) / jnp.linalg.norm(x.ravel())
     chex.assert_scalar_in(float(error), 0.0, _relative_error_bound(codec) + 1e-6)
     if not isinstance(codec, codecs.RandK):
-      x = _x(large, seed=i)
+      x = normal_input(large, seed=i)
       for bad in (np.nan, np.inf):
         with self.assertRaises(AssertionError):
           chex.assert_tree_all_finite(round_trip(x.at[(1,) * len(large)].set(bad), key))
@@ -715,7 +388,7 @@ class _CodecProperties(chex.TestCase):
     chex.clear_trace_counter()
     round_trip = jax.jit(chex.assert_max_traces(lambda codec, x, key: codec(x, key), n=1), static_argnums=0)
     for seed in range(3):
-      round_trip(copy.deepcopy(codec), _x(shape, seed=seed), jax.random.key(seed))
+      round_trip(copy.deepcopy(codec), normal_input(shape, seed=seed), jax.random.key(seed))
 
 
 def _property_suite(cases, one_compile=True, **variants):
@@ -758,23 +431,8 @@ def test_group_rotation_and_adaptive_wire_bytes_by_hand():
   assert TokenAdaptive(3, 4, 0.25).wire_bytes(shape, jnp.float32) == 256 * 32 + 768 * 24 + 1024 * 4 + 128
 
 
-@settings(max_examples=4, deadline=None)
-@given(st.integers(1, 4), st.integers(1, 6), st.sampled_from([2, 4, 8, 16]), st.integers(0, 10**6),
-       st.sampled_from(codecs.MAXABS_GRIDS))
-def test_group_scales_bound_the_error_of_each_group(rows, groups, g, seed, grid):
-  x = _x((rows, groups * g), seed=seed)
-  codec = codecs.MaxAbsQuant(3, "group", group=g, clip=1.0, grid=grid)
-  payload = jax.jit(codec.encode)(x)
-  scale = jax.lax.bitcast_convert_type(payload.arrays.scale, jnp.float32)  # fp32 scales travel as bits
-  assert scale.shape == (rows, groups)
-  true = jnp.max(jnp.abs(x.reshape(rows, groups, g)), axis=-1)
-  assert bool(jnp.all(scale >= true)) and bool(jnp.all(scale <= true * 1.002 + 1e-6))
-  err = jnp.abs(jax.jit(codec.decode)(payload) - x).reshape(rows, groups, g)
-  assert bool(jnp.all(err <= (scale / (2 * codec.levels))[..., None] * (1 + 1e-4) + 1e-6))
-
-
 def test_group_scales_confine_an_outlier_to_its_group():
-  x = _x((2, 64)).at[0, 3].set(1000.0)
+  x = normal_input((2, 64)).at[0, 3].set(1000.0)
   err = np.abs(np.asarray(codecs.MaxAbsQuant(4, "group", group=16)(x) - x))
   assert err[0, 16:].max() < 2.0 and err[1].max() < 2.0  # other groups keep their own scale
   assert err[0, :16].max() > 3.0  # the outlier's group is coarse (its small entries round to 0)
@@ -782,7 +440,7 @@ def test_group_scales_confine_an_outlier_to_its_group():
 
 def test_indivisible_shapes_are_clear_errors():
   with pytest.raises(ValueError, match="group=16 does not divide the 40 features"):
-    codecs.MaxAbsQuant(3, "group", group=16).encode(_x((2, 40)))
+    codecs.MaxAbsQuant(3, "group", group=16).encode(normal_input((2, 40)))
   with pytest.raises(ValueError, match="block 16 does not divide the 40 features"):
     Hadamard(codecs.Identity(), block=16).wire_bytes((2, 40), jnp.float32)
 

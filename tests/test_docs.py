@@ -28,6 +28,6 @@ def test_relative_links_resolve():
 
 
 def test_integrate_quotes_the_example_it_runs_whole():
-  """docs/integrate.md shows examples/gpipe_loop.py as it is (the notebook runs that file), so the page cannot drift."""
-  blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "integrate.md").read_text(), re.S)
+  """docs/guide/integrate.md shows examples/gpipe_loop.py as it is (the notebook runs that file), so the page cannot drift."""
+  blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "guide" / "integrate.md").read_text(), re.S)
   assert (ROOT / "examples" / "gpipe_loop.py").read_text() in blocks

@@ -144,7 +144,7 @@ def test_maxtext_check_against_the_layers_one_after_another(name):
   """MaxText's check (`_within`) holds for unpatched MaxText and, with jaxcomp inside, for `maxabs:16` both ways.
   With `maxabs:8` the loss holds it and the gradient vector holds its 1e-1 as a whole (2-norm of the error / 2-norm
   of the gradient), but not every element does: near-zero elements (sums that cancel) err by more than 10%, as they
-  do with a `bf16` cast (docs/integrate.md gives how many); and each codec acted (not bitwise MaxText's result)."""
+  do with a `bf16` cast (docs/guide/integrate.md gives how many); and each codec acted (not bitwise MaxText's result)."""
   _, _, pipeline_loss, sequential_loss, weights = _case(name)
   reference = jax.jit(jax.value_and_grad(sequential_loss))(weights)
   _, dense = _compiled(name, pipeline_loss, None)

@@ -111,10 +111,10 @@ def test_bad_group_rotation_and_adaptive_specs(text, match):
 
 
 def test_the_specs_page_names_the_codec_scales_both_builds():
-  """docs/specs.md says which `channel+` spelling `maxabs:B:group=G:scales=both` equals: that spelling parses to
+  """docs/guide/specs.md says which `channel+` spelling `maxabs:B:group=G:scales=both` equals: that spelling parses to
   the same codec (channel scales around the groups alone), and `channel+maxabs:B:group=G` does not (its group=G
   means scales=auto: channel scales around the per-message choice)."""
-  page = (pathlib.Path(__file__).parents[1] / "docs" / "specs.md").read_text()
+  page = (pathlib.Path(__file__).parents[1] / "docs" / "guide" / "specs.md").read_text()
   said = re.search(r"`scales=both`: each channel divided by its RMS first \(= `([^`]+)`", page).group(1)
   both = spec.parse_codec("maxabs:3:group=64:scales=both")
   assert spec.parse_codec(said.replace("B", "3").replace("G", "64")) == both
