@@ -1,4 +1,4 @@
-"""Each schedule's ticks, bubble and stashed inputs, read from its table (docs/executors.md).
+"""Each schedule's ticks, bubble and stashed inputs, read from its table (docs/guide/executors.md).
 
     python -m jaxcomp.analysis.schedule_table [--sizes 4x8,4x16,8x16] [--chunks 2,4]
 

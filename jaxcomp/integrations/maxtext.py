@@ -86,7 +86,7 @@ def _check_stateless(fwd, bwd):
 @contextlib.contextmanager
 def patch_pipeline(fwd="maxabs:4", bwd="maxabs:8"):
   """Within the context, MaxText pipelines traced send their stage-to-stage activations compressed by `fwd` and
-  their gradients by `bwd` (spec strings of docs/specs.md or codecs, stateless); see the module docstring."""
+  their gradients by `bwd` (spec strings of docs/guide/specs.md or codecs, stateless); see the module docstring."""
   from maxtext.layers import pipeline  # imported here: jaxcomp installs and imports without MaxText
 
   _check_stateless(fwd, bwd)

@@ -199,7 +199,7 @@ def _put(table, rows, new_rows):
 
 
 def compressed_link(fwd="maxabs:4", bwd="maxabs:8", num_examples: int | None = None) -> CompressedLink:
-  """The link of forward scheme `fwd` and backward scheme `bwd`: spec strings (`docs/specs.md`), codecs or
+  """The link of forward scheme `fwd` and backward scheme `bwd`: spec strings (`docs/guide/specs.md`), codecs or
   schemes; `bwd="reuse"` sends the gradient at the forward TopK positions. AQ-SGD needs `num_examples`."""
   return CompressedLink(Boundary(_scheme(fwd, num_examples), _scheme(bwd, num_examples)))
 
