@@ -10,6 +10,7 @@ message from the boundary, the schedule's table run as the sharded executor runs
 `link`. Steps in a dense warm-up epoch (AQ-SGD) take the dense (fp32) step's time. A method
 whose seeds do not all reach the target within the budget has no T; its best loss is reported.
 """
+import argparse
 import dataclasses
 import math
 import pathlib
@@ -171,3 +172,18 @@ def plot(rows: list[dict], path: pathlib.Path, title: str) -> pathlib.Path:
   ax.grid(alpha=0.3, which="both")
   fig.tight_layout()
   return plots.save(fig, path)
+
+
+def main(argv=None):
+  """This module is the frontier's time-to-target library, not a command: say which commands use it."""
+  parser = argparse.ArgumentParser(
+      prog="python -m experiments.time_to_target", description=__doc__.splitlines()[0],
+      epilog="This module is a library. Time to a target is computed by `python -m experiments.frontier "
+      "--target-loss L --link BW:LAT` (CPU-scale runs timed here) and by `python -m jaxcomp.plan` (any model, "
+      "stages and link, from the shipped step-inflation table).")
+  parser.parse_args(argv)
+  parser.print_help()
+
+
+if __name__ == "__main__":
+  main()

@@ -6,7 +6,7 @@ import math
 import jax
 import pytest
 
-from experiments import frontier
+from experiments import frontier, time_to_target
 from jaxcomp.analysis import netsim
 from jaxcomp.analysis.link import Link
 
@@ -122,7 +122,7 @@ def _results(steps_losses, dense=(0, 0), epoch_steps=4, method="m", seed=0):
 
 
 def test_time_to_target_counts_steps_dense_warmup_and_seeds():
-  from experiments import time_to_target as ttt
+  ttt = time_to_target
   step = ttt.StepTime(seconds=2.0, dense_seconds=5.0, critical={"compute": 1.0, "link": 3.0, "exchange": 0.0},
                       source="test")
   # seed 0 reaches 2.5 at step 6, seed 1 at step 4; the first epoch (4 steps) was a dense warm-up
@@ -171,7 +171,7 @@ class TenMilliseconds:
 def test_the_predicted_step_over_a_slow_link_is_its_messages_and_the_meter_passes_through(tmp_path, monkeypatch):
   """fp32 on 4 stages, 1 microbatch: 1F1B sends 3 forward and 3 backward messages of 8 x 128 x 64 fp32 one after
   another; at 1 Mbit/s and 10 ms each they take 6 x (8 x 262,144 / 1e6 + 0.01) s, the rest is compute."""
-  from experiments import time_to_target as ttt
+  ttt = time_to_target
   meters = []
   simulate_step = netsim.simulate_step
   monkeypatch.setattr(netsim, "simulate_step", lambda *a, meter, **kw: meters.append(meter) or simulate_step(*a, **kw))
@@ -190,7 +190,7 @@ def test_with_overlap_netsim_times_the_overlapped_table(tmp_path, monkeypatch):
   """--overlap: the compressed and the dense step are both timed on the schedule's table of forwarding delay 2 (the
   executor's --overlap), with overlapped sends; without it on the plain table. 4 stages, 8 microbatches of 10 ms
   ops: messages crossing while the stages compute leave less link on the critical path."""
-  from experiments import time_to_target as ttt
+  ttt = time_to_target
   timed = []
   simulate_step = netsim.simulate_step
   monkeypatch.setattr(netsim, "simulate_step", lambda *a, schedule, **kw: timed.append(
@@ -209,7 +209,7 @@ def test_with_overlap_netsim_times_the_overlapped_table(tmp_path, monkeypatch):
 def test_the_link_for_a_dense_slowdown_slows_the_dense_step_that_much(tmp_path):
   """fp32 on the tiny recipe's 4 stages, ops of 10 ms: on the link found for a slowdown of 50 its step takes 50 times
   its step with free messages, and each message pays the latency share of one dense message's transfer."""
-  from experiments import time_to_target as ttt
+  ttt = time_to_target
   args = argparse.Namespace(steps=4, train_examples=16, eval_examples=8, batch_size=8, out=tmp_path, outliers=None,
                             recipe=None, eval_every=None, target_loss=None, stop_at_target=False, microbatches=None)
   cfg, times = frontier.run_config("fp32", args), ttt.StepTimes(Link.parse("1mbit"), "1f1b", clock=TenMilliseconds())
@@ -258,3 +258,11 @@ def test_time_to_target_table_and_plot(tmp_path):
   assert rows["fp32"]["T_over_fp32"] == 1.0 and rows["bf16"]["step_s"] < rows["fp32"]["step_s"]
   assert (tmp_path / "time_to_target.png").stat().st_size > 0
   assert "| direct-fw4-bw8 |" in (tmp_path / "time_to_target.md").read_text()
+
+
+def test_time_to_target_help_says_which_commands_compute_it(capsys):
+  with pytest.raises(SystemExit) as done:
+    time_to_target.main(["--help"])
+  assert done.value.code == 0
+  out = " ".join(capsys.readouterr().out.split())
+  assert "python -m experiments.frontier --target-loss L --link BW:LAT" in out and "python -m jaxcomp.plan" in out

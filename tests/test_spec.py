@@ -43,6 +43,8 @@ def test_parse_scheme(text, expected):
     ("gzip:3", "unknown compressor 'gzip:3'"),
     ("quant:0", "bits must be an integer in 1..16, got 0"),
     ("quant:17", "got 17"),
+    ("maxabs:17", r"^'maxabs:17': bits must be an integer in 1..16, got 17$"),  # the spec named, once
+    ("hadamard+maxabs:17", r"^'hadamard\+maxabs:17': bits must be an integer in 1..16, got 17$"),
     ("quant:four", "bad number 'four'"),
     ("topk:1.5", r"fraction K must be in \(0, 1\], got 1.5"),
     ("topk:0", "got 0.0"),

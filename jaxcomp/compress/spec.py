@@ -103,17 +103,27 @@ def _hadamard(head: str, inner: str, spec: str) -> rotation.Hadamard:
   _, settings = _settings("hadamard", {a for a in args if "=" in a}, set(), {"seed"}, spec)
   if len(block) > 1:
     raise ValueError(f"hadamard takes one block size, got {block} in {spec!r}")
-  return rotation.Hadamard(parse_codec(inner), block=_number(block[0], int, spec) if block else None,
+  return rotation.Hadamard(_codec(inner), block=_number(block[0], int, spec) if block else None,
                            seed=_number(settings.get("seed", "0"), int, spec))
 
 
 def parse_codec(spec: str) -> codecs.Codec:
+  """The codec a spec string names (docs/guide/specs.md); a ValueError names the spec and its bad value."""
+  try:
+    return _codec(spec)
+  except ValueError as err:
+    if repr(spec) in str(err):
+      raise
+    raise ValueError(f"{spec!r}: {err}") from None
+
+
+def _codec(spec: str) -> codecs.Codec:
   head, plus, inner = spec.strip().lower().partition("+")
   if plus:
     if head == "channel":
-      return channel_scale.ChannelScale(parse_codec(inner))
+      return channel_scale.ChannelScale(_codec(inner))
     if head == "ids":
-      return token_ids.TokenIds(parse_codec(inner))
+      return token_ids.TokenIds(_codec(inner))
     if head.split(":")[0] not in _WRAPPERS:
       raise ValueError(f"unknown codec wrapper {head!r} in {spec!r}; the wrappers are hadamard[:BLOCK]+CODEC, "
                        "channel+CODEC and ids+CODEC")
