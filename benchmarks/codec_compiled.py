@@ -24,7 +24,8 @@ SHAPES = {"gpt2-small": ((8, 1024, 768), "float32", "small", 4), "protocol": ((8
                                                                               "protocol-203m", 8)}
 TOPK = [f"topk:0.1:{values}:{select}" for select in ("threshold", "sort", "approx") for values in ("q8", "bf16")]
 FAMILIES = ["bf16", "fp8:scaled", "fp8:scaled:channel", "quant:4", "maxabs:4", "maxabs:4:group=64:scales=both",
-            "maxabs:3:group=64:scales=both", "adaptive:3:4:0.25", "hadamard+maxabs:4:group=64:stoch"]
+            "maxabs:3:group=64:scales=both", "maxabs:3:group=64:scales=both:clip=1:grid=zero", "adaptive:3:4:0.25",
+            "hadamard+maxabs:4:group=64:stoch"]
 TARGETS = ("h100", "l4", "v5e-1", "v6e-1")
 GOALS = "goals: TopK with no row sort and <= 3 passes; every codec <= 2 passes; codec <= 5% of its stage's compute"
 

@@ -160,7 +160,11 @@ def main(argv=None):
   print(text)
   print(f"wrote {args.out / 'ladder.md'}, {args.out / 'ladder.json'} and {png}")
   if args.export:
-    args.export.write_text(json.dumps({"provenance": provenance(args), "regimes": {"scratch": report}}, indent=1))
+    calibration = {"method": "ssn", "name": "ReparamSSN's record", "record": paper.SSN_RECORD_INFLATION,
+                   "source": "Protocol NanoGPT's records 20260917_vanilla_baseline and 20260918_reparamssn_baseline, "
+                   "their loss logs: SSN's steps to dense's eval loss at dense's step D, over D"}
+    args.export.write_text(json.dumps({"provenance": provenance(args), "regimes": {
+        "scratch": {**report, "calibration": calibration}}}, indent=1))
     print(f"wrote {args.export}")
   return report
 

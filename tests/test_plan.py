@@ -124,3 +124,22 @@ def test_a_method_that_missed_its_target_at_the_longest_horizon_has_only_a_lower
   assert (got.low, got.high) == (2.1, float("inf")) and "did not reach the target" in got.source
   del table["rungs"]["w128-h300"]
   assert step_table.inflation(table, "m", 2925, 1024).value == 1.5
+
+
+def test_a_calibrated_table_raises_the_high_end_beyond_the_horizons_it_measured_by_the_records_log_ratio():
+  """The calibration method measured 1.2 at H 100 and 300 and its record 1.44 at D 1,000: k = log 1.44 / log 1.2 = 2,
+  so beyond H 300 every projection's high end is squared; a method with no inflation keeps none; inside the horizons
+  measured, and without a calibration, nothing changes."""
+  point = lambda v: {"inflation": v, "censored": False}
+  rung = lambda h, **m: {"width": 128, "horizon": h, "methods": {k: [point(v) for v in vs] for k, vs in m.items()}}
+  table = {"rungs": {"h100": rung(100, cal=[1.2, 1.2], m=[1.3, 1.5], flat=[1.0, 1.0]),
+                     "h300": rung(300, cal=[1.2, 1.2], m=[1.4, 1.6], flat=[1.0, 1.0])},
+           "calibration": {"method": "cal", "name": "the record", "record": {"250": 1.3, "1000": 1.44}}}
+  plain = {**table, "calibration": None}
+  far, far_plain = step_table.inflation(table, "m", 1000, 128), step_table.inflation(plain, "m", 1000, 128)
+  assert far.value == far_plain.value and far.low == far_plain.low
+  assert far.high == pytest.approx(far_plain.high ** 2) and "power 2.00" in far.source
+  assert step_table.inflation(table, "flat", 1000, 128).high == 1.0
+  assert step_table.inflation(table, "m", 200, 128) == step_table.inflation(plain, "m", 200, 128)
+  assert step_table.recorded({"250": 1.3, "1000": 1.44}, 500) == pytest.approx(1.37)  # linear in log D
+  assert step_table.recorded({"250": 1.3, "1000": 1.44}, 4000) == 1.44  # its nearest end outside

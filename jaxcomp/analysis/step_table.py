@@ -9,6 +9,14 @@ measured in (`scratch`: trained from scratch; `finetune`: fine-tuning a pretrain
 `inflation(table, method, horizon, width)`: the fitted model's projection (`analysis.inflation`) with one
 standard error either side, or, where a method has too few points to fit, the span of its measured points; each
 says where it comes from and whether it leaves what was measured.
+
+Calibration. A table may carry a method measured at scale too (`calibration`: Protocol NanoGPT's ReparamSSN
+record against its dense record, inflation at dense steps D, from their loss logs). Where a projection leaves the
+horizons measured, its range widens by how far the table understates that method at scale, on the log scale: k(D)
+= log(the record's inflation at D) / log(the table's own projection of the same method at D) (the record linear in
+log D between its points, its nearest end outside them; k >= 1: a proxy that overstated it leaves ranges as they
+are), and `high` becomes high^k: a method with no inflation keeps none, one with a little gains in proportion. The
+one method measured both ways sets every method's transfer uncertainty; said in the source.
 """
 import json
 import math
@@ -66,10 +74,45 @@ def censored(table: dict, method: str) -> list[tuple[float, float, float]]:
           for p in r["methods"].get(method, []) if p["censored"]]
 
 
+def recorded(curve: dict, steps: float) -> float:
+  """A recorded inflation curve {dense steps D: inflation} at `steps`: linear in log D between its points, the
+  nearest end's value outside them."""
+  ds = sorted(float(d) for d in curve)
+  values = [curve[k] for k in sorted(curve, key=float)]
+  return float(np.interp(math.log(steps), [math.log(d) for d in ds], values))
+
+
+def transfer_factor(table: dict, horizon: float, width: float) -> tuple[float, str] | None:
+  """(k, what it is) at `horizon`: log of the calibration method's recorded inflation over log of the table's
+  projection of it (>= 1); None without a calibration, or a projection of its method above 1."""
+  cal = table.get("calibration")
+  if not cal:
+    return None
+  own = inflation({**table, "calibration": None}, cal["method"], horizon, width)
+  if own is None or not math.isfinite(own.value) or own.value <= 1.0:
+    return None
+  at_scale = recorded(cal["record"], horizon)
+  k = max(math.log(at_scale) / math.log(own.value), 1.0)
+  return k, (f"high end raised to the power {k:.2f}: {cal['name']} {at_scale:.2f} at D {int(horizon)} against this "
+             f"table's {own.value:.2f} (log ratio)")
+
+
 def inflation(table: dict, method: str, horizon: float, width: float, dense: str = "fp32") -> Inflation | None:
   """`method`'s inflation at (`horizon`, `width`) (`dense`: exactly 1); None when the table has no point of it. A
   method that missed its target within the cap at the longest horizon measured has only a lower bound there: its
-  inflation is `low` = that bound, `high` = inf (no T can be given, only a bound)."""
+  inflation is `low` = that bound, `high` = inf (no T can be given, only a bound). A projection beyond the horizons
+  measured has its `high` widened by the table's calibration (`transfer_factor`)."""
+  found = _inflation(table, method, horizon, width, dense)
+  if found is None or not found.extrapolated or not math.isfinite(found.high) or method == dense:
+    return found
+  measured = [h for h, _, _ in points(table, method)]
+  factor = transfer_factor(table, horizon, width) if measured and horizon > max(measured) else None
+  if factor is None:
+    return found
+  return found._replace(high=found.high ** factor[0], source=f"{found.source}; {factor[1]}")
+
+
+def _inflation(table: dict, method: str, horizon: float, width: float, dense: str) -> Inflation | None:
   if method == dense:
     return Inflation(1.0, 1.0, 1.0, "the dense run (by definition)", False)
   pts, missed = points(table, method), censored(table, method)
