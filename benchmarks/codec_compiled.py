@@ -34,9 +34,9 @@ def reuse_of(spec: str) -> bool:
   return spec.startswith("topk:") and spec.endswith(":threshold")  # the reuse ops do not select: once per format
 
 
-def stage_seconds(target, model: str, stages: int) -> float:
+def stage_seconds(target, model: str, stages: int, examples: int, tokens: int) -> float:
   """Roofline seconds of the second stage's forward + backward (the vjp with the forward recomputed) on one
-  microbatch of 8 examples of 1,024 tokens, compiled for `target`."""
+  microbatch of `examples` x `tokens`, compiled for `target`."""
   import jax.numpy as jnp
 
   from jaxcomp import losses, pipeline
@@ -47,7 +47,7 @@ def stage_seconds(target, model: str, stages: int) -> float:
   boundary = parse_boundary("none", "none")
   built = registry.model_stages(cfg, stages, None, boundary)
   pipe = pipeline.Pipeline(built.stages, boundary, losses.language_model, "tokens", 1, tied=built.tied)
-  batch = {"tokens": jnp.zeros((8, 1024), jnp.int32), "id": jnp.arange(8)}
+  batch = {"tokens": jnp.zeros((examples, tokens), jnp.int32), "id": jnp.arange(examples)}
   clock = step_cost.Estimated(target)
   costs = step_cost.stage_costs(pipe, batch, clock)(boundary)
   return costs.fwd_s[1] + costs.bwd_s[1]
@@ -66,7 +66,7 @@ def measure_target(name: str, out: pathlib.Path, shapes, specs):
   for shape_name in shapes:
     shape, dtype, model, stages = SHAPES[shape_name]
     if shape_name not in done["stage"]:
-      done["stage"][shape_name] = stage_seconds(target, model, stages)
+      done["stage"][shape_name] = stage_seconds(target, model, stages, *shape[:2])
       path.write_text(json.dumps(done, indent=1))
     for spec in specs:
       key = f"{shape_name} {spec}"
