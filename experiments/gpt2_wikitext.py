@@ -123,11 +123,15 @@ def tokenizer_for(own: Options):
     raise ValueError(f"--pretrained {own.pretrained} reads GPT-2 BPE tokens, not {own.tokenizer}: "
                      "add --tokenizer gpt2 --tokenizer-dir DIR (or --recipe paper)")
   directory = own.tokenizer_dir
-  if directory is None and own.pretrained and (pathlib.Path(own.pretrained) / "vocab.json").is_file():
-    directory = own.pretrained
+  if directory is None and own.pretrained:  # a hub name's snapshot brings vocab.json and merges.txt with the weights
+    directory = gpt2_weights.snapshot(own.pretrained)
+    if not (directory / "vocab.json").is_file():
+      raise ValueError(f"--pretrained {own.pretrained}: no vocab.json and merges.txt in {directory}; add them (they "
+                       "are in huggingface.co/gpt2) or pass --tokenizer-dir DIR")
   if own.tokenizer == "gpt2" and directory is None:
-    raise ValueError("--tokenizer gpt2 needs --tokenizer-dir DIR with GPT-2's vocab.json and merges.txt "
-                     "(or use --tokenizer bytes)")
+    raise ValueError("--tokenizer gpt2 needs GPT-2's vocab.json and merges.txt: --pretrained gpt2 downloads them "
+                     "with the weights, or pass --tokenizer-dir DIR (huggingface.co/gpt2 has both files); "
+                     "--tokenizer bytes is for a model trained from scratch")
   return text.tokenizer(own.tokenizer, directory)
 
 

@@ -196,6 +196,12 @@ def test_cli_errors_name_the_bad_value(argv, match):
     main(resnet_cifar10.EXPERIMENT, argv)
 
 
+def test_the_gpt2_tokenizer_without_its_files_says_where_they_come_from(tmp_path):
+  with pytest.raises(SystemExit, match=r"--pretrained gpt2 downloads them with the weights, or pass --tokenizer-dir "
+                                       r"DIR .*--tokenizer bytes is for a model trained from scratch"):
+    main(gpt2_wikitext.EXPERIMENT, ["--tokenizer", "gpt2", "--out", str(tmp_path)])
+
+
 def _refused(exp, argv):
   """The one `error:` line main exits with (the interpreter prints it to stderr, exit status 1)."""
   with pytest.raises(SystemExit) as exit_:

@@ -129,6 +129,10 @@ def test_hub_name_loads_from_a_local_hub_cache_offline(tmp_path, monkeypatch):
   np.testing.assert_array_equal(params[1]["blocks"]["mlp_c_proj"]["kernel"][1], w["h.3.mlp.c_proj.weight"])
   with pytest.raises(OSError, match="could not download 'gpt2-medium' from the Hugging Face hub .*pass a local dir"):
     gpt2_weights.from_pretrained("gpt2-medium", 2, cache_dir=str(tmp_path))
+  (snapshot / "vocab.json").write_text("{}")  # the tokenizer's files come in the same snapshot as the weights
+  (snapshot / "merges.txt").write_text("#version: 0.2\n")
+  assert gpt2_weights.snapshot("gpt2", cache_dir=str(tmp_path)) == snapshot
+  assert (gpt2_weights.snapshot("gpt2", cache_dir=str(tmp_path)) / "vocab.json").is_file()
 
 
 def test_stage_splits_and_errors(tmp_path):

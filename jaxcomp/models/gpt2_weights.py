@@ -84,25 +84,29 @@ def stage_params(weights: dict[str, np.ndarray], kind: str, cfg: GPT2Config, num
   return tuple(stages)
 
 
-def from_pretrained(name_or_dir: str, num_stages: int, cache_dir=None, cuts=None, **config_overrides):
-  """(GPT2Config, per-stage params) from a local HF directory or a hub name (e.g. "gpt2").
-
-  Hub names download through huggingface_hub into `cache_dir` (needs the `data` extra and
-  a network connection).
-  """
+def snapshot(name_or_dir: str, cache_dir=None) -> pathlib.Path:
+  """The local folder of a pretrained GPT-2: `name_or_dir` itself when it is one, else the Hugging Face hub's
+  snapshot of that name (e.g. "gpt2": config.json, the weights, and the tokenizer's vocab.json and merges.txt),
+  downloaded into `cache_dir` (needs the `data` extra and a network connection; later calls read the cache)."""
   directory = pathlib.Path(name_or_dir)
-  if not directory.is_dir():
-    try:
-      from huggingface_hub import snapshot_download
-    except ImportError:
-      raise ImportError(f"{name_or_dir!r} is not a local directory and huggingface_hub is not installed "
-                        "(pip install -e .[data])") from None
-    try:
-      directory = pathlib.Path(snapshot_download(name_or_dir, cache_dir=cache_dir,
-                                                 allow_patterns=["config.json", "*.safetensors", "*.msgpack"]))
-    except Exception as err:  # offline, unknown repo, ...
-      raise OSError(f"could not download {name_or_dir!r} from the Hugging Face hub ({err}); "
-                    "pass a local directory with config.json and model.safetensors") from err
+  if directory.is_dir():
+    return directory
+  try:
+    from huggingface_hub import snapshot_download
+  except ImportError:
+    raise ImportError(f"{name_or_dir!r} is not a local directory and huggingface_hub is not installed "
+                      "(pip install -e .[data])") from None
+  try:
+    return pathlib.Path(snapshot_download(name_or_dir, cache_dir=cache_dir, allow_patterns=[
+        "config.json", "*.safetensors", "*.msgpack", "vocab.json", "merges.txt"]))
+  except Exception as err:  # offline, unknown repo, ...
+    raise OSError(f"could not download {name_or_dir!r} from the Hugging Face hub ({err}); pass a local directory "
+                  "with config.json, model.safetensors, vocab.json and merges.txt (huggingface.co/gpt2 has them)") from err
+
+
+def from_pretrained(name_or_dir: str, num_stages: int, cache_dir=None, cuts=None, **config_overrides):
+  """(GPT2Config, per-stage params) from a local HF directory or a hub name (e.g. "gpt2"; `snapshot`)."""
+  directory = snapshot(name_or_dir, cache_dir)
   cfg = config_from_hf(json.loads((directory / "config.json").read_text()), **config_overrides)
   weights, kind = read_state_dict(directory)
   return cfg, stage_params(weights, kind, cfg, num_stages, cuts)
