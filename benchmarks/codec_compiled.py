@@ -20,6 +20,14 @@ import pathlib
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
+
+from jaxcomp import methods, plan
+from jaxcomp.analysis import codec_cost, step_cost, targets
+from jaxcomp.compress.spec import parse_codec
+from jaxcomp.models import registry
+
 SHAPES = {"gpt2-small": ((8, 1024, 768), "float32", "small", 4), "protocol": ((8, 1024, 1024), "bfloat16",
                                                                               "protocol-203m", 8)}
 TOPK = [f"topk:0.1:{values}:{select}" for select in ("threshold", "sort", "approx") for values in ("q8", "bf16")]
@@ -37,29 +45,17 @@ def reuse_of(spec: str) -> bool:
 def stage_seconds(target, model: str, stages: int, examples: int, tokens: int) -> float:
   """Roofline seconds of the second stage's forward + backward (the vjp with the forward recomputed) on one
   microbatch of `examples` x `tokens`, compiled for `target`."""
-  import jax.numpy as jnp
-
-  from jaxcomp import losses, pipeline
-  from jaxcomp.analysis import step_cost
-  from jaxcomp.compress.spec import parse_boundary
-  from jaxcomp.models import registry
   _, cfg = registry.get(model)
-  boundary = parse_boundary("none", "none")
-  built = registry.model_stages(cfg, stages, None, boundary)
-  pipe = pipeline.Pipeline(built.stages, boundary, losses.language_model, "tokens", 1, tied=built.tied)
+  pipe = plan.model_builder(cfg, stages, examples)(methods.get(methods.DENSE), 1)
   batch = {"tokens": jnp.zeros((examples, tokens), jnp.int32), "id": jnp.arange(examples)}
-  clock = step_cost.Estimated(target)
-  costs = step_cost.stage_costs(pipe, batch, clock)(boundary)
+  costs = step_cost.stage_costs(pipe, batch, step_cost.Estimated(target))(pipe.boundary)
   return costs.fwd_s[1] + costs.bwd_s[1]
 
 
 def measure_target(name: str, out: pathlib.Path, shapes, specs):
   """This process compiles for target `name` and writes OUT/NAME.json after every cell."""
-  from jaxcomp.analysis import targets
   target = targets.target(name)
-  targets.prepare_host(target)
-  from jaxcomp.analysis import codec_cost
-  from jaxcomp.compress import spec as specs_
+  targets.prepare_host(target)  # before any backend starts
   devices = targets.compile_only_devices(target)
   path = out / f"{name}.json"
   done = json.loads(path.read_text()) if path.exists() else {"target": target.describe(), "cells": {}, "stage": {}}
@@ -73,9 +69,9 @@ def measure_target(name: str, out: pathlib.Path, shapes, specs):
       if key in done["cells"]:
         continue
       try:
-        ops = codec_cost.codec_costs(target, specs_.parse_codec(spec), shape, dtype, reuse_of(spec), devices)
+        ops = codec_cost.codec_costs(target, parse_codec(spec), shape, dtype, reuse_of(spec), devices)
         done["cells"][key] = [{**o._asdict(), "passes": o.passes} for o in ops]
-      except Exception as err:  # a compiler's refusal (e.g. out of VMEM) is a result of its own
+      except jax.errors.JaxRuntimeError as err:  # a compiler's refusal (e.g. out of VMEM) is a result of its own
         done["cells"][key] = {"error": " ".join(str(err).split())[:300]}
       path.write_text(json.dumps(done, indent=1))
       print(f"[{name}] {key}", file=sys.stderr, flush=True)
@@ -159,7 +155,6 @@ def main(argv=None):
   specs = TOPK if args.topk_only else TOPK + FAMILIES
   if args.target:
     return measure_target(args.target, out, list(SHAPES), specs)
-  from jaxcomp.analysis import targets
   names = [t.strip() for t in args.targets.split(",") if t.strip()]
   try:
     [targets.target(name) for name in names]

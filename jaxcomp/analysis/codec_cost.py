@@ -45,11 +45,6 @@ class OpCost(NamedTuple):
     return self.traffic_bytes / self.logical_bytes
 
 
-def nbytes(tree) -> int:
-  """Bytes of every array (or ShapeDtypeStruct) in `tree`."""
-  return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(tree))
-
-
 def sorts(hlo: str) -> list[int]:
   """The length of the sorted dimension of each sort instruction in the HLO text."""
   lengths = []
@@ -69,7 +64,7 @@ def op_cost(target: targets.Target, op: str, fn, *args, devices=None) -> OpCost:
   analysis = compiled.cost_analysis()
   analysis = (analysis[0] if isinstance(analysis, list) else analysis) or {}
   lengths = sorts(text)
-  logical = nbytes(args) + nbytes(jax.eval_shape(fn, *args))
+  logical = codecs.nbytes(args) + codecs.nbytes(jax.eval_shape(fn, *args))
   return OpCost(op, logical, step.traffic_bytes, analysis.get("bytes accessed"), step.peak_bytes, len(lengths),
                 sum(n >= ROW_SORT for n in lengths), step.estimated_s(target.chip), step.compile_s)
 
