@@ -2,18 +2,20 @@
 
     python -m experiments.gpt2_wikitext --preset aqsgd-fw2-bw4        # offline default (tiny recipe)
     python -m experiments.gpt2_wikitext --recipe paper --preset top10-reuse --pretrained gpt2 \\
-        --data-dir WIKITEXT2_RAW_DIR --tokenizer-dir GPT2_DIR           # the paper's setting
+        --data wikitext2-raw                                            # the paper's setting (downloads)
 
 Recipes (`--recipe`; explicit flags override them): `paper` is the HF Trainer's (4 epochs,
 batch 8, AdamW lr 5e-5 linearly decayed to 0, weight decay 0, gradient clipping at norm 1.0,
 blocks of 1024 GPT-2 BPE tokens, GPT-2 small cut after blocks 2, 5, 8); `tiny` (the default)
-trains a tiny GPT-2 from scratch on byte tokens, blocks of 128, lr 1e-3, 2 epochs. `protocol` is Protocol
+trains a tiny GPT-2 from scratch on byte tokens, blocks of 128, lr 1e-3, 2 epochs; `pretrain-cpu` and
+`finetune-cpu` are the papers' regime (pretrain, then fine-tune on another text) at CPU scale (`experiments.finetune`). `protocol` is Protocol
 NanoGPT's benchmark (its dense record's recipe: `--model protocol-203m`, Muon + AdamW, 512 x 1024 tokens a step,
 1F1B over 8 stages of 64 microbatches, 3,000 steps, eval every 25 steps, target eval loss 3.276);
 `protocol-cpu` the same architecture and optimizer at 2-CPU-core scale (`protocol-tiny`, byte tokens). Text:
+`--data wikitext2-raw` (the papers' WikiText-2 raw v1, downloaded through Hugging Face datasets, `.[data]`),
 `--train-file/--valid-file` (any names, raw or tokenized WikiText), `--data-dir` (wiki.train
 and wiki.valid .raw or .tokens), else the WikiText-2 validation text shipped with jaxcomp,
-split by article 90/10 and labelled as such in every output.
+split by article 90/10 and labelled as such in every output (`--text`: another shipped text).
 """
 import dataclasses
 import json
@@ -28,10 +30,11 @@ from experiments import checks, cli, config, paper
 from jaxcomp import losses
 from jaxcomp.compress import bottleneck
 from jaxcomp.compress.spec import parse_boundary, parse_scheme
-from jaxcomp.data import batching, text
+from jaxcomp.data import batching, hub_text, text
 from jaxcomp.models import gpt2, gpt2_weights, protocol_gpt, registry
 from jaxcomp.pipeline import Pipeline
 from jaxcomp.runtime import train
+from jaxcomp.runtime.pretrained import checkpoint_params
 
 PAPER = dict(fwd="none", bwd="none", epochs=4, batch_size=8, microbatches=1, stages=4, lr=5e-5, seed=0,
              weight_decay=0.0, grad_clip=1.0, model="small", pretrained=None, block_size=1024, tokenizer="gpt2")
@@ -55,8 +58,18 @@ PROTOCOL = dict(PAPER, model="protocol-203m", optimizer="muon", lr=0.025, **MUON
 PROTOCOL_CPU = dict({k: v for k, v in PROTOCOL.items() if k != "target_loss"}, model="protocol-tiny",
                     tokenizer="bytes", block_size=128, batch_size=16, microbatches=4, stages=4, executor="simulate",
                     schedule="gpipe", lr_steps=200, steps=200, epochs=1, eval_examples=256)
-RECIPES = {"paper": PAPER, "tiny": {**PAPER, "model": "tiny", "block_size": 128, "lr": 1e-3, "epochs": 2,
-                                    "tokenizer": "bytes"}, "protocol": PROTOCOL, "protocol-cpu": PROTOCOL_CPU}
+TINY = {**PAPER, "model": "tiny", "block_size": 128, "lr": 1e-3, "epochs": 2, "tokenizer": "bytes"}
+# The papers' regime at 2-CPU-core scale (experiments.finetune): a tiny GPT-2 trained here with fp32 boundaries on
+# one shipped text (`pretrain-cpu`: the King James Bible, 1,500 steps of 16 x 128 bytes, lr 1e-3 linearly to 0), then
+# fine-tuned on another (`finetune-cpu`: tiny Shakespeare's first 256 training blocks for 8 epochs of 32 steps at
+# batch 8, AdamW lr 3e-4 linearly to 0, as the paper recipe's, evaluated every 16 steps on 128 held-out blocks);
+# --pretrained names the pretrained run's folder
+PRETRAIN_CPU = {**TINY, "text": "kjv", "epochs": 1, "steps": 1500, "lr_steps": 1500, "batch_size": 16,
+                "eval_examples": 256}
+FINETUNE_CPU = {**TINY, "text": "shakespeare", "epochs": 8, "lr": 3e-4, "train_examples": 256, "eval_examples": 128,
+                "eval_every": 16}
+RECIPES = {"paper": PAPER, "tiny": TINY, "protocol": PROTOCOL, "protocol-cpu": PROTOCOL_CPU,
+           "pretrain-cpu": PRETRAIN_CPU, "finetune-cpu": FINETUNE_CPU}
 
 
 def _presets():
@@ -79,7 +92,7 @@ PRESETS = _presets()
 class Options:
   """GPT-2 / WikiText-2's own settings (`config.RunConfig.options`; the recipes set the first six)."""
   model: str  # GPT-2 size (random initialisation)
-  pretrained: str | None  # HF GPT-2 folder or hub name to fine-tune from
+  pretrained: str | None  # a run trained here (its folder), or an HF GPT-2 folder or hub name, to fine-tune from
   weight_decay: float
   grad_clip: float | None  # global gradient-norm clipping
   block_size: int  # tokens per example
@@ -97,13 +110,20 @@ class Options:
   train_file: str | None = None
   valid_file: str | None = None
   data_dir: str | None = None
+  data: str | None = None  # a text downloaded from the Hugging Face hub (hub_text.HUB_TEXTS), e.g. wikitext2-raw
   text: str = "wikitext2"  # the shipped text without --train-file / --data-dir (text.SHIPPED_TEXTS)
-  model_width: int | None = None  # protocol-tiny's width (None: its 128)
+  model_width: int | None = None  # the width of a SCALABLE_MODELS model (None: its own, 64 or 128)
 
 
 def corpus_for(own: Options) -> text.Corpus:
-  """--train-file [--valid-file], else --data-dir, else the shipped --text (default the WikiText-2 validation
-  text)."""
+  """--data (downloaded), else --train-file [--valid-file], else --data-dir, else the shipped --text (default the
+  WikiText-2 validation text)."""
+  if own.data:
+    given = [f"--{k.replace('_', '-')}" for k in ("train_file", "valid_file", "data_dir") if getattr(own, k)]
+    given += [f"--text {own.text}"] if own.text != "wikitext2" else []
+    if given:
+      raise ValueError(f"--data {own.data} downloads its text and {' and '.join(given)} names another: choose one")
+    return hub_text.hub_corpus(own.data)
   if own.valid_file and not own.train_file:
     raise ValueError("--valid-file needs --train-file too")
   if (own.train_file or own.data_dir) and own.text != "wikitext2":
@@ -117,13 +137,21 @@ def corpus_for(own: Options) -> text.Corpus:
   return text.shipped_corpus(own.text)
 
 
+def run_folder(own: Options) -> pathlib.Path | None:
+  """--pretrained as a run trained here (a folder with a `ckpt` folder: fine-tuned from its newest checkpoint),
+  else None (a GPT-2 of Hugging Face's, a folder or a hub name, or no --pretrained)."""
+  if own.pretrained and pathlib.Path(own.pretrained, "ckpt").is_dir():
+    return pathlib.Path(own.pretrained)
+  return None
+
+
 def tokenizer_for(own: Options):
   """--tokenizer; GPT-2's files from --tokenizer-dir, else from a local --pretrained folder."""
-  if own.pretrained and own.tokenizer != "gpt2":
+  if own.pretrained and run_folder(own) is None and own.tokenizer != "gpt2":
     raise ValueError(f"--pretrained {own.pretrained} reads GPT-2 BPE tokens, not {own.tokenizer}: "
                      "add --tokenizer gpt2 --tokenizer-dir DIR (or --recipe paper)")
   directory = own.tokenizer_dir
-  if directory is None and own.pretrained:  # a hub name's snapshot brings vocab.json and merges.txt with the weights
+  if directory is None and own.pretrained and run_folder(own) is None:  # a hub name's snapshot brings vocab.json and merges.txt with the weights
     directory = gpt2_weights.snapshot(own.pretrained)
     if not (directory / "vocab.json").is_file():
       raise ValueError(f"--pretrained {own.pretrained}: no vocab.json and merges.txt in {directory}; add them (they "
@@ -142,16 +170,17 @@ HUB_SIZES = {"gpt2": "small", "gpt2-medium": "medium", "gpt2-large": "large", "g
 
 
 PROTOCOL_MODELS = {"protocol-203m": protocol_gpt.ProtocolConfig.b203m, "protocol-tiny": protocol_gpt.ProtocolConfig.tiny}
+SCALABLE_MODELS = ("tiny", "protocol-tiny")  # --model-width sets their width (depth and heads kept)
 
 
 def model_config(own: Options, vocab_size: int, size: str | None = None):
   """--model's GPT-2 (or `size`'s; random initialisation) with the tokenizer's vocabulary, or its Protocol NanoGPT
   model (`protocol_gpt.ProtocolConfig`: protocol-203m keeps the benchmark's 50,304 tokens, which must hold the
   tokenizer's; protocol-tiny takes the tokenizer's)."""
+  if own.model_width is not None and own.model not in SCALABLE_MODELS:
+    raise ValueError(f"--model-width scales {' and '.join(SCALABLE_MODELS)}; --model {own.model} has its own width")
   if own.model in PROTOCOL_MODELS:
     base = PROTOCOL_MODELS[own.model]()
-    if own.model_width is not None and own.model != "protocol-tiny":
-      raise ValueError(f"--model-width scales protocol-tiny; --model {own.model} has its own width")
     if own.model == "protocol-tiny":
       return dataclasses.replace(base, vocab_size=vocab_size, n_embd=own.model_width or base.n_embd)
     if vocab_size > base.vocab_size:
@@ -159,7 +188,11 @@ def model_config(own: Options, vocab_size: int, size: str | None = None):
                        f"has {vocab_size:,}: use --tokenizer gpt2 or --model protocol-tiny")
     return base
   base = getattr(gpt2.GPT2Config, size or own.model)()
-  return gpt2.GPT2Config(**{**base.__dict__, "vocab_size": vocab_size,
+  width = own.model_width if size is None and own.model_width else base.n_embd
+  if width % base.n_head:
+    raise ValueError(f"--model-width {width}: GPT-2 {own.model} has {base.n_head} heads, so its width is a multiple of "
+                     f"{base.n_head}")
+  return gpt2.GPT2Config(**{**base.__dict__, "vocab_size": vocab_size, "n_embd": width,
                             "n_positions": max(base.n_positions, own.block_size)})
 
 
@@ -258,20 +291,28 @@ def build(run: config.RunConfig):
   eval_blocks = data.validation[: run.data.eval_examples]
   checks.check_batch_size(bs, len(train_blocks), len(eval_blocks))
   data = text.TextData(data.name, train_blocks, eval_blocks, data.vocab_size)
-  if own.pretrained and own.model in PROTOCOL_MODELS:
-    raise ValueError(f"--pretrained loads GPT-2 weights; --model {own.model} trains from scratch")
-  if own.pretrained:
+  example_batch = next(text.train_batches(data, bs, seed, 0, shards))
+  if own.pretrained and run_folder(own) is None and own.model in PROTOCOL_MODELS:
+    raise ValueError(f"--pretrained {own.pretrained} loads Hugging Face GPT-2 weights (no {own.pretrained}/ckpt, so "
+                     f"not a run trained here); --model {own.model} starts from a run of its own: pass its folder")
+  if run_folder(own):  # a run trained here: its weights, the model the flags give (checked against them)
+    cfg = model_config(own, data.vocab_size)
+    pipe, optimizer = assemble(run, cfg, len(train_blocks))
+    step, params = checkpoint_params(run_folder(own) / "ckpt", pipe, optimizer, example_batch)
+    print(f"[gpt2_wikitext] fine-tuning the weights of {own.pretrained} after its step {step}")
+  elif own.pretrained:
     cfg, params = gpt2_weights.from_pretrained(own.pretrained, run.executor.model_stages)
     if run.compression.bottleneck:  # pretrained weights kept; P and Q start as in a fresh run
       params = bottleneck.insert_into(params, bottleneck.parse(run.compression.bottleneck), cfg.n_embd,
                                       jax.random.key(seed))
   else:
     cfg, params = model_config(own, data.vocab_size), None
-  pipe, optimizer = assemble(run, cfg, len(train_blocks))
+  if not run_folder(own):
+    pipe, optimizer = assemble(run, cfg, len(train_blocks))
   return pipe, optimizer, train.Data(
       train_batches=lambda epoch: text.train_batches(data, bs, seed, epoch, shards),
       steps_per_epoch=batching.num_batches(len(train_blocks), bs, shards),
-      eval_batches=lambda: text.eval_batches(data, bs), example_batch=next(text.train_batches(data, bs, seed, 0, shards)),
+      eval_batches=lambda: text.eval_batches(data, bs), example_batch=example_batch,
       name=data.name, eval_summary=losses.with_perplexity), params
 
 
@@ -282,7 +323,9 @@ def abstract(run: config.RunConfig):
   own = run.options
   vocab = text.ByteTokenizer().vocab_size if own.tokenizer == "bytes" else gpt2.GPT2Config().vocab_size
   pretrained = own.pretrained
-  if pretrained and pathlib.Path(pretrained, "config.json").is_file():
+  if run_folder(own):
+    cfg = model_config(own, vocab)
+  elif pretrained and pathlib.Path(pretrained, "config.json").is_file():
     cfg = gpt2_weights.config_from_hf(json.loads(pathlib.Path(pretrained, "config.json").read_text()))
   elif pretrained:
     if pretrained not in HUB_SIZES:
@@ -325,7 +368,9 @@ FLAGS = {
     "outliers": ("training", "N:SCALE[:MASSIVE]: what crosses the stage boundaries carries N residual channels "
                  "times SCALE and MASSIVE added at the first token in two of them, as pretrained transformers' "
                  "residual streams do (same model function; jaxcomp.models.gpt2), e.g. 4:64:1024", {}),
-    "pretrained": ("training", "HF GPT-2 directory or hub name to fine-tune from", {}),
+    "pretrained": ("training", "what to fine-tune from: a run trained here (its folder, OUT/RUN_NAME: the weights of "
+                   "its newest checkpoint; give the model flags it had), or a Hugging Face GPT-2 (a folder or a "
+                   "hub name such as gpt2)", {}),
     "dropout": ("training", "dropout rate (default: the model's, 0.1)", dict(type=float)),
     "tokenizer": ("data", "byte tokens or GPT-2 BPE (--tokenizer-dir)", dict(choices=text.TOKENIZERS)),
     "tokenizer_dir": ("data", "folder with GPT-2's vocab.json and merges.txt", {}),
@@ -333,9 +378,12 @@ FLAGS = {
     "valid_file": ("data", "evaluation text (default: the last 10%% of --train-file's articles)", {}),
     "data_dir": ("data", "folder with wiki.{train,valid}.raw or wiki.{train,valid}.tokens (default: the "
                  "WikiText-2 validation text shipped with jaxcomp)", {}),
+    "data": ("data", "download the papers' text from the Hugging Face hub (pip install -e .[data]): wikitext2-raw "
+             "(WikiText-2 raw v1, train and validation) or wikitext103-raw", dict(choices=list(hub_text.HUB_TEXTS))),
     "block_size": ("data", "tokens per example", dict(type=int)),
-    "model_width": ("training", "protocol-tiny's width (default 128; a multiple of its head dim, 32), its depth and "
-                    "head dim kept", dict(type=int)),
+    "model_width": ("training", "the width of --model tiny (default 64; a multiple of its 4 heads: depth and heads "
+                    "kept) or protocol-tiny (default 128; a multiple of its head dim, 32: depth and head dim kept)",
+                    dict(type=int)),
     "text": ("data", "a text shipped with jaxcomp (jaxcomp/data/TEXTS_README.md): the WikiText-2 validation text "
              "(default), tiny Shakespeare, the King James Bible, or long (all three: ~5.7 M training bytes)",
              dict(choices=text.SHIPPED_TEXTS)),

@@ -37,18 +37,31 @@ class StepTime:
   source: str
 
 
-def steps_to_target(run: dict, target: float) -> dict:
-  """`evaluation.target_summary` of one run's results, with `dense_steps`: how many of the steps up to the target (or
-  the run's end) sent dense activations (warm-up epochs; AQ-SGD first visits, at most the epoch's)."""
-  history = run["history"]
-  summary = evaluation.target_summary(history, target)
-  until, dense, start = summary["step"] or history[-1]["step"], 0, 0
+def dense_steps(history: list[dict], until: int) -> int:
+  """How many of a run's first `until` steps sent dense activations (warm-up epochs; AQ-SGD first visits, at most
+  the epoch's: an epoch's dense steps are taken as its first)."""
+  dense, start = 0, 0
   for record in history:
     if start >= until:
       break
     dense += min(record["dense_steps"], min(record["step"], until) - start)
     start = record["step"]
-  return {**summary, "dense_steps": dense}
+  return dense
+
+
+def seconds_at(history: list[dict], step: int, timed: "StepTime") -> float:
+  """The predicted time of a run's first `step` steps: compressed steps at `timed.seconds`, dense ones at
+  `timed.dense_seconds`."""
+  dense = dense_steps(history, step)
+  return (step - dense) * timed.seconds + dense * timed.dense_seconds
+
+
+def steps_to_target(run: dict, target: float) -> dict:
+  """`evaluation.target_summary` of one run's results, with `dense_steps`: how many of the steps up to the target (or
+  the run's end) sent dense activations (`dense_steps`)."""
+  history = run["history"]
+  summary = evaluation.target_summary(history, target)
+  return {**summary, "dense_steps": dense_steps(history, summary["step"] or history[-1]["step"])}
 
 
 class StepTimes:

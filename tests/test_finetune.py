@@ -1,0 +1,113 @@
+"""Fine-tuning, as the papers do: a run trained here as the start of another (its weights, a fresh optimizer at step
+0), GPT-2 tiny at other widths, the papers' text through Hugging Face datasets (a stand-in loader: no network), and
+(slow) the study end to end at toy size, resumed."""
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from experiments import config, finetune, gpt2_wikitext, runner
+from jaxcomp.data import hub_text, text
+from jaxcomp.runtime.pretrained import checkpoint_params
+
+TOY = dict(batch_size=4, train_examples=8, eval_examples=4, no_progress=True, model_width=16)
+
+
+def _pretrain(tmp_path, **flags):
+  """A toy run of 2 steps on the shipped King James Bible: (its folder, its final state)."""
+  cfg = config.resolve(gpt2_wikitext.EXPERIMENT, "tiny", text="kjv", steps=2, epochs=1, out=str(tmp_path),
+                       run_name="pre", **{**TOY, **flags})
+  state, _ = runner.run(gpt2_wikitext.EXPERIMENT, cfg)
+  return tmp_path / "pre", state
+
+
+def test_a_run_trained_here_is_fine_tuned_from_its_last_weights_with_a_fresh_optimizer_at_step_zero(tmp_path):
+  folder, state = _pretrain(tmp_path)
+  cfg = config.resolve(gpt2_wikitext.EXPERIMENT, "finetune-cpu", pretrained=str(folder), epochs=1,
+                       out=str(tmp_path / "ft"), **TOY)
+  pipe, optimizer, data, params = gpt2_wikitext.build(cfg)
+  assert "Shakespeare" in data.name
+  for got, saved in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(saved))
+  _, history = runner.run(gpt2_wikitext.EXPERIMENT, cfg)
+  assert [r["step"] for r in history] == [2]  # its own 8 / 4 steps from 0, not the pretraining's 2 and on
+
+
+def test_fine_tuning_another_model_than_the_saved_one_says_so(tmp_path):
+  folder, _ = _pretrain(tmp_path)
+  cfg = config.resolve(gpt2_wikitext.EXPERIMENT, "finetune-cpu", pretrained=str(folder), out=str(tmp_path / "ft"),
+                       **{**TOY, "model_width": 32})
+  with pytest.raises(ValueError, match="holds another model than this run's.*fine-tune with the model"):
+    gpt2_wikitext.build(cfg)
+  pipe, optimizer, data, _ = gpt2_wikitext.build(config.resolve(gpt2_wikitext.EXPERIMENT, "finetune-cpu", **TOY))
+  with pytest.raises(ValueError, match="no checkpoint there"):
+    checkpoint_params(tmp_path / "nowhere", pipe, optimizer, data.example_batch)
+
+
+def test_model_width_scales_gpt2_tiny_and_is_refused_where_it_does_not_apply():
+  own = lambda **kw: gpt2_wikitext.Options(**{**dict(model="tiny", pretrained=None, weight_decay=0.0, grad_clip=None,
+                                                     block_size=128, tokenizer="bytes"), **kw})
+  assert gpt2_wikitext.model_config(own(model_width=128), 257).n_embd == 128
+  assert gpt2_wikitext.model_config(own(), 257).n_embd == 64
+  with pytest.raises(ValueError, match="--model-width 66: GPT-2 tiny has 4 heads"):
+    gpt2_wikitext.model_config(own(model_width=66), 257)
+  with pytest.raises(ValueError, match="--model-width scales tiny and protocol-tiny; --model small"):
+    gpt2_wikitext.model_config(own(model="small", model_width=128), 257)
+
+
+def _hub_rows(content: str) -> dict:
+  """A split as Hugging Face's wikitext-2-raw-v1 rows hold it: one row per line of the raw file, newline kept, a
+  blank line an empty row."""
+  return {"text": ["" if not line.strip() else line for line in content.splitlines(keepends=True)]}
+
+
+def test_the_papers_text_comes_from_the_hub_as_its_rows_joined():
+  valid = text.read_text(text.SHIPPED_FILE)
+  seen = {}
+
+  def load_dataset(repo, configuration, cache_dir=None):
+    seen.update(repo=repo, configuration=configuration)
+    return {"train": _hub_rows(valid[:5000]), "validation": _hub_rows(valid[5000:9000])}
+
+  corpus = hub_text.hub_corpus("wikitext2-raw", load_dataset=load_dataset)
+  assert seen == {"repo": "Salesforce/wikitext", "configuration": "wikitext-2-raw-v1"}
+  assert corpus.train == "".join(_hub_rows(valid[:5000])["text"]) and corpus.train.startswith(" = ")
+  assert "WikiText-2 raw v1" in corpus.name
+  with pytest.raises(ValueError, match="has no validation split"):
+    hub_text.hub_corpus("wikitext2-raw", load_dataset=lambda *a, **k: {"train": _hub_rows(valid)})
+
+
+def test_the_hub_text_without_datasets_says_what_to_install(monkeypatch):
+  monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets raises ImportError
+  with pytest.raises(ValueError, match=r"pip install -e \.\[data\]"):
+    hub_text.hub_corpus("wikitext2-raw")
+
+
+def test_data_from_the_hub_and_another_text_are_one_choice(tmp_path):
+  with pytest.raises(SystemExit) as exit:
+    gpt2_wikitext.cli.main(gpt2_wikitext.EXPERIMENT, ["--data", "wikitext2-raw", "--text", "kjv", "--steps", "1",
+                                                      "--out", str(tmp_path)])
+  assert exit.value.code == "error: --data wikitext2-raw downloads its text and --text kjv names another: choose one"
+  assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_the_same_loss_is_fp32s_at_three_quarters_of_its_steps():
+  runs = [{"history": [{"step": 4 * k, "evals": [{"step": 4 * k, "eval_on": {"loss": 10.0 - k + seed},
+                                                  "eval_off": {"loss": 0.0}}]} for k in range(1, 9)]}
+          for seed in (0, 1)]
+  assert finetune.target_loss(runs) == pytest.approx(10.0 - 6 + 0.5)  # step 24 of 32, the seeds' mean
+
+
+@pytest.mark.slow
+def test_a_toy_study_pretrains_once_fine_tunes_reports_and_a_rerun_trains_nothing(tmp_path, capsys):
+  argv = ["--widths", "16", "--seeds", "1", "--methods", "fp32,aqsgd-fw2-bw4,top10-reuse", "--pretrain-steps", "2",
+          "--epochs", "2", "--train-examples", "16", "--eval-examples", "8", "--eval-every", "1", "--repeats", "1",
+          "--out", str(tmp_path)]
+  text_out = finetune.main(argv)
+  assert "## Width 16" in text_out and "| top10-reuse |" in text_out and "100mbps" in text_out
+  assert (tmp_path / "figure4-w16.png").is_file() and (tmp_path / "figure3-w16.png").is_file()
+  capsys.readouterr()
+  finetune.main(argv)
+  out = capsys.readouterr().out
+  assert out.count("done, skipped") == 4 and "[gpt2_wikitext] run" not in out
