@@ -85,13 +85,19 @@ REGISTRY = {
         before=("python -m experiments.resnet_cifar10 --preset baseline --epochs 20",), slow=True,
         why="two ResNet runs: the baseline (its toy run ends at epoch 1, hence --init-epoch 1), then the warm start "
             "from its folder"),
-    "python -m experiments.gpt2_wikitext --recipe paper --preset top10-reuse --pretrained gpt2 --data-dir "
-    "WIKITEXT2_RAW_DIR --tokenizer-dir GPT2_TOKENIZER_DIR": Case(
-        covered="tests/test_gpt2.py::test_hub_name_loads_from_a_local_hub_cache_offline",
-        why="needs the user's downloads (WikiText-2 raw, the GPT-2 tokenizer and weights); the offline parts are "
-            "tested on stand-ins: the hub cache here, --data-dir and the BPE tokenizer in tests/test_data.py"),
-    "python -m experiments.gpt2_wikitext --preset aqsgd-fw3-bw6": Case(
-        ("--preset", "aqsgd-fw3-bw6", *GPT2_TINY), slow=True, why="the README's first run's path, another preset"),
+    "python -m experiments.finetune": Case(
+        covered="tests/test_finetune.py::test_a_toy_study_pretrains_once_fine_tunes_reports_and_a_rerun_trains_nothing",
+        slow=True, why="hours on 2 cores; the toy study runs its every part (pretraining, fine-tuning, report) and "
+                       "its rerun", reached_by="tests/test_finetune.py::test_a_one_method_toy_study_runs_and_reports"),
+    "python -m experiments.gpt2_wikitext --recipe paper --preset top10-reuse --pretrained gpt2 --data wikitext2-raw":
+        Case(covered="tests/test_finetune.py::test_the_papers_text_comes_from_the_hub_as_its_rows_joined",
+             why="downloads WikiText-2 raw and GPT-2 (no test reaches the network); the offline parts are tested on "
+                 "stand-ins: the hub's rows here, the hub cache of weights and tokenizer in tests/test_gpt2.py"),
+    "python -m experiments.gpt2_wikitext --recipe paper --preset aqsgd-fw3-bw6 --pretrained gpt2-xl --data "
+    "wikitext2-raw --stages 8 --executor sharded --schedule 1f1b --microbatches 8": Case(
+        covered="tests/test_finetune.py::test_the_papers_text_comes_from_the_hub_as_its_rows_joined",
+        why="GPT2-1.5B on 8 GPUs with the downloads; its dry run (--compile-for h100-8) is in docs/guide/papers.md, "
+            "the sharded 1F1B executor at toy size in tests/test_sharded.py"),
     "python -m experiments.gpt2_wikitext --preset top10-reuse --executor sharded --stages 4 --data-parallel 2": Case(
         ("--preset", "top10-reuse", "--executor", "sharded", "--stages", "4", "--data-parallel", "2", *GPT2_TINY),
         slow=True, why="the sharded executor on 8 devices; by default 2 x 2 in test_gpipe_executor_from_the_cli"),

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import config, finetune, gpt2_wikitext, runner
+from experiments import config, finetune, finetune_report, gpt2_wikitext, runner
 from jaxcomp.data import hub_text, text
 from jaxcomp.runtime.pretrained import checkpoint_params
 
@@ -94,18 +94,33 @@ def test_data_from_the_hub_and_another_text_are_one_choice(tmp_path):
   assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
-def test_the_same_loss_is_fp32s_at_three_quarters_of_its_steps():
-  runs = [{"history": [{"step": 4 * k, "evals": [{"step": 4 * k, "eval_on": {"loss": 10.0 - k + seed},
-                                                  "eval_off": {"loss": 0.0}}]} for k in range(1, 9)]}
-          for seed in (0, 1)]
-  assert finetune.target_loss(runs) == pytest.approx(10.0 - 6 + 0.5)  # step 24 of 32, the seeds' mean
+def _evals(losses_on, losses_off):
+  return {"history": [{"step": 4 * k, "evals": [{"step": 4 * k, "eval_on": {"loss": on}, "eval_off": {"loss": off}}]}
+                      for k, (on, off) in enumerate(zip(losses_on, losses_off), 1)]}
+
+
+def test_the_same_loss_is_where_fp32s_mean_served_curve_made_nine_tenths_of_its_gain():
+  fp32 = [_evals([3.0, 2.5, 2.2, 2.0], [3.0, 2.5, 2.2, 2.0]), _evals([3.2, 2.7, 2.4, 2.2], [3.2, 2.7, 2.4, 2.2])]
+  assert finetune_report.target_loss(fp32) == pytest.approx(3.1 - 0.9 * (3.1 - 2.1))
+  # served: the better of on and off at each evaluation (TopK's on, a quantizer's off)
+  method = _evals([2.9, 2.6, 2.3, 2.25], [3.5, 2.4, 2.5, 2.1])
+  assert [finetune_report.loss_at(method)[s] for s in (4, 8, 12, 16)] == [2.9, 2.4, 2.3, 2.1]
+  assert finetune_report.steps_to(method, 2.2) == 16 and finetune_report.steps_to(method, 2.0) is None
+
+
+TOY_STUDY = ["--widths", "16", "--seeds", "1", "--pretrain-steps", "2", "--epochs", "2", "--train-examples", "16",
+             "--eval-examples", "8", "--eval-every", "1", "--repeats", "1"]
+
+
+def test_a_one_method_toy_study_runs_and_reports(tmp_path):
+  text_out = finetune.main([*TOY_STUDY, "--methods", "fp32", "--out", str(tmp_path)])
+  assert "## Width 16" in text_out and "| fp32 |" in text_out
+  assert (tmp_path / "pretrain" / "results" / "pretrain-w16.json").is_file()
 
 
 @pytest.mark.slow
 def test_a_toy_study_pretrains_once_fine_tunes_reports_and_a_rerun_trains_nothing(tmp_path, capsys):
-  argv = ["--widths", "16", "--seeds", "1", "--methods", "fp32,aqsgd-fw2-bw4,top10-reuse", "--pretrain-steps", "2",
-          "--epochs", "2", "--train-examples", "16", "--eval-examples", "8", "--eval-every", "1", "--repeats", "1",
-          "--out", str(tmp_path)]
+  argv = [*TOY_STUDY, "--methods", "fp32,aqsgd-fw2-bw4,top10-reuse", "--out", str(tmp_path)]
   text_out = finetune.main(argv)
   assert "## Width 16" in text_out and "| top10-reuse |" in text_out and "100mbps" in text_out
   assert (tmp_path / "figure4-w16.png").is_file() and (tmp_path / "figure3-w16.png").is_file()
