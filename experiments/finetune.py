@@ -18,11 +18,16 @@ method's step predicted there from its stages and codecs timed on this machine (
 T = the predicted time of its steps to the same loss (dense warm-up steps at the dense step's time).
 """
 import argparse
+import datetime
+import json
 import math
+import os
 import pathlib
+import platform
+import subprocess
 import sys
 
-from experiments import config, gpt2_wikitext, runner, study, time_to_target
+from experiments import config, gpt2_wikitext, inflation, runner, study, time_to_target
 from experiments import finetune_report as report_lib
 from jaxcomp import methods
 from jaxcomp.analysis.link import Link
@@ -95,6 +100,10 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--eval-every", type=int, default=recipe["eval_every"], help="evaluate every this many steps")
   p.add_argument("--repeats", type=int, default=10, help="timed runs per stage and codec for the step times")
   p.add_argument("--report", action="store_true", help="write the report of the runs finished so far; train nothing")
+  p.add_argument("--export", type=pathlib.Path, metavar="FILE",
+                 help="also write the runs' step inflation as the `finetune` regime of a step-inflation table (the "
+                      "planner's --regime finetune), keeping FILE's other regimes; jaxcomp/data/step_inflation.json "
+                      "is the shipped one")
   return p
 
 
@@ -148,6 +157,22 @@ def step_times(args, width: int, names) -> dict:
   return timed
 
 
+def export(args, rungs: dict):
+  """Writes the rungs, their fitted models and their provenance as the `finetune` regime of args.export (its other
+  regimes kept)."""
+  models = inflation.fitted(rungs, sorted({n for r in rungs.values() for n in r["methods"]}))
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=pathlib.Path(__file__).parent).stdout.strip() or "unknown"
+  provenance = {"command": "python -m experiments.finetune " + " ".join(sys.argv[1:]), "commit": commit,
+                "machine": f"{platform.machine()} {os.cpu_count()} cores", "date": datetime.date.today().isoformat(),
+                "text": f"pretrained on kjv, fine-tuned on {TEXT}", "model": "GPT-2 tiny (finetune-cpu recipe)"}
+  table = json.loads(args.export.read_text()) if args.export.is_file() else {}
+  regimes = table.get("regimes", {"scratch": table} if table else {})
+  regimes["finetune"] = {"cap": 1, "rungs": rungs, "models": models, "provenance": provenance}
+  args.export.write_text(json.dumps({**table, "regimes": regimes}, indent=1))
+  print(f"wrote the finetune regime of {args.export}")
+
+
 def report(args) -> str:
   """Writes <out>/finetune.md with its plots beside it, from the runs finished so far; returns the markdown."""
   parts = [f"GPT-2 tiny (4 blocks, 4 heads, byte tokens, one block per stage on 4 stages) pretrained with fp32 "
@@ -156,11 +181,14 @@ def report(args) -> str:
            f"lr 3e-4 linearly to 0), evaluated every {args.eval_every} steps on {args.eval_examples} held-out blocks "
            f"with compression on and off. Served loss: the better of the two. The same loss: where fp32's mean "
            f"served curve has made {report_lib.SHARE:.0%} of its gain from its first evaluation to its best."]
+  rungs = {}
   for width in args.widths:
     runs = width_runs(args, width)
     if methods.DENSE not in runs:
       print(f"[finetune] width {width}: no finished fp32 run yet, left out of the report")
       continue
+    budget = width_args(args, width).steps
+    rungs[f"w{width}-h{budget}"] = report_lib.inflation_rung(runs, width, budget)
     pre = study.finished(args.out / "pretrain", f"pretrain-w{width}", 0, recipe="pretrain-cpu", model_width=width)
     target = report_lib.target_loss(runs[methods.DENSE])
     timed = step_times(args, width, runs)
@@ -180,6 +208,8 @@ def report(args) -> str:
               f"AQ-SGD's paper: {report_lib.PAPER_SPEEDUP}x at 100 Mbps.", f"![]({fig4.name})"]
   text = "\n\n".join(parts) + "\n"
   (args.out / "finetune.md").write_text(text)
+  if args.export:
+    export(args, rungs)
   print(text)
   print(f"wrote {args.out / 'finetune.md'}")
   return text

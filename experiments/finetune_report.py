@@ -196,3 +196,20 @@ def figure4(title: str, runs: dict[str, list[dict]], timed: dict, target: float,
   fig.suptitle(title, fontsize=8)
   fig.tight_layout()
   return plots.save(fig, path)
+
+
+def inflation_rung(runs: dict[str, list[dict]], width: int, budget: int, share: float = SHARE) -> dict:
+  """The width's fine-tuning runs as one rung of a step-inflation table (`jaxcomp.analysis.step_table`'s format):
+  per method, per seed, its steps to the same loss over fp32's of the same seed (censored at the budget: inflation
+  above budget / fp32's steps). Its horizon is the budget."""
+  target = target_loss(runs["fp32"], share)
+  dense = {r["config"]["seed"]: steps_to(r, target) for r in runs["fp32"]}
+  out = {}
+  for name, rs in runs.items():
+    out[name] = []
+    for r in rs:
+      s0, s = dense.get(r["config"]["seed"]), steps_to(r, target)
+      if s0:
+        out[name].append({"seed": f"-seed{r['config']['seed']}", "target": target, "fp32_steps": s0, "steps": s,
+                          "inflation": (s if s is not None else budget) / s0, "censored": s is None})
+  return {"width": width, "horizon": budget, "methods": out}

@@ -57,13 +57,19 @@ def ladder_report(out: pathlib.Path, widths, horizons, names, cap: int) -> dict:
       folder = out / f"w{w}-h{h}"
       if folder.is_dir():
         rungs[f"w{w}-h{h}"] = {"width": w, "horizon": h, "methods": rung_points(folder, names, cap, h)}
+  return {"cap": cap, "rungs": rungs, "models": fitted(rungs, names)}
+
+
+def fitted(rungs: dict, names) -> dict:
+  """Per method, the model fitted to its uncensored points over the rungs (None where it cannot be fitted), whether
+  its trend bends, and the horizons where a seed was censored."""
   models = {}
   for name in names:
-    pts = [(r["horizon"], r["width"], p["inflation"]) for r in rungs.values() for p in r["methods"][name]
+    pts = [(r["horizon"], r["width"], p["inflation"]) for r in rungs.values() for p in r["methods"].get(name, [])
            if not p["censored"]]
-    missed = sorted({r["horizon"] for r in rungs.values() for p in r["methods"][name] if p["censored"]})
+    missed = sorted({r["horizon"] for r in rungs.values() for p in r["methods"].get(name, []) if p["censored"]})
     models[name] = {"fit": fit(pts), "bends": bends(pts), "censored_at": missed}
-  return {"cap": cap, "rungs": rungs, "models": models}
+  return models
 
 
 def _cell(points: list[dict]) -> str:

@@ -1,6 +1,7 @@
 """Fine-tuning, as the papers do: a run trained here as the start of another (its weights, a fresh optimizer at step
 0), GPT-2 tiny at other widths, the papers' text through Hugging Face datasets (a stand-in loader: no network), and
 (slow) the study end to end at toy size, resumed."""
+import argparse
 import sys
 
 import jax
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from experiments import config, finetune, finetune_report, gpt2_wikitext, runner
+from jaxcomp.analysis import step_table
 from jaxcomp.data import hub_text, text
 from jaxcomp.runtime.pretrained import checkpoint_params
 
@@ -106,6 +108,24 @@ def test_the_same_loss_is_where_fp32s_mean_served_curve_made_nine_tenths_of_its_
   method = _evals([2.9, 2.6, 2.3, 2.25], [3.5, 2.4, 2.5, 2.1])
   assert [finetune_report.loss_at(method)[s] for s in (4, 8, 12, 16)] == [2.9, 2.4, 2.3, 2.1]
   assert finetune_report.steps_to(method, 2.2) == 16 and finetune_report.steps_to(method, 2.0) is None
+
+
+def test_the_study_exports_its_inflation_as_the_finetune_regime_and_keeps_the_table_s_others(tmp_path):
+  seeded = lambda run, seed: {**run, "config": {"seed": seed}}
+  runs = {"fp32": [seeded(_evals([3.0, 2.5, 2.05, 2.0], [3.0, 2.5, 2.05, 2.0]), 0)],
+          "aqsgd-fw3-bw6": [seeded(_evals([3.0, 2.8, 2.4, 2.3], [3.0, 2.6, 2.3, 2.05]), 0)],
+          "top10-reuse": [seeded(_evals([3.0, 2.9, 2.8, 2.7], [3.1, 3.0, 2.9, 2.8]), 0)]}
+  rung = finetune_report.inflation_rung(runs, width=64, budget=16)  # the same loss: 3.0 - 0.9 x 1.0 = 2.1
+  assert [(p["inflation"], p["censored"]) for p in rung["methods"]["aqsgd-fw3-bw6"]] == [(16 / 12, False)]
+  assert [(p["inflation"], p["censored"]) for p in rung["methods"]["top10-reuse"]] == [(16 / 12, True)]
+  table = tmp_path / "table.json"
+  table.write_text(step_table.SHIPPED.read_text())
+  finetune.export(argparse.Namespace(export=table), {"w64-h16": rung})
+  scratch = step_table.load(table, "scratch")
+  assert scratch["rungs"] == step_table.load(None, "scratch")["rungs"]  # kept as it was
+  tuned = step_table.load(table, "finetune")
+  assert "experiments.finetune" in tuned["provenance"]["command"] and tuned["regime"] == "finetune"
+  assert step_table.inflation(tuned, "aqsgd-fw3-bw6", 2925, 1024).value == pytest.approx(16 / 12)
 
 
 TOY_STUDY = ["--widths", "16", "--seeds", "1", "--pretrain-steps", "2", "--epochs", "2", "--train-examples", "16",

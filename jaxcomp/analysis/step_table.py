@@ -57,8 +57,9 @@ def load(path=None, regime: str = "scratch") -> dict:
   if regime not in tables or not tables[regime].get("rungs"):
     raise ValueError(f"--regime {regime}: {file} holds no {regime} measurements (it has: "
                      f"{', '.join(k for k, t in tables.items() if t.get('rungs')) or 'none'}); measure them with "
-                     "python -m experiments.ladder and pass --steps-from")
-  return {**tables[regime], "provenance": data.get("provenance", {"file": str(file)}), "regime": regime}
+                     "python -m experiments.ladder (scratch) or experiments.finetune (finetune) and pass --steps-from")
+  provenance = tables[regime].get("provenance") or data.get("provenance", {"file": str(file)})  # a regime's own first
+  return {**tables[regime], "provenance": provenance, "regime": regime}
 
 
 def points(table: dict, method: str) -> list[tuple[float, float, float]]:
