@@ -239,5 +239,6 @@ def main(exp: config.Experiment, argv=None, hooks=()):
       return runner.run(exp, config_from_args(exp, args), hooks)
     except pipeline.TablesDoNotFit as err:  # AQ-SGD tables on the device: the CLI can keep them in host memory
       sys.exit("error: " + " ".join(str(err).split()) + " (CLI: --aqsgd-buffers host|DIR)")
-    except (ValueError, OSError, RuntimeError, train.NonFiniteLossError, lock.FolderInUseError) as err:  # fixable
+    except (ValueError, OSError, RuntimeError, ImportError, train.NonFiniteLossError,
+            lock.FolderInUseError) as err:  # fixable (ImportError: an optional extra not installed)
       sys.exit("error: " + " ".join(str(err).split()))

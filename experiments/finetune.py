@@ -128,11 +128,12 @@ def parse(argv=None) -> argparse.Namespace:
 def main(argv=None):
   args = parse(argv)
   if not args.report:
-    for seed in range(args.seeds):  # every width's seed 0 first: the study has both widths early
-      for width in args.widths:
-        folder = pretrained(args, width)
-        for name in args.methods:
-          finetuned(args, width, folder, name, seed)
+    # every width's seed 0 first (the study has each width early), then each width's other seeds
+    order = [(w, 0) for w in args.widths] + [(w, s) for w in args.widths for s in range(1, args.seeds)]
+    for width, seed in order:
+      folder = pretrained(args, width)
+      for name in args.methods:
+        finetuned(args, width, folder, name, seed)
   return report(args)
 
 

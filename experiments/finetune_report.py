@@ -16,7 +16,7 @@ from jaxcomp.runtime import evaluation
 TABLE5 = {"fp32": 3.05, "top50-reuse": 3.11, "top30-reuse": 3.27, "top20-reuse": 3.51, "top10-reuse": 4.31,
           "top10-separate": 8.0}
 FIGURE3 = ("fp32", "aqsgd-fw2-bw4", "direct-fw2-bw4", "aqsgd-fw3-bw6", "direct-fw3-bw6", "aqsgd-fw4-bw8",
-           "direct-fw4-bw8")
+           "direct-fw4-bw8", "aqsgd-fw3-bw6-warm0")
 FEEDBACK = ("ef-top10-reuse", "ef21-top10-reuse", "aqsgd-top10-bw4")  # the papers' error-feedback rows (ResNet's)
 PAPER_SPEEDUP = 4.3  # AQ-SGD's end-to-end speed-up over fp32 at 100 Mbps, in time to the same loss
 SHARE = 0.9  # the same loss: where fp32 has made this share of its improvement (`target_loss`)
@@ -162,7 +162,7 @@ def figure3_plot(title: str, runs: dict[str, list[dict]], path):
   dashed."""
   plt = plots.pyplot()
   fig, ax = plt.subplots(figsize=(6, 4))
-  colours = {"fw2-bw4": "tab:red", "fw3-bw6": "tab:blue", "fw4-bw8": "tab:green"}
+  colours = {"fw2-bw4": "tab:red", "fw3-bw6": "tab:blue", "fw4-bw8": "tab:green", "fw3-bw6-warm0": "tab:purple"}
   for name in FIGURE3:
     if name in runs:
       at, loss = curve(runs[name])
@@ -182,7 +182,7 @@ def figure4(title: str, runs: dict[str, list[dict]], timed: dict, target: float,
   plt = plots.pyplot()
   fig, axes = plt.subplots(1, len(timed), figsize=(3.2 * len(timed), 3.4), sharey=True)
   for ax, (net, (link, steps)) in zip(np.atleast_1d(axes), timed.items()):
-    for name in ("fp32", "aqsgd-fw2-bw4", "aqsgd-fw3-bw6", "aqsgd-fw4-bw8", "direct-fw3-bw6", "top10-reuse"):
+    for name in ("fp32", "aqsgd-fw2-bw4", "aqsgd-fw3-bw6", "aqsgd-fw3-bw6-warm0", "direct-fw3-bw6", "top10-reuse"):
       if name in runs:
         at, loss = curve(runs[name])
         seconds = [time_to_target.seconds_at(runs[name][0]["history"], int(s), steps[name]) for s in at]

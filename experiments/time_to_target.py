@@ -30,11 +30,14 @@ from jaxcomp.runtime import evaluation
 @dataclasses.dataclass(frozen=True)
 class StepTime:
   """One method's predicted step on the link: `seconds` (compressed steps), `dense_seconds` (its dense warm-up
-  steps), the critical path's seconds by term (`netsim.Timeline.critical_seconds`), and where the times come from."""
+  steps), the critical path's seconds by term (`netsim.Timeline.critical_seconds`), where the times come from, and
+  `first_visit_seconds` (AQ-SGD's first visits after its warm-up: activations dense, gradients compressed; None:
+  charged as dense)."""
   seconds: float
   dense_seconds: float
   critical: dict
   source: str
+  first_visit_seconds: float | None = None
 
 
 def dense_steps(history: list[dict], until: int) -> int:
@@ -49,11 +52,20 @@ def dense_steps(history: list[dict], until: int) -> int:
   return dense
 
 
-def seconds_at(history: list[dict], step: int, timed: "StepTime") -> float:
-  """The predicted time of a run's first `step` steps: compressed steps at `timed.seconds`, dense ones at
-  `timed.dense_seconds`."""
-  dense = dense_steps(history, step)
-  return (step - dense) * timed.seconds + dense * timed.dense_seconds
+def seconds_at(history: list[dict], step: int, timed: StepTime) -> float:
+  """The predicted time of a run's first `step` steps: compressed steps at `timed.seconds`, a warm-up epoch's
+  at `timed.dense_seconds`, first visits in a compressed epoch at `timed.first_visit_seconds` (dense when None)."""
+  total, start = 0.0, 0
+  for record in history:
+    if start >= step:
+      break
+    steps = min(record["step"], step) - start
+    dense = min(record["dense_steps"], steps)
+    warmup = record.get("mode", "warmup") == "warmup"  # a record without its mode: charged as dense
+    first = timed.dense_seconds if warmup or timed.first_visit_seconds is None else timed.first_visit_seconds
+    total += dense * first + (steps - dense) * timed.seconds
+    start = record["step"]
+  return total
 
 
 def steps_to_target(run: dict, target: float) -> dict:
@@ -124,7 +136,10 @@ class StepTimes:
 
   def __call__(self, cfg: config.RunConfig) -> StepTime:
     compressed, dense = self.timeline(cfg), self.timeline(cfg, parse_boundary("none", "none"))
-    return StepTime(compressed.makespan, dense.makespan, compressed.critical_seconds(), self.clock.source)
+    first = None
+    if cfg.compression.fwd.startswith("aqsgd+"):  # a first visit: activations dense, gradients as compressed
+      first = self.timeline(cfg, parse_boundary("none", cfg.compression.bwd)).makespan
+    return StepTime(compressed.makespan, dense.makespan, compressed.critical_seconds(), self.clock.source, first)
 
 
 def row(method: str, runs: list[dict], summary: dict, step: StepTime, target_loss: float) -> dict:
@@ -132,7 +147,7 @@ def row(method: str, runs: list[dict], summary: dict, step: StepTime, target_los
   seed reached it), the best eval loss (compression on), its predicted step; bytes from the frontier's `summary`."""
   target = [steps_to_target(run, target_loss) for run in runs]
   reached = [t for t in target if t["step"] is not None]
-  seconds = [t["step"] * step.seconds + t["dense_steps"] * (step.dense_seconds - step.seconds) for t in reached]
+  seconds = [seconds_at(run["history"], t["step"], step) for run, t in zip(runs, target) if t["step"] is not None]
   stats = lambda v: (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0) if v else (None, None)
   out = {"method": method, **{k: summary[k] for k in ("fwd", "bwd", "bottleneck", "bytes_steady", "bytes")},
          "seeds": len(runs), "reached": len(reached), "cap": max(r["history"][-1]["step"] for r in runs),

@@ -73,6 +73,8 @@ _TABLE = (  # the reference and new codecs first
     Method("top10-separate", "topk:0.1", "topk:0.1", note="the gradient's own TopK (diverged in Rudakov's Table 5)"),
     Method("aqsgd-fw3-bw6", "aqsgd+maxabs:3:stoch", "maxabs:6:stoch", 1),
     Method("aqsgd-fw4-bw8", "aqsgd+maxabs:4:stoch", "maxabs:8:stoch", 1),
+    Method("aqsgd-fw3-bw6-warm0", "aqsgd+maxabs:3:stoch", "maxabs:6:stoch",
+           note="no dense epoch: only each example's first forward goes dense (AQ-SGD's Algorithm 1)"),
     Method("direct-fw3-bw6", "maxabs:3:stoch", "maxabs:6:stoch"),
     Method("aqsgd-top10-bw4", "aqsgd+topk:0.1", BWD4, 1, note="AQ-SGD with TopK 10% of each change (Rudakov)"),
     Method("top10-bf16-reuse", "topk:0.1:bf16", "reuse", note="values (and reused-index gradients) in bf16"),

@@ -148,3 +148,12 @@ def test_a_toy_study_pretrains_once_fine_tunes_reports_and_a_rerun_trains_nothin
   finetune.main(argv)
   out = capsys.readouterr().out
   assert out.count("done, skipped") == 4 and "[gpt2_wikitext] run" not in out
+
+
+def test_a_hub_model_without_huggingface_hub_is_one_error_line_saying_what_to_install(monkeypatch, tmp_path):
+  monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+  with pytest.raises(SystemExit) as exit:
+    gpt2_wikitext.cli.main(gpt2_wikitext.EXPERIMENT, ["--recipe", "paper", "--pretrained", "gpt2", "--steps", "1",
+                                                      "--out", str(tmp_path)])
+  assert exit.value.code.startswith("error: 'gpt2' is not a local directory and huggingface_hub is not installed")
+  assert "pip install -e .[data]" in exit.value.code

@@ -1,5 +1,6 @@
 """Smoke test of the frontier sweep: two methods, a few steps, resumable, exact byte accounting."""
 import argparse
+import dataclasses
 import json
 import math
 
@@ -266,3 +267,12 @@ def test_time_to_target_help_says_which_commands_compute_it(capsys):
   assert done.value.code == 0
   out = " ".join(capsys.readouterr().out.split())
   assert "python -m experiments.frontier --target-loss L --link BW:LAT" in out and "python -m jaxcomp.plan" in out
+
+
+def test_a_warm_up_epoch_is_charged_dense_and_later_first_visits_forward_dense_only():
+  history = [{"step": 4, "mode": "warmup", "dense_steps": 4}, {"step": 8, "mode": "train", "dense_steps": 2}]
+  timed = time_to_target.StepTime(1.0, 10.0, {}, "test", first_visit_seconds=4.0)
+  assert time_to_target.seconds_at(history, 8, timed) == 4 * 10.0 + 2 * 4.0 + 2 * 1.0
+  assert time_to_target.seconds_at(history, 5, timed) == 4 * 10.0 + 4.0  # an epoch's dense steps are its first
+  unknown = dataclasses.replace(timed, first_visit_seconds=None)  # first visits charged as dense
+  assert time_to_target.seconds_at(history, 8, unknown) == 6 * 10.0 + 2 * 1.0
