@@ -27,7 +27,7 @@ import platform
 import subprocess
 import sys
 
-from experiments import config, gpt2_wikitext, inflation, runner, study, time_to_target
+from experiments import config, gpt2_wikitext, inflation, paper, runner, study, time_to_target
 from experiments import finetune_report as report_lib
 from jaxcomp import methods
 from jaxcomp.analysis.link import Link
@@ -35,12 +35,10 @@ from jaxcomp.data import batching
 from jaxcomp.runtime import train
 
 METHODS = (*report_lib.TABLE5, *report_lib.FIGURE3[1:], *report_lib.FEEDBACK)
-# AQ-SGD's Table 2: fp32's training throughput at 10 Gbps, 1 Gbps, 500, 300 and 100 Mbps, and AQ-SGD fw3-bw6's at
-# 10 Gbps, taken as the throughput with free messages: network k slows fp32's step UNMETERED / FP32_THROUGHPUT[k]
-# times (10 Gbps 1.05x ... 100 Mbps 8x; relative to the 10 Gbps step 3.8 / FP32_THROUGHPUT[k], as the paper's)
-FP32_THROUGHPUT = {"10gbps": 3.8, "1gbps": 3.2, "500mbps": 2.7, "300mbps": 1.8, "100mbps": 0.5}
-UNMETERED = 4.0
-NETWORKS = {name: UNMETERED / t for name, t in FP32_THROUGHPUT.items()}
+# AQ-SGD's networks: AQ-SGD fw3-bw6's throughput at 10 Gbps (its Table 2) taken as the throughput with free
+# messages, network k slows fp32's step AQSGD_10GBPS_THROUGHPUT / AQSGD_FP32_THROUGHPUT[k] times (10 Gbps 1.05x ...
+# 100 Mbps 8x; relative to the 10 Gbps step 3.8 / AQSGD_FP32_THROUGHPUT[k], as the paper's)
+NETWORKS = {name: paper.AQSGD_10GBPS_THROUGHPUT / t for name, t in paper.AQSGD_FP32_THROUGHPUT.items()}
 TEXT = "shakespeare"
 
 
@@ -206,7 +204,7 @@ def report(args) -> str:
               f"![]({fig3.name})", "### Error feedback", *report_lib.feedback(runs),
               "### AQ-SGD's time to the same loss on its networks: speed-up over fp32",
               *report_lib.networks(runs, timed, NETWORKS, target),
-              f"AQ-SGD's paper: {report_lib.PAPER_SPEEDUP}x at 100 Mbps.", f"![]({fig4.name})"]
+              f"AQ-SGD's paper: {paper.AQSGD_SPEEDUP}x at 100 Mbps.", f"![]({fig4.name})"]
   text = "\n\n".join(parts) + "\n"
   (args.out / "finetune.md").write_text(text)
   if args.export:

@@ -28,6 +28,12 @@ AQSGD_THROUGHPUT = {
     ("aqsgd-fw3-bw6 + QuantizedAdam", 100e6): "up to 4.9x end-to-end",
 }
 
+# AQ-SGD's Table 2: fp32's training throughput (GPT2-1.5B, 8 stages, its units) at 10 Gbps, 1 Gbps, 500, 300 and
+# 100 Mbps; AQ-SGD fw3-bw6's at 10 Gbps (3.4 at 100 Mbps); its end-to-end speed-up at 100 Mbps in time to the same loss
+AQSGD_FP32_THROUGHPUT = {"10gbps": 3.8, "1gbps": 3.2, "500mbps": 2.7, "300mbps": 1.8, "100mbps": 0.5}
+AQSGD_10GBPS_THROUGHPUT = 4.0
+AQSGD_SPEEDUP = 4.3
+
 # Protocol NanoGPT's published records (github PluralisResearch/ProtocolNanoGPT, records/*/README.md and log.txt; n=1,
 # 8 x H100, every boundary metered at 200 Mb/s + 50 ms per message on the receiver's one inbound wire): the first
 # validated step at or below 3.276, the steady-state step time over the links, bytes per token over a boundary both
