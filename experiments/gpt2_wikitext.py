@@ -27,7 +27,7 @@ import numpy as np
 import optax
 
 from experiments import checks, cli, config, paper
-from jaxcomp import losses
+from jaxcomp import losses, methods
 from jaxcomp.compress import bottleneck
 from jaxcomp.compress.spec import parse_boundary, parse_scheme
 from jaxcomp.data import batching, hub_text, text
@@ -72,16 +72,19 @@ RECIPES = {"paper": PAPER, "tiny": TINY, "protocol": PROTOCOL, "protocol-cpu": P
            "pretrain-cpu": PRETRAIN_CPU, "finetune-cpu": FINETUNE_CPU}
 
 
+PAPER_ROWS = ("top50-reuse", "top30-reuse", "top20-reuse", "top10-reuse", "top10-separate", "direct-fw2-bw4",
+              "aqsgd-fw2-bw4", "direct-fw3-bw6", "aqsgd-fw3-bw6", "direct-fw4-bw8", "aqsgd-fw4-bw8")
+
+
 def _presets():
-  presets = {"baseline": {}}
-  for k in (50, 30, 20, 10):
-    presets[f"top{k}-reuse"] = dict(fwd=f"topk:{k / 100}", bwd="reuse")
-  presets["top10-separate"] = dict(fwd="topk:0.1", bwd="topk:0.1")
-  for a, b in ((2, 4), (3, 6), (4, 8)):
-    presets[f"direct-fw{a}-bw{b}"] = dict(fwd=f"maxabs:{a}:stoch", bwd=f"maxabs:{b}:stoch")
-    presets[f"aqsgd-fw{a}-bw{b}"] = dict(fwd=f"aqsgd+maxabs:{a}:stoch", bwd=f"maxabs:{b}:stoch", warmup_epochs=1)
-    # the same dense first epoch without AQ-SGD's buffer: separates the warm-up from the buffer
-    presets[f"direct-fw{a}-bw{b}-warm1"] = dict(fwd=f"maxabs:{a}:stoch", bwd=f"maxabs:{b}:stoch", warmup_epochs=1)
+  """The papers' GPT-2 rows as presets, each a method of the registry (`baseline`: the dense run), and each AQ-SGD
+  row's direct twin with the same dense first epoch (`direct-fwA-bwB-warm1`: separates the warm-up from the
+  buffer)."""
+  given = lambda name: {k: v for k, v in methods.get(name).run_settings().items() if v}  # no bottleneck, no warm-up
+  presets = {"baseline": given(methods.DENSE), **{name: given(name) for name in PAPER_ROWS}}
+  for name in [n for n in PAPER_ROWS if n.startswith("aqsgd-")]:
+    row = presets[name]
+    presets[name.replace("aqsgd-", "direct-") + "-warm1"] = {**row, "fwd": row["fwd"].removeprefix("aqsgd+")}
   return presets
 
 
