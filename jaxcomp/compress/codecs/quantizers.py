@@ -238,7 +238,10 @@ class MaxAbsQuant(Codec):
       def error(r):
         rs = self._expand(r * s_u)
         return jnp.sum(jnp.square(self._grid(self._codes(u, rs, f, False, None), rs, f) - u), axis=axes)
-      return jax.lax.map(error, jnp.asarray(ratios))
+      # every ratio at once on GPU and TPU (one fused read of x instead of a pass per ratio); ratio by ratio on
+      # CPU, where the loop keeps x in cache and runs about 2x faster (docs/results/codecs_compiled.md)
+      return jax.lax.platform_dependent(jnp.asarray(ratios), cpu=lambda r: jax.lax.map(error, r),
+                                        default=jax.vmap(error))
 
     per_grid = [errors(f) for f in offsets]  # each [ratios, scales]
     best = [jnp.argmin(e, axis=0) for e in per_grid]
