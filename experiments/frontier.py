@@ -1,6 +1,6 @@
 """The compression frontier: every method on one step budget, eval loss against bytes per token.
 
-    python -m experiments.frontier                       # default budget: 192 steps each (2 CPU cores: ~30 min)
+    python -m experiments.frontier                       # default budget: 192 steps each (2 CPU cores: ~50 s a method)
     python -m experiments.frontier --seeds 3             # seeds 0, 1, 2 of every method: mean +- std
     python -m experiments.frontier --steps 64 --methods fp32,aqsgd-fw2-bw4 --out /tmp/f
 
