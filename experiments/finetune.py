@@ -83,7 +83,8 @@ def finetuned(args, width: int, folder: pathlib.Path, name: str, seed: int, trai
 
 
 def parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m experiments.finetune", description=__doc__.splitlines()[0],
+  p = argparse.ArgumentParser(prog="python -m experiments.finetune",
+                              description=" ".join(__doc__.split("\n\n")[0].split()),
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   p.add_argument("--widths", default="64,128", help="GPT-2 tiny widths (multiples of its 4 heads)")
   p.add_argument("--seeds", type=int, default=3, help="fine-tuning seeds 0..N-1 of every method")
