@@ -57,8 +57,9 @@ def test_the_shipped_table_says_where_it_comes_from_and_projects_with_a_range():
   topk = step_table.inflation(table, "top10-q8-reuse", 2925, 1024)
   assert topk.low <= topk.value <= topk.high and topk.extrapolated and topk.value > 1
   assert step_table.inflation(table, "aqsgd-fw2-bw4", 2925, 1024) is None  # not on the ladder: no T
-  with pytest.raises(ValueError, match="holds no finetune measurements"):
-    step_table.load(regime="finetune")
+  tuned = step_table.load(regime="finetune")  # the fine-tuning study's runs, with their own provenance
+  assert "experiments.finetune" in tuned["provenance"]["command"] and "experiments.ladder" in table["provenance"]["command"]
+  assert step_table.inflation(tuned, "aqsgd-fw3-bw6", 2925, 1024).value > 1
 
 
 def test_costs_between_the_compiled_microbatch_counts_are_affine_in_tokens():
