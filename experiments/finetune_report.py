@@ -187,7 +187,7 @@ def figure4(title: str, runs: dict[str, list[dict]], timed: dict, target: float,
         seconds = [time_to_target.seconds_at(runs[name][0]["history"], int(s), steps[name]) for s in at]
         ax.plot(seconds, loss, lw=1.2, ls="--" if name.startswith("direct") else "-", label=name)
     ax.axhline(target, color="grey", lw=0.8, ls=":")
-    ax.set(xscale="log", xlabel="predicted time, s (log)", title=f"{net}: {link}")
+    ax.set(xlabel="predicted time, s", title=f"{net}: {link}")
     ax.title.set_fontsize(7)
     ax.grid(alpha=0.3, which="both")
   np.atleast_1d(axes)[0].set_ylabel("eval loss (served)")
