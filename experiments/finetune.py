@@ -18,13 +18,9 @@ method's step predicted there from its stages and codecs timed on this machine (
 T = the predicted time of its steps to the same loss (dense warm-up steps at the dense step's time).
 """
 import argparse
-import datetime
 import json
 import math
-import os
 import pathlib
-import platform
-import subprocess
 import sys
 
 from experiments import config, gpt2_wikitext, inflation, paper, runner, study, time_to_target
@@ -42,20 +38,24 @@ NETWORKS = {name: paper.AQSGD_10GBPS_THROUGHPUT / t for name, t in paper.AQSGD_F
 TEXT = "shakespeare"
 
 
+def pretrained_folder(args, width: int) -> pathlib.Path:
+  """The width's pretraining run folder: <out>/pretrain/pretrain-w<W>."""
+  return args.out / "pretrain" / f"pretrain-w{width}"
+
+
 def pretrain_run(args, width: int) -> config.RunConfig:
-  """The width's pretraining run (recipe `pretrain-cpu`, fp32 boundaries, seed 0) in <out>/pretrain."""
-  return config.resolve(gpt2_wikitext.EXPERIMENT, "pretrain-cpu", model_width=width, out=str(args.out / "pretrain"),
-                        steps=args.pretrain_steps, lr_steps=args.pretrain_steps,
-                        run_name=f"pretrain-w{width}", no_progress=True,
-                        resume=bool(train.saved_epochs(args.out / "pretrain" / f"pretrain-w{width}" / "ckpt")))
+  """The width's pretraining run (recipe `pretrain-cpu`, fp32 boundaries, seed 0) in its folder."""
+  folder = pretrained_folder(args, width)
+  return config.resolve(gpt2_wikitext.EXPERIMENT, "pretrain-cpu", model_width=width, out=str(folder.parent),
+                        steps=args.pretrain_steps, lr_steps=args.pretrain_steps, run_name=folder.name,
+                        no_progress=True, resume=bool(train.saved_epochs(folder / "ckpt")))
 
 
 def pretrained(args, width: int) -> pathlib.Path:
   """The width's pretrained run folder, trained first if its run has not finished."""
-  cfg = pretrain_run(args, width)
-  folder = pathlib.Path(cfg.output.out) / cfg.output.run_name
-  if study.finished(folder.parent, folder.name, cfg.training.steps, recipe="pretrain-cpu", model_width=width) is None:
-    runner.run(gpt2_wikitext.EXPERIMENT, cfg)
+  folder = pretrained_folder(args, width)
+  if study.finished(folder.parent, folder.name, args.pretrain_steps, recipe="pretrain-cpu", model_width=width) is None:
+    runner.run(gpt2_wikitext.EXPERIMENT, pretrain_run(args, width))
   else:
     print(f"[finetune] {folder.name}: done, skipped")
   return folder
@@ -71,11 +71,15 @@ def width_args(args, width: int) -> argparse.Namespace:
                             microbatches=None, target_loss=None, stop_at_target=False)
 
 
-def finetuned(args, width: int, folder: pathlib.Path, name: str, seed: int, train: bool = True) -> dict | None:
+def finetune_settings(args, width: int) -> dict:
+  """The settings every fine-tuning run of the width has beyond `width_args`: the text, the width, its start."""
+  return dict(text=TEXT, model_width=width, pretrained=str(pretrained_folder(args, width)))
+
+
+def finetuned(args, width: int, name: str, seed: int, train: bool = True) -> dict | None:
   """The results of method `name`'s fine-tuning run of `seed` at `width` (trained or resumed unless finished; with
   `train` False, None when not finished)."""
-  w_args = width_args(args, width)
-  settings = dict(text=TEXT, model_width=width, pretrained=str(folder))
+  w_args, settings = width_args(args, width), finetune_settings(args, width)
   checked = dict(recipe="finetune-cpu", eval_every=w_args.eval_every, **settings)
   if not train:
     return study.finished(w_args.out, study.run_name(name, seed), w_args.steps, **checked)
@@ -130,25 +134,23 @@ def main(argv=None):
     # every width's seed 0 first (the study has each width early), then each width's other seeds
     order = [(w, 0) for w in args.widths] + [(w, s) for w in args.widths for s in range(1, args.seeds)]
     for width, seed in order:
-      folder = pretrained(args, width)
+      pretrained(args, width)
       for name in args.methods:
-        finetuned(args, width, folder, name, seed)
+        finetuned(args, width, name, seed)
   return report(args)
 
 
 
 def width_runs(args, width: int) -> dict[str, list[dict]]:
   """Each method's finished fine-tuning runs at `width` (seeds 0..args.seeds-1), methods without one left out."""
-  folder = args.out / "pretrain" / f"pretrain-w{width}"
-  runs = {n: [finetuned(args, width, folder, n, s, train=False) for s in range(args.seeds)] for n in args.methods}
+  runs = {n: [finetuned(args, width, n, s, train=False) for s in range(args.seeds)] for n in args.methods}
   return {n: [r for r in rs if r is not None] for n, rs in runs.items() if any(r is not None for r in rs)}
 
 
 def step_times(args, width: int, names) -> dict:
   """{network: (its link, {method: StepTime})}: each network's link (fp32's step slowed NETWORKS[network] times,
   no latency), every method's step predicted there from its stages and codecs timed on this machine."""
-  w_args = width_args(args, width)
-  settings = dict(text=TEXT, model_width=width, pretrained=str(args.out / "pretrain" / f"pretrain-w{width}"))
+  w_args, settings = width_args(args, width), finetune_settings(args, width)
   cfg = {n: study.run_config(n, w_args, **settings) for n in names}
   times, timed = time_to_target.StepTimes(Link(math.inf), "gpipe", args.repeats), {}
   for net, slowdown in NETWORKS.items():
@@ -161,11 +163,8 @@ def export(args, rungs: dict):
   """Writes the rungs, their fitted models and their provenance as the `finetune` regime of args.export (its other
   regimes kept)."""
   models = inflation.fitted(rungs, sorted({n for r in rungs.values() for n in r["methods"]}))
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          cwd=pathlib.Path(__file__).parent).stdout.strip() or "unknown"
-  provenance = {"command": "python -m experiments.finetune " + " ".join(sys.argv[1:]), "commit": commit,
-                "machine": f"{platform.machine()} {os.cpu_count()} cores", "date": datetime.date.today().isoformat(),
-                "text": f"pretrained on kjv, fine-tuned on {TEXT}", "model": "GPT-2 tiny (finetune-cpu recipe)"}
+  provenance = study.provenance("finetune", text=f"pretrained on kjv, fine-tuned on {TEXT}",
+                                 model="GPT-2 tiny (finetune-cpu recipe)")
   table = json.loads(args.export.read_text()) if args.export.is_file() else {}
   regimes = table.get("regimes", {"scratch": table} if table else {})
   regimes["finetune"] = {"cap": 1, "rungs": rungs, "models": models, "provenance": provenance}
@@ -189,7 +188,8 @@ def report(args) -> str:
       continue
     budget = width_args(args, width).steps
     rungs[f"w{width}-h{budget}"] = report_lib.inflation_rung(runs, width, budget)
-    pre = study.finished(args.out / "pretrain", f"pretrain-w{width}", 0, recipe="pretrain-cpu", model_width=width)
+    folder = pretrained_folder(args, width)
+    pre = study.finished(folder.parent, folder.name, 0, recipe="pretrain-cpu", model_width=width)
     target = report_lib.target_loss(runs[methods.DENSE])
     timed = step_times(args, width, runs)
     title = f"GPT-2 tiny width {width}, pretrained on the KJV, fine-tuned on tiny Shakespeare"

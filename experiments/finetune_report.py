@@ -60,7 +60,8 @@ def steps_to(run: dict, target: float) -> int | None:
 
 def final(runs: list[dict], way) -> tuple[float, float]:
   """Mean and std over the runs of their last evaluation's loss (`loss_at`'s `way`)."""
-  return mean_std([loss_at(run, way)[max(loss_at(run, way))] for run in runs])
+  last = lambda points: points[max(points)]
+  return mean_std([last(loss_at(run, way)) for run in runs])
 
 
 def pm(value: tuple[float, float], n: int, fmt: str = ".3f") -> str:

@@ -15,12 +15,8 @@ ladder.png from the finished rungs, with the fitted model of inflation against h
 (`experiments.inflation`) and, beside the ReparamSSN port, its record's own curve.
 """
 import argparse
-import datetime
 import json
-import os
 import pathlib
-import platform
-import subprocess
 import sys
 import types
 
@@ -100,15 +96,6 @@ def train(args) -> int:
   return trained
 
 
-def provenance(args) -> dict:
-  """Where a ladder's figures come from: the command, the commit, the machine and the date."""
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          cwd=pathlib.Path(__file__).parent).stdout.strip() or "unknown"
-  return {"command": "python -m experiments.ladder " + " ".join(sys.argv[1:]), "commit": commit,
-          "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".replace("  ", " "),
-          "date": datetime.date.today().isoformat(), "text": TEXT, "model": "protocol-tiny (protocol-cpu recipe)"}
-
-
 def int_list(text: str) -> list[int]:
   try:
     values = [int(v) for v in text.split(",") if v.strip()]
@@ -163,7 +150,8 @@ def main(argv=None):
     calibration = {"method": "ssn", "name": "ReparamSSN's record", "record": paper.SSN_RECORD_INFLATION,
                    "source": "Protocol NanoGPT's records 20260917_vanilla_baseline and 20260918_reparamssn_baseline, "
                    "their loss logs: SSN's steps to dense's eval loss at dense's step D, over D"}
-    args.export.write_text(json.dumps({"provenance": provenance(args), "regimes": {
+    provenance = study.provenance("ladder", text=TEXT, model="protocol-tiny (protocol-cpu recipe)")
+    args.export.write_text(json.dumps({"provenance": provenance, "regimes": {
         "scratch": {**report, "calibration": calibration}}}, indent=1))
     print(f"wrote {args.export}")
   return report

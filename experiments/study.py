@@ -1,8 +1,13 @@
 """A study's runs: one gpt2_wikitext run per method, seed and budget, skipped when finished and resumed when
 interrupted (what `experiments.frontier` and `experiments.ladder` share)."""
+import datetime
 import json
 import math
+import os
 import pathlib
+import platform
+import subprocess
+import sys
 
 from experiments import config, gpt2_wikitext, runner
 from jaxcomp import methods
@@ -66,3 +71,13 @@ def run_or_resume(name: str, args, seed: int, checked: dict, tag: str, **setting
   resume = bool(train.saved_epochs(out / run / "ckpt"))  # interrupted after a checkpoint (not merely its folder)
   runner.run(gpt2_wikitext.EXPERIMENT, run_config(name, args, seed, resume=resume, **settings))
   return finished(out, run, args.steps, args.outliers, args.target_loss, **checked)
+
+
+def provenance(module: str, **described) -> dict:
+  """Where a study's exported figures come from: its command (`python -m experiments.MODULE` and this process's
+  arguments), the commit, the machine and the date, with `described` (what it trained on)."""
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=pathlib.Path(__file__).parent).stdout.strip() or "unknown"
+  return {"command": f"python -m experiments.{module} " + " ".join(sys.argv[1:]), "commit": commit,
+          "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".replace("  ", " "),
+          "date": datetime.date.today().isoformat(), **described}
