@@ -148,14 +148,26 @@ def run_folder(own: Options) -> pathlib.Path | None:
   return None
 
 
-def tokenizer_for(own: Options):
-  """--tokenizer; GPT-2's files from --tokenizer-dir, else from a local --pretrained folder."""
-  if own.pretrained and run_folder(own) is None and own.tokenizer != "gpt2":
+def hub_model(own: Options) -> pathlib.Path | None:
+  """--pretrained as a Hugging Face GPT-2's local folder (a hub name downloaded once, `gpt2_weights.snapshot`:
+  weights, vocab.json and merges.txt), the settings it needs checked first; None without one (no --pretrained, or a
+  run trained here)."""
+  if not own.pretrained or run_folder(own) is not None:
+    return None
+  if own.model in PROTOCOL_MODELS:
+    raise ValueError(f"--pretrained {own.pretrained} loads Hugging Face GPT-2 weights (no {own.pretrained}/ckpt, so "
+                     f"not a run trained here); --model {own.model} starts from a run of its own: pass its folder")
+  if own.tokenizer != "gpt2":
     raise ValueError(f"--pretrained {own.pretrained} reads GPT-2 BPE tokens, not {own.tokenizer}: "
                      "add --tokenizer gpt2 --tokenizer-dir DIR (or --recipe paper)")
+  return gpt2_weights.snapshot(own.pretrained)
+
+
+def tokenizer_for(own: Options, hub: pathlib.Path | None = None):
+  """--tokenizer; GPT-2's files from --tokenizer-dir, else from `hub`, the --pretrained GPT-2's folder (`hub_model`)."""
   directory = own.tokenizer_dir
-  if directory is None and own.pretrained and run_folder(own) is None:  # a hub name's snapshot brings vocab.json and merges.txt with the weights
-    directory = gpt2_weights.snapshot(own.pretrained)
+  if directory is None and hub is not None:
+    directory = hub
     if not (directory / "vocab.json").is_file():
       raise ValueError(f"--pretrained {own.pretrained}: no vocab.json and merges.txt in {directory}; add them (they "
                        "are in huggingface.co/gpt2) or pass --tokenizer-dir DIR")
@@ -289,29 +301,25 @@ def assemble(run: config.RunConfig, cfg, num_train: int):
 
 def build(run: config.RunConfig):
   own, bs, shards, seed = run.options, run.training.batch_size, run.executor.data_parallel, run.training.seed
-  data = text.load(corpus_for(own), tokenizer_for(own), own.block_size, min_blocks=bs)
+  corpus = corpus_for(own)
+  hub = hub_model(own)
+  data = text.load(corpus, tokenizer_for(own, hub), own.block_size, min_blocks=bs)
   train_blocks = data.train[: run.data.train_examples]
   eval_blocks = data.validation[: run.data.eval_examples]
   checks.check_batch_size(bs, len(train_blocks), len(eval_blocks))
   data = text.TextData(data.name, train_blocks, eval_blocks, data.vocab_size)
   example_batch = next(text.train_batches(data, bs, seed, 0, shards))
-  if own.pretrained and run_folder(own) is None and own.model in PROTOCOL_MODELS:
-    raise ValueError(f"--pretrained {own.pretrained} loads Hugging Face GPT-2 weights (no {own.pretrained}/ckpt, so "
-                     f"not a run trained here); --model {own.model} starts from a run of its own: pass its folder")
-  if run_folder(own):  # a run trained here: its weights, the model the flags give (checked against them)
-    cfg = model_config(own, data.vocab_size)
-    pipe, optimizer = assemble(run, cfg, len(train_blocks))
-    step, params = checkpoint_params(run_folder(own) / "ckpt", pipe, optimizer, example_batch)
-    print(f"[gpt2_wikitext] fine-tuning the weights of {own.pretrained} after its step {step}")
-  elif own.pretrained:
-    cfg, params = gpt2_weights.from_pretrained(own.pretrained, run.executor.model_stages)
+  if hub is not None:
+    cfg, params = gpt2_weights.from_pretrained(str(hub), run.executor.model_stages)
     if run.compression.bottleneck:  # pretrained weights kept; P and Q start as in a fresh run
       params = bottleneck.insert_into(params, bottleneck.parse(run.compression.bottleneck), cfg.n_embd,
                                       jax.random.key(seed))
-  else:
+  else:  # from scratch, or a run trained here: the model the flags give
     cfg, params = model_config(own, data.vocab_size), None
-  if not run_folder(own):
-    pipe, optimizer = assemble(run, cfg, len(train_blocks))
+  pipe, optimizer = assemble(run, cfg, len(train_blocks))
+  if run_folder(own):  # a run trained here: its weights (checked against the model the flags give)
+    step, params = checkpoint_params(run_folder(own) / "ckpt", pipe, optimizer, example_batch)
+    print(f"[gpt2_wikitext] fine-tuning the weights of {own.pretrained} after its step {step}")
   return pipe, optimizer, train.Data(
       train_batches=lambda epoch: text.train_batches(data, bs, seed, epoch, shards),
       steps_per_epoch=batching.num_batches(len(train_blocks), bs, shards),
