@@ -319,3 +319,47 @@ def test_documented_command_runs(command, tmp_path, monkeypatch, capsys):
     _run(first, capsys)
   out = _run(command, capsys)
   assert REGISTRY[command].expect in out
+
+
+ALL_PAGES = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")))
+ANY_COMMAND = re.compile(r"python -m ((?:benchmarks|experiments|jaxcomp)\.\w+)(.*)")
+FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+
+
+def _shown_flags() -> dict[str, dict[str, str]]:
+  """{module: {--flag: the page that shows it first}} over every command of README.md and docs/**/*.md."""
+  shown: dict[str, dict[str, str]] = {}
+  for page in ALL_PAGES:
+    text = (ROOT / page).read_text()
+    for line in re.sub(r"\\\n\s*", " ", text).splitlines():
+      for m in ANY_COMMAND.finditer(line):
+        args = re.split(r"`|;|\|\||&&|\s\|\s", m.group(2))[0]  # this command's own arguments
+        args = re.sub(r"(^|\s)#.*", "", args)
+        for flag in FLAG.findall(args):
+          shown.setdefault(m.group(1), {}).setdefault(flag, page)
+  return shown
+
+
+def _help_flags(module: str, capsys) -> set[str]:
+  """The flags `python -m module --help` prints."""
+  old = sys.argv
+  sys.argv = [module, "--help"]
+  try:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+  except SystemExit:
+    pass
+  finally:
+    sys.argv = old
+  return set(FLAG.findall(capsys.readouterr().out))
+
+
+def test_every_flag_the_docs_show_is_a_flag_of_its_command(capsys):
+  """A documented `--flag` that the command's own `--help` does not list (renamed, removed, never there) fails
+  here with the page that shows it: a stale flag cannot sit in the docs."""
+  stale = []
+  for module, flags in sorted(_shown_flags().items()):
+    if module.endswith(".X"):
+      continue
+    known = _help_flags(module, capsys)
+    stale += [f"{page}: python -m {module} {flag}" for flag, page in flags.items() if flag not in known]
+  assert stale == [], "documented flags the command does not have"
