@@ -1,6 +1,6 @@
 """Test setup: 8 fake CPU devices so 2-8 stage pipelines run without an accelerator, and XLA:CPU
 compiling without LLVM's expensive passes: the suite's time is mostly compiling small programs
-(docs/tests.md). Subprocesses that compare their numbers with this process take the same flags
+(docs/dev/tests.md). Subprocesses that compare their numbers with this process take the same flags
 (`benchmarks.common.xla_flags_with_devices`). JAX_PLATFORMS and XLA_FLAGS already set win:
 `JAX_PLATFORMS=cuda python -m pytest tests/test_codecs.py` runs on a GPU (`benchmarks.device_check` runs the codec, scheme and boundary tests so).
 
@@ -29,7 +29,7 @@ from jaxcomp.analysis import targets  # noqa: E402  (the flags above first)
 targets.prepare_host(targets.target("v5e-8"))
 
 
-# The files that take longest, longest first (measured: docs/tests.md). `--dist loadfile` hands whole files to the
+# The files that take longest, longest first (measured: docs/dev/tests.md). `--dist loadfile` hands whole files to the
 # workers in collection order (xdist would otherwise put the files with most tests first): with the long ones
 # first, no worker is left running a long file alone at the end while the other idles.
 LONGEST_FIRST = ("test_codecs.py", "test_real_link.py", "test_sharded.py", "test_dryrun.py", "test_benchmarks.py",

@@ -1,5 +1,5 @@
-"""Every `python -m benchmarks.X` / `python -m experiments.X` command that README.md, docs/benchmarks.md,
-docs/experiments.md and docs/throughput.md show runs, with the flags as documented, at toy sizes.
+"""Every `python -m benchmarks.X` / `python -m experiments.X` command that the pages of PAGES (README.md,
+docs/guide/benchmarks.md, docs/experiments.md, ...) show runs, with the flags as documented, at toy sizes.
 
 `REGISTRY` holds each documented command (as the docs write it, continuation lines joined, comments dropped) and
 how it is checked: run here as `python -m` runs it (`runpy`, in a fresh folder, so its default output paths are
@@ -19,7 +19,8 @@ from typing import NamedTuple
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PAGES = ("README.md", "docs/benchmarks.md", "docs/experiments.md", "docs/throughput.md")
+PAGES = ("README.md", "docs/guide/benchmarks.md", "docs/experiments.md", "docs/guide/links.md",
+         "docs/results/throughput.md", "docs/results/codec_cost_cpu.md", "docs/results/pipeline_scale.md")
 COMMAND = re.compile(r"python -m ((?:benchmarks|experiments)\.\w+)(.*)")
 GPT2_TINY = ("--steps", "2", "--epochs", "1", "--batch-size", "4", "--block-size", "32", "--train-examples", "16",
              "--eval-examples", "8", "--no-progress")
@@ -117,7 +118,7 @@ REGISTRY = {
         ("--seeds", "3", *FRONTIER_TINY), expect="| fp32 |", slow=True,
         why="three seeds of every tiny run (45 s); by default two seeds run through the same main",
         reached_by="tests/test_frontier.py::test_seeds_run_separately_and_the_table_compares_means"),
-    # --- docs/benchmarks.md
+    # --- docs/guide/benchmarks.md
     "python -m benchmarks.X": Case(covered="tests/test_documented_commands.py::test_each_module_reaches_its_default_"
                                            "path_by_default", why="the page's pattern for the commands below"),
     "python -m benchmarks.wire_bytes": Case(
@@ -132,9 +133,6 @@ REGISTRY = {
             "test_a_tiny_run_fills_every_section)"),
     "python -m benchmarks.topk_selection": Case(
         covered="tests/test_benchmarks.py::test_benchmark_prints_its_table", why="toy --shape and --repeats"),
-    "python -m benchmarks.topk_selection --fractions 0.1,0.001 --repeats 7": Case(
-        ("--fractions", "0.1,0.001", "--repeats", "7", "--shape", "2,2048"), expect="| 10% |", slow=True,
-        why="the default path runs by default"),
     "python -m benchmarks.step_overhead": Case(
         covered="tests/test_benchmarks.py::test_benchmark_prints_its_table", why="toy sizes, one preset"),
     "python -m benchmarks.throughput_vs_bandwidth": Case(
@@ -155,11 +153,17 @@ REGISTRY = {
     "python -m benchmarks.pipeline_scale": Case(
         ("--stages", "2", "--microbatches", "2", "--executors", "gpipe", "--repeats", "1", "--seq", "8"),
         expect="| 2 | 2 | gpipe |"),
-    "python -m benchmarks.pipeline_scale --repeats 2": Case(
-        ("--repeats", "2", "--stages", "2", "--microbatches", "2", "--executors", "gpipe", "--seq", "8"),
-        expect="| 2 | 2 | gpipe |", slow=True, why="the default path runs by default"),
     "python -m benchmarks.init_memory": Case(("--stages", "2", "--models", "small", "--seq", "8"),
                                              expect="small"),
+    "python -m benchmarks.codec_compiled": Case(
+        covered="tests/test_codec_compiled.py::test_a_target_fills_every_cell_resumes_and_summarises",
+        why="compiles every codec for four GPU and TPU targets (hours); the test runs its parts (measure_target, "
+            "then the summary) on a toy shape for v5e-1"),
+    "python -m benchmarks.protocol_records --compile-for h100-8": Case(
+        covered="tests/test_protocol_records.py::test_a_method_ties_a_record_at_its_T_over_its_faster_step_times_the_"
+                "dense_records_steps",
+        why="compiling for h100-8 needs the CUDA PJRT plugin (not in the test extra); the test runs the records' "
+            "table on the tiny protocol model with a stand-in clock"),
     # --- docs/experiments.md
     "python -m experiments.resnet_cifar10 --recipe tiny --preset fw4-bw8 --train-examples 2500": Case(
         ("--recipe", "tiny", "--preset", "fw4-bw8", "--train-examples", "2500", *RESNET_TINY), slow=True,
@@ -180,7 +184,31 @@ REGISTRY = {
          "--batch-size", "4", "--block-size", "32", "--no-progress"), expect="[boundary_error] fwd hadamard",
         slow=True, why="a GPT-2 run with its probes; by default with other flags",
         reached_by="tests/test_experiments.py::test_boundary_error_measures_each_boundary_and_refuses_aqsgd"),
-    # --- docs/throughput.md
+    # --- docs/guide/links.md
+    "python -m benchmarks.throughput_vs_bandwidth --link 1gbit:20ms,100mbit:20ms": Case(
+        ("--link", "1gbit:20ms,100mbit:20ms", "--seq", "8", "--batch", "4", "--repeats", "1", "--methods", "fp32"),
+        expect="| 100 Mbps, 20 ms | fp32 |"),
+    "python -m benchmarks.throughput_vs_bandwidth --compile-for v5e-8 --model xl": Case(
+        covered="tests/test_benchmarks.py::test_throughput_from_a_compiled_target_is_labelled_an_estimate",
+        why="--compile-for v5e-8 with the default stages and replicas, the toy model"),
+    "python -m benchmarks.real_link --check-link --link 100mbit:20ms": Case(
+        covered="tests/test_real_link.py::test_check_link_sees_the_round_trip_and_the_rate",
+        why="as root, on namespaces of its own"),
+    "python -m benchmarks.real_link --stages S --link LINK --methods METHOD --json sS-LINK-METHOD.json --keep "
+    "sS-LINK-METHOD.d": Case(
+        covered="tests/test_real_link.py::test_a_train_step_moves_at_most_10_percent_more_than_it_counts",
+        why="its fixture runs these flags (S 2, a link with latency, two methods) as root"),
+    "python -m benchmarks.real_link --merge s*.json": Case(
+        covered="tests/test_real_link.py::test_merged_runs_are_one_table", why="on the fixture's --json"),
+    # --- docs/results/throughput.md
+    "python -m benchmarks.throughput_vs_bandwidth --compile-for v5e-8 --model xl --stages 8 --data-parallel 1 "
+    "--tied-exchange dense,untied,ef+maxabs:4:group=64:scales=group,ef+topk:0.01": Case(
+        ("--compile-for", "v5e-8", "--model", "xl", "--stages", "8", "--data-parallel", "1", "--tied-exchange",
+         "dense,untied,ef+maxabs:4:group=64:scales=group,ef+topk:0.01", "--model", "small", "--seq", "8",
+         "--methods", "fp32"), expect="tied exchange ef+topk:0.01", slow=True,
+        why="compiles every op for a TPU target; by default test_throughput_counts_each_choice_of_the_tied_exchange "
+            "runs --tied-exchange on the toy model",
+        reached_by="tests/test_benchmarks.py::test_throughput_counts_each_choice_of_the_tied_exchange"),
     "python -m benchmarks.throughput_vs_bandwidth --compile-for v5e-8 --model xl --stages 8 --data-parallel 1 --batch "
     "16 --microbatches 16 --schedule gpipe,1f1b,1f1b-fused,zb-h1,interleaved:2 --overlap both --methods "
     "fp32,aqsgd-fw3-bw6,aqsgd-fw2-bw4,top10-q8-reuse,tile64-fw3-bw4": Case(
@@ -190,60 +218,24 @@ REGISTRY = {
          "--seq", "8", "--methods", "fp32,aqsgd-fw2-bw4"), expect="interleaved:2 with overlapped sends", slow=True,
         why="compiles every op for a TPU target; by default test_throughput_from_a_compiled_target_is_labelled_an_"
             "estimate compiles the toy model for v5e-8"),
-    "python -m benchmarks.throughput_vs_bandwidth --compile-for v5e-8 --model xl --stages 8 --data-parallel 1 --batch "
-    "16 --microbatches 16 --schedule gpipe,1f1b,1f1b-fused,zb-h1,interleaved:2 --overlap both --methods "
-    "fp32,aqsgd-fw3-bw6,aqsgd-fw2-bw4,top10-q8-reuse,tile64-fw3-bw4 --tied-exchange "
-    "dense,untied,ef+maxabs:4:group=64:scales=group,ef+topk:0.01": Case(
-        ("--compile-for", "v5e-8", "--model", "xl", "--stages", "8", "--data-parallel", "1", "--batch", "16",
-         "--microbatches", "16", "--schedule", "gpipe,1f1b,1f1b-fused,zb-h1,interleaved:2", "--overlap", "both",
-         "--methods", "fp32,aqsgd-fw3-bw6,aqsgd-fw2-bw4,top10-q8-reuse,tile64-fw3-bw4", "--tied-exchange",
-         "dense,untied,ef+maxabs:4:group=64:scales=group,ef+topk:0.01", "--model", "medium", "--seq", "8",
-         "--methods", "fp32,aqsgd-fw2-bw4"), expect="tied exchange ef+topk:0.01", slow=True,
-        why="compiles every op for a TPU target; by default test_throughput_counts_each_choice_of_the_tied_exchange "
-            "runs --tied-exchange on the toy model",
-        reached_by="tests/test_benchmarks.py::test_throughput_counts_each_choice_of_the_tied_exchange"),
-    "python -m benchmarks.protocol_records --compile-for h100-8": Case(
-        covered="tests/test_protocol_records.py::test_a_method_ties_a_record_at_its_T_over_its_faster_step_times_the_"
-                "dense_records_steps",
-        why="compiling for h100-8 needs the CUDA PJRT plugin (not in the test extra); the test runs the records' "
-            "table on the tiny protocol model with a stand-in clock"),
-    "python -m benchmarks.real_link --check-link --link 100mbit:20ms": Case(
-        covered="tests/test_real_link.py::test_check_link_sees_the_round_trip_and_the_rate",
-        why="as root, on namespaces of its own"),
     "python -m benchmarks.real_link --stages S --link 100mbit:LAT --methods METHOD --json sS-LAT-METHOD.json": Case(
         covered="tests/test_real_link.py::test_a_train_step_moves_at_most_10_percent_more_than_it_counts",
         why="its fixture runs these flags (S 2, a link with latency, two methods) as root"),
-    "python -m benchmarks.throughput_vs_bandwidth --compile-for v5e-8 --model xl --stages 8 --data-parallel 1": Case(
-        ("--compile-for", "v5e-8", "--model", "xl", "--stages", "8", "--data-parallel", "1", "--model", "small",
-         "--seq", "8", "--methods", "fp32"), expect="estimated for TPU v5e", slow=True,
-        why="compiles every op for a TPU target (see the command above)"),
-    "python -m benchmarks.throughput_vs_bandwidth --compile-for v5e-8 --model xl": Case(
-        covered="tests/test_benchmarks.py::test_throughput_from_a_compiled_target_is_labelled_an_estimate",
-        why="--compile-for v5e-8 with the default stages and replicas, the toy model"),
-    "python -m benchmarks.throughput_vs_bandwidth --compile-for v5e-8 --model small": Case(
-        covered="tests/test_benchmarks.py::test_throughput_from_a_compiled_target_is_labelled_an_estimate",
-        why="--compile-for v5e-8 with the default stages and replicas, the toy model"),
-    "python -m benchmarks.real_link --stages S --link LINK --methods METHOD --json sS-LINK-METHOD.json --keep "
-    "sS-LINK-METHOD.d": Case(
-        covered="tests/test_real_link.py::test_a_train_step_moves_at_most_10_percent_more_than_it_counts",
-        why="its fixture runs these flags (S 2, a link with latency, two methods) as root"),
-    "python -m benchmarks.real_link --stages S --rate RATE --methods METHOD --json sS-RATE-METHOD.json --keep "
-    "sS-RATE-METHOD.d": Case(
-        covered="tests/test_real_link.py::test_rate_is_the_older_name_of_link",
-        why="the table measured before links had a latency; --rate RATE is --link RATE, run by the fixture"),
-    "python -m experiments.gpt2_wikitext --executor sharded --stages S --microbatches 1": Case(
-        ("--executor", "sharded", "--stages", "2", "--microbatches", "1", *GPT2_TINY), slow=True,
-        why="the page's command to dump a step's program; by default the real-link fixture runs the CLI so, one "
-            "process per stage (as root)",
-        reached_by="tests/test_real_link.py::test_a_train_step_moves_at_most_10_percent_more_than_it_counts"),
     "python -m benchmarks.real_link --stages 2 --link 100mbit:20ms --methods fp32,tile64-fw3-bw4 --batch-size 8 "
     "--train-examples 32 --eval-examples 8 --epochs 1 --microbatches 4 --repeats 2 --rounds 1 [--overlap]": Case(
         covered="tests/test_real_link.py::test_netsim_runs_the_overlapped_table_where_the_run_overlapped_its_sends",
         why="--overlap: netsim's overlapped table and the refusal below 2S microbatches; the stage processes pass "
             "it to the CLI, whose overlapped sends tests/test_sharded_overlap.py checks; the rest of the command is "
             "the fixture's (as root)"),
-    "python -m benchmarks.real_link --merge s*.json": Case(
-        covered="tests/test_real_link.py::test_merged_runs_are_one_table", why="on the fixture's --json"),
+    # --- docs/results/codec_cost_cpu.md
+    "python -m benchmarks.topk_selection --fractions 0.1,0.001 --repeats 7": Case(
+        ("--fractions", "0.1,0.001", "--repeats", "7", "--shape", "2,2048"), expect="| 10% |", slow=True,
+        why="the default path runs by default"),
+    # --- docs/results/pipeline_scale.md
+    "python -m benchmarks.pipeline_scale --executors simulate,gpipe,1f1b,1f1b-fused --repeats 2": Case(
+        ("--executors", "simulate,gpipe,1f1b,1f1b-fused", "--repeats", "2", "--stages", "2", "--microbatches", "2",
+         "--executors", "gpipe", "--seq", "8"), expect="| 2 | 2 | gpipe |", slow=True,
+        why="the page's full grid (53 minutes); its default path runs by default"),
 }
 
 

@@ -1,7 +1,7 @@
 """`benchmarks.real_link` on a shaped network with latency: two stage processes of tiny GPT-2, 2 steps per method.
 
 Needs root, `ip`/`tc`/`unshare`/`taskset`/`sysctl`, gcc, the TUN driver and network namespaces (skipped, with
-the reason, where any is missing). The fixture runs the documented command (docs/throughput.md) at toy sizes on
+the reason, where any is missing). The fixture runs the documented command (docs/guide/links.md) at toy sizes on
 a 100 Mbit/s link with 20 ms one-way latency. A train step's link bytes (htb counters: headers, ACKs and the
 step's scalar collectives included) are within 10% of the bytes the driver counts; compressed steps move fewer
 link bytes than fp32 ones; what an epoch sends besides its steps is evaluation (this tiny run evaluates one dense

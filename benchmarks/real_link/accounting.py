@@ -58,7 +58,7 @@ class Accounting:
 
 def step_collectives(table, data: int, clips: bool) -> list:
   """The collectives over the devices that a train step of the sharded executor runs besides its boundary messages
-  and the tied exchange, as its compiled programs order them (2 and 4 stages, 1 microbatch: docs/benchmarks.md):
+  and the tied exchange, as its compiled programs order them (2 and 4 stages, 1 microbatch: docs/guide/links.md):
   the loss and metrics all-reduce over the stages at the tick of the last chunk's last backward, before that
   tick's messages (then the mean over the replicas), the clipping norm's all-reduce over the stages before the
   update (when the run clips: the GPT-2 recipes do, the protocol ones do not), and after the update the driver's
