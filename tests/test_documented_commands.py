@@ -1,5 +1,5 @@
 """Every `python -m benchmarks.X` / `python -m experiments.X` command that the pages of PAGES (README.md,
-docs/guide/benchmarks.md, docs/experiments.md, ...) show runs, with the flags as documented, at toy sizes.
+docs/guide/benchmarks.md, docs/guide/experiments.md, ...) show runs, with the flags as documented, at toy sizes.
 
 `REGISTRY` holds each documented command (as the docs write it, continuation lines joined, comments dropped) and
 how it is checked: run here as `python -m` runs it (`runpy`, in a fresh folder, so its default output paths are
@@ -19,8 +19,10 @@ from typing import NamedTuple
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PAGES = ("README.md", "docs/guide/benchmarks.md", "docs/experiments.md", "docs/guide/links.md",
-         "docs/results/throughput.md", "docs/results/codec_cost_cpu.md", "docs/results/pipeline_scale.md")
+PAGES = ("README.md", "docs/guide/benchmarks.md", "docs/guide/experiments.md", "docs/guide/links.md",
+         "docs/results/throughput.md", "docs/results/codec_cost_cpu.md", "docs/results/pipeline_scale.md",
+         "docs/guide/accelerators.md", "docs/results/accelerators.md", "docs/guide/bottleneck.md",
+         "docs/results/bottleneck.md")
 COMMAND = re.compile(r"python -m ((?:benchmarks|experiments)\.\w+)(.*)")
 GPT2_TINY = ("--steps", "2", "--epochs", "1", "--batch-size", "4", "--block-size", "32", "--train-examples", "16",
              "--eval-examples", "8", "--no-progress")
@@ -164,7 +166,7 @@ REGISTRY = {
                 "dense_records_steps",
         why="compiling for h100-8 needs the CUDA PJRT plugin (not in the test extra); the test runs the records' "
             "table on the tiny protocol model with a stand-in clock"),
-    # --- docs/experiments.md
+    # --- docs/guide/experiments.md
     "python -m experiments.resnet_cifar10 --recipe tiny --preset fw4-bw8 --train-examples 2500": Case(
         ("--recipe", "tiny", "--preset", "fw4-bw8", "--train-examples", "2500", *RESNET_TINY), slow=True,
         why="another preset of the default path"),
@@ -184,6 +186,61 @@ REGISTRY = {
          "--batch-size", "4", "--block-size", "32", "--no-progress"), expect="[boundary_error] fwd hadamard",
         slow=True, why="a GPT-2 run with its probes; by default with other flags",
         reached_by="tests/test_experiments.py::test_boundary_error_measures_each_boundary_and_refuses_aqsgd"),
+    # --- docs/guide/accelerators.md
+    "python -m experiments.gpt2_wikitext --recipe paper --model xl --preset aqsgd-fw2-bw4 --compile-for v5e-8 "
+    "--executor sharded --stages 8": Case(
+        ("--recipe", "paper", "--model", "xl", "--preset", "aqsgd-fw2-bw4", "--compile-for", "v5e-8", "--executor",
+         "sharded", "--stages", "8", "--model", "small", "--block-size", "32", "--batch-size", "4",
+         "--train-examples", "64", "--train-only"), expect="--compile-for v5e-8: run aqsgd-fw2-bw4", slow=True,
+        why="compiles 8 GPipe stages for a TPU slice (GPT-2 small: the tiny model has 4 blocks); by default "
+            "tests/test_dryrun.py compiles the sharded executor for v5e slices"),
+    "python -m benchmarks.accelerator_fit --models small --methods baseline --columns v5e-1": Case(
+        covered="tests/test_benchmarks.py::test_fit_table_stops_a_compile_past_the_host_memory_limit_and_goes_on",
+        why="this cell, with a --cache of its own and a host-memory limit that stops its compile at once (the "
+            "compile itself takes minutes)"),
+    "python -m benchmarks.accelerator_fit --table-only": Case(
+        covered="tests/test_benchmarks.py::test_fit_table_renders_the_cached_cells_and_marks_the_rest",
+        why="--table-only from a cache of its own"),
+    "python -m benchmarks.device_check --commit COMMIT": Case(
+        ("--commit", "COMMIT", "--tiny", "--sections", "provenance"), expect="commit COMMIT"),
+    "python -m benchmarks.device_check --tiny": Case(
+        covered="tests/test_device_check.py::test_a_tiny_run_fills_every_section", slow=True,
+        why="every section at toy sizes (minutes); by default the quick sections run --tiny",
+        reached_by="tests/test_device_check.py::test_a_failing_step_is_recorded_and_the_next_one_runs"),
+    # --- docs/results/accelerators.md
+    "python -m benchmarks.accelerator_fit --cache runs/accelerator_fit.json": Case(
+        covered="tests/test_benchmarks.py::test_fit_table_stops_a_compile_past_the_host_memory_limit_and_goes_on",
+        why="the default models, methods and columns compile for hours; the test runs one cell through --cache "
+            "(stopped by its host-memory limit) and reads its record back"),
+    "python -m benchmarks.accelerator_fit --columns h100,a100,\"h100-8 gpipe 4x2\"": Case(
+        covered="tests/test_benchmarks.py::test_fit_table_renders_the_cached_cells_and_marks_the_rest",
+        why="GPU columns need the CUDA PJRT plugin (not in the test extra; tests/test_dryrun.py::test_gpu_targets_"
+            "compile_where_the_cuda_plugin_is_installed compiles h100-8 where it is); the test takes a --columns "
+            "list with a GPipe column"),
+    "python -m benchmarks.accelerator_fit --table-only --cache runs/accelerator_fit.json": Case(
+        covered="tests/test_benchmarks.py::test_fit_table_renders_the_cached_cells_and_marks_the_rest",
+        why="--table-only with a --cache of cells"),
+    # --- docs/guide/bottleneck.md
+    "python -m experiments.gpt2_wikitext --bottleneck proj:16 --fwd maxabs:3 --bwd maxabs:4:stoch": Case(
+        ("--bottleneck", "proj:16", "--fwd", "maxabs:3", "--bwd", "maxabs:4:stoch", *GPT2_TINY),
+        expect="fwd maxabs:3, bwd maxabs:4:stoch", slow=True,
+        why="a tiny GPT-2 run with a learned bottleneck; by default its --bottleneck errors (tests/test_experiments.py)"
+            " and its training on both executors (tests/test_sharded.py) are tested"),
+    "python -m experiments.gpt2_wikitext --recipe protocol-cpu --bottleneck ssn --fwd ids+bf16 --bwd ids+bf16 --lr "
+    "0.02 --embed-lr 0.525 --head-lr 0.003 --scalar-lr 0.01125": Case(
+        ("--recipe", "protocol-cpu", "--bottleneck", "ssn", "--fwd", "ids+bf16", "--bwd", "ids+bf16", "--lr", "0.02",
+         "--embed-lr", "0.525", "--head-lr", "0.003", "--scalar-lr", "0.01125", *GPT2_TINY),
+        expect="fwd ids+bf16, bwd ids+bf16", slow=True,
+        why="a protocol-tiny run with ReparamSSN; by default tests/test_reparam_ssn.py builds it from these "
+            "settings and trains it on both executors"),
+    # --- docs/results/bottleneck.md
+    "python -m experiments.gpt2_wikitext --recipe paper --pretrained gpt2 --bottleneck proj:192 --fwd maxabs:4 "
+    "--bwd maxabs:4:stoch --compile-for v5e-1": Case(
+        ("--recipe", "paper", "--pretrained", "gpt2", "--bottleneck", "proj:192", "--fwd", "maxabs:4", "--bwd",
+         "maxabs:4:stoch", "--compile-for", "v5e-1", "--block-size", "32", "--batch-size", "4", "--train-examples",
+         "64", "--train-only"), expect="--compile-for v5e-1: run", slow=True,
+        why="compiles GPT-2 small (the size --pretrained gpt2 names; no weights or text are read) for a TPU target; "
+            "by default tests/test_dryrun.py compiles for TPU targets"),
     # --- docs/guide/links.md
     "python -m benchmarks.throughput_vs_bandwidth --link 1gbit:20ms,100mbit:20ms": Case(
         ("--link", "1gbit:20ms,100mbit:20ms", "--seq", "8", "--batch", "4", "--repeats", "1", "--methods", "fp32"),
