@@ -49,11 +49,11 @@ class Case(NamedTuple):
   reached_by: str = ""
 
 
-def documented() -> dict[str, str]:
-  """{command: the page that shows it first} for every `python -m benchmarks.X|experiments.X` in a fenced or
-  indented code block or an inline code span of PAGES."""
+def documented(pages=PAGES, command=COMMAND) -> dict[str, str]:
+  """{command: the page that shows it first} for every `python -m benchmarks.X|experiments.X` (`command`) in a
+  fenced or indented code block or an inline code span of `pages`."""
   found = {}
-  for page in PAGES:
+  for page in pages:
     text = (ROOT / page).read_text()
     fenced = re.findall(r"```.*?```", text, re.S)
     prose = re.sub(r"```.*?```", "", text, flags=re.S)
@@ -61,7 +61,7 @@ def documented() -> dict[str, str]:
     spans = [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", re.sub(r"(?m)^(?: {4}.*\n?)+", "", prose))]
     for block in fenced + indented + spans:
       for line in re.sub(r"\\\n\s*", " ", block).splitlines():
-        m = COMMAND.search(line)
+        m = command.search(line)
         if m:
           args = re.sub(r"(^|\s)#.*", "", m.group(2)).split()
           found.setdefault(" ".join(["python -m", m.group(1), *args]), page)
@@ -378,14 +378,10 @@ FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 def _shown_flags() -> dict[str, dict[str, str]]:
   """{module: {--flag: the page that shows it first}} over every command of README.md and docs/**/*.md."""
   shown: dict[str, dict[str, str]] = {}
-  for page in ALL_PAGES:
-    text = (ROOT / page).read_text()
-    for line in re.sub(r"\\\n\s*", " ", text).splitlines():
-      for m in ANY_COMMAND.finditer(line):
-        args = re.split(r"`|;|\|\||&&|\s\|\s", m.group(2))[0]  # this command's own arguments
-        args = re.sub(r"(^|\s)#.*", "", args)
-        for flag in FLAG.findall(args):
-          shown.setdefault(m.group(1), {}).setdefault(flag, page)
+  for command, page in documented(ALL_PAGES, ANY_COMMAND).items():
+    own = re.split(r";|\|\||&&|\s\|\s", command)[0]  # this command's own arguments
+    for flag in FLAG.findall(own):
+      shown.setdefault(_module(command), {}).setdefault(flag, page)
   return shown
 
 
