@@ -95,20 +95,27 @@ class Planner:
     self.build, self.batch, self.clock, self.meter, self.replicas = build, batch, clock, meter, data_parallel
     self.depth = depth  # the model's blocks
     self.sources = {}  # (stage set, microbatches) -> CostSource
+    self.method_costs = {}  # (method, microbatches) -> StageCosts
+    self.parameter_exchanges = {}  # model change -> (data-parallel exchange, {tied choice: tied exchange})
     self.skipped = {}  # why configurations were left out -> which
 
   def costs(self, pipe, method: methods.Method, m: int, known: list[int]) -> step_cost.StageCosts:
     """The method's costs at `m` microbatches: compiled or measured at the fewest and the most of `known`,
     interpolated between."""
+    if (method.name, m) in self.method_costs:
+      return self.method_costs[method.name, m]
     ends = (min(known), max(known))
     if m in ends:
       key = (method.bottleneck, m)
       if key not in self.sources:
         self.sources[key] = step_cost.stage_costs(pipeline.uncompressed(pipe), self.batch, self.clock)
-      return self.sources[key](pipe.boundary)
-    tokens = lambda k: self.batch[pipe.input_key].size / k
-    lo, hi = (self.costs(dataclasses.replace(pipe, microbatches=k), method, k, known) for k in ends)
-    return interpolate(lo, tokens(ends[0]), hi, tokens(ends[1]), tokens(m))
+      costs = self.sources[key](pipe.boundary)
+    else:
+      tokens = lambda k: self.batch[pipe.input_key].size / k
+      lo, hi = (self.costs(dataclasses.replace(pipe, microbatches=k), method, k, known) for k in ends)
+      costs = interpolate(lo, tokens(ends[0]), hi, tokens(ends[1]), tokens(m))
+    self.method_costs[method.name, m] = costs
+    return costs
 
   def search(self, names, microbatches, schedule_names, tied_choices, links) -> list[Choice]:
     """Every method's fastest configuration on each link."""
@@ -123,9 +130,7 @@ class Planner:
         costs = self.costs(pipe, method, m, microbatches)
         sent = [pipe.boundary.wire_bytes(s.shape, s.dtype) for s in pipeline.activation_shapes(pipe, self.batch)]
         per_token = sum(f + b for f, b in sent) / len(sent) / (self.batch[pipe.input_key].size / m)
-        exchange = self.exchange(pipe)
-        ties = {c: step_inputs.tied_exchange(c, pipe, self.batch, self.clock) for c in tied_choices} if pipe.tied \
-            else {None: None}
+        exchange, ties = self.exchanges(pipe, method, tied_choices)
         for table in self.tables(schedule_names, pipe, m):
           chunk_costs, chunk_sent = step_inputs.on_chunks(costs, sent, table.chunks_per_device)
           fwd_s, bwd_s = step_cost.op_seconds(chunk_costs)
@@ -140,13 +145,20 @@ class Planner:
                 best[link, name] = choice
     return list(best.values())
 
-  def exchange(self, pipe) -> netsim.Exchange | None:
-    """The dense data-parallel exchange of each stage device's padded parameter row (None: one replica)."""
-    if self.replicas == 1:
-      return None
-    params = jax.eval_shape(lambda: pipeline.init_state(pipe, optax.sgd(0.0), jax.random.key(1),
-                                                        self.batch)).params
-    return step_inputs.exchange(None, padded_rows.FlatRows(params).size, pipe.num_stages, self.replicas)
+  def exchanges(self, pipe, method: methods.Method, tied_choices):
+    """(the dense data-parallel exchange of each stage device's padded parameter row, None with one replica;
+    {tied choice: its exchange}, {None: None} without tied parameters) of the method's stages: parameters only, so
+    once per model change, whatever the boundary and the microbatches."""
+    if method.bottleneck not in self.parameter_exchanges:
+      exchange = None
+      if self.replicas > 1:
+        params = jax.eval_shape(lambda: pipeline.init_state(pipe, optax.sgd(0.0), jax.random.key(1),
+                                                            self.batch)).params
+        exchange = step_inputs.exchange(None, padded_rows.FlatRows(params).size, pipe.num_stages, self.replicas)
+      ties = ({c: step_inputs.tied_exchange(c, pipe, self.batch, self.clock) for c in tied_choices} if pipe.tied
+              else {None: None})
+      self.parameter_exchanges[method.bottleneck] = exchange, ties
+    return self.parameter_exchanges[method.bottleneck]
 
   def tables(self, names, pipe, m: int):
     """The train tables of `names` with and without overlapped sends that fit S stages and m microbatches (the
@@ -339,6 +351,9 @@ def parser() -> argparse.ArgumentParser:
                  "instead of the shipped table")
   p.add_argument("--repeats", type=int, default=5, help="--device cpu: timed runs per op")
   p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("plan"), help="where plan.md/.json/.png go")
+  p.add_argument("--estimates", type=pathlib.Path, help="a compile-only --device: the file keeping each compiled "
+                 "program's estimate, so a later run compiles only programs it has not seen (default: "
+                 "OUT/estimates.json)")
   return p
 
 
@@ -385,7 +400,7 @@ def main(argv=None):
       raise ValueError(f"--device {args.device} has {target.devices} chips; --stages {args.stages} x "
                        f"--data-parallel {args.data_parallel} need {args.stages * args.data_parallel}")
     targets.prepare_host(target)
-    clock = step_cost.Estimated(target)
+    clock = step_cost.Estimated(target, args.estimates or args.out / "estimates.json")
   planner = Planner(model_builder(cfg, args.stages, batch), {"tokens": jnp.zeros((per_shard, seq), jnp.int32)},
                     clock, cfg.n_layer, args.meter, args.data_parallel)
   tied = ("dense", "untied", TIED_COMPRESSED)
@@ -402,7 +417,9 @@ def main(argv=None):
   for reason, which in planner.skipped.items():
     text += [f"Left out ({reason}): {', '.join(dict.fromkeys(which))}", ""]
   text.append(f"Searched {len(names)} methods x {len(micro)} microbatch counts x {len(schedule_names)} schedules x "
-              f"2 (overlapped sends) on {len(links)} link(s) in {elapsed:.0f} s.")
+              f"2 (overlapped sends) on {len(links)} link(s) in {elapsed:.0f} s"
+              + (f", {clock.compiled} programs compiled (the others' estimates from {clock.store})."
+                 if isinstance(clock, step_cost.Estimated) else "."))
   args.out.mkdir(parents=True, exist_ok=True)
   (args.out / "plan.md").write_text("\n".join(text) + "\n")
   (args.out / "plan.json").write_text(json.dumps({

@@ -1,5 +1,7 @@
 """The planner (`python -m jaxcomp.plan`): a user's own Flax pipeline through the API, the shipped step-inflation
 table, the search's pieces, and the command's refusals."""
+import json
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -144,3 +146,19 @@ def test_a_calibrated_table_raises_the_high_end_beyond_the_horizons_it_measured_
   assert step_table.inflation(table, "m", 200, 128) == step_table.inflation(plain, "m", 200, 128)
   assert step_table.recorded({"250": 1.3, "1000": 1.44}, 500) == pytest.approx(1.37)  # linear in log D
   assert step_table.recorded({"250": 1.3, "1000": 1.44}, 4000) == 1.44  # its nearest end outside
+
+
+def test_a_rerun_reads_every_estimate_from_the_store_and_plans_the_same(tmp_path):
+  """--device v5e-8 on a toy model: the first run compiles its programs and keeps their estimates; a second run
+  with the same store compiles none and gives the same steps."""
+  argv = ["--model", "protocol-tiny", "--stages", "2", "--batch", "4", "--seq", "16", "--device", "v5e-8",
+          "--methods", "fp32,bf16", "--schedules", "gpipe", "--microbatches", "2,4",
+          "--estimates", str(tmp_path / "estimates.json")]
+  first = plan.main([*argv, "--out", str(tmp_path / "first")])
+  kept = json.loads((tmp_path / "estimates.json").read_text())
+  assert kept and all(k.startswith(f"v5e-8 jax {jax.__version__} ") for k in kept)
+  second = plan.main([*argv, "--out", str(tmp_path / "second")])
+  assert "0 programs compiled" in (tmp_path / "second" / "plan.md").read_text()
+  assert "0 programs compiled" not in (tmp_path / "first" / "plan.md").read_text()
+  steps = lambda ranked: {r.choice.method: r.choice.step_s for rows in ranked.values() for r in rows}
+  assert steps(second) == steps(first)

@@ -3,6 +3,9 @@ clock: `Measured` runs the ops on this process's default device, `Estimated` com
 takes their roofline time (nothing runs). netsim's step timeline is fed from `op_seconds` of these costs; the
 planner (`jaxcomp.plan`), the experiments' time to target and the throughput benchmark all read them here.
 """
+import hashlib
+import json
+import pathlib
 import time
 from typing import Callable, NamedTuple
 
@@ -75,11 +78,15 @@ class Measured:
 class Estimated:
   """Estimates ops from their programs compiled for `target` (one chip; nothing runs): the roofline
   max(FLOPs / the chip's peak, HBM traffic / its bandwidth) of `dryrun.compile_op`. Ops whose lowered programs
-  are equal (stages of the same shape) are compiled once."""
+  are equal (stages of the same shape) are compiled once; with `store` (a JSON file) the estimate of every program
+  compiled is kept there, keyed by the target, the jax version and the program's SHA-256, so a later run compiles
+  only programs it has not seen."""
 
-  def __init__(self, target: targets.Target):
-    self.target, self.devices, self.known = target, targets.compile_only_devices(target), {}
+  def __init__(self, target: targets.Target, store: pathlib.Path | None = None):
+    self.target, self.devices, self.store = target, targets.compile_only_devices(target), store
     self.source = f"estimated for {target.chip.name} from programs compiled for {target.name} (roofline, not run)"
+    self.known = json.loads(store.read_text()) if store is not None and store.exists() else {}
+    self.compiled = 0  # programs compiled by this clock (not found in `known`)
 
   def input(self, shape: jax.ShapeDtypeStruct):
     return jax.ShapeDtypeStruct(shape.shape, shape.dtype)
@@ -89,10 +96,17 @@ class Estimated:
 
   def seconds(self, fn, *args) -> float:
     program = jax.jit(fn).trace(*args).lower().as_text()
-    if program not in self.known:
+    key = f"{self.target.name} jax {jax.__version__} " + hashlib.sha256(program.encode()).hexdigest()
+    if key not in self.known:
       step = dryrun.compile_op(self.target, "op", fn, *args, devices=self.devices)
-      self.known[program] = step.estimated_s(self.target.chip)
-    return self.known[program]
+      self.known[key] = step.estimated_s(self.target.chip)
+      self.compiled += 1
+      if self.store is not None:
+        self.store.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.store.with_name(self.store.name + ".partial")
+        partial.write_text(json.dumps(self.known, indent=0))
+        partial.replace(self.store)  # a run cut mid-write leaves the previous store whole
+    return self.known[key]
 
 
 Clock = Measured | Estimated
