@@ -31,7 +31,8 @@ from jaxcomp.models import registry
 SHAPES = {"gpt2-small": ((8, 1024, 768), "float32", "small", 4), "protocol": ((8, 1024, 1024), "bfloat16",
                                                                               "protocol-203m", 8)}
 TOPK = [f"topk:0.1:{values}:{select}" for select in ("threshold", "sort", "approx") for values in ("q8", "bf16")]
-FAMILIES = ["bf16", "fp8:scaled", "fp8:scaled:channel", "quant:4", "maxabs:4", "maxabs:4:group=64:scales=both",
+FAMILIES = ["bf16", "fp8:scaled", "fp8:scaled:channel", "quant:4", "maxabs:4", "maxabs:4:group=64",
+            "maxabs:4:group=64:scales=both",
             "maxabs:3:group=64:scales=both", "maxabs:3:group=64:scales=both:clip=1:grid=zero", "adaptive:3:4:0.25",
             "hadamard+maxabs:4:group=64:stoch"]
 TARGETS = ("h100", "l4", "v5e-1", "v6e-1")

@@ -2,6 +2,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,8 +14,8 @@ def _x(shape, dtype=jnp.float32, seed=0):
   return (jax.random.normal(jax.random.key(seed), shape) * 3 + 1).astype(dtype)
 
 
-def test_fwht_is_the_orthonormal_hadamard_matrix():
-  n = 16
+@pytest.mark.parametrize("n", [2, 16, 512])
+def test_fwht_is_the_orthonormal_hadamard_matrix(n):
   h = np.array([[1.0]])
   while len(h) < n:
     h = np.block([[h, h], [h, -h]])
