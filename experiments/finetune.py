@@ -18,7 +18,6 @@ method's step predicted there from its stages and codecs timed on this machine (
 T = the predicted time of its steps to the same loss (dense warm-up steps at the dense step's time).
 """
 import argparse
-import json
 import math
 import pathlib
 import sys
@@ -165,10 +164,7 @@ def export(args, rungs: dict):
   models = inflation.fitted(rungs, sorted({n for r in rungs.values() for n in r["methods"]}))
   provenance = study.provenance("finetune", text=f"pretrained on kjv, fine-tuned on {TEXT}",
                                  model="GPT-2 tiny (finetune-cpu recipe)")
-  table = json.loads(args.export.read_text()) if args.export.is_file() else {}
-  regimes = table.get("regimes", {"scratch": table} if table else {})
-  regimes["finetune"] = {"cap": 1, "rungs": rungs, "models": models, "provenance": provenance}
-  args.export.write_text(json.dumps({**table, "regimes": regimes}, indent=1))
+  study.export_regime(args.export, "finetune", {"cap": 1, "rungs": rungs, "models": models, "provenance": provenance})
   print(f"wrote the finetune regime of {args.export}")
 
 

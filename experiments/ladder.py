@@ -151,9 +151,8 @@ def main(argv=None):
                    "source": "Protocol NanoGPT's records 20260917_vanilla_baseline and 20260918_reparamssn_baseline, "
                    "their loss logs: SSN's steps to dense's eval loss at dense's step D, over D"}
     provenance = study.provenance("ladder", text=TEXT, model="protocol-tiny (protocol-cpu recipe)")
-    args.export.write_text(json.dumps({"provenance": provenance, "regimes": {
-        "scratch": {**report, "calibration": calibration}}}, indent=1))
-    print(f"wrote {args.export}")
+    study.export_regime(args.export, "scratch", {**report, "calibration": calibration, "provenance": provenance})
+    print(f"wrote the scratch regime of {args.export}")
   return report
 
 

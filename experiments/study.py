@@ -81,3 +81,14 @@ def provenance(module: str, **described) -> dict:
   return {"command": f"python -m experiments.{module} " + " ".join(sys.argv[1:]), "commit": commit,
           "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".replace("  ", " "),
           "date": datetime.date.today().isoformat(), **described}
+
+
+def export_regime(path: pathlib.Path, regime: str, table: dict) -> None:
+  """Writes `table` (with its own provenance) as regime `regime` of the step-inflation file at `path`, the file's
+  other regimes kept as they are (a file of one table without regimes counts as its `scratch`)."""
+  data = json.loads(path.read_text()) if path.is_file() else {}
+  regimes = data.get("regimes", {"scratch": data} if data else {})
+  if "provenance" in data:  # the file-wide provenance belongs to the regime it was written for
+    regimes = {k: {"provenance": data["provenance"], **v} for k, v in regimes.items()}
+  regimes[regime] = table
+  path.write_text(json.dumps({"regimes": regimes}, indent=1))

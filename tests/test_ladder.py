@@ -8,7 +8,7 @@ import pytest
 
 from experiments import inflation as ladder_inflation
 from experiments import ladder
-from jaxcomp.analysis import inflation
+from jaxcomp.analysis import inflation, step_table
 
 
 def _results(folder, name, evals, step=None):
@@ -87,3 +87,20 @@ def test_a_run_killed_before_its_first_checkpoint_starts_afresh(tmp_path):
                                stop_at_target=False)
   done = study.run_or_resume("fp32", args, 0, {}, "test")
   assert done["history"][-1]["step"] == 1
+
+
+def test_the_export_writes_the_scratch_regime_and_keeps_the_fine_tuning_one(tmp_path):
+  """--report --export into a copy of the shipped table: its scratch regime is this ladder's (with its own
+  provenance), its finetune regime exactly what it was."""
+  rung = tmp_path / "runs" / "w128-h100"
+  _results(rung / "budget" / "results", "fp32", [(50, 2.5), (100, 2.0)])
+  _results(rung / "cap" / "results", "fp32", [(40, 2.4), (80, 1.99)])
+  _results(rung / "cap" / "results", "bf16", [(80, 2.2), (120, 2.0)])
+  table = tmp_path / "table.json"
+  table.write_text(step_table.SHIPPED.read_text())
+  ladder.main(["--report", "--horizons", "100", "--methods", "fp32,bf16", "--out", str(tmp_path / "runs"),
+               "--export", str(table)])
+  scratch = step_table.load(table, "scratch")
+  assert [p["inflation"] for p in scratch["rungs"]["w128-h100"]["methods"]["bf16"]] == [1.5]
+  assert "experiments.ladder" in scratch["provenance"]["command"]
+  assert step_table.load(table, "finetune") == step_table.load(None, "finetune")
