@@ -54,7 +54,7 @@ PROTOCOL = dict(PAPER, model="protocol-203m", optimizer="muon", lr=0.025, **MUON
                 schedule="1f1b", eval_every=25, target_loss=paper.PROTOCOL_TARGET_LOSS)
 # The same at 2-CPU-core scale: `protocol-tiny` (4 blocks of width 128, one per stage on 4 stages) on the shipped
 # text's byte tokens, blocks of 128, 16 a step in 4 microbatches, the benchmark's optimizer settings over 200 steps,
-# evaluated every 25 on 256 blocks (docs/frontier.md: the loss it reaches, and how fast)
+# evaluated every 25 on 256 blocks (docs/results/time_to_target.md: the methods' steps to a target on it)
 PROTOCOL_CPU = dict({k: v for k, v in PROTOCOL.items() if k != "target_loss"}, model="protocol-tiny",
                     tokenizer="bytes", block_size=128, batch_size=16, microbatches=4, stages=4, executor="simulate",
                     schedule="gpipe", lr_steps=200, steps=200, epochs=1, eval_examples=256)
