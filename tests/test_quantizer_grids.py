@@ -120,7 +120,7 @@ def test_default_group_scales_hold_with_outlier_channels(bits, times):
   1.05x the better of `grid=zero` and `grid=midrise`, and at 2 and 3 bits grouped scales no more than one scale per
   channel. (The mid-rise default of before erred 16-20x more than the zero grid, grouped. At 4 bits a group holding an
   outlier rounds its small entries to 0 whatever its grid, and whether that errs more than one scale per channel
-  depends on how many tokens set the channel's scale: docs/grids.md.)"""
+  depends on how many tokens set the channel's scale: docs/results/quantizer_grids.md.)"""
   x = jnp.asarray(_outlier_channels((4, 64, 256), times))
   error = lambda text: relative_mse(x, spec.parse_codec(text.format(b=bits))(x))
   grouped, channel = error("maxabs:{b}:group=64"), error("maxabs:{b}")

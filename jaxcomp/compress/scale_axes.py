@@ -4,7 +4,7 @@ Two B-bit max-abs codes of the same grid and clip rules:
   P = `maxabs:B`, one scale per channel (last axis) over every token;
   G = `maxabs:B:group=G:scales=both`, each channel divided by its RMS c, then one scale per group of G
       features of each token (scales along both axes).
-Neither wins everywhere (docs/grids.md): G keeps the small channels beside outlier channels and follows
+Neither wins everywhere (docs/results/quantizer_grids.md): G keeps the small channels beside outlier channels and follows
 each token on gradients; P fits each channel's own range on activations without outliers at 2-3 bits,
 where no per-token code can match it. The sender decodes each (nearest rounding) and sends the one whose
 error is least by the mean over channels of each channel's relative error,
@@ -12,7 +12,7 @@ error is least by the mean over channels of each channel's relative error,
 G on a tie; a byte says which. Every channel weighs the same, as for a next stage that rescales its channels
 (LayerNorm's gains; the outlier model reads its outlier channels divided by their gain): the total squared
 error lets the few large channels decide, and on the outlier model it sent codes that lost small channels'
-token-to-token variation (errors up to 269x it, by the channel mean) and a seed stalled (docs/frontier.md).
+token-to-token variation (errors up to 269x it, by the channel mean) and a seed stalled (docs/results/quantizer_grids.md).
 With grid=auto, G is also tried on each fixed grid (its per-group grid is chosen on x / c, weighed unlike e),
 sent in grid=auto's form (the sign bits). Both codes are B bits an entry, so the message has one size: the
 codes, F fp32 channel words (P's scales or G's c), G's group scales (zeros under P) and the byte. Each

@@ -2,7 +2,7 @@
 
 `MinMaxQuant` spans the tensor's [min, max] (Rudakov et al.); `MaxAbsQuant` a symmetric grid of max|x|
 per tensor, channel or group (AQ-SGD's family), with a zero or mid-rise grid, or per scale the better
-of both, and an optional clip. Why these grids and defaults, with the figures: docs/grids.md.
+of both, and an optional clip. Why these grids and defaults, with the figures: docs/results/quantizer_grids.md.
 """
 import dataclasses
 
@@ -104,7 +104,7 @@ _CLIP_CANDIDATES = tuple(1.0 - 0.75 * (j / 24) ** 2 for j in range(25))  # clip=
 MAXABS_GRIDS = ("zero", "midrise")
 AUTO_GRID = "auto"  # per scale, whichever of MAXABS_GRIDS errs least; flagged in the sign bit of the scale
 # bits -> (grid, clip) that a MaxAbsQuant takes where it names none (else the zero grid, unclipped); how each
-# was chosen: docs/grids.md
+# was chosen: docs/results/quantizer_grids.md
 MAXABS_DEFAULTS = {2: (AUTO_GRID, "mse"), 3: (AUTO_GRID, "mse"), 4: (AUTO_GRID, 1.0)}
 
 
@@ -141,7 +141,7 @@ class MaxAbsQuant(Codec):
   finite magnitude round-trips); bf16/fp16 scales are rounded up so nothing clips unasked
   (fp16 overflows above 65504: the inf shows in the output). Stochastic rounding: E[x_hat] = x
   for |x| <= s. +-inf decodes to +-inf (other entries of its scale group become NaN); NaN
-  makes its whole scale group NaN. Measured errors of each grid and default: docs/grids.md.
+  makes its whole scale group NaN. Measured errors of each grid and default: docs/results/quantizer_grids.md.
   """
   bits: int = 4
   granularity: str = "channel"
