@@ -1,5 +1,5 @@
-"""Every `python -m benchmarks.X` / `python -m experiments.X` command that the pages of PAGES (README.md,
-docs/guide/benchmarks.md, docs/guide/experiments.md, ...) show runs, with the flags as documented, at toy sizes.
+"""Every `python -m benchmarks.X` / `python -m experiments.X` command that the pages (README.md and every page under
+docs/) show runs, with the flags as documented, at toy sizes.
 
 `REGISTRY` holds each documented command (as the docs write it, continuation lines joined, comments dropped) and
 how it is checked: run here as `python -m` runs it (`runpy`, in a fresh folder, so its default output paths are
@@ -19,10 +19,8 @@ from typing import NamedTuple
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PAGES = ("README.md", "docs/guide/benchmarks.md", "docs/guide/experiments.md", "docs/guide/links.md",
-         "docs/results/throughput.md", "docs/results/codec_cost_cpu.md", "docs/results/pipeline_scale.md",
-         "docs/guide/accelerators.md", "docs/results/accelerators.md", "docs/guide/bottleneck.md",
-         "docs/results/bottleneck.md")
+ALL_PAGES = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")))
+PAGES = ALL_PAGES
 COMMAND = re.compile(r"python -m ((?:benchmarks|experiments)\.\w+)(.*)")
 GPT2_TINY = ("--steps", "2", "--epochs", "1", "--batch-size", "4", "--block-size", "32", "--train-examples", "16",
              "--eval-examples", "8", "--no-progress")
@@ -30,8 +28,17 @@ RESNET_TINY = ("--steps", "2", "--epochs", "1", "--width", "8", "--batch-size", 
                "--eval-examples", "20", "--no-progress")
 FRONTIER_TINY = ("--steps", "1", "--train-examples", "16", "--eval-examples", "8", "--batch-size", "8",
                  "--methods", "fp32")
+BOUNDARY_TINY = ("--steps", "2", "--epochs", "1", "--every", "1", "--train-examples", "16", "--eval-examples", "8",
+                 "--batch-size", "4", "--block-size", "32", "--no-progress")
+TTT_METHODS = ("fp32,bf16,aqsgd-fw2-bw4,top10-q8-reuse,proj16-fw3-bw4,direct-fw4-bw8,tile64-fw3-bw4,had-fw3-bw4,"
+               "direct-fw2-bw4,fp8,sfp8,quant-fw4-bw8,top10-bf16-reuse,ef-top10-reuse,sfp8-channel,tile16-fw3-bw4,"
+               "had-fw2-bw4,top10-reuse,chan-tile64-fw3-bw4,had-fw2-bw3,had-adapt23-bw4,adapt34-bw4,ef21-top10-reuse,"
+               "efmixed-top10,rand10,subspace16-fw3-bw4,proj16-fw4-bw4,proj24-fw2-bw3,proj8-fw4-bw4,proj32-fw2-bw2,"
+               "proj16-fp32")  # the methods of docs/results/time_to_target.md's table
 # placeholders of the docs' commands (whole arguments) and what stands in for them here
-PLACEHOLDERS = {"runs/E/results": "runs/gpt2_wikitext/results", "resnet|gpt2": "gpt2", "S": "2"}
+PLACEHOLDERS = {"runs/E/results": "runs/gpt2_wikitext/results", "resnet|gpt2": "gpt2", "S": "2",
+                "FWD": "maxabs:2:stoch", "BWD": "maxabs:4:stoch", "$seed": "0", "NAME": "fp32",
+                "/shared/runs": "shared/runs"}
 
 
 class Case(NamedTuple):
@@ -60,7 +67,7 @@ def documented(pages=PAGES, command=COMMAND) -> dict[str, str]:
     indented = re.findall(r"(?m)^(?: {4}.*\n?)+", prose)
     spans = [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", re.sub(r"(?m)^(?: {4}.*\n?)+", "", prose))]
     for block in fenced + indented + spans:
-      for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+      for line in re.sub(r"\\\n", "", block).splitlines():  # a continuation joins as the shell joins it
         m = command.search(line)
         if m:
           args = re.sub(r"(^|\s)#.*", "", m.group(2)).split()
@@ -293,6 +300,195 @@ REGISTRY = {
         ("--executors", "simulate,gpipe,1f1b,1f1b-fused", "--repeats", "2", "--stages", "2", "--microbatches", "2",
          "--executors", "gpipe", "--seq", "8"), expect="| 2 | 2 | gpipe |", slow=True,
         why="the page's full grid (53 minutes); its default path runs by default"),
+    # --- docs/guide/frontier.md
+    "python -m experiments.frontier": Case(FRONTIER_TINY, expect="| fp32 |"),
+    "python -m experiments.frontier --list-methods": Case(
+        covered="tests/test_frontier.py::test_list_methods_names_every_method_with_its_specs",
+        why="--list-methods names every method with its specs"),
+    "python -m experiments.frontier --recipe protocol-cpu --batch-size 16 --train-examples 3200 --eval-examples 128 "
+    "--seeds 3 --steps 100 --methods fp32 --out runs/ttt/budget": Case(
+        ("--recipe", "protocol-cpu", "--batch-size", "16", "--train-examples", "3200", "--eval-examples", "128",
+         "--seeds", "3", "--steps", "100", "--methods", "fp32", "--out", "runs/ttt/budget", *FRONTIER_TINY,
+         "--seeds", "1"), expect="| fp32 |", slow=True,
+        why="protocol-tiny's Muon compiles slowly; the frontier's default path runs by default"),
+    "python -m experiments.frontier --recipe protocol-cpu --batch-size 16 --train-examples 3200 --eval-examples 128 "
+    "--seeds 3 --steps 200 --target-loss 2.0340 --eval-every 10 --stop-at-target --dense-slowdown record --methods "
+    "fp32,chan-tile64-fw3-bw4,adapt34-bw4,top10-q8-reuse --out runs/ttt/every10": Case(
+        ("--recipe", "protocol-cpu", "--batch-size", "16", "--train-examples", "3200", "--eval-examples", "128",
+         "--seeds", "3", "--steps", "200", "--target-loss", "2.0340", "--eval-every", "10", "--stop-at-target",
+         "--dense-slowdown", "record", "--methods", "fp32,chan-tile64-fw3-bw4,adapt34-bw4,top10-q8-reuse", "--out",
+         "runs/ttt/every10", *FRONTIER_TINY, "--seeds", "1", "--target-loss", "6", "--repeats", "1"),
+        expect="x its unmetered step on", slow=True,
+        why="fp32 and bf16 on protocol-tiny (Muon compiles slowly) to a target the untrained model reaches (ln 257 < 6), "
+            "the link of the record's balance found and the steps timed; by default the time-to-target flags are "
+            "checked (tests/test_frontier.py)"),
+    # --- docs/results/frontier.md
+    "python -m experiments.frontier --seeds 3 --outliers 4:64:1024 --out runs/frontier-outliers --methods "
+    "fp32,direct-fw2-bw4,had-fw2-bw4,tile64-fw3-bw4,chan-tile64-fw3-bw4,had-fw3-bw4,adapt34-bw4,tile16-fw3-bw4,"
+    "direct-fw4-bw8,aqsgd-fw2-bw4": Case(
+        ("--seeds", "3", "--outliers", "4:64:1024", "--out", "runs/frontier-outliers", "--methods",
+         "fp32,direct-fw2-bw4,had-fw2-bw4,tile64-fw3-bw4,chan-tile64-fw3-bw4,had-fw3-bw4,adapt34-bw4,tile16-fw3-bw4,"
+         "direct-fw4-bw8,aqsgd-fw2-bw4", *FRONTIER_TINY, "--seeds", "1"),
+        expect="wrote runs/frontier-outliers/frontier.md"),
+    "python -m experiments.boundary_error --fwd hadamard+maxabs:2:group=64:scales=group:stoch --bwd "
+    "hadamard+maxabs:4:group=64:scales=group:stoch --warmup-epochs 0 --steps 192 --epochs 6 --train-examples 256 "
+    "--eval-examples 128 --batch-size 8 --every 16": Case(
+        ("--fwd", "hadamard+maxabs:2:group=64:scales=group:stoch", "--bwd", "hadamard+maxabs:4:group=64:scales=group:stoch",
+         "--warmup-epochs", "0", "--steps", "192", "--epochs", "6", "--train-examples", "256", "--eval-examples",
+         "128", "--batch-size", "8", "--every", "16", *BOUNDARY_TINY), expect="[boundary_error] fwd hadamard"),
+    "python -m benchmarks.quantizer_error --only-recorded --bits 2,3,4 --recorded rec_outliers.npz rec_fp32.npz": Case(
+        covered="tests/test_benchmarks.py::test_quantizer_error_outlier_tensors_and_recorded_activations", slow=True,
+        why="--recorded on a small file of its own; the documented files come from experiments.boundary_error --save "
+            "(docs/results/quantizer_grids.md)"),
+    # --- docs/results/quantizer_grids.md
+    "python -m experiments.boundary_error --fwd none --bwd none --warmup-epochs 0 --steps 192 --epochs 6 "
+    "--train-examples 256 --eval-examples 128 --batch-size 8 --save rec_fp32.npz": Case(
+        ("--fwd", "none", "--bwd", "none", "--warmup-epochs", "0", "--steps", "192", "--epochs", "6",
+         "--train-examples", "256", "--eval-examples", "128", "--batch-size", "8", "--save", "rec_fp32.npz",
+         *BOUNDARY_TINY), expect="[boundary_error] fwd none"),
+    "python -m benchmarks.quantizer_error --recorded rec_fp32.npz rec_outliers.npz": Case(
+        covered="tests/test_benchmarks.py::test_quantizer_error_outlier_tensors_and_recorded_activations", slow=True,
+        why="--recorded on a small file of its own; the documented files come from experiments.boundary_error --save"),
+    "python -m experiments.gpt2_wikitext --fwd FWD --bwd BWD --warmup-epochs 1 --seed S --train-examples 256 "
+    "--eval-examples 128 --batch-size 8 --steps 192 --epochs 6": Case(
+        ("--fwd", "maxabs:2:stoch", "--bwd", "maxabs:4:stoch", "--warmup-epochs", "1", "--seed", "2",
+         "--train-examples", "256", "--eval-examples", "128", "--batch-size", "8", "--steps", "192", "--epochs", "6",
+         *GPT2_TINY), expect="fwd maxabs:2:stoch, bwd maxabs:4:stoch"),
+    # --- docs/results/aqsgd.md
+    "python -m benchmarks.aqsgd_drift --fwd aqsgd+maxabs:2:stoch:grid=zero:clip=1 --bwd maxabs:4:stoch:grid=zero:clip=1 "
+    "--train-examples 256 --eval-examples 128 --batch-size 8 --epochs 6": Case(
+        ("--fwd", "aqsgd+maxabs:2:stoch:grid=zero:clip=1", "--bwd", "maxabs:4:stoch:grid=zero:clip=1",
+         "--train-examples", "256", "--eval-examples", "128", "--batch-size", "8", "--epochs", "6", *GPT2_TINY),
+        expect="| epoch |"),
+    "python -m benchmarks.aqsgd_drift --fwd aqsgd+maxabs:2:stoch:grid=midrise:clip=mse --bwd "
+    "maxabs:4:stoch:grid=zero:clip=1 --train-examples 256 --eval-examples 128 --batch-size 8 --epochs 6": Case(
+        ("--fwd", "aqsgd+maxabs:2:stoch:grid=midrise:clip=mse", "--bwd", "maxabs:4:stoch:grid=zero:clip=1",
+         "--train-examples", "256", "--eval-examples", "128", "--batch-size", "8", "--epochs", "6", *GPT2_TINY),
+        expect="| epoch |"),
+    # --- docs/results/time_to_target.md
+    "python -m experiments.frontier --recipe protocol-cpu --batch-size 16 --train-examples 3200 --eval-examples 128 "
+    "--seeds 3 --steps 200 --target-loss 2.0340 --eval-every 20 --stop-at-target --link 27.4mbit:5.7ms --methods "
+    + TTT_METHODS + " --out runs/ttt/target": Case(
+        ("--recipe", "protocol-cpu", "--batch-size", "16", "--train-examples", "3200", "--eval-examples", "128",
+         "--seeds", "3", "--steps", "200", "--target-loss", "2.0340", "--eval-every", "20", "--stop-at-target",
+         "--link", "27.4mbit:5.7ms", "--methods", TTT_METHODS, "--out", "runs/ttt/target", *FRONTIER_TINY, "--seeds",
+         "1", "--target-loss", "6", "--repeats", "1"), expect="| bf16 |", slow=True,
+        why="fp32 and bf16 on protocol-tiny (Muon compiles slowly) to a target the untrained model reaches, timed on "
+            "the link; by default the time-to-target flags are checked (tests/test_frontier.py)"),
+    "python -m benchmarks.real_link --recipe protocol-cpu --stages 2 --link 798252bit:195.74ms --methods "
+    "fp32,top10-q8-reuse,adapt34-bw4,chan-tile64-fw3-bw4 --train-examples 128 --eval-examples 16 --epochs 1 --json "
+    "s2.json --keep kept": Case(
+        covered="tests/test_real_link.py::test_a_train_step_moves_at_most_10_percent_more_than_it_counts",
+        why="as root, its fixture runs --stages 2 on a link with latency with --json and --keep; a recipe's own sizes "
+            "unless a flag says: test_a_recipe_runs_at_its_own_sizes_unless_a_flag_says"),
+    "python -m experiments.gpt2_wikitext --recipe protocol-cpu --stages 2 --fwd FWD --bwd BWD --warmup-epochs 0 --steps "
+    "200 --epochs 1 --batch-size 16 --train-examples 3200 --eval-examples 128 --seed $seed --lr-steps 200 --eval-every "
+    "20 --target-loss 2.0340 --stop-at-target --no-progress --out runs/ttt/s2 --run-name NAME": Case(
+        covered="tests/test_protocol_gpt.py::test_a_protocol_cpu_run_records_its_step_to_target_and_stops_there",
+        slow=True, why="a protocol-cpu run to its target, stopped there (Muon compiles slowly)"),
+    # --- docs/results/codecs_compiled.md
+    "python -m benchmarks.codec_compiled --targets h100,v5e-1 --out runs/codec_compiled": Case(
+        covered="tests/test_codec_compiled.py::test_a_target_fills_every_cell_resumes_and_summarises",
+        why="compiles every codec for GPU and TPU targets (hours; GPU targets need the CUDA PJRT plugin); the test "
+            "fills a toy shape's cells for v5e-1 into --out, resumes and summarises"),
+    "python -m benchmarks.codec_compiled --targets l4,v6e-1 --topk-only --out runs/codec_compiled": Case(
+        covered="tests/test_codec_compiled.py::test_a_target_fills_every_cell_resumes_and_summarises",
+        why="compiles the TopK codecs for GPU and TPU targets; the test fills TopK cells for v5e-1"),
+    "python -m benchmarks.codec_compiled --report --targets h100,l4,v5e-1,v6e-1 --out runs/codec_compiled": Case(
+        covered="tests/test_codec_compiled.py::test_a_target_fills_every_cell_resumes_and_summarises",
+        why="the summary of the cells in --out; the test summarises its own"),
+    "python -m benchmarks.device_check --sections provenance,codecs --budget-s 300": Case(
+        covered="tests/test_device_check.py::test_sections_past_the_budget_are_skipped_with_the_reason",
+        why="a GPU's run; on the CPU --tiny with --budget-s (its --sections in "
+            "test_a_failing_step_is_recorded_and_the_next_one_runs)"),
+    # --- docs/guide/executors.md
+    "python -m benchmarks.pipeline_scale --model gpt2-small --stages 4 --microbatches 8 --mb-size 1 --seq 1024 "
+    "--executors 1f1b,zb-h1,gpipe --repeats 0": Case(
+        ("--model", "gpt2-small", "--stages", "4", "--microbatches", "8", "--mb-size", "1", "--seq", "1024",
+         "--executors", "1f1b,zb-h1,gpipe", "--repeats", "0", "--model", "gpt2", "--stages", "2", "--microbatches",
+         "2", "--seq", "8", "--executors", "gpipe"), expect="| 2 | 2 | gpipe |"),
+    # --- docs/guide/many_hosts.md
+    "python -m experiments.gpt2_wikitext --preset aqsgd-fw2-bw4 --executor sharded --stages 4 --data-parallel 2 "
+    "--train-examples 64 --epochs 1 --coordinator 127.0.0.1:8476 --num-processes 2 --process-id $i &": Case(
+        covered="tests/test_multiprocess.py::test_cli_runs_on_two_processes", slow=True,
+        why="two CLI processes on this machine, one coordinator"),
+    "python -m experiments.gpt2_wikitext --preset aqsgd-fw2-bw4 --executor sharded --stages 4 --data-parallel 2 --out "
+    "/shared/runs --coordinator 10.0.0.1:8476 --num-processes 2 --process-id 0": Case(
+        covered="tests/test_multiprocess.py::test_cli_runs_on_two_processes", slow=True,
+        why="one of two hosts; the test runs both processes on this machine"),
+    "python -m experiments.gpt2_wikitext --preset top10-reuse --executor sharded --stages 4 --data-parallel 2 --out "
+    "/shared/runs": Case(
+        ("--preset", "top10-reuse", "--executor", "sharded", "--stages", "4", "--data-parallel", "2", "--out",
+         "shared/runs", *GPT2_TINY), slow=True,
+        why="the sharded executor on 8 devices; by default 2 x 2 in test_gpipe_executor_from_the_cli"),
+    "python -m experiments.resnet_cifar10 --preset fw4-bw8 --executor sharded --stages 4 --data-parallel 2": Case(
+        ("--preset", "fw4-bw8", "--executor", "sharded", "--stages", "4", "--data-parallel", "2", *RESNET_TINY),
+        slow=True, why="ResNet's sharded executor on 8 devices; the default path runs by default"),
+    "python -m experiments.resnet_cifar10 --preset fw4-bw8 --executor sharded --stages 4 --data-parallel 8 --out "
+    "gs://BUCKET/runs'": Case(
+        covered="tests/test_dryrun.py::test_sharded_executor_compiles_for_a_tpu_slice_and_its_collectives_send_the_"
+                "counted_bytes",
+        why="32 devices of a TPU pod writing to a bucket (inside gcloud's quoted --command); the sharded executor "
+            "compiled for TPU slices"),
+    "python -m benchmarks.real_link --rate 100mbit --stages 2 --methods fp32,direct-fw2-bw4": Case(
+        covered="tests/test_real_link.py::test_rate_is_the_older_name_of_link",
+        why="--rate is --link's older name; the fixture runs these stages and methods as root"),
+    # --- docs/guide/papers.md
+    "python -m experiments.gpt2_wikitext --recipe pretrain-cpu --run-name kjv": Case(
+        ("--recipe", "pretrain-cpu", "--run-name", "kjv", *GPT2_TINY)),
+    "python -m experiments.gpt2_wikitext --recipe finetune-cpu --preset aqsgd-fw2-bw4 --pretrained "
+    "runs/gpt2_wikitext/kjv": Case(
+        covered="tests/test_finetune.py::test_a_run_trained_here_is_fine_tuned_from_its_last_weights_with_a_fresh_"
+                "optimizer_at_step_zero",
+        why="a run trained here fine-tuned from its folder's newest weights"),
+    "python -m experiments.gpt2_wikitext --recipe paper --preset aqsgd-fw3-bw6 --pretrained gpt2-xl --data "
+    "wikitext2-raw --stages 8 --executor sharded --schedule 1f1b --microbatches 8 --compile-for h100-8 --train-only":
+        Case(covered="tests/test_dryrun.py::test_gpu_targets_compile_where_the_cuda_plugin_is_installed",
+             why="compiling for h100-8 needs the CUDA PJRT plugin (the test compiles h100-8 where it is); "
+                 "--pretrained gpt2-xl and --data name downloads, which a compile-only run does not read"),
+    "python -m experiments.finetune --report": Case(
+        covered="tests/test_finetune.py::test_a_one_method_toy_study_runs_and_reports",
+        why="the report of a toy study's runs"),
+    # --- docs/guide/plan.md
+    "python -m experiments.gpt2_wikitext ...": Case(
+        covered="tests/test_documented_commands.py::test_documented_command_runs",
+        why="the page's pattern for a run of experiments.gpt2_wikitext; each documented one runs there"),
+    "python -m experiments.ladder": Case(
+        covered="tests/test_ladder.py::test_a_toy_ladder_runs_and_a_rerun_skips_what_finished", slow=True,
+        why="hours of training on 2 cores; the toy ladder trains, reports and reruns",
+        reached_by="tests/test_ladder.py::test_the_export_writes_the_scratch_regime_and_keeps_the_fine_tuning_one"),
+    "python -m experiments.ladder --out DIR": Case(
+        covered="tests/test_ladder.py::test_a_toy_ladder_runs_and_a_rerun_skips_what_finished", slow=True,
+        why="hours of training on 2 cores; the toy ladder runs into a folder of its own"),
+    "python -m experiments.finetune --report --export FILE": Case(
+        covered="tests/test_finetune.py::test_the_study_exports_its_inflation_as_the_finetune_regime_and_keeps_the_"
+                "table_s_others",
+        why="the export into a copy of the shipped table"),
+    # --- docs/results/finetune.md
+    "python -m experiments.finetune --widths 128 --seeds 3 --methods fp32,aqsgd-fw3-bw6,aqsgd-fw3-bw6-warm0,"
+    "direct-fw3-bw6": Case(
+        covered="tests/test_finetune.py::test_a_toy_study_pretrains_once_fine_tunes_reports_and_a_rerun_trains_nothing",
+        slow=True, why="hours on 2 cores; the toy study at width 16",
+        reached_by="tests/test_finetune.py::test_a_one_method_toy_study_runs_and_reports"),
+    "python -m experiments.finetune --report --export jaxcomp/data/step_inflation.json": Case(
+        covered="tests/test_finetune.py::test_the_study_exports_its_inflation_as_the_finetune_regime_and_keeps_the_"
+                "table_s_others",
+        why="writes the shipped table; the test exports into a copy of it"),
+    # --- docs/results/step_inflation.md
+    "python -m experiments.ladder --horizons 100,300,1000 --seeds 3,2,1 --out runs/ladder --methods "
+    "fp32,ssn,chan-tile64-fw3-bw4,adapt34-bw4": Case(
+        covered="tests/test_ladder.py::test_a_toy_ladder_runs_and_a_rerun_skips_what_finished", slow=True,
+        why="days of training on 2 cores; the toy ladder trains, reports and reruns"),
+    "python -m experiments.ladder --horizons 100 --widths 64,256 --seeds 2 --out runs/ladder --methods "
+    "fp32,ssn,chan-tile64-fw3-bw4,adapt34-bw4,top10-q8-reuse": Case(
+        covered="tests/test_ladder.py::test_a_toy_ladder_runs_and_a_rerun_skips_what_finished", slow=True,
+        why="hours of training on 2 cores; the toy ladder trains, reports and reruns"),
+    "python -m experiments.ladder --report --horizons 100,300,1000 --widths 64,128,256 --out runs/ladder": Case(
+        covered="tests/test_ladder.py::test_the_export_writes_the_scratch_regime_and_keeps_the_fine_tuning_one",
+        why="--report on toy results of its own"),
+    # --- docs/dev/design.md
+    "python -m experiments.X": Case(covered="tests/test_documented_commands.py::test_each_module_reaches_its_default_"
+                                            "path_by_default", why="the page's pattern for the experiments' commands"),
 }
 
 
@@ -370,7 +566,6 @@ def test_documented_command_runs(command, tmp_path, monkeypatch, capsys):
   assert REGISTRY[command].expect in out
 
 
-ALL_PAGES = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")))
 ANY_COMMAND = re.compile(r"python -m ((?:benchmarks|experiments|jaxcomp)\.\w+)(.*)")
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 
