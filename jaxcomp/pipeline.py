@@ -18,7 +18,7 @@ import optax
 
 from jaxcomp.arguments import is_integer
 from jaxcomp.compress import codecs, schemes
-from jaxcomp.compress import tied as tied_exchange
+from jaxcomp.compress import tied
 from jaxcomp.compress.boundary import Boundary, LinkState, Mode
 
 
@@ -154,7 +154,7 @@ class Pipeline:
         raise TypeError(f"stage {s} is a Flax module ({type(stage).__name__}); wrap it as jaxcomp.FlaxStage(module): "
                         "a stage is init(rng, x) -> (params, model_state) and apply(params, model_state, x, *, train, "
                         "rng) -> (y, model_state), and FlaxStage makes a module `__call__(x, train)` one")
-    tied_exchange.check_scheme(self.tied_scheme)
+    tied.check_scheme(self.tied_scheme)
     m = self.microbatches
     if not is_integer(m) or m < 1:
       raise ValueError(f"microbatches must be a positive integer, got {m!r}")
@@ -172,7 +172,7 @@ class TrainState(NamedTuple):
   opt_state: Any
   links: tuple  # LinkState per boundary
   grad_state: Any = ()  # data-parallel gradient compression state (sharded executor)
-  tied_state: Any = ()  # per tied pair, its members' states of the compressed tied exchange (`tie_grads`)
+  tied_state: Any = ()  # per tied pair, its members' states of the compressed tied exchange (`compress.tied`)
 
 
 def split_microbatches(batch, m: int):
@@ -327,13 +327,13 @@ def init_state(pipe: Pipeline, optimizer: optax.GradientTransformation, rng, bat
   if given is not None:
     jax.tree.map(lambda a, b: _check_shape(a, b), given, tuple(params))
     params = [jax.tree.map(jnp.asarray, p) for p in given]
-  params = tie_params(tuple(params), pipe.tied + pipe.init_copies)
+  params = tied.tie_params(tuple(params), pipe.tied + pipe.init_copies)
   model_state = tuple(model_state)
   shapes = outputs[:-1]  # the activation at each boundary
   batch_size = jax.tree.leaves(batch)[0].shape[0]
   links = tuple(pipe.boundary.init(batch_size, s.shape[1:], s.dtype) for s in shapes)
   return TrainState(jnp.zeros((), jnp.int32), state_rng, params, model_state,
-                    optimizer.init(params), links, (), init_tied_state(pipe, params))
+                    optimizer.init(params), links, (), tied.init_exchange(pipe.tied, pipe.tied_scheme, params))
 
 
 def ties(pipe: Pipeline) -> dict:
@@ -342,20 +342,6 @@ def ties(pipe: Pipeline) -> dict:
   pairs = lambda pairs: [[[s, list(path)] for s, path in pair] for pair in pairs]
   return {"tied": pairs(pipe.tied), "tied_scheme": None if pipe.tied_scheme is None else repr(pipe.tied_scheme),
           "init_copies": pairs(pipe.init_copies)}
-
-
-def tied_sizes(pipe: Pipeline, params) -> list[int]:
-  """Each tied pair's parameter size (entries of one member)."""
-  return [int(jnp.size(_at(params[sa], pa))) for (sa, pa), _ in pipe.tied]
-
-
-def init_tied_state(pipe: Pipeline, params, replicas: int = 1) -> tuple:
-  """The compressed tied exchange's state: per tied pair (member a's, member b's), each the scheme's state of
-  one row per replica (`compress.tied.init_member`); () when the exchange is exact."""
-  if pipe.tied_scheme is None:
-    return ()
-  member = lambda n: tied_exchange.init_member(pipe.tied_scheme, n, replicas)
-  return tuple((member(n), member(n)) for n in tied_sizes(pipe, params))
 
 
 def uncompressed(pipe: Pipeline) -> Pipeline:
@@ -400,18 +386,6 @@ def boundary_bytes(pipe: Pipeline, batch, state: TrainState | None = None) -> di
   return {"fwd": m * sum(f for f, _ in per_message), "bwd": m * sum(b for _, b in per_message)}
 
 
-def _at(tree, path):
-  for p in path:
-    tree = tree[p]
-  return tree
-
-
-def _set(tree, path, value):
-  if not path:
-    return value
-  return {**tree, path[0]: _set(tree[path[0]], path[1:], value)}
-
-
 def clip_factor(squared_norm, max_norm):
   """g <- g * min(1, max_norm / ||g||), as optax.clip_by_global_norm."""
   norm = jnp.sqrt(squared_norm)
@@ -419,37 +393,10 @@ def clip_factor(squared_norm, max_norm):
 
 
 def finish_grads(pipe: Pipeline, grads: tuple, tied_state=(), step_key=None) -> tuple:
-  """(gradients, tied_state'): ties (`tie_grads`), then global-norm clipping: what happens to the gradients of
-  all stages at once."""
-  grads, tied_state = tie_grads(grads, pipe.tied, pipe.tied_scheme, tied_state, step_key)
+  """(gradients, tied_state'): ties (`compress.tied.tie_grads`), then global-norm clipping: what happens to the
+  gradients of all stages at once."""
+  grads, tied_state = tied.tie_grads(grads, pipe.tied, pipe.tied_scheme, tied_state, step_key)
   if pipe.grad_clip_norm is None:
     return grads, tied_state
   factor = clip_factor(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)), pipe.grad_clip_norm)
   return jax.tree.map(lambda g: g * factor, grads), tied_state
-
-
-def tie_params(params: tuple, tied) -> tuple:
-  """Tied copies start equal: each pair's second member takes a copy of the first."""
-  params = list(params)
-  for (sa, pa), (sb, pb) in tied:
-    params[sb] = _set(params[sb], pb, jnp.array(_at(params[sa], pa)))
-  return tuple(params)
-
-
-def tie_grads(grads: tuple, tied, scheme=None, tied_state=(), step_key=None) -> tuple:
-  """(gradients, tied_state'): each tied pair's members both get the pair's sum g_a + g_b, exact (`scheme`
-  None), or D(m_a) + D(m_b) of their compressed messages (`compress.tied`; `tied_state`: the pairs' member
-  states of one replica, `step_key` the step's)."""
-  grads, states = list(grads), []
-  for k, ((sa, pa), (sb, pb)) in enumerate(tied):
-    g_a, g_b = _at(grads[sa], pa), _at(grads[sb], pb)
-    if scheme is None:
-      total = g_a + g_b
-    else:
-      sent = [tied_exchange.send(scheme, g.reshape(-1), state, tied_exchange.member_key(step_key, k, member))
-              for member, (g, state) in enumerate(zip((g_a, g_b), tied_state[k]))]
-      total = tied_exchange.total(scheme, sent[0][0], sent[1][0]).reshape(g_a.shape).astype(g_a.dtype)
-      states.append((sent[0][1], sent[1][1]))
-    grads[sa] = _set(grads[sa], pa, total)
-    grads[sb] = _set(grads[sb], pb, total)
-  return tuple(grads), tuple(states)

@@ -25,7 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxcomp import pipeline
 from jaxcomp.compress import packing
-from jaxcomp.compress import tied as tied_exchange
+from jaxcomp.compress import tied
 from jaxcomp.compress.boundary import LinkState
 from jaxcomp.parallel import padded_rows
 from jaxcomp.parallel.mesh import DATA, STAGE, TIED
@@ -375,21 +375,16 @@ class StateLayout(StateRows):
         rows = jnp.where(d == da, rows.at[va, oa: oa + n].set(total).at[vb, ob: ob + n].set(total), rows)
         continue
       is_a = d == da
-      pick = lambda first, second: jax.tree.map(lambda x, y: jnp.where(is_a, x, y), first, second)
-      mine = jnp.where(is_a, g_a, g_b)
-      if scheme is None:
-        other = exchange_tied(mine, [(da, db), (db, da)])
-        total = pick(mine, other) + pick(other, mine)  # g_a + g_b in simulate's order on both
-      else:
-        mine, state = tied_exchange.send(scheme, mine, tied_state[k],
-                                         tied_exchange.member_key(step_key, k, jnp.where(is_a, 0, 1)))
-        other = exchange_tied(mine, [(da, db), (db, da)])
-        total = tied_exchange.total(scheme, pick(mine, other), pick(other, mine)).astype(rows.dtype)
+      exchange = lambda message: exchange_tied(message, [(da, db), (db, da)])
+      total, state = tied.member_total(scheme, jnp.where(is_a, g_a, g_b), tied_state[k] if scheme else (),
+                                       tied.member_key(step_key, k, jnp.where(is_a, 0, 1)), is_a, exchange)
+      if scheme is not None:
         states.append(jax.tree.map(lambda e: jnp.where(is_a | (d == db), e, 0), state))  # zero off the pair
       # one write of the one sum at this device's member: were each member's write its own, XLA would compute the
       # sum in each write's fusion, whose code may round it differently (an FMA in one), and the copies drift apart
       at = (jnp.where(is_a, va, vb), jnp.where(is_a, oa, ob))
-      rows = jnp.where(is_a | (d == db), jax.lax.dynamic_update_slice(rows, total[None], at), rows)
+      rows = jnp.where(is_a | (d == db), jax.lax.dynamic_update_slice(rows, total.astype(rows.dtype)[None], at),
+                       rows)
     if self.pipe.grad_clip_norm is not None:
       rows = rows * pipeline.clip_factor(jax.lax.psum(jnp.sum(jnp.square(rows)), STAGE), self.pipe.grad_clip_norm)
     return rows.reshape(grads.shape), tuple(states)
