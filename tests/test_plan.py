@@ -129,6 +129,21 @@ def test_a_method_that_missed_its_target_at_the_longest_horizon_has_only_a_lower
   assert step_table.inflation(table, "m", 2925, 1024).value == 1.5
 
 
+def test_a_target_missed_at_a_longer_horizon_leaves_the_horizons_it_reached_to_their_points():
+  """Reached at H 100 (1.5 at width 128, 1.7 at 256), missed at H 300 (above 2.1): at H 100 the points give the
+  inflation; between 100 and 300 it has the points' low end and no upper bound; from 300 on, only the bound."""
+  point = lambda v, censored=False: {"inflation": v, "censored": censored}
+  table = {"rungs": {"w128-h100": {"width": 128, "horizon": 100, "methods": {"m": [point(1.5)]}},
+                     "w256-h100": {"width": 256, "horizon": 100, "methods": {"m": [point(1.7)]}},
+                     "w128-h300": {"width": 128, "horizon": 300, "methods": {"m": [point(2.1, True)]}}}}
+  at_100 = step_table.inflation(table, "m", 100, 128)
+  assert (at_100.low, at_100.high) == (1.5, 1.7) and "did not reach" not in at_100.source
+  between = step_table.inflation(table, "m", 200, 128)
+  assert (between.low, between.high) == (1.5, float("inf")) and "no upper bound between" in between.source
+  assert (step_table.inflation(table, "m", 300, 128).low, step_table.inflation(table, "m", 300, 128).high) == (
+      2.1, float("inf"))
+
+
 def test_a_calibrated_table_raises_the_high_end_beyond_the_horizons_it_measured_by_the_records_log_ratio():
   """The calibration method measured 1.2 at H 100 and 300 and its record 1.44 at D 1,000: k = log 1.44 / log 1.2 = 2,
   so beyond H 300 every projection's high end is squared; a method with no inflation keeps none; inside the horizons

@@ -100,8 +100,9 @@ def transfer_factor(table: dict, horizon: float, width: float) -> tuple[float, s
 
 def inflation(table: dict, method: str, horizon: float, width: float, dense: str = "fp32") -> Inflation | None:
   """`method`'s inflation at (`horizon`, `width`) (`dense`: exactly 1); None when the table has no point of it. A
-  method that missed its target within the cap at the longest horizon measured has only a lower bound there: its
-  inflation is `low` = that bound, `high` = inf (no T can be given, only a bound). A projection beyond the horizons
+  method that missed its target within the cap at the longest horizon measured has only a lower bound there and
+  beyond (`low` = that bound, `high` = inf: no T can be given, only a bound), and no upper bound between it and the
+  longest horizon it reached; at horizons it reached, its points give it. A projection beyond the horizons
   measured has its `high` widened by the table's calibration (`transfer_factor`)."""
   found = _inflation(table, method, horizon, width, dense)
   if found is None or not found.extrapolated or not math.isfinite(found.high) or method == dense:
@@ -117,11 +118,17 @@ def _inflation(table: dict, method: str, horizon: float, width: float, dense: st
   if method == dense:
     return Inflation(1.0, 1.0, 1.0, "the dense run (by definition)", False)
   pts, missed = points(table, method), censored(table, method)
-  if missed and (not pts or max(h for h, _, _ in missed) >= max(h for h, _, _ in pts)):
-    h, _, bound = max(missed)
-    seeds = sum(m[0] == h for m in missed)
-    return Inflation(bound, bound, math.inf, f"did not reach the target within the cap at H {int(h)} "
-                     f"({seeds} seed(s)): above {bound:.2f} there", True)
+  reached = max((h for h, _, _ in pts), default=0.0)
+  beyond = [m for m in missed if m[0] >= reached]  # missed where no seed reached its target at a longer horizon
+  if beyond and horizon > reached:
+    h, _, bound = max(beyond)
+    seeds = sum(m[0] == h for m in beyond)
+    missed_at = f"did not reach the target within the cap at H {int(h)} ({seeds} seed(s))"
+    if not pts or horizon >= h:
+      return Inflation(bound, bound, math.inf, f"{missed_at}: above {bound:.2f} there", True)
+    values = [v for _, _, v in pts]  # between the last horizon reached and the one missed: no upper bound
+    return Inflation(float(np.mean(values)), min(values), math.inf,
+                     f"measured to H {int(reached)}, {missed_at}: no upper bound between", True)
   if not pts:
     return None
   fitted = model.fit(pts)
