@@ -1,6 +1,7 @@
 """The planner (`python -m jaxcomp.plan`): a user's own Flax pipeline through the API, the shipped step-inflation
 table, the search's pieces, and the command's refusals."""
 import json
+import typing
 
 import flax.linen as nn
 import jax
@@ -10,7 +11,7 @@ import pytest
 
 import jaxcomp
 from jaxcomp import plan
-from jaxcomp.analysis import step_cost, step_table
+from jaxcomp.analysis import netsim, step_cost, step_table
 from jaxcomp.analysis.link import Link
 from jaxcomp.compress.spec import parse_boundary
 from jaxcomp.pipeline import FlaxStage, Pipeline
@@ -131,17 +132,34 @@ def test_a_method_that_missed_its_target_at_the_longest_horizon_has_only_a_lower
 
 def test_a_target_missed_at_a_longer_horizon_leaves_the_horizons_it_reached_to_their_points():
   """Reached at H 100 (1.5 at width 128, 1.7 at 256), missed at H 300 (above 2.1): at H 100 the points give the
-  inflation; between 100 and 300 it has the points' low end and no upper bound; from 300 on, only the bound."""
+  inflation (extrapolated only outside the horizons and widths measured); between 100 and 300 it has the points' low
+  end and no upper bound; from 300 on, only the bound."""
   point = lambda v, censored=False: {"inflation": v, "censored": censored}
   table = {"rungs": {"w128-h100": {"width": 128, "horizon": 100, "methods": {"m": [point(1.5)]}},
                      "w256-h100": {"width": 256, "horizon": 100, "methods": {"m": [point(1.7)]}},
                      "w128-h300": {"width": 128, "horizon": 300, "methods": {"m": [point(2.1, True)]}}}}
   at_100 = step_table.inflation(table, "m", 100, 128)
   assert (at_100.low, at_100.high) == (1.5, 1.7) and "did not reach" not in at_100.source
+  assert not at_100.extrapolated and not step_table.inflation(table, "m", 100, 256).extrapolated
+  assert step_table.inflation(table, "m", 100, 512).extrapolated and step_table.inflation(table, "m", 50, 128).extrapolated
   between = step_table.inflation(table, "m", 200, 128)
   assert (between.low, between.high) == (1.5, float("inf")) and "no upper bound between" in between.source
   assert (step_table.inflation(table, "m", 300, 128).low, step_table.inflation(table, "m", 300, 128).high) == (
       2.1, float("inf"))
+
+
+def test_t_on_an_ideal_link_ranges_up_to_the_real_links_measured_slowdown_and_on_the_benchmarks_meter_1_percent():
+  """The same step and inflation: on the per-direction link T's range reaches STEP_RANGE's +39% (what a real shaped
+  link measured beyond the planned step); on Protocol NanoGPT's inbound meter +-1%; every meter has its range."""
+  assert set(plan.STEP_RANGE) == set(typing.get_args(netsim.Meter))
+  link = Link.parse("10mbit:5ms")
+  choice = plan.Choice("fp32", 4, "gpipe", False, None, link, 2.0, {"link": 2.0}, 1024.0)
+  table = {"rungs": {"h100": {"width": 128, "horizon": 100, "methods": {}}}}
+  ideal = plan.rank([choice], table, 100, 128, "per_direction")[link][0]
+  metered = plan.rank([choice], table, 100, 128, "inbound")[link][0]
+  assert ideal.T == metered.T == 200.0
+  assert (ideal.T_low, ideal.T_high) == pytest.approx((198.0, 278.0))
+  assert (metered.T_low, metered.T_high) == pytest.approx((198.0, 202.0))
 
 
 def test_a_calibrated_table_raises_the_high_end_beyond_the_horizons_it_measured_by_the_records_log_ratio():

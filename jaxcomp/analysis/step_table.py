@@ -136,7 +136,8 @@ def _inflation(table: dict, method: str, horizon: float, width: float, dense: st
   if fitted is None or "b" not in fitted["coef"] or model.bends(pts):
     values = [v for _, _, v in pts]
     why = "trend bends" if fitted is not None and model.bends(pts) else "too few horizons to fit"
-    outside = horizon > max(h for h, _, _ in pts) or width != pts[0][1]
+    hs, ws = [h for h, _, _ in pts], [w for _, w, _ in pts]
+    outside = not (min(hs) <= horizon <= max(hs)) or not (min(ws) <= width <= max(ws))
     return Inflation(float(np.mean(values)), min(values), max(values), f"measured ({why}): {measured}", outside)
   p = model.project(fitted, horizon, width)
   width_note = "" if "c" in fitted["coef"] else f"; width not varied (measured at {int(pts[0][1])})"
