@@ -121,10 +121,13 @@ class Planner:
     self.method_costs[method.name, m] = costs
     return costs
 
-  def search(self, names, microbatches, schedule_names, tied_choices, links) -> list[Choice]:
-    """Every method's fastest configuration on each link."""
+  def search(self, names, microbatches, schedule_names, tied_choices, links, progress=None) -> list[Choice]:
+    """Every method's fastest configuration on each link; `progress(i, n, name)` is called before the i-th of the
+    n methods is searched."""
     best = {}
-    for name in names:
+    for i, name in enumerate(names, 1):
+      if progress is not None:
+        progress(i, len(names), name)
       method = methods.get(name)
       for m in microbatches:
         pipe = self.build(method, m)
@@ -237,15 +240,25 @@ def render(link: Link, rows: list[Row], dense: str = methods.DENSE) -> str:
   return "\n".join(lines)
 
 
-def command(c: Choice, model: str, stages: int, batch: int, seq: int, cfg=None) -> str:
+def command(c: Choice, model: str, stages: int, batch: int, seq: int, cfg=None, size=(None, None, None)) -> str:
   """The training command of a choice (experiments.gpt2_wikitext, from a jaxcomp checkout); for a custom
-  `--model protocol`, which the experiment has no flag for, the pipeline to build and the method's specs."""
+  `--model protocol` at `size` (width, depth, vocab), which the experiment has no flag for, Python that builds its
+  pipeline and executor."""
   if model == registry.CUSTOM:
     m = methods.get(c.method)
-    return (f"jaxcomp.Pipeline(registry.model_stages(ProtocolConfig(n_embd={cfg.n_embd}, n_layer={cfg.n_layer}, "
-            f"head_dim={cfg.head_dim}), {stages}, {m.bottleneck!r}).stages, jaxcomp.parse_boundary({m.fwd!r}, "
-            f"{m.bwd!r}), jaxcomp.losses.language_model, 'tokens', microbatches={c.microbatches}) on "
-            f"ShardedExecutor(make_mesh({stages}), schedule=schedules.parse({c.schedule!r}, overlap={c.overlap}))")
+    return "\n".join([
+        "import jaxcomp",
+        "from jaxcomp.models import registry",
+        "from jaxcomp.parallel import schedules",
+        f"_, cfg = registry.get({model!r}, {', '.join(map(repr, size))})  # the planned model",
+        f"boundary = jaxcomp.parse_boundary({m.fwd!r}, {m.bwd!r})",
+        f"built = registry.model_stages(cfg, {stages}, {m.bottleneck!r}, boundary)",
+        f"pipe = jaxcomp.Pipeline(built.stages, boundary, jaxcomp.losses.language_model, 'tokens', "
+        f"microbatches={c.microbatches}, tied=built.tied + built.added_ties)",
+        f"executor = jaxcomp.ShardedExecutor(jaxcomp.make_mesh({stages}), "
+        f"schedule=schedules.parse({c.schedule!r}, overlap={c.overlap}))",
+        f"# train: jaxcomp.fit(pipe, optimizer, executor, data, cfg, rng), {batch} x {seq} tokens a step "
+        "(docs/guide/own_model.md)"])
   flags = [f"--model {model}", f"--stages {stages}", f"--batch-size {batch}", f"--block-size {seq}",
            f"--microbatches {c.microbatches}", "--executor sharded", f"--schedule {c.schedule}",
            *(["--overlap"] if c.overlap else []), *(["--untie-embeddings"] if c.tied == "untied" else []),
@@ -326,9 +339,18 @@ def link_arg(text: str) -> list[Link]:
     raise argparse.ArgumentTypeError(str(err)) from None
 
 
+class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+  """Each option's default in its help, unless it has none or its help already says it."""
+
+  def _get_help_string(self, action):
+    if action.default is None or "default" in (action.help or ""):
+      return action.help
+    return super()._get_help_string(action)
+
+
 def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="python -m jaxcomp.plan", description=__doc__.splitlines()[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=DefaultsHelp)
   p.add_argument("--model", default="protocol-203m", help=f"one of {', '.join([*registry.MODELS, registry.CUSTOM])} "
                  "(protocol: the benchmark's architecture at --width/--depth/--vocab)")
   p.add_argument("--width", type=int, help="--model protocol: the width")
@@ -341,7 +363,9 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--link", type=link_arg, action="extend", help="BW:LAT, e.g. 200mbit:50ms; comma-separated or "
                  "repeated for several (default: 200mbit:50ms)")
   p.add_argument("--meter", choices=typing.get_args(netsim.Meter), default="per_direction",
-                 help="netsim's link model (inbound: Protocol NanoGPT's receiver meter)")
+                 help="netsim's link model: per_direction, a link of BW each way between neighbouring stages (your "
+                 "own network; ideal: a real one measured up to 39%% slower, docs/guide/plan.md); inbound, Protocol "
+                 "NanoGPT's receiver meter (its benchmark)")
   p.add_argument("--device", default="cpu", help="a compile-only target (e.g. h100-8, v5e-8: compute from compiled "
                  "programs, estimated) or cpu (measured on this machine)")
   p.add_argument("--dense-steps", type=int, default=DENSE_STEPS, help="fp32's steps to the target at your scale")
@@ -408,8 +432,12 @@ def main(argv=None):
   planner = Planner(model_builder(cfg, args.stages, batch), {"tokens": jnp.zeros((per_shard, seq), jnp.int32)},
                     clock, cfg.n_layer, args.meter, args.data_parallel)
   tied = ("dense", "untied", TIED_COMPRESSED)
-  ranked = rank(planner.search(names, micro, schedule_names, tied, links), table, args.dense_steps, cfg.n_embd,
-                args.meter)
+  def progress(i, n, name):
+    compiled = f", {clock.compiled} programs compiled" if isinstance(clock, step_cost.Estimated) else ""
+    print(f"[plan] method {i}/{n}: {name} ({time.perf_counter() - start:.0f} s{compiled})", file=sys.stderr,
+          flush=True)
+  ranked = rank(planner.search(names, micro, schedule_names, tied, links, progress), table, args.dense_steps,
+                cfg.n_embd, args.meter)
   elapsed = time.perf_counter() - start
   title = (f"{args.model} ({registry.num_params(cfg) / 1e6:,.0f} M parameters, width {cfg.n_embd}), {args.stages} "
            f"stages x {args.data_parallel} replicas, {batch} x {seq} tokens a step, meter {args.meter}; compute "
@@ -418,7 +446,8 @@ def main(argv=None):
   for link, rows in ranked.items():
     winner = next((r for r in rows if r.T is not None and not math.isinf(r.T_high)), rows[0])
     text += [f"## {link}", "", render(link, rows), "", "Winner: " + winner.choice.method + " — train it with:", "",
-             "    " + command(winner.choice, args.model, args.stages, batch, seq, cfg), ""]
+             *("    " + line for line in command(winner.choice, args.model, args.stages, batch, seq, cfg,
+                                                (args.width, args.depth, args.vocab)).splitlines()), ""]
   for reason, which in planner.skipped.items():
     text += [f"Left out ({reason}): {', '.join(dict.fromkeys(which))}", ""]
   text.append(f"Searched {len(names)} methods x {len(micro)} microbatch counts x {len(schedule_names)} schedules x "

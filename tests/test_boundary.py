@@ -137,6 +137,7 @@ def test_invalid_ticks_leave_backward_state_alone():
     (schemes.EFMixed(codecs.TopK(0.2)), Reuse(), "index reuse needs a single TopK"),
     (schemes.Plain(codecs.TopK(0.2)), schemes.AQSGD(codecs.MinMaxQuant(4), num_examples=3), "activations only"),
     ("topk", schemes.Plain(codecs.Identity()), "forward scheme must be a Scheme"),
+    (Reuse(), schemes.Plain(codecs.Identity()), "reuse is backward only"),
 ])
 def test_bad_boundaries(fwd, bwd, match):
   with pytest.raises(ValueError, match=match):

@@ -14,6 +14,8 @@ from jaxcomp import plan
 from jaxcomp.analysis import netsim, step_cost, step_table
 from jaxcomp.analysis.link import Link
 from jaxcomp.compress.spec import parse_boundary
+from jaxcomp.models import registry
+from jaxcomp.parallel import schedules
 from jaxcomp.pipeline import FlaxStage, Pipeline
 
 
@@ -162,6 +164,17 @@ def test_t_on_an_ideal_link_ranges_up_to_the_real_links_measured_slowdown_and_on
   assert (metered.T_low, metered.T_high) == pytest.approx((198.0, 202.0))
 
 
+def test_the_winner_of_a_custom_protocol_model_is_python_that_builds_its_pipeline_and_executor():
+  """`--model protocol` has no experiment flag: its winner is printed as Python, which runs as printed."""
+  choice = plan.Choice("chan-tile64-fw3-bw4", 4, "1f1b", True, None, Link.parse("100mbit:30ms"), 1.0, {}, 1.0)
+  _, cfg = registry.get("protocol", 64, 2, 256)
+  code = plan.command(choice, "protocol", 2, 8, 32, cfg, (64, 2, 256))
+  scope = {}
+  exec(code, scope)
+  assert scope["pipe"].microbatches == 4 and len(scope["pipe"].stages) == 2
+  assert scope["executor"].schedule == schedules.parse("1f1b", overlap=True)
+
+
 def test_a_calibrated_table_raises_the_high_end_beyond_the_horizons_it_measured_by_the_records_log_ratio():
   """The calibration method measured 1.2 at H 100 and 300 and its record 1.44 at D 1,000: k = log 1.44 / log 1.2 = 2,
   so beyond H 300 every projection's high end is squared; a method with no inflation keeps none; inside the horizons
@@ -181,13 +194,15 @@ def test_a_calibrated_table_raises_the_high_end_beyond_the_horizons_it_measured_
   assert step_table.recorded({"250": 1.3, "1000": 1.44}, 4000) == 1.44  # its nearest end outside
 
 
-def test_a_rerun_reads_every_estimate_from_the_store_and_plans_the_same(tmp_path):
-  """--device v5e-8 on a toy model: the first run compiles its programs and keeps their estimates; a second run
-  with the same store compiles none and gives the same steps."""
+def test_a_rerun_reads_every_estimate_from_the_store_and_plans_the_same(tmp_path, capsys):
+  """--device v5e-8 on a toy model: the first run compiles its programs and keeps their estimates, saying on
+  stderr which method it is at; a second run with the same store compiles none and gives the same steps."""
   argv = ["--model", "protocol-tiny", "--stages", "2", "--batch", "4", "--seq", "16", "--device", "v5e-8",
           "--methods", "fp32,bf16", "--schedules", "gpipe", "--microbatches", "2,4",
           "--estimates", str(tmp_path / "estimates.json")]
   first = plan.main([*argv, "--out", str(tmp_path / "first")])
+  err = capsys.readouterr().err
+  assert "[plan] method 1/2: fp32 (" in err and "[plan] method 2/2: bf16 (" in err and "programs compiled)" in err
   kept = json.loads((tmp_path / "estimates.json").read_text())
   assert kept and all(k.startswith(f"v5e-8 jax {jax.__version__} ") for k in kept)
   second = plan.main([*argv, "--out", str(tmp_path / "second")])

@@ -85,7 +85,9 @@ class Boundary:
 
   def __post_init__(self):
     if not isinstance(self.fwd, schemes.Scheme):
-      raise ValueError(f"forward scheme must be a Scheme, got {self.fwd!r}")
+      why = "; reuse is backward only (it sends the gradient at the forward TopK's indices)" if isinstance(
+          self.fwd, Reuse) else ""
+      raise ValueError(f"forward scheme must be a Scheme, got {self.fwd!r}{why}")
     if isinstance(self.bwd, Reuse):
       if not isinstance(self.fwd.codec, codecs.Positional) or isinstance(self.fwd, schemes.EFMixed):
         raise ValueError(f"backward index reuse needs a single TopK forward message, got {self.fwd!r}")

@@ -20,7 +20,9 @@ def make_mesh(num_stages: int, data: int = 1, devices=None) -> jax.sharding.Mesh
     raise ValueError(f"mesh needs stages >= 1 and data >= 1, got stages={num_stages}, data={data}")
   if num_stages * data > len(devices):
     raise ValueError(f"a mesh of {data} data x {num_stages} stages needs {num_stages * data} devices, "
-                     f"but only {len(devices)} are available")
+                     f"but only {len(devices)} are available (on CPU, XLA_FLAGS="
+                     f"--xla_force_host_platform_device_count={num_stages * data} set before JAX starts gives that "
+                     "many)")
   auto = (jax.sharding.AxisType.Auto,) * 2
   return jax.make_mesh((data, num_stages), (DATA, STAGE), axis_types=auto,
                        devices=devices[: num_stages * data])
