@@ -428,7 +428,10 @@ def main(argv=None):
       raise ValueError(f"--device {args.device} has {target.devices} chips; --stages {args.stages} x "
                        f"--data-parallel {args.data_parallel} need {args.stages * args.data_parallel}")
     targets.prepare_host(target)
-    clock = step_cost.Estimated(target, args.estimates or args.out / "estimates.json")
+    try:
+      clock = step_cost.Estimated(target, args.estimates or args.out / "estimates.json")
+    except RuntimeError as err:  # the target's compiler is not installed
+      raise ValueError(f"--device {args.device}: {err}") from None
   planner = Planner(model_builder(cfg, args.stages, batch), {"tokens": jnp.zeros((per_shard, seq), jnp.int32)},
                     clock, cfg.n_layer, args.meter, args.data_parallel)
   tied = ("dense", "untied", TIED_COMPRESSED)

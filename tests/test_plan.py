@@ -11,7 +11,7 @@ import pytest
 
 import jaxcomp
 from jaxcomp import plan
-from jaxcomp.analysis import netsim, step_cost, step_table
+from jaxcomp.analysis import netsim, step_cost, step_table, targets
 from jaxcomp.analysis.link import Link
 from jaxcomp.compress.spec import parse_boundary
 from jaxcomp.models import registry
@@ -96,6 +96,14 @@ def test_bad_input_is_refused_with_one_line_naming_the_flag(argv, match, tmp_pat
   with pytest.raises(ValueError, match=match):
     plan.main([*argv, "--out", str(tmp_path)])
   assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_a_target_whose_compiler_is_missing_is_one_error_naming_the_device_and_the_install(tmp_path, monkeypatch):
+  def missing(target):
+    raise RuntimeError(f"compiling for {target.name} needs the CUDA PJRT plugin (pip install jax-cuda12-pjrt)")
+  monkeypatch.setattr(targets, "compile_only_devices", missing)
+  with pytest.raises(ValueError, match=r"^--device h100-8: compiling for h100-8 needs .*pip install"):
+    plan.main(["--model", "protocol-tiny", "--stages", "2", "--device", "h100-8", "--out", str(tmp_path)])
 
 
 def test_a_bad_link_is_an_argparse_error_naming_it(capsys):

@@ -179,5 +179,5 @@ def compile_only_devices(t: Target) -> list:
   except NotImplementedError:
     raise RuntimeError(f"compiling for {t.name} needs the CUDA PJRT plugin of jax {jax.__version__} "
                        f"(pip install jax-cuda12-pjrt=={jax.__version__}), and no GPU backend started in this "
-                       "process (JAX_PLATFORMS=cpu)") from None
+                       "process (set JAX_PLATFORMS=cpu)") from None
   return list(topo.devices)
