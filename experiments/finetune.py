@@ -164,7 +164,8 @@ def export(args, rungs: dict):
   models = inflation.fitted(rungs, sorted({n for r in rungs.values() for n in r["methods"]}))
   provenance = study.provenance("finetune", text=f"pretrained on kjv, fine-tuned on {TEXT}",
                                  model="GPT-2 tiny (finetune-cpu recipe)")
-  study.export_regime(args.export, "finetune", {"cap": 1, "rungs": rungs, "models": models, "provenance": provenance})
+  study.export_regime(args.export, "finetune", {"cap": 1, "rungs": rungs, "models": models,
+                                                "stages": gpt2_wikitext.FINETUNE_CPU["stages"], "provenance": provenance})
   print(f"wrote the finetune regime of {args.export}")
 
 

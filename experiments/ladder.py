@@ -20,7 +20,7 @@ import pathlib
 import sys
 import types
 
-from experiments import inflation, paper, study
+from experiments import gpt2_wikitext, inflation, paper, study
 from jaxcomp import methods
 
 METHODS = ("fp32", "bf16", "top10-q8-reuse", "chan-tile64-fw3-bw4", "adapt34-bw4", "ssn", "ssn-fw4-bw4",
@@ -151,7 +151,8 @@ def main(argv=None):
                    "source": "Protocol NanoGPT's records 20260917_vanilla_baseline and 20260918_reparamssn_baseline, "
                    "their loss logs: SSN's steps to dense's eval loss at dense's step D, over D"}
     provenance = study.provenance("ladder", text=TEXT, model="protocol-tiny (protocol-cpu recipe)")
-    study.export_regime(args.export, "scratch", {**report, "calibration": calibration, "provenance": provenance})
+    study.export_regime(args.export, "scratch", {**report, "stages": gpt2_wikitext.PROTOCOL_CPU["stages"],
+                                                 "calibration": calibration, "provenance": provenance})
     print(f"wrote the scratch regime of {args.export}")
   return report
 

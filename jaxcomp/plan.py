@@ -194,13 +194,13 @@ class Row(NamedTuple):
   T_high: float | None
 
 
-def rank(choices: list[Choice], table: dict, dense_steps: int, width: int,
-         meter: str = "per_direction") -> dict[Link, list[Row]]:
+def rank(choices: list[Choice], table: dict, dense_steps: int, width: int, meter: str = "per_direction",
+         stages: int | None = None) -> dict[Link, list[Row]]:
   """Per link, every method's row ranked by T (methods without a measured inflation after, by step time); T's range
-  is the inflation's range times the step time's (`STEP_RANGE` of the `meter`)."""
+  is the inflation's range times the step time's (`STEP_RANGE` of the `meter`); the inflation at `stages`."""
   out, (step_low, step_high) = {}, STEP_RANGE[meter]
   for c in choices:
-    inf = step_table.inflation(table, c.method, dense_steps, width)
+    inf = step_table.inflation(table, c.method, dense_steps, width, stages=stages)
     t = None if inf is None else dense_steps * c.step_s
     row = Row(c, inf, t and t * inf.value, t and t * inf.low * step_low, t and t * inf.high * step_high)
     out.setdefault(c.link, []).append(row)
@@ -329,7 +329,7 @@ def for_pipeline(pipe: pipeline.Pipeline, batch, links, names=DEFAULT_METHODS, d
   planner = Planner(pipeline_builder(pipe), batch, clock or step_cost.Measured(3), pipe.num_stages, meter)
   micro = microbatches or microbatch_choices(pipe.num_stages, jax.tree.leaves(batch)[0].shape[0])
   choices = planner.search(names, micro, schedule_names, ("dense", "untied"), links)
-  return rank(choices, table or step_table.load(), dense_steps, width, meter)
+  return rank(choices, table or step_table.load(), dense_steps, width, meter, pipe.num_stages)
 
 
 def link_arg(text: str) -> list[Link]:
@@ -440,7 +440,7 @@ def main(argv=None):
     print(f"[plan] method {i}/{n}: {name} ({time.perf_counter() - start:.0f} s{compiled})", file=sys.stderr,
           flush=True)
   ranked = rank(planner.search(names, micro, schedule_names, tied, links, progress), table, args.dense_steps,
-                cfg.n_embd, args.meter)
+                cfg.n_embd, args.meter, args.stages)
   elapsed = time.perf_counter() - start
   title = (f"{args.model} ({registry.num_params(cfg) / 1e6:,.0f} M parameters, width {cfg.n_embd}), {args.stages} "
            f"stages x {args.data_parallel} replicas, {batch} x {seq} tokens a step, meter {args.meter}; compute "

@@ -183,6 +183,19 @@ def test_the_winner_of_a_custom_protocol_model_is_python_that_builds_its_pipelin
   assert scope["executor"].schedule == schedules.parse("1f1b", overlap=True)
 
 
+def test_inflation_measured_on_other_stages_than_the_users_says_so():
+  """A table measured on 4 stages: at 4 stages a measured point is not extrapolated; at 8 (7 compressed boundaries,
+  each costing steps) it is, and its source says on how many stages it was measured; the dense run is exact."""
+  point = lambda v: {"inflation": v, "censored": False}
+  table = {"stages": 4, "rungs": {"h100": {"width": 128, "horizon": 100, "methods": {"m": [point(1.2), point(1.3)]}}}}
+  same = step_table.inflation(table, "m", 100, 128, stages=4)
+  other = step_table.inflation(table, "m", 100, 128, stages=8)
+  assert not same.extrapolated and other.extrapolated and (other.value, other.low, other.high) == (
+      same.value, same.low, same.high)
+  assert "measured on 4 stages (3 compressed boundaries), here 8" in other.source
+  assert not step_table.inflation(table, "fp32", 100, 128, stages=8).extrapolated
+
+
 def test_a_calibrated_table_raises_the_high_end_beyond_the_horizons_it_measured_by_the_records_log_ratio():
   """The calibration method measured 1.2 at H 100 and 300 and its record 1.44 at D 1,000: k = log 1.44 / log 1.2 = 2,
   so beyond H 300 every projection's high end is squared; a method with no inflation keeps none; inside the horizons

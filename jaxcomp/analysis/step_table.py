@@ -98,13 +98,19 @@ def transfer_factor(table: dict, horizon: float, width: float) -> tuple[float, s
              f"table's {own.value:.2f} (log ratio)")
 
 
-def inflation(table: dict, method: str, horizon: float, width: float, dense: str = "fp32") -> Inflation | None:
+def inflation(table: dict, method: str, horizon: float, width: float, dense: str = "fp32",
+              stages: int | None = None) -> Inflation | None:
   """`method`'s inflation at (`horizon`, `width`) (`dense`: exactly 1); None when the table has no point of it. A
   method that missed its target within the cap at the longest horizon measured has only a lower bound there and
   beyond (`low` = that bound, `high` = inf: no T can be given, only a bound), and no upper bound between it and the
   longest horizon it reached; at horizons it reached, its points give it. A projection beyond the horizons
-  measured has its `high` widened by the table's calibration (`transfer_factor`)."""
+  measured has its `high` widened by the table's calibration (`transfer_factor`). On other `stages` than the
+  table's (its `stages`; None: not checked) it is extrapolated too: each compressed boundary costs steps."""
   found = _inflation(table, method, horizon, width, dense)
+  if found is not None and method != dense and stages is not None and table.get("stages", stages) != stages:
+    measured = table["stages"]
+    found = found._replace(extrapolated=True, source=f"{found.source}; measured on {measured} stages "
+                           f"({measured - 1} compressed boundaries), here {stages}")
   if found is None or not found.extrapolated or not math.isfinite(found.high) or method == dense:
     return found
   measured = [h for h, _, _ in points(table, method)]
