@@ -250,9 +250,9 @@ def command(c: Choice, model: str, stages: int, batch: int, seq: int, cfg=None, 
         "import jaxcomp",
         "from jaxcomp.models import registry",
         "from jaxcomp.parallel import schedules",
-        f"_, cfg = registry.get({model!r}, {', '.join(map(repr, size))})  # the planned model",
+        f"_, model = registry.get({model!r}, {', '.join(map(repr, size))})  # the planned model",
         f"boundary = jaxcomp.parse_boundary({m.fwd!r}, {m.bwd!r})",
-        f"built = registry.model_stages(cfg, {stages}, {m.bottleneck!r}, boundary)",
+        f"built = registry.model_stages(model, {stages}, {m.bottleneck!r}, boundary)",
         f"pipe = jaxcomp.Pipeline(built.stages, boundary, jaxcomp.losses.language_model, 'tokens', "
         f"microbatches={c.microbatches}, tied=built.tied + built.added_ties)",
         f"executor = jaxcomp.ShardedExecutor(jaxcomp.make_mesh({stages}), "
