@@ -26,6 +26,7 @@ import json
 import math
 import pathlib
 import sys
+import textwrap
 import time
 import typing
 from typing import NamedTuple
@@ -272,6 +273,7 @@ def plot(ranked: dict[Link, list[Row]], path: pathlib.Path, title: str) -> pathl
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  import matplotlib.ticker
   fig, axes = plt.subplots(1, len(ranked), figsize=(5.5 * len(ranked), 4.2), squeeze=False)
   for ax, (link, rows) in zip(axes[0], ranked.items()):
     for r in rows:
@@ -282,11 +284,14 @@ def plot(ranked: dict[Link, list[Row]], path: pathlib.Path, title: str) -> pathl
                   textcoords="offset points")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):  # plain numbers at the decades only: minor labels overlap
+      axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+      axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_title(str(link), fontsize=9)
     ax.set_xlabel("bytes per token over a boundary (both ways)")
     ax.set_ylabel("predicted T to target (s)")
     ax.grid(True, which="both", alpha=0.3)
-  fig.suptitle(title, fontsize=8)
+  fig.suptitle(textwrap.fill(title, 80 * len(ranked)), fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
