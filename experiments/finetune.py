@@ -197,11 +197,12 @@ def report(args) -> str:
     parts += [f"## Width {width}",
               f"Pretrained: eval loss {pre['history'][-1]['eval_on']['loss']:.3f} on held-out KJV after "
               f"{pre['history'][-1]['step']} steps. The same loss: {target:.3f}.",
-              "### Rudakov et al.'s Table 5: TopK with index reuse", *report_lib.table5(runs),
-              "### AQ-SGD's Figure 3: AQ-SGD against direct quantization", *report_lib.figure3(runs, target),
-              f"![]({fig3.name})", "### Error feedback", *report_lib.feedback(runs),
+              "### Rudakov et al.'s Table 5: TopK with index reuse", "\n".join(report_lib.table5(runs)),
+              "### AQ-SGD's Figure 3: AQ-SGD against direct quantization",
+              "\n".join(report_lib.figure3(runs, target)), f"![]({fig3.name})",
+              "### Error feedback", "\n".join(report_lib.feedback(runs)),
               "### AQ-SGD's time to the same loss on its networks: speed-up over fp32",
-              *report_lib.networks(runs, timed, NETWORKS, target),
+              "\n".join(report_lib.networks(runs, timed, NETWORKS, target)),
               f"AQ-SGD's paper: {paper.AQSGD_SPEEDUP}x at 100 Mbps.", f"![]({fig4.name})"]
   text = "\n\n".join(parts) + "\n"
   (args.out / "finetune.md").write_text(text)

@@ -133,8 +133,10 @@ TOY_STUDY = ["--widths", "16", "--seeds", "1", "--pretrain-steps", "2", "--epoch
 
 
 def test_a_one_method_toy_study_runs_and_reports(tmp_path):
+  """A toy study of fp32 alone trains and reports; its report's tables are whole (rows on consecutive lines)."""
   text_out = finetune.main([*TOY_STUDY, "--methods", "fp32", "--out", str(tmp_path)])
   assert "## Width 16" in text_out and "| fp32 |" in text_out
+  assert "|\n\n|" not in text_out  # a blank line inside a markdown table ends it
   assert (tmp_path / "pretrain" / "results" / "pretrain-w16.json").is_file()
 
 
