@@ -51,9 +51,11 @@ def pretrain_run(args, width: int) -> config.RunConfig:
 
 
 def pretrained(args, width: int) -> pathlib.Path:
-  """The width's pretrained run folder, trained first if its run has not finished."""
+  """The width's pretrained run folder, trained first if its run has not finished or its checkpoint is gone (a
+  study's shipped results hold no weights)."""
   folder = pretrained_folder(args, width)
-  if study.finished(folder.parent, folder.name, args.pretrain_steps, recipe="pretrain-cpu", model_width=width) is None:
+  done = study.finished(folder.parent, folder.name, args.pretrain_steps, recipe="pretrain-cpu", model_width=width)
+  if done is None or not train.saved_epochs(folder / "ckpt"):
     runner.run(gpt2_wikitext.EXPERIMENT, pretrain_run(args, width))
   else:
     print(f"[finetune] {folder.name}: done, skipped")

@@ -2,6 +2,7 @@
 0), GPT-2 tiny at other widths, the papers' text through Hugging Face datasets (a stand-in loader: no network), and
 (slow) the study end to end at toy size, resumed."""
 import argparse
+import shutil
 import sys
 
 import jax
@@ -138,6 +139,20 @@ def test_a_one_method_toy_study_runs_and_reports(tmp_path):
   assert "## Width 16" in text_out and "| fp32 |" in text_out
   assert "|\n\n|" not in text_out  # a blank line inside a markdown table ends it
   assert (tmp_path / "pretrain" / "results" / "pretrain-w16.json").is_file()
+
+
+def test_a_pretrained_run_whose_checkpoint_is_gone_is_trained_again(tmp_path, capsys):
+  """Shipped results hold no weights: a finished pretraining without its checkpoint is trained again, not skipped
+  (its fine-tuning runs load its weights)."""
+  argv = [*TOY_STUDY, "--methods", "fp32", "--out", str(tmp_path)]
+  finetune.main(argv)
+  shutil.rmtree(tmp_path / "pretrain" / "pretrain-w16" / "ckpt")
+  shutil.rmtree(tmp_path / "w16")  # the fine-tuning run too, so that it loads the weights again
+  capsys.readouterr()
+  finetune.main(argv)
+  out = capsys.readouterr().out
+  assert "[gpt2_wikitext] run pretrain-w16" in out and "pretrain-w16: done, skipped" not in out
+  assert (tmp_path / "pretrain" / "pretrain-w16" / "ckpt").is_dir()
 
 
 @pytest.mark.slow
