@@ -451,8 +451,7 @@ REGISTRY = {
                 "table_s_others",
         why="the export into a copy of the shipped table"),
     # --- docs/results/finetune.md
-    "python -m experiments.finetune --widths 128 --seeds 3 --methods fp32,aqsgd-fw3-bw6,aqsgd-fw3-bw6-warm0,"
-    "direct-fw3-bw6": Case(
+    "python -m experiments.finetune --widths 128 --seeds 3 --out runs/finetune": Case(
         covered="tests/test_finetune.py::test_a_toy_study_pretrains_once_fine_tunes_reports_and_a_rerun_trains_nothing",
         slow=True, why="hours on 2 cores; the toy study at width 16",
         reached_by="tests/test_finetune.py::test_a_one_method_toy_study_runs_and_reports"),
