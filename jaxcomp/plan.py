@@ -241,7 +241,7 @@ def render(link: Link, rows: list[Row], dense: str = methods.DENSE) -> str:
   return "\n".join(lines)
 
 
-def command(c: Choice, model: str, stages: int, batch: int, seq: int, cfg=None, size=(None, None, None)) -> str:
+def command(c: Choice, model: str, stages: int, batch: int, seq: int, size=(None, None, None)) -> str:
   """The training command of a choice (experiments.gpt2_wikitext, from a jaxcomp checkout); for a custom
   `--model protocol` at `size` (width, depth, vocab), which the experiment has no flag for, Python that builds its
   pipeline and executor."""
@@ -454,7 +454,7 @@ def main(argv=None):
   for link, rows in ranked.items():
     winner = next((r for r in rows if r.T is not None and not math.isinf(r.T_high)), rows[0])
     text += [f"## {link}", "", render(link, rows), "", "Winner: " + winner.choice.method + " — train it with:", "",
-             *("    " + line for line in command(winner.choice, args.model, args.stages, batch, seq, cfg,
+             *("    " + line for line in command(winner.choice, args.model, args.stages, batch, seq,
                                                 (args.width, args.depth, args.vocab)).splitlines()), ""]
   for reason, which in planner.skipped.items():
     text += [f"Left out ({reason}): {', '.join(dict.fromkeys(which))}", ""]

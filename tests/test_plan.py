@@ -14,7 +14,6 @@ from jaxcomp import plan
 from jaxcomp.analysis import netsim, step_cost, step_table, targets
 from jaxcomp.analysis.link import Link
 from jaxcomp.compress.spec import parse_boundary
-from jaxcomp.models import registry
 from jaxcomp.parallel import schedules
 from jaxcomp.pipeline import FlaxStage, Pipeline
 
@@ -175,8 +174,7 @@ def test_t_on_an_ideal_link_ranges_up_to_the_real_links_measured_slowdown_and_on
 def test_the_winner_of_a_custom_protocol_model_is_python_that_builds_its_pipeline_and_executor():
   """`--model protocol` has no experiment flag: its winner is printed as Python, which runs as printed."""
   choice = plan.Choice("chan-tile64-fw3-bw4", 4, "1f1b", True, None, Link.parse("100mbit:30ms"), 1.0, {}, 1.0)
-  _, cfg = registry.get("protocol", 64, 2, 256)
-  code = plan.command(choice, "protocol", 2, 8, 32, cfg, (64, 2, 256))
+  code = plan.command(choice, "protocol", 2, 8, 32, (64, 2, 256))
   scope = {}
   exec(code, scope)
   assert scope["pipe"].microbatches == 4 and len(scope["pipe"].stages) == 2
