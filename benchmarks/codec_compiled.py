@@ -110,8 +110,9 @@ def cell_text(done: dict, shape_name: str, spec: str, ops=("encode", "decode")) 
   picked = [o for o in cell if o["op"] in ops]
   traffic, logical = sum(o["traffic_bytes"] for o in picked), sum(o["logical_bytes"] for o in picked)
   seconds, sorts = sum(o["roofline_s"] for o in picked), sum(o["row_sorts"] for o in picked)
-  return (f"{traffic / logical:.1f}{' +' + str(sorts) + ' sort' if sorts else ''}, {1e6 * seconds:.0f} us "
-          f"({100 * seconds / done['stage'][shape_name]:.1f}%)")
+  loop = sum(o.get("loop_bytes", 0) for o in picked) / logical
+  return (f"{traffic / logical:.1f}{f' ({loop:.1f}/trip)' if loop else ''}{' +' + str(sorts) + ' sort' if sorts else ''}"
+          f", {1e6 * seconds:.0f} us ({100 * seconds / done['stage'][shape_name]:.1f}%)")
 
 
 def summary(results: dict) -> str:
@@ -121,8 +122,9 @@ def summary(results: dict) -> str:
   shapes = list(SHAPES)
   head = lambda first: ("| " + first + " | " + " | ".join(f"{n} {s}" for n in names for s in shapes) + " |\n|---|"
                         + "---:|" * (len(names) * len(shapes)))
-  lines = [GOALS, "", "Each cell: passes over memory of encode + decode (compiled traffic / logical bytes; + row sorts: "
-           "each moves more than its one counted pass), their roofline time, and its share of the stage's compiled "
+  lines = [GOALS, "", "Each cell: passes over memory of encode + decode (compiled traffic / logical bytes, a data-dependent "
+           "loop counted once, (L/trip): what each further trip of it adds; + row sorts: each moves more than its one "
+           "counted pass), their roofline time, and its share of the stage's compiled "
            "forward + backward (GPT-2 small 4 stages, protocol-203m 8 stages; 8 x 1,024 tokens).", "",
            head("TopK 10%")]
   for spec in TOPK:

@@ -43,25 +43,28 @@ def rows_and_k(draw):
 def test_threshold_mask_is_the_lax_top_k_set(case):
   x, k, dtype, sample = case  # sample=4 < F: the counting loop; SAMPLE >= F: one sort
   x = jnp.asarray(x).astype(dtype)
-  mask = np.asarray(selection.top_k_mask(x, k, sample))
+  mask = np.asarray(selection.top_k_mask(x, k, sample=sample, candidates=2))
   np.testing.assert_array_equal(mask, _reference_mask(x, k))
 
 
+@pytest.mark.parametrize("sizes", [{}, {"sample": 64, "thresholds": 3, "candidates": 8}], ids=["default", "tiny"])
 @pytest.mark.parametrize("kind, fraction", [("normal", 0.001), ("normal", 0.1), ("cauchy", 0.1), ("bf16", 0.1),
-                                            ("ints", 0.5), ("sparse", 0.1), ("nan_heavy", 0.9)])
-def test_threshold_mask_on_long_rows(kind, fraction):
-  """Rows longer than the sample: the secant/bisection/snap loop on realistic data."""
+                                            ("fp16", 0.3), ("ints", 0.5), ("sparse", 0.1), ("sparse", 0.3),
+                                            ("nan_heavy", 0.9)])
+def test_threshold_mask_on_long_rows(kind, fraction, sizes):
+  """Rows longer than the sample; "tiny" sizes: many counting passes, by class and by position (ties)."""
   keys = jax.random.split(jax.random.key(0), 2)
   shape = (4, 5000)
   x = {"normal": lambda: jax.random.normal(keys[0], shape),
        "cauchy": lambda: jax.random.cauchy(keys[0], shape),
        "bf16": lambda: jax.random.normal(keys[0], shape).astype(jnp.bfloat16),
+       "fp16": lambda: jax.random.normal(keys[0], shape).astype(jnp.float16),
        "ints": lambda: jax.random.randint(keys[0], shape, -3, 4).astype(jnp.float32),
        "sparse": lambda: jnp.where(jax.random.uniform(keys[1], shape) < 0.05, jax.random.normal(keys[0], shape), 0.0),
        "nan_heavy": lambda: jnp.where(jax.random.uniform(keys[1], shape) < 0.3, jnp.nan, jax.random.normal(keys[0], shape)),
        }[kind]()
   k = max(1, round(fraction * shape[1]))
-  mask = np.asarray(selection.top_k_mask(x, k))
+  mask = np.asarray(selection.top_k_mask(x, k, **sizes))
   np.testing.assert_array_equal(mask.sum(axis=1), k)
   np.testing.assert_array_equal(mask, _reference_mask(x, k))
 
@@ -119,9 +122,10 @@ def test_compact_takes_the_first_k_set_positions_and_pads_with_zero(density, k):
 
 
 def test_auto_selects_by_platform_and_fraction():
-  """On CPU the threshold selection from K = 1% up (measured faster there), lax.top_k below; on GPU the threshold
-  (no sort of the row in its compiled program); on TPU lax.top_k."""
+  """On CPU the threshold selection from K = 1% up (measured faster there), lax.top_k below; on GPU and TPU the
+  threshold (no sort of the row in its compiled program, the fewest bytes moved) at every K."""
   assert codecs.TopK(0.1).selector("cpu") == codecs.TopK(codecs.THRESHOLD_FROM_FRACTION_CPU).selector("cpu") == "threshold"
-  assert codecs.TopK(0.1).selector("cuda") == codecs.TopK(0.001).selector("cuda") == "threshold"
-  assert codecs.TopK(0.001).selector("cpu") == codecs.TopK(0.1).selector("tpu") == "sort"
-  assert codecs.TopK(0.001, select="threshold").selector("tpu") == "threshold"
+  for platform in ("cuda", "tpu"):
+    assert codecs.TopK(0.1).selector(platform) == codecs.TopK(0.001).selector(platform) == "threshold"
+  assert codecs.TopK(0.001).selector("cpu") == "sort"
+  assert codecs.TopK(0.1, select="sort").selector("tpu") == "sort"

@@ -383,13 +383,13 @@ def _instruction_traffic(module: Module, computation: str, inst: Instruction) ->
   return read + write
 
 
-def memory_bytes(hlo: "str | Module") -> int:
+def memory_bytes(hlo: "str | Module", unknown_trips: int = 1) -> int:
   """Bytes one call reads and writes in device memory (`device_memory_bytes`: tile-padded, HBM only),
   per top-level instruction: its operands and result, as XLA's cost analysis counts them; a fusion at
   its boundary, where an operand only sliced inside (dynamic-slice, gather: a scanned layer's weights,
   a table's rows) counts the slices and a result updated in place (dynamic-update-slice, scatter)
-  counts the update; an async start its operand and result. Loop bodies x trip count (once where
-  unknown), the costliest branch of a conditional. On a loop-free CPU program this is XLA's own
+  counts the update; an async start its operand and result. Loop bodies x trip count (`unknown_trips`
+  times where it is data-dependent), the costliest branch of a conditional. On a loop-free CPU program this is XLA's own
   "bytes accessed" within 1%. `hlo`: the compiled program's text, or its `Module`."""
   module = parsed(hlo)
   memo: dict[str, int] = {}
@@ -403,7 +403,7 @@ def memory_bytes(hlo: "str | Module") -> int:
       for inst in module.computations.get(name, ()):
         called = module.callees(inst)
         if inst.opcode == "while":
-          total += (module.trip_count(name, inst) or 1) * sum(cost(c) for _, c in called)
+          total += (module.trip_count(name, inst) or unknown_trips) * sum(cost(c) for _, c in called)
         elif inst.opcode == "conditional":
           total += max((cost(c) for role, c in called if role in ("branch", "true_computation", "false_computation")),
                        default=0)

@@ -1,17 +1,22 @@
-"""Exact per-row top-k by magnitude without sorting: the set `lax.top_k(|x|, k)` selects.
+"""Exact per-row top-k by magnitude without sorting the row: the set `lax.top_k(|x|, k)` selects.
 
-Order: NaN > +inf > ... > 0 on |x| (every NaN ranks equal), and equal magnitudes rank by
-position, lowest first, as in `lax.top_k`. The k-th largest magnitude T of a row is found
-by counting: c(t) = #{|x| >= t} is evaluated at guessed thresholds, each guess a secant step
-on c inside a bracket [lo, hi) with c(lo) >= k > c(hi) (bisection on the fp32 bit pattern
-when the secant stalls; the first bracket comes from a sorted strided sample of the row).
-Near the end each pass also returns the nearest entries on either side of t, which snaps
-the bracket onto data values, so ties and discrete data end in a few passes. Every pass is
-one read of the rows (no sort, no scatter). The set is then {|x| > T} plus the first
-k - #{|x| > T} entries equal to T (bit-packed mask, prefix counts). The entry points are
-jitted with k and the sample size static: an eager call compiles one program.
+Every entry gets a distinct key (m, p): m the bit pattern of |x| in its format (16-bit floats) or
+fp32, in classes of equal rank (zero and subnormals, which XLA compares as zero; each normal or
+infinite pattern; every NaN, above +inf), and p = F - 1 - position, compared lexicographically:
+equal magnitudes rank lowest position first, as in `lax.top_k`. The top-k set is {key >= K}, K
+the k-th largest key, found by counting c(t) = #{key >= t}. One pass over the row counts at M
+thresholds at once, inside a bracket [lo, hi) with c(lo) >= k > c(hi), and keeps the two around
+the k-th: the first pass at order statistics of a sorted strided sample of the row, later ones
+at the class after lo's, then even steps in the bracket's patterns (or in the positions, once one
+class is left). Once at most C keys lie in the bracket, a last pass writes the packed bitmask of
+{key >= hi} and of the bracket's keys; those are compacted, sorted (C entries, not the row), and
+the k - c(hi) largest set in the mask. On continuous data (normal, t3, GELU, bf16 rows of 786,432)
+the first pass leaves at most C and the loop does not run: two passes over the row besides its
+strided sample, no sort of it, no copy of it; rows of a few distinct values (ties) take 3-4 trips
+(`counting_trips`). Entry points are jitted with k and the sizes static.
 """
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,158 +24,162 @@ import jax.numpy as jnp
 from jaxcomp.compress import packing
 
 SELECTORS = ("threshold", "sort", "approx")
-SAMPLE = 128  # strided sample per row for the first bracket (A/B vs 1024: round trip 0.44 vs 0.52 ms at [4, 8192], equal at [8, 98304])
-SNAP_WIDTH = 16  # bracket width (entries) from which passes also snap to data values
-_BEYOND_INF = 0x7F800001  # fp32 bit pattern just above +inf: no magnitude reaches it
-_TINY = 0x00800000  # smallest normal fp32: XLA flushes subnormals to 0 in comparisons
+SAMPLE = 4096  # strided sample per row for the first pass's thresholds
+THRESHOLDS = 16  # counts per pass over the row (M)
+CANDIDATES = 4096  # keys left in the bracket from which they are sorted (C)
 
 
-def _bits(f):
-  return jax.lax.bitcast_convert_type(f, jnp.int32)
+class KeySpace(NamedTuple):
+  """Magnitude keys of one float format: the pattern of |x| as a uint32, and its classes of equal
+  rank: [0, tiny) (zero, subnormals), each pattern up to +inf, [nan, top) (every NaN)."""
+  unsigned: type  # the format's unsigned integer of the same width
+  float: type  # the format the row is read in
+  tiny: int  # the smallest normal's pattern
+  nan: int  # the lowest NaN pattern (+inf's + 1)
+
+  @property
+  def top(self):
+    """Above every pattern: the sign bit."""
+    return jnp.uint32(1 << (8 * jnp.dtype(self.unsigned).itemsize - 1))
+
+  def keys(self, x) -> jax.Array:
+    """Uint32 raw patterns of |x|: an abs and a bitcast, which XLA fuses into whatever reads them."""
+    return jax.lax.bitcast_convert_type(jnp.abs(x.astype(self.float)), self.unsigned).astype(jnp.uint32)
+
+  def lowest(self, m) -> jax.Array:
+    """The lowest pattern of m's class."""
+    return jnp.where(m < self.tiny, jnp.uint32(0), jnp.minimum(m, jnp.uint32(self.nan)))
+
+  def after(self, t) -> jax.Array:
+    """The lowest pattern of the class after t's (t a class's lowest)."""
+    return jnp.where(t == 0, jnp.uint32(self.tiny), jnp.where(t >= self.nan, self.top, t + 1))
+
+  def at_least(self, m, p, tm, tp) -> jax.Array:
+    """Key (class of m, p) >= (tm, tp), tm a class's lowest pattern."""
+    return (m >= self.after(tm)) | ((m >= tm) & (p >= tp))
 
 
-def _float(b):
-  return jax.lax.bitcast_convert_type(b, jnp.float32)
+_SPACES = {jnp.dtype(jnp.bfloat16): KeySpace(jnp.uint16, jnp.bfloat16, 0x0080, 0x7F81),
+           jnp.dtype(jnp.float16): KeySpace(jnp.uint16, jnp.float16, 0x0400, 0x7C01)}
+FP32 = KeySpace(jnp.uint32, jnp.float32, 0x00800000, 0x7F800001)
 
 
-def magnitudes(x_RxF) -> jax.Array:
-  """|x| in fp32 with NaN -> -1 (thresholds t >= 0 never count NaNs) and subnormals -> 0.
-
-  XLA compares fp32 subnormals as zero (flush-to-zero), so they rank as zeros here.
-  """
-  a = jnp.abs(x_RxF.astype(jnp.float32))
-  return jnp.where(jnp.isnan(a), -1.0, jnp.where(a < _float(_TINY), 0.0, a))
+def key_space(dtype) -> KeySpace:
+  """The keys a row of `dtype` is ranked by (16-bit floats their own patterns, others fp32's)."""
+  return _SPACES.get(jnp.dtype(dtype), FP32)
 
 
-def _count(mask):
-  """Per-row number of True entries (fp32 sums are exact below 2^24 and faster than int32)."""
-  dtype = jnp.float32 if mask.shape[1] < 1 << 24 else jnp.int32
-  return jnp.sum(mask, axis=1, dtype=dtype).astype(jnp.int32)
+def _position_keys(f: int) -> jax.Array:
+  """Int32 [F]: p = F - 1 - position (the first position ranks highest among equal magnitudes)."""
+  return jnp.arange(f - 1, -1, -1, dtype=jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("sample",))
-def kth_largest(s_RxF, k_R, sample: int = SAMPLE) -> jax.Array:
-  """The k-th largest entry T [R] of each row of s (entries < 0 never count).
-
-  Needs 1 <= k_R <= #{s >= 0} per row. T is exact: c(T) >= k > c(next float above T).
-  `sample`: entries per row sorted for the first bracket (the whole row if F <= sample).
-  """
-  r, f = s_RxF.shape
-  stride = max(1, f // sample)
-  # sorted as int32 bit patterns: the same order for s >= 0 and -1 (NaN) first; XLA:CPU sorts ints ~8x faster
-  n = min(sample, f // stride)  # entries j * stride, j < n, taken by a reshape (a strided slice of a long row
-  sampled = s_RxF[:, : n * stride].reshape(r, n, stride)[:, :, 0]  # runs out of TPU VMEM at compile time)
-  sample = jnp.sort(_bits(sampled), axis=1)
-  n = sample.shape[1]
-  if n == f:  # the sample is the whole row
-    return _float(jnp.take_along_axis(sample, (f - k_R)[:, None], axis=1)[:, 0])
-  counts = lambda t_RxM: jnp.stack([_count(s_RxF >= _float(t)[:, None]) for t in t_RxM.T], axis=1)
-
-  def shrink(lo, c_lo, hi, c_hi, t_RxM, c_RxM):
-    """Tightest bracket from counts at thresholds t (ascending per row)."""
-    up = c_RxM >= k_R[:, None]
-    lo = jnp.maximum(lo, jnp.max(jnp.where(up, t_RxM, 0), axis=1))
-    c_lo = jnp.minimum(c_lo, jnp.min(jnp.where(up, c_RxM, f), axis=1))
-    hi = jnp.minimum(hi, jnp.min(jnp.where(up, _BEYOND_INF, t_RxM), axis=1))
-    c_hi = jnp.maximum(c_hi, jnp.max(jnp.where(up, 0, c_RxM), axis=1))
-    return lo, c_lo, hi, c_hi
-
-  # first bracket: the sample's order statistics at the k-th largest +- 3 binomial deviations
-  q = k_R / f
-  margin = 3.0 * jnp.sqrt(n * q * (1.0 - q)) + 1.0
-  ranks = n * (1.0 - q)[:, None] + jnp.stack([-margin, margin], axis=1)
-  t = jnp.maximum(jnp.take_along_axis(sample, jnp.clip(ranks, 0, n - 1).astype(jnp.int32), axis=1), _TINY)
-  bracket = shrink(jnp.zeros(r, jnp.int32), _count(s_RxF >= 0), jnp.full(r, _BEYOND_INF, jnp.int32),
-                   jnp.zeros(r, jnp.int32), t, counts(t))
-
-  def clip(t, lo, hi):  # a threshold strictly inside the bracket, never subnormal
-    return jnp.clip(t, jnp.maximum(lo + 1, _TINY), hi - 1)
-
-  def count_pass(state):
-    """Two thresholds aimed at counts k +- 4^misses sqrt(width) by linear interpolation."""
-    lo, c_lo, hi, c_hi, misses = state
-    width = (c_lo - c_hi).astype(jnp.float32)
-    spread = (jnp.sqrt(width) + 1.0) * 4.0**misses
-    target = jnp.stack([k_R + spread, k_R - 1.0 - spread], axis=1)
-    frac = (c_lo[:, None] - target) / width[:, None]
-    lo_f, hi_f = _float(lo)[:, None], _float(hi)[:, None]
-    aimed = _bits(lo_f + (hi_f - lo_f) * jnp.clip(frac, 0.0, 1.0))
-    thirds = lo[:, None] + ((hi - lo) // 3)[:, None] * jnp.arange(1, 3)
-    t = jnp.where((hi >= _BEYOND_INF - 1)[:, None], thirds, aimed)
-    t = clip(t, lo[:, None], hi[:, None])
-    return shrink(lo, c_lo, hi, c_hi, t, counts(t)), False
-
-  def snap_pass(state):
-    """One threshold at count k - 1/2; the bracket snaps to the nearest entries around it."""
-    lo, c_lo, hi, c_hi, _ = state
-    width = jnp.maximum(c_lo - c_hi, 1).astype(jnp.float32)
-    frac = (c_lo - k_R + 0.5) / width
-    aimed = _bits(_float(lo) + (_float(hi) - _float(lo)) * frac)
-    t = jnp.where(hi >= _BEYOND_INF - 1, lo + (hi - lo) // 2, aimed)
-    t = clip(t, lo, hi)
-    ge = s_RxF >= _float(t)[:, None]
-    c = _count(ge)
-    min_ge = _bits(jnp.min(jnp.where(ge, s_RxF, jnp.inf), axis=1))
-    max_lt = _bits(jnp.max(jnp.where(ge, -1.0, s_RxF), axis=1))
-    up = c >= k_R
-    # c == k: T is the smallest entry >= t; c == k - 1: the largest entry < t
-    lo = jnp.where(up, min_ge, jnp.where(c == k_R - 1, max_lt, lo))
-    hi = jnp.where(up, jnp.where(c == k_R, min_ge + 1, hi), max_lt + 1)
-    return (lo, jnp.where(up, c, c_lo), hi, jnp.where(up, c_hi, c)), True
-
-  def unresolved(lo, hi):  # more than one candidate value left in [lo, hi)
-    return (hi - lo > 1) & (hi > _TINY)
-
-  def body(state):
-    lo, c_lo, hi, c_hi, misses = state
-    active = unresolved(lo, hi)
-    snap = jnp.any(active & (misses >= 2)) | jnp.all(~active | (c_lo - c_hi <= SNAP_WIDTH))
-    (new_lo, new_c_lo, new_hi, new_c_hi), snapped = jax.lax.cond(snap, snap_pass, count_pass, state)
-    keep = lambda new, old: jnp.where(active, new, old)
-    halved = 2 * (new_c_lo - new_c_hi) <= c_lo - c_hi
-    misses = jnp.where(snapped | halved, 0, misses + 1)
-    return keep(new_lo, lo), keep(new_c_lo, c_lo), keep(new_hi, hi), keep(new_c_hi, c_hi), misses
-
-  # misses start at 1: the sample's bracket is too wide to interpolate linearly (`ones_like` varies over the
-  # mesh axes the bracket does: under shard_map with check_vma a loop's carry keeps its type)
-  state = (*bracket, jnp.ones_like(bracket[0]))
-  lo = jax.lax.while_loop(lambda s: jnp.any(unresolved(s[0], s[2])), body, state)[0]
-  return _float(lo)
+def _spaced(lo, hi, m: int):
+  """M ints per row evenly spaced inside (lo, hi), ascending (repeats where the gap is small)."""
+  frac = jnp.arange(1, m + 1, dtype=jnp.float32) / (m + 1)
+  step = jnp.floor((hi - lo).astype(jnp.float32)[:, None] * frac).astype(lo.dtype)
+  return jnp.clip(lo[:, None] + step, lo[:, None] + 1, jnp.maximum(hi - 1, lo + 1)[:, None])
 
 
-@functools.partial(jax.jit, static_argnames=("k", "sample"))
-def top_k_mask(x_RxF, k: int, sample: int = SAMPLE) -> jax.Array:
-  """Bool [R, F] with exactly k True per row: the entries `lax.top_k(|x|, k)` returns."""
+def _bracket(x_RxF, k: int, sample: int, thresholds: int, c_max: int):
+  """((lo_m, lo_p, c(lo), hi_m, hi_p, c(hi)) per row, with c(lo) >= k > c(hi) and c(lo) - c(hi) <= c_max; the
+  counting loop's trips after the first pass)."""
   r, f = x_RxF.shape
-  s = magnitudes(x_RxF)
-  nan = s < 0
-  n_nan = _count(nan)
-  k_finite = k - n_nan  # entries to take below NaN
-  threshold = kth_largest(s, jnp.maximum(k_finite, 1), sample)
-  nan_ties = k_finite <= 0  # NaNs alone fill the row: the first k of them
-  above = jnp.where(nan_ties[:, None], False, nan | (s > threshold[:, None]))
-  tied = jnp.where(nan_ties[:, None], nan, s == threshold[:, None])
-  need = k - _count(above)
+  space = key_space(x_RxF.dtype)
 
-  def first_of_tied(tied):
-    packed = packing.pack_mask(tied)
-    return tied & (packing.mask_ranks(packed, f) < need[:, None])
+  stride = max(1, f // sample)
+  n = min(sample, f // stride)  # entries j * stride, j < n, taken by a reshape (a strided slice of a long row
+  sampled = x_RxF[:, : n * stride].reshape(r, n, stride)[:, :, 0]  # runs out of TPU VMEM at compile time)
+  sampled = jnp.sort(space.lowest(space.keys(sampled)), axis=1)
+  q = k / f  # the k-th largest's rank in the sample: n (1 - q) +- 3 binomial deviations (evenly), and +- 6
+  z = [-6.0, *[-3.0 + 6.0 * i / max(thresholds - 3, 1) for i in range(thresholds - 2)], 6.0][-thresholds:]
+  ranks = [n * (1.0 - q) + (n * q * (1.0 - q)) ** 0.5 * zi + (1 if zi > 0 else -1) for zi in sorted(z)]
+  from_sample = sampled[:, jnp.clip(jnp.array(ranks), 0, n - 1).astype(jnp.int32)]
 
-  take_all = jnp.all(_count(tied) == need)
-  return above | jax.lax.cond(take_all, lambda t: t, first_of_tied, tied)
+  def count_pass(state, thresholds_of):
+    """The bracket after counting at `thresholds_of(state)` (ascending); rows with at most C left keep theirs."""
+    lo_m, lo_p, c_lo, hi_m, hi_p, c_hi = state
+    t_m, t_p = thresholds_of(state)
+    # one reduction of [R, F, M] (M counts per read of the row; XLA fuses the keys and positions into it: made
+    # here, not outside the loop, whose body would read them from memory)
+    ge = space.at_least(space.keys(x_RxF)[:, :, None], _position_keys(f)[None, :, None], t_m[:, None, :], t_p[:, None, :])
+    c = jnp.sum(ge, axis=1, dtype=jnp.float32 if f < 1 << 24 else jnp.int32).astype(jnp.int32)
+    up = jnp.sum(c >= k, axis=1)  # counts descend: the first `up` thresholds keep c >= k
+    below, above = jnp.maximum(up - 1, 0)[:, None], jnp.minimum(up, thresholds - 1)[:, None]
+    pick = lambda a, i: jnp.take_along_axis(a, i, axis=1)[:, 0]
+    open_ = c_lo - c_hi > c_max
+    new_lo, new_hi = open_ & (up > 0), open_ & (up < thresholds)
+    return (jnp.where(new_lo, pick(t_m, below), lo_m), jnp.where(new_lo, pick(t_p, below), lo_p),
+            jnp.where(new_lo, pick(c, below), c_lo), jnp.where(new_hi, pick(t_m, above), hi_m),
+            jnp.where(new_hi, pick(t_p, above), hi_p), jnp.where(new_hi, pick(c, above), c_hi))
+
+  def sampled_thresholds(state):
+    return jnp.clip(from_sample, state[0][:, None], state[3][:, None] - 1), jnp.zeros_like(from_sample)
+
+  def spaced_thresholds(state):
+    """The class after lo's (a row of few distinct magnitudes ends its search by class there), then even steps
+    to hi; once one class is left in [lo, hi), even steps in its positions."""
+    lo_m, lo_p, _, hi_m, hi_p, _ = state
+    one_class = (hi_m <= space.after(lo_m))[:, None]
+    first = jnp.minimum(space.after(lo_m), hi_m - 1)
+    by_class = space.lowest(jnp.concatenate([first[:, None], _spaced(first, hi_m, thresholds - 1)], axis=1))
+    by_position = _spaced(lo_p, jnp.where(hi_m == lo_m, hi_p, f), thresholds)
+    return jnp.where(one_class, lo_m[:, None], by_class), jnp.where(one_class, by_position, 0)
+
+  zeros, m0 = jnp.zeros(r, jnp.int32), jnp.zeros(r, jnp.uint32)  # every key is >= (0, 0): c = F; none is >= (top, 0)
+  state = count_pass((m0, zeros, zeros + f, m0 + space.top, zeros, zeros), sampled_thresholds)
+  return jax.lax.while_loop(lambda s: jnp.any(s[0][2] - s[0][5] > c_max),
+                            lambda s: (count_pass(s[0], spaced_thresholds), s[1] + 1), (state, jnp.int32(0)))
+
+
+@functools.partial(jax.jit, static_argnames=("k", "sample", "thresholds", "candidates"))
+def counting_trips(x_RxF, k: int, sample: int = SAMPLE, thresholds: int = THRESHOLDS,
+                   candidates: int = CANDIDATES) -> jax.Array:
+  """Int32: the passes over the rows `top_k_packed` counts in after its first (its loop's trips, data-dependent:
+  a compiled program's cost counts them once)."""
+  return _bracket(x_RxF, k, sample, thresholds, min(candidates, x_RxF.shape[1]))[1]
+
+
+@functools.partial(jax.jit, static_argnames=("k", "sample", "thresholds", "candidates"))
+def top_k_packed(x_RxF, k: int, sample: int = SAMPLE, thresholds: int = THRESHOLDS,
+                 candidates: int = CANDIDATES) -> jax.Array:
+  """Uint8 [R, ceil(F/8)] (`packing.pack_mask`'s layout) with exactly k bits set per row: the entries
+  `lax.top_k(|x|, k)` returns. `sample`, `thresholds`, `candidates`: the sizes above (exact for any)."""
+  r, f = x_RxF.shape
+  space = key_space(x_RxF.dtype)
+  c_max = min(candidates, f)
+  (lo_m, lo_p, c_lo, hi_m, hi_p, c_hi), _ = _bracket(x_RxF, k, sample, thresholds, c_max)
+
+  m, p = space.keys(x_RxF), _position_keys(f)[None, :]
+  sure = space.at_least(m, p, hi_m[:, None], hi_p[:, None])
+  packed = packing.pack_mask(sure)
+  bracket = packing.pack_mask(space.at_least(m, p, lo_m[:, None], lo_p[:, None]) & ~sure)
+  slots = packing.compact(bracket, f, c_max)
+  filled = jnp.arange(c_max) < (c_lo - c_hi)[:, None]
+  key = space.lowest(space.keys(jnp.take_along_axis(x_RxF, slots, axis=1)))
+  # largest key first: class descending (top - class ascending; empty slots last), then position
+  _, ranked = jax.lax.sort((jnp.where(filled, space.top - key, space.top + 1), slots), dimension=1, num_keys=2)
+  taken = jnp.arange(c_max) < (k - c_hi)[:, None]
+  byte = jnp.where(taken, ranked >> 3, packed.shape[1])  # past the end: dropped
+  bit = jnp.uint8(1) << (ranked & 7).astype(jnp.uint8)
+  return packed.at[jnp.arange(r)[:, None], byte].add(bit, mode="drop")  # distinct bits: the add sets them
+
+
+def top_k_mask(x_RxF, k: int, **sizes) -> jax.Array:
+  """Bool [R, F] with exactly k True per row: the entries `lax.top_k(|x|, k)` returns (`top_k_packed`)."""
+  return packing.unpack_mask(top_k_packed(x_RxF, k, **sizes), x_RxF.shape[1])
 
 
 @functools.partial(jax.jit, static_argnames=("k", "selector"))
 def top_k_positions(x_RxF, k: int, selector: str = "threshold") -> jax.Array:
   """Int32 [R, k] positions of the k largest |x| per row.
 
-  "threshold": the set of `top_k_mask`, in ascending position order. "sort": `lax.top_k`
+  "threshold": the set of `top_k_packed`, in ascending position order. "sort": `lax.top_k`
   (same set, by descending |x|). "approx": `lax.approx_max_k` (recall target 0.95 on TPU;
   exact elsewhere).
   """
   if selector == "threshold":
-    mask = top_k_mask(x_RxF, k)
-    return packing.compact(packing.pack_mask(mask), x_RxF.shape[1], k, None)
+    return packing.compact(top_k_packed(x_RxF, k), x_RxF.shape[1], k, None)
   magnitude = jnp.abs(x_RxF)
   if selector == "sort":
     return jax.lax.top_k(magnitude, k)[1]

@@ -48,7 +48,9 @@ TOPK_VALUE_FORMATS = ("native", "bf16", "q8")
 def _flag_nonfinite_rows(values_RxK, x_RxF):
   """The values selected from each row of x, their finite ones NaN where the row holds a NaN or
   +-inf: a selection (random, approximate, or of the gradient at reused positions) that skips
-  the non-finite entry still shows the receiver that the row had one."""
+  the non-finite entry still shows the receiver that the row had one. `x_RxF`: the rows, or any
+  part of each holding all its non-finite entries (an exact top-k's own values do: NaN and +-inf
+  rank highest)."""
   bad_Rx1 = ~jnp.all(jnp.isfinite(x_RxF), axis=1, keepdims=True)
   return jnp.where(bad_Rx1 & jnp.isfinite(values_RxK), jnp.nan, values_RxK)
 
@@ -65,14 +67,14 @@ def _selected_positions(selector, x_RxF, k):
 def _selected_mask(selector, x_RxF, k):
   """Packed bitmask of the k largest |x| per row, selected by `selector`."""
   if selector == "threshold":
-    return packing.pack_mask(selection.top_k_mask(x_RxF, k))
+    return selection.top_k_packed(x_RxF, k)
   idx = _selected_positions(selector, x_RxF, k)
   rows = jnp.arange(x_RxF.shape[0])[:, None]
   return packing.pack_mask(jnp.zeros(x_RxF.shape, bool).at[rows, idx].set(True))
 
 
 THRESHOLD_FROM_FRACTION_CPU = 0.01  # select="auto" on CPU: threshold from this K up (docs/results/codec_cost_cpu.md)
-AUTO_SELECTION = {"cpu": "threshold", "cuda": "threshold", "rocm": "threshold", "tpu": "sort"}  # select="auto"
+AUTO_SELECTION = {"cpu": "threshold", "cuda": "threshold", "rocm": "threshold", "tpu": "threshold"}  # select="auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,10 +94,9 @@ class TopK(Codec):
   `select`: "threshold" (counting passes + prefix-sum compaction, `jaxcomp.compress.selection`),
   "sort" (`lax.top_k`), "approx" (`lax.approx_max_k`), or "auto": per platform the program is compiled for
   (`jax.lax.platform_dependent`, `AUTO_SELECTION`): on CPU the faster measured (threshold from K =
-  THRESHOLD_FROM_FRACTION_CPU up, sort below); on GPU the threshold, the one selection whose compiled program
-  sorts no row (XLA:GPU lowers `lax.top_k` and `approx_max_k` of k in the thousands to a sort of the row:
-  docs/results/codecs_compiled.md); on TPU sort, until a TPU measures it (the threshold's counting passes compile
-  there to ~150 passes over the row against the sort's ~14 plus its sort).
+  THRESHOLD_FROM_FRACTION_CPU up, sort below); on GPU and TPU the threshold, the one selection whose compiled
+  program sorts no row (XLA lowers `lax.top_k` and `approx_max_k` of k in the thousands to a sort of the row) and
+  moves the fewest bytes (docs/results/codecs_compiled.md).
   """
   fraction: float = 0.1
   per: str = "example"
@@ -185,13 +186,18 @@ class TopK(Codec):
     """The values of x at the positions `where` (as `where` gives them), in position order: a payload of values
     alone (index reuse: the receiver knows the positions). A mask is compacted (`packing.compact`): no [R, k]
     positions are kept between the forward and the backward, and no scatter decodes them."""
+    return self._values_at(x, where, exact_top_k=False)
+
+  def _values_at(self, x, where, exact_top_k: bool) -> Payload:
+    """`values_at`; with `exact_top_k` (`where` is the exact top-k of x's rows, which holds every row's non-finite
+    entries) the non-finite flag reads the k values, not the row: one pass over x less."""
     r, f = _rows(x.shape, self.per)
     x_RxF = x.reshape(r, f)
     if self.uses_mask(x.shape):
       picked = packing.compact(where, f, self.k(x.shape), x_RxF)
     else:
       picked = jnp.take_along_axis(x_RxF, where.astype(jnp.int32), axis=1)
-    return Payload(self._pack_values(_flag_nonfinite_rows(picked, x_RxF)), x.shape, x.dtype)
+    return Payload(self._pack_values(_flag_nonfinite_rows(picked, picked if exact_top_k else x_RxF)), x.shape, x.dtype)
 
   def scatter(self, payload: Payload, where) -> jax.Array:
     """Dense tensor from values at the positions `where`, zero elsewhere: inverse of `values_at`."""
@@ -211,7 +217,7 @@ class TopK(Codec):
     else:
       where = self.positions(x)
       sent = {"indices": where.astype(_index_dtype(f))}
-    payload = self.values_at(x, where)
+    payload = self._values_at(x, where, exact_top_k=self.select != "approx")  # "auto" never picks approx
     return dataclasses.replace(payload, arrays=payload.arrays._replace(**sent))
 
   @compiled
