@@ -128,12 +128,17 @@ def unpack(packed: jnp.ndarray, bits: int, n: int) -> jnp.ndarray:
 CHUNK = 1024  # positions per row of the TPU's gathers (8 x 128 lanes)
 
 
+def _in_chunks(a_RxN: jnp.ndarray, width: int) -> jnp.ndarray:
+  """[R * ceil(N / width), width]: each row cut into chunks of `width`, the last padded with zeros."""
+  return jnp.pad(a_RxN, ((0, 0), (0, (-a_RxN.shape[1]) % width))).reshape(-1, width)
+
+
 def _byte_at_each_position(a_RxB: jnp.ndarray, f: int, top: int = 255) -> jnp.ndarray:
   """[R, f]: a[:, i // 8] at column i (the entry of the byte holding position i), for entries in [0, top], gathered
   a byte at a time (XLA:TPU gathers 32-bit entries through the 403 MB below, bytes through none) within chunks of
   CHUNK positions (gathers along the whole row cost it 3 copies of the row in a transposed layout)."""
-  r, b = a_RxB.shape
-  chunks = jnp.pad(a_RxB, ((0, 0), (0, (-b) % (CHUNK // 8)))).reshape(-1, CHUNK // 8)
+  r = a_RxB.shape[0]
+  chunks = _in_chunks(a_RxB, CHUNK // 8)
   at = jnp.arange(CHUNK, dtype=jnp.int32) >> 3
   if top < 256:
     out = jnp.take(chunks, at, axis=1)
@@ -171,7 +176,7 @@ def pack_mask(mask_RxF: jnp.ndarray, how: str = "platform") -> jnp.ndarray:
   m = jnp.pad(mask_RxF.astype(jnp.uint8), ((0, 0), (0, (-f) % 8)))
 
   def by_gathers(m):  # within chunks of CHUNK positions: gathers along the whole row cost a TPU 96 MiB and 5 passes
-    chunks = jnp.pad(m, ((0, 0), (0, (-m.shape[1]) % CHUNK))).reshape(-1, CHUNK)
+    chunks = _in_chunks(m, CHUNK)
     first = 8 * jnp.arange(CHUNK // 8, dtype=jnp.int32)  # each byte's first position in its chunk
     packed = jnp.zeros((chunks.shape[0], CHUNK // 8), jnp.uint8)
     for j in range(8):
