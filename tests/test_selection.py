@@ -69,6 +69,21 @@ def test_threshold_mask_on_long_rows(kind, fraction, sizes):
   np.testing.assert_array_equal(mask, _reference_mask(x, k))
 
 
+@pytest.mark.parametrize("thresholds", [2, 3, selection.THRESHOLDS])
+def test_the_counting_loop_takes_at_most_half_its_bound(thresholds):
+  """Its trips on rows of ties (7 integers, 95% zeros, 30% NaN) are within the derivation's count (half the
+  bound the loop stops at), so the bound ends only a bracket that fails to narrow."""
+  keys = jax.random.split(jax.random.key(1), 2)
+  shape = (4, 5000)
+  rows = [jax.random.randint(keys[0], shape, -3, 4).astype(jnp.float32),
+          jnp.where(jax.random.uniform(keys[1], shape) < 0.05, jax.random.normal(keys[0], shape), 0.0),
+          jnp.where(jax.random.uniform(keys[1], shape) < 0.3, jnp.nan, jax.random.normal(keys[0], shape))]
+  for x in rows:
+    for k in (1, 500, 2500, 4500):
+      trips = int(selection.counting_trips(x, k, sample=4, thresholds=thresholds, candidates=2))
+      assert 0 < trips <= selection.trip_bound(32, shape[1], thresholds) // 2
+
+
 @pytest.mark.parametrize("selector", selection.SELECTORS)
 def test_positions_of_every_selector(selector):
   x = jax.random.normal(jax.random.key(1), (3, 300))

@@ -16,6 +16,7 @@ strided sample, no sort of it, no copy of it; rows of a few distinct values (tie
 (`counting_trips`). Entry points are jitted with k and the sizes static.
 """
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -81,6 +82,14 @@ def _spaced(lo, hi, m: int):
   return jnp.clip(lo[:, None] + step, lo[:, None] + 1, jnp.maximum(hi - 1, lo + 1)[:, None])
 
 
+def trip_bound(bits: int, f: int, thresholds: int) -> int:
+  """The most trips the counting loop takes: a trip leaves a bracket of g patterns (or positions) at most
+  g / M + 1 wide, so ceil(log_M 2^bits) trips by pattern and ceil(log_M F) by position, + 2, suffice; the
+  loop stops at twice that, so a bracket that fails to narrow ends (with a wrong mask) instead of looping on."""
+  per_trip = math.log2(max(thresholds, 2))
+  return 2 * (math.ceil(bits / per_trip) + math.ceil(math.log2(max(f, 2)) / per_trip) + 2)
+
+
 def _bracket(x_RxF, k: int, sample: int, thresholds: int, c_max: int):
   """((lo_m, lo_p, c(lo), hi_m, hi_p, c(hi)) per row, with c(lo) >= k > c(hi) and c(lo) - c(hi) <= c_max; the
   counting loop's trips after the first pass)."""
@@ -128,7 +137,8 @@ def _bracket(x_RxF, k: int, sample: int, thresholds: int, c_max: int):
 
   zeros, m0 = jnp.zeros(r, jnp.int32), jnp.zeros(r, jnp.uint32)  # every key is >= (0, 0): c = F; none is >= (top, 0)
   state = count_pass((m0, zeros, zeros + f, m0 + space.top, zeros, zeros), sampled_thresholds)
-  return jax.lax.while_loop(lambda s: jnp.any(s[0][2] - s[0][5] > c_max),
+  bound = trip_bound(jnp.dtype(space.unsigned).itemsize * 8, f, thresholds)
+  return jax.lax.while_loop(lambda s: jnp.any(s[0][2] - s[0][5] > c_max) & (s[1] < bound),
                             lambda s: (count_pass(s[0], spaced_thresholds), s[1] + 1), (state, jnp.int32(0)))
 
 
