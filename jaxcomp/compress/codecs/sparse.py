@@ -99,7 +99,7 @@ class TopK(Codec):
   moves the fewest bytes (docs/results/codecs_compiled.md); on TPU sort: the threshold's encode alone compiles
   there without a row sort (GPT-2 small's message: 4.0 passes against the sort's 3.6 + 2 sorts), but XLA:TPU's
   layout assignment does not finish on a sharded pipeline step whose stage holds its counting loop (a v5e-8
-  MLP step: the sort's compiles in 10-30 s, the same step without the loop in 11 s, on one chip with it in 9 s).
+  MLP step: the sort's compiles in 8-11 s, the same step without the loop in 11 s, on one chip with it in 9 s).
   """
   fraction: float = 0.1
   per: str = "example"
