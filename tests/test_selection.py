@@ -137,7 +137,7 @@ def test_compact_takes_the_first_k_set_positions_and_pads_with_zero(density, k):
 
 
 def test_auto_selects_by_platform_and_fraction():
-  """On CPU the threshold selection from K = 1% up (measured faster there), lax.top_k below; on GPU the threshold
+  """On CPU the threshold selection from K = 3% up (measured faster there), lax.top_k below; on GPU the threshold
   (no sort of the row in its compiled program); on TPU lax.top_k (a pipeline step holding the threshold does not
   finish compiling there)."""
   assert codecs.TopK(0.1).selector("cpu") == codecs.TopK(codecs.THRESHOLD_FROM_FRACTION_CPU).selector("cpu") == "threshold"

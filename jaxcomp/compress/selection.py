@@ -26,7 +26,8 @@ from jaxcomp.compress import packing
 
 SELECTORS = ("threshold", "sort", "approx")
 SAMPLE = 4096  # strided sample per row for the first pass's thresholds
-THRESHOLDS = 16  # counts per pass over the row (M)
+THRESHOLDS = 16  # counts per pass over the row (M) on GPU and TPU
+THRESHOLDS_CPU = 8  # on CPU, where XLA's count at 16 takes 2-5x its time at 8 (docs/results/codec_cost_cpu.md)
 CANDIDATES = 4096  # keys left in the bracket from which they are sorted (C)
 
 
@@ -151,10 +152,19 @@ def counting_trips(x_RxF, k: int, sample: int = SAMPLE, thresholds: int = THRESH
 
 
 @functools.partial(jax.jit, static_argnames=("k", "sample", "thresholds", "candidates"))
-def top_k_packed(x_RxF, k: int, sample: int = SAMPLE, thresholds: int = THRESHOLDS,
+def top_k_packed(x_RxF, k: int, sample: int = SAMPLE, thresholds: int | None = None,
                  candidates: int = CANDIDATES) -> jax.Array:
   """Uint8 [R, ceil(F/8)] (`packing.pack_mask`'s layout) with exactly k bits set per row: the entries
-  `lax.top_k(|x|, k)` returns. `sample`, `thresholds`, `candidates`: the sizes above (exact for any)."""
+  `lax.top_k(|x|, k)` returns. `sample`, `thresholds`, `candidates`: the sizes above (exact for any;
+  `thresholds` by default THRESHOLDS_CPU in a program compiled for the CPU, THRESHOLDS elsewhere)."""
+  if thresholds is None:
+    return jax.lax.platform_dependent(
+        x_RxF, cpu=lambda x: _packed(x, k, sample, THRESHOLDS_CPU, candidates),
+        default=lambda x: _packed(x, k, sample, THRESHOLDS, candidates))
+  return _packed(x_RxF, k, sample, thresholds, candidates)
+
+
+def _packed(x_RxF, k: int, sample: int, thresholds: int, candidates: int) -> jax.Array:
   r, f = x_RxF.shape
   space = key_space(x_RxF.dtype)
   c_max = min(candidates, f)

@@ -73,7 +73,7 @@ def _selected_mask(selector, x_RxF, k):
   return packing.pack_mask(jnp.zeros(x_RxF.shape, bool).at[rows, idx].set(True))
 
 
-THRESHOLD_FROM_FRACTION_CPU = 0.01  # select="auto" on CPU: threshold from this K up (docs/results/codec_cost_cpu.md)
+THRESHOLD_FROM_FRACTION_CPU = 0.03  # select="auto" on CPU: threshold from this K up (docs/results/codec_cost_cpu.md)
 AUTO_SELECTION = {"cpu": "threshold", "cuda": "threshold", "rocm": "threshold", "tpu": "sort"}  # select="auto"
 
 
