@@ -11,8 +11,8 @@ at the class after lo's, then even steps in the bracket's patterns (or in the po
 class is left). Once at most C keys lie in the bracket, a last pass writes the packed bitmask of
 {key >= hi} and of the bracket's keys; those are compacted, sorted (C entries, not the row), and
 the k - c(hi) largest set in the mask. On continuous data (normal, t3, GELU, bf16 rows of 786,432)
-the first pass leaves at most C and the loop does not run: two passes over the row besides its
-strided sample, no sort of it, no copy of it; rows of a few distinct values (ties) take 3-4 trips
+the first pass at M = 16 leaves at most C and the loop does not run (at the CPU's M = 8, one trip):
+two passes over the row besides its strided sample, no sort of it, no copy of it; rows of a few distinct values (ties) take 3-4 trips
 (`counting_trips`). Entry points are jitted with k and the sizes static.
 """
 import functools
