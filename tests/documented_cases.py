@@ -278,9 +278,13 @@ REGISTRY = {
             "it to the CLI, whose overlapped sends tests/test_sharded_overlap.py checks; the rest of the command is "
             "the fixture's (as root)"),
     # --- docs/results/codec_cost_cpu.md
-    "python -m benchmarks.topk_selection --fractions 0.1,0.001 --repeats 7": Case(
-        ("--fractions", "0.1,0.001", "--repeats", "7", "--shape", "2,2048"), expect="| 10% |", slow=True,
+    "python -m benchmarks.topk_selection --fractions 0.1,0.05,0.03,0.02,0.01 --repeats 7": Case(
+        ("--fractions", "0.1,0.05,0.03,0.02,0.01", "--repeats", "7", "--shape", "2,2048"), expect="| 3% |", slow=True,
         why="the default path runs by default"),
+    "python -m benchmarks.topk_selection --shape 8,786432 --fractions 0.1,0.03,0.01 --repeats 3": Case(
+        ("--shape", "8,786432", "--fractions", "0.1,0.03,0.01", "--repeats", "3", "--shape", "2,2048"), expect="| 1% |",
+        slow=True,
+        why="a toy --shape for GPT-2 small's example rows"),
     # --- docs/results/pipeline_scale.md
     "python -m benchmarks.pipeline_scale --executors simulate,gpipe,1f1b,1f1b-fused --repeats 2": Case(
         ("--executors", "simulate,gpipe,1f1b,1f1b-fused", "--repeats", "2", "--stages", "2", "--microbatches", "2",
