@@ -27,8 +27,8 @@ def test_a_cast_moves_its_logical_bytes_and_sorts_nothing():
 def test_the_threshold_topk_fits_v5e_at_gpt2_smalls_paper_step_and_sorts_no_row():
   """TopK 10% of GPT-2 small's boundary activation compiled for TPU v5e: the threshold selection compiles (it once
   ran out of VMEM there, from a strided slice of the long row), sorts no row (only its 4,096-entry sample, its
-  4,096 candidates and, in some libtpu versions' scatter, their indices) and moves the row a few times, not ~100 (gathers along
-  the whole row, in a transposed layout, once did)."""
+  4,096 candidates and, in some libtpu versions' scatter, their indices) and moves the row a few times, not ~100
+  (gathers along the whole row, in a transposed layout, once did)."""
   v5e = targets.target("v5e-1")
   devices = targets.compile_only_devices(v5e)
   threshold = codec_cost.op_cost(v5e, "encode", codecs.TopK(0.1, select="threshold", values="q8").encode,

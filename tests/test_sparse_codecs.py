@@ -112,8 +112,8 @@ def test_topk_value_formats_with_index_reuse(values):
 @pytest.mark.parametrize("fraction", [0.25, 0.02])  # positions sent as a mask, as uint16 indices
 @pytest.mark.parametrize("values", ["native", "bf16"])
 def test_index_reuse_sends_the_gradient_at_the_forward_positions_bit_for_bit(fraction, values):
-  """What crosses back is g at the forward's positions in the order the forward sent them, exactly (signed zeros, subnormals and
-  the largest finite value included), in `value_bytes`; the receiver's tensor is g there and 0 elsewhere."""
+  """What crosses back is g at the forward's positions in the order the forward sent them, exactly (signed zeros,
+  subnormals and the largest finite value included), in `value_bytes`; the receiver's tensor is g there and 0 elsewhere."""
   x, g = normal_input((4, 256), seed=1), normal_input((4, 256), seed=2)
   g = g.at[:, ::5].set(-0.0).at[:, 1::7].set(1e-40).at[1, 2::9].set(np.finfo(np.float32).max)
   topk = codecs.TopK(fraction, values=values)

@@ -11,9 +11,10 @@ at the class after lo's, then even steps in the bracket's patterns (or in the po
 class is left). Once at most C keys lie in the bracket, a last pass writes the packed bitmask of
 {key >= hi} and of the bracket's keys; those are compacted, sorted (C entries, not the row), and
 the k - c(hi) largest set in the mask. On continuous data (normal, t3, GELU, bf16 rows of 786,432)
-the first pass at M = 16 leaves at most C and the loop does not run (at the CPU's M = 8, one trip):
-two passes over the row besides its strided sample, no sort of it, no copy of it; rows of a few distinct values (ties) take 3-4 trips
-(`counting_trips`). Entry points are jitted with k and the sizes static.
+the first pass at M = 16 leaves at most C and the loop does not run (at the CPU's M = 8, one
+trip): two passes over the row besides its strided sample, no sort of it, no copy of it; rows of a
+few distinct values (ties) take 3-4 trips (`counting_trips`). Entry points are jitted with k and
+the sizes static.
 """
 import functools
 import math
@@ -27,7 +28,7 @@ from jaxcomp.compress import packing
 SELECTORS = ("threshold", "sort", "approx")
 SAMPLE = 4096  # strided sample per row for the first pass's thresholds
 THRESHOLDS = 16  # counts per pass over the row (M) on GPU and TPU
-THRESHOLDS_CPU = 8  # on CPU, where XLA's count at 16 takes 2-5x its time at 8 (docs/results/codec_cost_cpu.md)
+THRESHOLDS_CPU = 8  # on CPU, where XLA's count at 16 takes 2-7x its time at 8 (docs/results/codec_cost_cpu.md)
 CANDIDATES = 4096  # keys left in the bracket from which they are sorted (C)
 
 
