@@ -148,7 +148,8 @@ def _bracket(x_RxF, k: int, sample: int, thresholds: int, c_max: int):
 def counting_trips(x_RxF, k: int, sample: int = SAMPLE, thresholds: int = THRESHOLDS,
                    candidates: int = CANDIDATES) -> jax.Array:
   """Int32: the passes over the rows `top_k_packed` counts in after its first (its loop's trips, data-dependent:
-  a compiled program's cost counts them once)."""
+  a compiled program's cost counts them once), at `thresholds` (GPU's and TPU's M by default; THRESHOLDS_CPU
+  for what a CPU program does)."""
   return _bracket(x_RxF, k, sample, thresholds, min(candidates, x_RxF.shape[1]))[1]
 
 
