@@ -165,6 +165,23 @@ ENTRY %main (p: f32[1024,8]) -> f32[256,8] {
   assert hlo_bytes.memory_bytes(text) == 256 * 8 * 4  # read of the slice; the VMEM result is no HBM traffic
 
 
+def test_an_async_copy_moves_its_source_once_and_a_buffer_allocation_nothing():
+  """XLA:TPU's copy-start: (destination, source, context). A prefetch into VMEM reads its HBM source once; an
+  eviction to HBM writes its destination once; AllocateBuffer reserves memory its writers fill."""
+  text = """HloModule m
+
+ENTRY %main (p: f32[1024,128]) -> f32[1024,128] {
+  %p = f32[1024,128]{1,0:T(8,128)} parameter(0)
+  %in = (f32[1024,128]{1,0:T(8,128)S(1)}, f32[1024,128]{1,0:T(8,128)}, u32[]{:S(2)}) copy-start(%p)
+  %v = f32[1024,128]{1,0:T(8,128)S(1)} copy-done(%in)
+  %buf = f32[1024,128]{1,0:T(8,128)} custom-call(), custom_call_target="AllocateBuffer"
+  %out = (f32[1024,128]{1,0:T(8,128)}, f32[1024,128]{1,0:T(8,128)S(1)}, u32[]{:S(2)}) copy-start(%v)
+  ROOT %d = f32[1024,128]{1,0:T(8,128)} copy-done(%out)
+}
+"""
+  assert hlo_bytes.memory_bytes(text) == 2 * 1024 * 128 * 4  # the prefetch's read and the eviction's write
+
+
 def test_memory_traffic_is_xlas_bytes_accessed_on_a_loop_free_cpu_program():
   x = jax.random.normal(jax.random.key(0), (16, 8))
   batch = {"x": x, "label": (x[:, 0] > 0).astype(jnp.int32)}

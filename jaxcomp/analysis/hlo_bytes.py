@@ -354,6 +354,11 @@ def _instruction_traffic(module: Module, computation: str, inst: Instruction) ->
   if inst.opcode in _IN_PLACE:
     update = operand_types[_IN_PLACE[inst.opcode]]
     return sum(device_memory_bytes(t) for t in operand_types[1:]) + device_memory_bytes(update)
+  if inst.opcode == "copy-start":  # (destination, source, context): reads the source, writes the destination
+    destination, source = _start_parts(inst.type)
+    return device_memory_bytes(destination) + device_memory_bytes(source)
+  if inst.opcode == "custom-call" and 'custom_call_target="AllocateBuffer"' in inst.attributes:
+    return 0  # an uninitialised buffer (XLA:TPU): its writers count what goes in
   if inst.opcode.endswith("-start"):
     result = _start_parts(inst.type)[1]
     if inst.opcode == "slice-start":  # an async slice (TPU: into VMEM) reads only the slice
@@ -388,7 +393,8 @@ def memory_bytes(hlo: "str | Module", unknown_trips: int = 1) -> int:
   per top-level instruction: its operands and result, as XLA's cost analysis counts them; a fusion at
   its boundary, where an operand only sliced inside (dynamic-slice, gather: a scanned layer's weights,
   a table's rows) counts the slices and a result updated in place (dynamic-update-slice, scatter)
-  counts the update; an async start its operand and result. Loop bodies x trip count (`unknown_trips`
+  counts the update; an async start its operand and result (a copy-start, XLA:TPU's prefetch into or eviction
+  from VMEM, its source and destination; an AllocateBuffer nothing). Loop bodies x trip count (`unknown_trips`
   times where it is data-dependent), the costliest branch of a conditional. On a loop-free CPU program this is XLA's own
   "bytes accessed" within 1%. `hlo`: the compiled program's text, or its `Module`."""
   module = parsed(hlo)
