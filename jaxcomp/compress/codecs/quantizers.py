@@ -84,13 +84,13 @@ class MinMaxQuant(Codec):
     half_range = 0.5 * (hi * up) - 0.5 * (lo * up)
     y = ratio(0.5 * (x32 * up) - 0.5 * (lo * up), half_range) * self.levels
     codes = jnp.clip(_round(y, self.stochastic, key), 0, self.levels)
-    packed = packing.pack(codes.reshape(-1).astype(jnp.uint32), self.bits)
+    packed = packing.pack(codes, self.bits)
     return Payload(Quantized(packed, lo=lo, hi=hi), x.shape, x.dtype)
 
   @compiled
   def decode(self, payload):
     a = payload.arrays
-    codes = packing.unpack(a.codes, self.bits, num_entries(payload.shape)).reshape(payload.shape)
+    codes = packing.unpack(a.codes, self.bits, tuple(payload.shape))
     up = _tiny_range_factor(a.lo, a.hi)
     half_step = (0.5 * (a.hi * up) - 0.5 * (a.lo * up)) * (codes.astype(jnp.float32) / self.levels)
     return (((a.lo * up + half_step) + half_step) / up).astype(payload.dtype)
@@ -284,7 +284,7 @@ class MaxAbsQuant(Codec):
     scale, f = self._scale(x32)
     f_x = self._expand(f) if self.grid == AUTO_GRID else f
     codes = self._codes(x32, self._expand(scale.astype(jnp.float32)), f_x, self.stochastic, key)
-    packed = packing.pack(codes.reshape(-1).astype(jnp.uint32), self.bits)
+    packed = packing.pack(codes, self.bits)
     if self.grid == AUTO_GRID:
       scale = jnp.where(f > 0, -scale, scale)
     return Payload(Quantized(packed, scale=packing.as_bits(scale)), x.shape, x.dtype)
@@ -292,7 +292,7 @@ class MaxAbsQuant(Codec):
   @compiled
   def decode(self, payload):
     a = payload.arrays
-    codes = packing.unpack(a.codes, self.bits, num_entries(payload.shape)).reshape(self._view_shape(payload.shape))
+    codes = packing.unpack(a.codes, self.bits, self._view_shape(payload.shape))
     s32, f = self.grids(payload)
     f_x = self._expand(f) if self.grid == AUTO_GRID else f
     return self._grid(codes.astype(jnp.float32), self._expand(s32), f_x).reshape(payload.shape).astype(payload.dtype)
