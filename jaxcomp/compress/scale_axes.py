@@ -26,8 +26,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxcomp.compress import packing
-from jaxcomp.compress.channel_scale import ChannelScale, ChannelScaled
+from jaxcomp.compress.channel_scale import ChannelScale, ChannelScaled, channel_scales
 from jaxcomp.compress.codecs import AUTO_GRID, MAXABS_GRIDS, Codec, MaxAbsQuant, Payload, checked, compiled
+from jaxcomp.compress.codecs.base import ratio
 from jaxcomp.compress.codecs.quantizers import unit_scaled
 from jaxcomp.compress.codecs.wire import Quantized
 
@@ -41,18 +42,27 @@ class AxisChosen(NamedTuple):
   grouped: jax.Array
 
 
-def _channel_mean_error(x32, y32):
-  """Mean over channels (the last axis) of ||y_c - x_c||^2 / ||x_c||^2, each channel taken over its own
-  x_c / 2^E_c and y_c / 2^E_c, 2^E_c the power of two of max|x_c| (`unit_scaled`: exact, so no square overflows
-  or flushes to 0 at any magnitude). A channel of zeros counts 0 if decoded as zeros, else inf."""
-  top_F = jnp.max(jnp.abs(x32.reshape(-1, x32.shape[-1])), axis=0)
-  x_u, _ = unit_scaled(x32, top_F)
-  y_u, _ = unit_scaled(y32, top_F)
-  axes = tuple(range(x32.ndim - 1))
-  error_F, energy_F = jnp.sum(jnp.square(y_u - x_u), axis=axes), jnp.sum(jnp.square(x_u), axis=axes)
-  ratio_F = jnp.where(energy_F > 0, error_F / jnp.where(energy_F > 0, energy_F, 1.0),
-                      jnp.where(error_F > 0, jnp.inf, 0.0))
-  return jnp.mean(ratio_F)
+def _summed(terms, axes):
+  """Each term summed over `axes`: on TPU in one reduction (one read of what the terms are computed from; XLA:TPU
+  otherwise lays each sum out apart), elsewhere one sum each (XLA:GPU fuses those, not a reduction of many)."""
+  one = lambda: jax.lax.reduce(tuple(terms), (jnp.float32(0),) * len(terms),
+                               lambda a, b: tuple(p + q for p, q in zip(a, b)), axes)
+  apart = lambda: tuple(jnp.sum(t, axis=axes) for t in terms)
+  return jax.lax.platform_dependent(tpu=one, default=apart)
+
+
+def _channel_mean_errors(x32, values, axes):
+  """For each decoded y in `values`: the mean over channels (every axis but `axes`) of ||y_c - x_c||^2 / ||x_c||^2,
+  each channel taken over its own x_c / 2^E_c and y_c / 2^E_c, 2^E_c the power of two of max|x_c|
+  (`unit_scaled`: exact, so no square overflows or flushes to 0 at any magnitude). A channel of zeros counts 0
+  if decoded as zeros, else inf."""
+  top = jnp.max(jnp.abs(x32), axis=axes)
+  x_u, _ = unit_scaled(x32, top)
+  *error_KxC, energy = _summed([jnp.square(unit_scaled(y, top)[0] - x_u) for y in values] + [jnp.square(x_u)], axes)
+  error_KxC = jnp.stack(error_KxC)
+  ratio_KxC = jnp.where(energy > 0, error_KxC / jnp.where(energy > 0, energy, 1.0),
+                        jnp.where(error_KxC > 0, jnp.inf, 0.0))
+  return jnp.mean(ratio_KxC.reshape(len(values), -1), axis=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,46 +91,49 @@ class ScaleAxes(Codec):
     """P's scales travel as fp32 words whatever their dtype (exact; the sign bit, grid=auto's choice, kept)."""
     return jnp.dtype(self.grouped.scale_dtype)
 
-  def _candidates(self) -> list[Codec]:
-    """The codes the sender tries, G first (ties go to G): G; with grid=auto, G on each fixed grid too (G
-    picks a grid per group by its error on x / c, which weighs the group's channels unlike x's own error,
-    so a fixed grid can err less in x); P last."""
-    grids = [self.grouped]
-    if self.grouped.grid == AUTO_GRID:
-      grids += [dataclasses.replace(self.grouped, grid=grid) for grid in MAXABS_GRIDS]
-    return [ChannelScale(g) for g in grids] + [self.per_channel]
-
-  def _message(self, codec, payload, groups_like):
-    """(codes, fp32 channel words, group scales as grid=auto reads them: midrise's sign bit set; zeros for P)
-    of a candidate."""
-    if isinstance(codec, MaxAbsQuant):
-      channel = packing.from_bits(payload.arrays.scale, self._scale_dtype).astype(jnp.float32)
-      return payload.arrays.codes, packing.as_bits(channel), jnp.zeros_like(groups_like)
-    inner = payload.arrays.inner.arrays
-    groups = packing.from_bits(inner.scale, self._scale_dtype)
-    if codec.inner.grid == "midrise" and self.grouped.grid == AUTO_GRID:
-      groups = -groups
-    return inner.codes, payload.arrays.scale, packing.as_bits(groups)
+  def _grouped_candidates(self) -> list[MaxAbsQuant]:
+    """G's inner codes the sender tries, ties to the first: G's own; with grid=auto, G on each fixed grid too (G
+    picks a grid per group by its error on x / c, which weighs the group's channels unlike x's own error, so a
+    fixed grid can err less in x). P is tried last."""
+    if self.grouped.grid != AUTO_GRID:
+      return [self.grouped]
+    return [self.grouped] + [dataclasses.replace(self.grouped, grid=grid) for grid in MAXABS_GRIDS]
 
   @checked
   @compiled
   def encode(self, x, key=None) -> Payload:
-    codecs = self._candidates()
-    near = ScaleAxes(dataclasses.replace(self.grouped, stochastic=False))._candidates()  # the choice's rounding
-    tried = [c.encode(x) for c in near]
-    x32 = x.astype(jnp.float32)
-    errors = jnp.stack([_channel_mean_error(x32, c.decode(p).astype(jnp.float32)) for c, p in zip(near, tried)])
+    """Every candidate's scales from one look at x, each decoded in G's view of x (one layout throughout), their
+    errors summed together, and the chosen one's codes sent (under :stoch, drawn for that one alone)."""
+    view, x32 = self.grouped.view_shape(x.shape), x.astype(jnp.float32)
+    c = channel_scales(x)
+    u_v = ratio(x32, c).astype(x.dtype).astype(jnp.float32).reshape(view)  # G's input, as ChannelScale codes it
+    x_v, c_v = x32.reshape(view), c.reshape(view[-2:])
+    per_channel = self.per_channel
+    p_scale, p_f = per_channel.choose_scale(x32)
+    in_view = lambda a: a.reshape(view[-2:]) if isinstance(a, jax.Array) else a  # P's [F] scales over G's view
+    grouped = [(g, *g.choose_scale(u_v)) for g in self._grouped_candidates()]
+    nearest = lambda q: dataclasses.replace(q, stochastic=False)  # the choice's rounding
+    near = [nearest(g).rounded(u_v, s, f) for g, s, f in grouped]
+    p_near = nearest(per_channel).rounded(x_v, in_view(p_scale), in_view(p_f))
+    as_sent = lambda v: v.astype(x.dtype).astype(jnp.float32)  # each decoded as its own decode does
+    values = [as_sent(as_sent(y) * c_v) for _, y in near] + [as_sent(p_near[1])]
+    errors = _channel_mean_errors(x_v, values, tuple(range(len(view) - 2)))
     errors = jnp.where(jnp.isfinite(errors), errors, jnp.inf)
-    pick = jnp.where(jnp.all(jnp.isfinite(x32)), jnp.argmin(errors), len(codecs) - 1)  # non-finite: P
-    groups_like = tried[0].arrays.inner.arrays.scale  # G's group scales' bits
-    if self.grouped.stochastic:  # only the chosen code is drawn
-      codes, channel, groups = jax.lax.switch(
-          pick, [lambda c=c: self._message(c, c.encode(x, key), groups_like) for c in codecs])
+    pick = jnp.where(jnp.all(jnp.isfinite(x32)), jnp.argmin(errors), len(values) - 1)  # non-finite: P
+    narrow = lambda codes: codes.astype(packing.code_dtype(self.grouped.bits))
+    if self.grouped.stochastic:  # only the chosen code is drawn, on the shape it is drawn on alone
+      codes = jax.lax.switch(pick, [lambda g=g, s=s, f=f: narrow(g.rounded(u_v, s, f, key)[0]) for g, s, f in grouped]
+                             + [lambda: narrow(per_channel.rounded(x32, p_scale, p_f, key)[0]).reshape(view)])
     else:
-      parts = [self._message(c, p, groups_like) for c, p in zip(codecs, tried)]
-      codes, channel, groups = (jnp.stack([part[i] for part in parts])[pick] for i in range(3))
-    return Payload(AxisChosen(codes, channel, groups, (pick < len(codecs) - 1).astype(jnp.uint8)[None]),
-                   tuple(x.shape), x.dtype)
+      codes = jnp.select([pick == k for k in range(len(grouped))], [narrow(codes) for codes, _ in near],
+                         narrow(p_near[0]))
+    signed = self.grouped.grid == AUTO_GRID  # grid=auto's form: midrise in the sign bit
+    group_scales = [packing.as_bits(jnp.where(f > 0, -s, s) if signed else s) for _, s, f in grouped]
+    channel = packing.as_bits(per_channel.sent_scale(p_scale, p_f).astype(jnp.float32))
+    groups = jnp.stack(group_scales + [jnp.zeros_like(group_scales[0])])[pick]
+    channel = jnp.where(pick < len(grouped), packing.as_bits(c), channel)
+    return Payload(AxisChosen(packing.pack(codes, self.grouped.bits), channel, groups,
+                              (pick < len(grouped)).astype(jnp.uint8)[None]), tuple(x.shape), x.dtype)
 
   @compiled
   def decode(self, payload: Payload) -> jax.Array:

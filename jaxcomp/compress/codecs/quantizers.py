@@ -191,10 +191,10 @@ class MaxAbsQuant(Codec):
 
   def _scale_shape(self, shape):
     if self.granularity == "group":
-      return self._view_shape(shape)[:-1]
+      return self.view_shape(shape)[:-1]
     return (shape[-1],) if self.granularity == "channel" else ()
 
-  def _view_shape(self, shape):
+  def view_shape(self, shape):
     """The shape scales reduce over: groups split the last axis into [F/G, G]."""
     if self.granularity != "group":
       return tuple(shape)
@@ -252,9 +252,9 @@ class MaxAbsQuant(Codec):
     midrise = least[1] < least[0]
     return jnp.where(midrise, ratio[1], ratio[0]), jnp.where(midrise, 0.5, 0.0)
 
-  def _scale(self, x32):
-    """(scale, grid offset f) the sender picks: s = max|x| times a fixed clip ratio or the least-error one;
-    f the fixed grid's, or per scale (grid="auto") the grid of least error."""
+  def choose_scale(self, x32):
+    """(scale in `scale_dtype`, grid offset f) the sender picks for fp32 x in `view_shape`: s = max|x| times a fixed
+    clip ratio or the least-error one; f the fixed grid's, or per scale (grid="auto") the grid of least error."""
     axes = self._reduce_axes(x32)
     s = _nan_where_nan(jnp.max(jnp.abs(x32), axis=axes), x32, axes)
     ratios = _CLIP_CANDIDATES if self.clip == "mse" else (self.clip,)
@@ -269,6 +269,18 @@ class MaxAbsQuant(Codec):
     stored = s.astype(self.scale_dtype)
     return jnp.where(stored.astype(jnp.float32) < s, jnp.nextafter(stored, jnp.inf), stored), f
 
+  def rounded(self, x32, scale, f, key=None) -> tuple[jax.Array, jax.Array]:
+    """(codes c in [0, 2D] as fp32, the fp32 values (c - D)/D s they decode to) of fp32 x in `view_shape` on the
+    grids of `choose_scale`'s (scale, f), or of any scales and offsets that broadcast against x alike."""
+    f_x = self._expand(f) if self.grid == AUTO_GRID else f
+    s32 = self._expand(scale.astype(jnp.float32))
+    codes = self._codes(x32, s32, f_x, self.stochastic, key)
+    return codes, self._grid(codes, s32, f_x)
+
+  def sent_scale(self, scale, f):
+    """The scale as the message holds it: grid="auto" flags midrise (f > 0) in its sign bit."""
+    return jnp.where(f > 0, -scale, scale) if self.grid == AUTO_GRID else scale
+
   def grids(self, payload: Payload) -> tuple[jax.Array, jax.Array | float]:
     """(scales as fp32, grid offset f per scale) of a payload: f = 0 on the zero grid, 1/2 on midrise
     (grid="auto" sends f in the sign bit of each scale, which max|x| leaves 0: a set bit means midrise)."""
@@ -280,19 +292,16 @@ class MaxAbsQuant(Codec):
   @checked
   @compiled
   def encode(self, x, key=None):
-    x32 = x.astype(jnp.float32).reshape(self._view_shape(x.shape))
-    scale, f = self._scale(x32)
-    f_x = self._expand(f) if self.grid == AUTO_GRID else f
-    codes = self._codes(x32, self._expand(scale.astype(jnp.float32)), f_x, self.stochastic, key)
-    packed = packing.pack(codes, self.bits)
-    if self.grid == AUTO_GRID:
-      scale = jnp.where(f > 0, -scale, scale)
-    return Payload(Quantized(packed, scale=packing.as_bits(scale)), x.shape, x.dtype)
+    x32 = x.astype(jnp.float32).reshape(self.view_shape(x.shape))
+    scale, f = self.choose_scale(x32)
+    codes, _ = self.rounded(x32, scale, f, key)
+    return Payload(Quantized(packing.pack(codes, self.bits), scale=packing.as_bits(self.sent_scale(scale, f))),
+                   x.shape, x.dtype)
 
   @compiled
   def decode(self, payload):
     a = payload.arrays
-    codes = packing.unpack(a.codes, self.bits, self._view_shape(payload.shape))
+    codes = packing.unpack(a.codes, self.bits, self.view_shape(payload.shape))
     s32, f = self.grids(payload)
     f_x = self._expand(f) if self.grid == AUTO_GRID else f
     return self._grid(codes.astype(jnp.float32), self._expand(s32), f_x).reshape(payload.shape).astype(payload.dtype)
