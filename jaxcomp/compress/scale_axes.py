@@ -119,7 +119,8 @@ class ScaleAxes(Codec):
     values = [as_sent(as_sent(y) * c_v) for _, y in near] + [as_sent(p_near[1])]
     errors = _channel_mean_errors(x_v, values, tuple(range(len(view) - 2)))
     errors = jnp.where(jnp.isfinite(errors), errors, jnp.inf)
-    pick = jnp.where(jnp.all(jnp.isfinite(x32)), jnp.argmin(errors), len(values) - 1)  # non-finite: P
+    finite = jnp.sum(jnp.isfinite(x32), axis=tuple(range(x.ndim - 1))) == x.size // x.shape[-1]  # as channel_scales counts
+    pick = jnp.where(jnp.all(finite), jnp.argmin(errors), len(values) - 1)  # non-finite: P
     narrow = lambda codes: codes.astype(packing.code_dtype(self.grouped.bits))
     if self.grouped.stochastic:  # only the chosen code is drawn, on the shape it is drawn on alone
       codes = jax.lax.switch(pick, [lambda g=g, s=s, f=f: narrow(g.rounded(u_v, s, f, key)[0]) for g, s, f in grouped]
