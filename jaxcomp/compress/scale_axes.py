@@ -119,7 +119,8 @@ class ScaleAxes(Codec):
     values = [as_sent(as_sent(y) * c_v) for _, y in near] + [as_sent(p_near[1])]
     errors = _channel_mean_errors(x_v, values, tuple(range(len(view) - 2)))
     errors = jnp.where(jnp.isfinite(errors), errors, jnp.inf)
-    finite = jnp.sum(jnp.isfinite(x32), axis=tuple(range(x.ndim - 1))) == x.size // x.shape[-1]  # as channel_scales counts
+    finite = (jnp.sum(jnp.isfinite(x32), axis=tuple(range(x.ndim - 1)))  # the counts channel_scales takes
+              == x.size // x.shape[-1])
     pick = jnp.where(jnp.all(finite), jnp.argmin(errors), len(values) - 1)  # non-finite: P
     narrow = lambda codes: codes.astype(packing.code_dtype(self.grouped.bits))
     if self.grouped.stochastic:  # only the chosen code is drawn, on the shape it is drawn on alone
@@ -128,8 +129,7 @@ class ScaleAxes(Codec):
     else:
       codes = jnp.select([pick == k for k in range(len(grouped))], [narrow(codes) for codes, _ in near],
                          narrow(p_near[0]))
-    signed = self.grouped.grid == AUTO_GRID  # grid=auto's form: midrise in the sign bit
-    group_scales = [packing.as_bits(jnp.where(f > 0, -s, s) if signed else s) for _, s, f in grouped]
+    group_scales = [packing.as_bits(self.grouped.sent_scale(s, f)) for _, s, f in grouped]  # in G's own form
     channel = packing.as_bits(per_channel.sent_scale(p_scale, p_f).astype(jnp.float32))
     groups = jnp.stack(group_scales + [jnp.zeros_like(group_scales[0])])[pick]
     channel = jnp.where(pick < len(grouped), packing.as_bits(c), channel)
