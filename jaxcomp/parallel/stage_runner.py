@@ -334,13 +334,13 @@ class StageRunner:
     tick = lambda t, c, bs: self.forward_tick(inp, t, bs, c)
     fill, steady, drain = self.plan.phases
     for t in fill:
-      carry = tick(t, carry, self.plan.sends(t))
+      carry = tick(t, carry, self.plan.ticks[t].fwd_sends)
     if len(steady):
       every = range(s_count - 1)
       carry, _ = jax.lax.scan(lambda c, t: (tick(t, c, every), None), carry,
                               jnp.arange(steady.start, steady.stop, dtype=jnp.int32))
     for t in drain:
-      carry = tick(t, carry, self.plan.sends(t))
+      carry = tick(t, carry, self.plan.ticks[t].fwd_sends)
     return carry
 
   # ---------------------------------------------------------------- explicit backward
