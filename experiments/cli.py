@@ -15,7 +15,7 @@ from experiments import checks, config, runner
 from jaxcomp import pipeline
 from jaxcomp.analysis import dryrun, targets
 from jaxcomp.compress.spec import parse_boundary
-from jaxcomp.parallel import executors, schedules, simulate
+from jaxcomp.parallel import executors, memory, schedules, simulate
 from jaxcomp.runtime import distributed, lock, train
 
 GROUPS = {  # --help's argument groups: key -> title
@@ -237,7 +237,7 @@ def main(exp: config.Experiment, argv=None, hooks=()):
         return None
       distributed.initialize(args.coordinator, args.num_processes, args.process_id)
       return runner.run(exp, config_from_args(exp, args), hooks)
-    except pipeline.TablesDoNotFit as err:  # AQ-SGD tables on the device: the CLI can keep them in host memory
+    except memory.TablesDoNotFit as err:  # AQ-SGD tables on the device: the CLI can keep them in host memory
       sys.exit("error: " + " ".join(str(err).split()) + " (CLI: --aqsgd-buffers host|DIR)")
     except (ValueError, OSError, RuntimeError, ImportError, train.NonFiniteLossError,
             lock.FolderInUseError) as err:  # fixable (ImportError: an optional extra not installed)

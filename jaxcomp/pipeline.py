@@ -8,7 +8,6 @@ per training example (AQ-SGD).
 import abc
 import dataclasses
 import functools
-import os
 from typing import Any, Callable, NamedTuple, Protocol
 
 import flax.linen as nn
@@ -264,43 +263,6 @@ def _traced_activation_shapes(dense: Pipeline, shapes) -> tuple:
 _remembered_activation_shapes = functools.lru_cache(maxsize=32)(_traced_activation_shapes)
 
 
-def free_host_bytes() -> int:
-  """Free host RAM."""
-  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-
-
-def available_memory_bytes() -> int:
-  """Free memory of the default device (accelerator limit, or host RAM on CPU)."""
-  stats = jax.local_devices()[0].memory_stats() or {}
-  if "bytes_limit" in stats:
-    return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
-  return free_host_bytes()
-
-
-class TablesDoNotFit(ValueError):
-  """AQ-SGD's per-example tables would not fit in the memory that is free (`need`, `available`: bytes)."""
-
-  def __init__(self, message: str, need: int, available: int):
-    super().__init__(message)
-    self.need, self.available = need, available
-
-
-def check_aqsgd_memory(boundary: Boundary, shapes, available: int | None = None):
-  """TablesDoNotFit before allocating AQ-SGD tables (two ends x every boundary) that cannot fit
-  (`shapes`: the activation at each boundary, or a function returning them, called only for AQ-SGD)."""
-  if not isinstance(boundary.fwd, schemes.AQSGD):
-    return
-  shapes = shapes() if callable(shapes) else shapes
-  total = sum(2 * boundary.fwd.buffer_bytes(s.shape[1:]) for s in shapes)
-  available = available_memory_bytes() if available is None else available
-  if total > available:
-    raise TablesDoNotFit(
-        f"AQ-SGD buffers need {total / 2**30:.2f} GiB ({boundary.fwd.num_examples} examples x "
-        f"{len(shapes)} boundaries x 2 ends, {boundary.fwd.buffer_dtype}) but only "
-        f"{available / 2**30:.2f} GiB is free; use fewer examples, a smaller buffer dtype or tables in host memory "
-        "(hostbuffer.HostBuffered)", total, available)
-
-
 def _init_stages(stages, rng, x) -> tuple[list, list, list]:
   """(params, model_state, output) per stage, stage s initialised on the previous stage's output."""
   params, model_state, outputs = [], [], []
@@ -318,7 +280,7 @@ def init_state(pipe: Pipeline, optimizer: optax.GradientTransformation, rng, bat
 
   `params` (per-stage trees, e.g. pretrained weights) replace the random initialisation.
   Tracing it abstractly (`jax.eval_shape`) allocates nothing; executors that allocate call
-  `check_aqsgd_memory` first.
+  `parallel.memory.check_aqsgd_memory` first.
   """
   given = params
   mb = jax.tree.map(lambda x: x[0], split_microbatches(batch, pipe.microbatches))

@@ -10,10 +10,9 @@ import pytest
 import jaxcomp
 from experiments import gpt2_wikitext
 from experiments.cli import main
-from jaxcomp import pipeline
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import hostbuffer, simulate
+from jaxcomp.parallel import hostbuffer, memory, simulate
 
 N, B = 24, 8
 X = np.random.default_rng(0).normal(size=(N, 6)).astype(np.float32)
@@ -101,7 +100,7 @@ def test_cli_trains_with_host_buffers_and_prints_the_estimate(tmp_path, capsys):
 
 @pytest.mark.parametrize("buffers", ["device", "host", "DIR"])
 def test_tables_that_do_not_fit_stop_the_run_before_anything_is_written(tmp_path, monkeypatch, capsys, buffers):
-  monkeypatch.setattr(pipeline, "available_memory_bytes", lambda: 10**5)
+  monkeypatch.setattr(memory, "available_memory_bytes", lambda: 10**5)
   monkeypatch.setattr(hostbuffer, "free_bytes", lambda directory=None: 10**5)
   tables = tmp_path / "tables"
   where, error = {
@@ -112,7 +111,7 @@ def test_tables_that_do_not_fit_stop_the_run_before_anything_is_written(tmp_path
   with pytest.raises(SystemExit, match=error):
     main(gpt2_wikitext.EXPERIMENT, [*GPT2_AQSGD, "--aqsgd-buffers", where, "--out", str(tmp_path / "runs")])
   assert not (tmp_path / "runs").exists() and not tables.exists()  # no checkpoint, results or tables
-  if buffers == "device":  # the estimate line comes first; pipeline.check_aqsgd_memory stops before allocating
+  if buffers == "device":  # the estimate line comes first; memory.check_aqsgd_memory stops before allocating
     assert f"AQ-SGD tables on device (cpu): {ROWS} x 2 ends = 0.000366 GiB (9.31e-05 GiB free)" in \
         capsys.readouterr().out
 

@@ -15,7 +15,7 @@ import jaxcomp
 from jaxcomp import pipeline
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.models.mlp import mlp_stages
-from jaxcomp.parallel import simulate
+from jaxcomp.parallel import memory, simulate
 
 X = jax.random.normal(jax.random.key(0), (16, 8))
 BATCH = {"x": X, "label": (X[:, 0] > 0).astype(jnp.int32), "id": jnp.arange(16) + 3}
@@ -110,8 +110,8 @@ def test_bad_pipeline_configs():
   aq = _pipe("aqsgd+quant:2", "quant:4")
   shapes = [jax.ShapeDtypeStruct((8, 16), jnp.float32)] * 2
   with pytest.raises(ValueError, match=r"AQ-SGD buffers need .* GiB .* only 0.00 GiB is free"):
-    pipeline.check_aqsgd_memory(aq.boundary, shapes, available=1000)
-  pipeline.check_aqsgd_memory(aq.boundary, shapes, available=10**6)
+    memory.check_aqsgd_memory(aq.boundary, shapes, available=1000)
+  memory.check_aqsgd_memory(aq.boundary, shapes, available=10**6)
 
 
 def test_readme_example_runs_and_learns(capsys):

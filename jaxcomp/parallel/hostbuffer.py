@@ -26,7 +26,7 @@ import optax
 from jaxcomp import pipeline
 from jaxcomp.compress.boundary import Mode
 from jaxcomp.compress.schemes import AQSGD, AQSGDState
-from jaxcomp.parallel import simulate
+from jaxcomp.parallel import memory, simulate
 
 
 def memory_estimate(num_examples: int, row_shapes, dtype=np.float16) -> int:
@@ -62,16 +62,16 @@ def table_rows(pipe: pipeline.Pipeline, batch) -> list[tuple]:
 
 
 def device_summary(pipe: pipeline.Pipeline, batch) -> str:
-  """The `summary` line of on-device tables: both ends of every boundary, as pipeline.check_aqsgd_memory counts."""
+  """The `summary` line of on-device tables: both ends of every boundary, as memory.check_aqsgd_memory counts."""
   fwd = _aqsgd(pipe)
   return summary(f"on device ({jax.devices()[0].platform})", fwd.num_examples, table_rows(pipe, batch),
-                 fwd.buffer_dtype, pipeline.available_memory_bytes(), ends=2)
+                 fwd.buffer_dtype, memory.available_memory_bytes(), ends=2)
 
 
 def free_bytes(directory=None) -> int:
   """Free host RAM, or free disk space where `directory` is (or would be created)."""
   if directory is None:
-    return pipeline.free_host_bytes()
+    return memory.free_host_bytes()
   existing = pathlib.Path(directory).absolute()
   while not existing.exists():
     existing = existing.parent

@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from jaxcomp import pipeline
 from jaxcomp.compress import schemes
 from jaxcomp.compress.boundary import LinkState, Mode
-from jaxcomp.parallel import dataparallel, schedules
+from jaxcomp.parallel import dataparallel, memory, schedules
 from jaxcomp.parallel.mesh import DATA, STAGE, make_mesh
 from jaxcomp.parallel.overlapped_sends import OverlappedRunner
 from jaxcomp.parallel.stage_runner import REMAT, StageRunner
@@ -158,7 +158,7 @@ class ShardedExecutor(pipeline.Executor):
     weights) are read from the host instead."""
     self._check(pipe, optimizer)
     lay = self.state_layout(pipe, optimizer, batch)
-    pipeline.check_aqsgd_memory(pipe.boundary, lay.shapes)
+    memory.check_aqsgd_memory(pipe.boundary, lay.shapes)
     if params is not None:
       return self.stack(pipe, optimizer, pipeline.init_state(pipe, optimizer, rng, batch, params), batch)
     build = lay.initializer(self.mesh, jax.random.key_impl(rng))

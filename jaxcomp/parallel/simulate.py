@@ -13,6 +13,7 @@ from jax.sharding import SingleDeviceSharding
 
 from jaxcomp import pipeline
 from jaxcomp.compress.boundary import LinkState, Mode
+from jaxcomp.parallel import memory
 
 
 def _run(pipe: pipeline.Pipeline, params, model_state, fwd_tables, bwd_tables, batch, step_key, mode, train):
@@ -48,7 +49,7 @@ def init_state(pipe: pipeline.Pipeline, optimizer: optax.GradientTransformation,
                params=None) -> pipeline.TrainState:
   """Executor protocol: the train state on the default device (see `pipeline.init_state`); AQ-SGD
   tables that cannot fit are a ValueError before anything is allocated."""
-  pipeline.check_aqsgd_memory(pipe.boundary, lambda: pipeline.activation_shapes(pipe, batch))
+  memory.check_aqsgd_memory(pipe.boundary, lambda: pipeline.activation_shapes(pipe, batch))
   return pipeline.init_state(pipe, optimizer, rng, batch, params)
 
 
