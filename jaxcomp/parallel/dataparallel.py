@@ -67,7 +67,7 @@ class StageStep(NamedTuple):
   key: jax.Array  # this step's key (stochastic codecs)
   real: jax.Array  # mask of the row's (rows') entries that are not padding
   finish: Callable  # (row(s), tied state) -> (tied and clipped row(s), tied state') (`StateLayout.finish`)
-  optimizer: Any  # the optimizer's rows (`optimizer_rows.OptimizerRows`, as the device holds them)
+  optimizer: Any  # the optimizer's rows (`padded_rows.OptimizerRows`, as the device holds them)
   tied: Any = ()  # this replica's state of the compressed tied exchange (`StateLayout.finish`)
 
 

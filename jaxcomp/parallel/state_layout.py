@@ -12,7 +12,7 @@ Per device (d, s) of the (data, stage) mesh, every per-stage quantity is a zero-
   tied_state, per tied pair, [S, D, n]: each replica's state of the compressed tied exchange of the member
   its stage device holds (zeros on the devices that hold neither member).
 `StateRows` converts between the simulate layout and these rows from shapes alone (a checkpoint
-of the rows records its `description`; the optimizer's rows: `optimizer_rows`); `StateLayout` adds what the
+of the rows records its `description`; the optimizer's rows: `padded_rows.optimizer_rows`); `StateLayout` adds what the
 executor needs of the pipeline. `StateLayout.specs` is the one source of every partition spec.
 """
 from typing import NamedTuple
@@ -29,8 +29,8 @@ from jaxcomp.compress import tied
 from jaxcomp.compress.boundary import LinkState
 from jaxcomp.parallel import padded_rows
 from jaxcomp.parallel.mesh import DATA, STAGE, TIED
-from jaxcomp.parallel.optimizer_rows import (OPTIMIZER_ROWS, ChunkRows, MomentRows, OptaxRows, OptimizerRows,
-                                             optimizer_rows)
+from jaxcomp.parallel.padded_rows import (OPTIMIZER_ROWS, ChunkRows, MomentRows, OptaxRows, OptimizerRows,
+                                          optimizer_rows)
 
 class TiedMessage(NamedTuple):
   """One tied pair's exchange in a train step: its members' stage devices, and the bytes each sends the other."""
