@@ -47,7 +47,6 @@ from jaxcomp.analysis.step_cost import Estimated, Measured, op_seconds, stage_co
 from jaxcomp.analysis.step_inputs import TIED_CHOICES, exchange, on_chunks, tied_exchange
 from jaxcomp.analysis.link import Link
 from jaxcomp.compress import spec
-from jaxcomp.compress.tied import check_scheme
 from jaxcomp.models import gpt2
 from jaxcomp.parallel import padded_rows, schedules, timetable
 
@@ -227,7 +226,7 @@ def main(argv=None):
     choices = [c.strip() for c in args.tied_exchange.split(",") if c.strip()]
     for choice in choices:
       if choice not in TIED_CHOICES:
-        check_scheme(spec.parse_scheme(choice))
+        pipeline.check_tied_scheme(spec.parse_scheme(choice))
   except ValueError as err:
     parser.error(str(err))
   if not choices:

@@ -13,7 +13,6 @@ import jax
 from jaxcomp import pipeline
 from jaxcomp.compress.boundary import Reuse
 from jaxcomp.compress.schemes import AQSGD
-from jaxcomp.compress import tied as tied_exchange
 from jaxcomp.compress.spec import parse_boundary, parse_scheme
 from jaxcomp.parallel import schedules
 from jaxcomp.runtime import checkpoint, train
@@ -57,7 +56,7 @@ def check_choices(choices: dict, preset: str | None):
       raise ValueError(f"--untie-embeddings leaves no tied exchange for --tied-compression "
                        f"{choices['tied_compression']} to compress; drop one of them")
     try:
-      tied_exchange.check_scheme(parse_scheme(choices["tied_compression"]))
+      pipeline.check_tied_scheme(parse_scheme(choices["tied_compression"]))
     except ValueError as err:
       raise ValueError(f"--tied-compression {choices['tied_compression']}: {err}") from None
   if choices.get("init_epoch") and not choices.get("init_from"):

@@ -1,9 +1,10 @@
-"""What every executor shares: stages, the pipeline spec, train state, keys and state rows.
+"""What every executor shares: stages, the pipeline spec, train state, keys, state rows and tied parameters.
 
 A pipeline is S stage functions with the same Boundary between consecutive stages. A batch
 of B examples is split into M microbatches of B/M; boundary b's state tables live in
 `TrainState.links[b]`, with B slot rows (EF-style "global buffer" of a batch) or one row
-per training example (AQ-SGD).
+per training example (AQ-SGD). Tied parameters (copies on two stages kept equal) start equal and take one
+summed gradient, exchanged exact or compressed (`tie_grads`, `tied_member_total`).
 """
 import abc
 import dataclasses
@@ -17,7 +18,6 @@ import optax
 
 from jaxcomp.arguments import is_integer
 from jaxcomp.compress import codecs, schemes
-from jaxcomp.compress import tied
 from jaxcomp.compress.boundary import Boundary, LinkState, Mode
 
 
@@ -129,7 +129,7 @@ class Pipeline:
   loss_fn(outputs, microbatch) -> (scalar loss, dict of scalar metrics); metrics are
   averaged over microbatches. `tied` lists pairs ((stage, param path), (stage, param path))
   of parameters kept equal (their gradients are summed), e.g. GPT-2's embedding and head;
-  `tied_scheme` (a Plain or EF scheme) compresses that sum's exchange (`compress.tied`; None:
+  `tied_scheme` (a Plain or EF scheme) compresses that sum's exchange (`tie_grads`; None:
   the exact g_a + g_b). `init_copies` lists pairs of the same form whose second member starts as
   a copy of the first and then trains on its own (GPT-2 with an untied head).
   `grad_clip_norm` clips the global gradient norm over all stages (an executor's job: no
@@ -153,7 +153,7 @@ class Pipeline:
         raise TypeError(f"stage {s} is a Flax module ({type(stage).__name__}); wrap it as jaxcomp.FlaxStage(module): "
                         "a stage is init(rng, x) -> (params, model_state) and apply(params, model_state, x, *, train, "
                         "rng) -> (y, model_state), and FlaxStage makes a module `__call__(x, train)` one")
-    tied.check_scheme(self.tied_scheme)
+    check_tied_scheme(self.tied_scheme)
     m = self.microbatches
     if not is_integer(m) or m < 1:
       raise ValueError(f"microbatches must be a positive integer, got {m!r}")
@@ -171,7 +171,7 @@ class TrainState(NamedTuple):
   opt_state: Any
   links: tuple  # LinkState per boundary
   grad_state: Any = ()  # data-parallel gradient compression state (sharded executor)
-  tied_state: Any = ()  # per tied pair, its members' states of the compressed tied exchange (`compress.tied`)
+  tied_state: Any = ()  # per tied pair, its members' states of the compressed tied exchange (`init_tied_exchange`)
 
 
 def split_microbatches(batch, m: int):
@@ -289,13 +289,13 @@ def init_state(pipe: Pipeline, optimizer: optax.GradientTransformation, rng, bat
   if given is not None:
     jax.tree.map(lambda a, b: _check_shape(a, b), given, tuple(params))
     params = [jax.tree.map(jnp.asarray, p) for p in given]
-  params = tied.tie_params(tuple(params), pipe.tied + pipe.init_copies)
+  params = tie_params(tuple(params), pipe.tied + pipe.init_copies)
   model_state = tuple(model_state)
   shapes = outputs[:-1]  # the activation at each boundary
   batch_size = jax.tree.leaves(batch)[0].shape[0]
   links = tuple(pipe.boundary.init(batch_size, s.shape[1:], s.dtype) for s in shapes)
   return TrainState(jnp.zeros((), jnp.int32), state_rng, params, model_state,
-                    optimizer.init(params), links, (), tied.init_exchange(pipe.tied, pipe.tied_scheme, params))
+                    optimizer.init(params), links, (), init_tied_exchange(pipe.tied, pipe.tied_scheme, params))
 
 
 def ties(pipe: Pipeline) -> dict:
@@ -355,10 +355,106 @@ def clip_factor(squared_norm, max_norm):
 
 
 def finish_grads(pipe: Pipeline, grads: tuple, tied_state=(), step_key=None) -> tuple:
-  """(gradients, tied_state'): ties (`compress.tied.tie_grads`), then global-norm clipping: what happens to the
-  gradients of all stages at once."""
-  grads, tied_state = tied.tie_grads(grads, pipe.tied, pipe.tied_scheme, tied_state, step_key)
+  """(gradients, tied_state'): ties (`tie_grads`), then global-norm clipping: what happens to the gradients of all
+  stages at once."""
+  grads, tied_state = tie_grads(grads, pipe.tied, pipe.tied_scheme, tied_state, step_key)
   if pipe.grad_clip_norm is None:
     return grads, tied_state
   factor = clip_factor(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)), pipe.grad_clip_norm)
   return jax.tree.map(lambda g: g * factor, grads), tied_state
+
+
+# ---------------------------------------------------------------- tied parameters
+# A tied pair ((stage a, param path), (stage b, param path)) holds one parameter in each member; both start as a's
+# value (`tie_params`) and both take the pair's gradient g_a + g_b. Exchanged dense, each member sends its g to the
+# other. Compressed by a Plain or EF scheme (the data-parallel gradient schemes), each member sends one message of
+# a [1, n] row:
+#   m_a = C(g_a + e_a),  e_a' = g_a + e_a - m_a   (EF; Plain: m_a = C(g_a), no state)
+# and both use the same total, its own message decoded too, in the same order: g = D(m_a) + D(m_b) on a and on b,
+# so the two copies take the same update and stay bitwise equal. Each member draws its own key (`tied_member_key`:
+# stochastic codecs), the same wherever the pair runs. A member's error state is the scheme's sender state of one
+# [1, n] row per data-parallel replica ([D, n] leaves). `tie_grads` runs the exchange with both members in one
+# program (the simulate layout); `tied_member_total` runs one member's half, the other's message arriving through
+# `exchange` (the sharded layout, a device per member: `state_layout.StateLayout.finish`).
+
+def check_tied_scheme(scheme):
+  """ValueError unless `scheme` is None (a dense exchange) or a Plain or EF scheme."""
+  if scheme is not None and not schemes.sender_only(scheme):
+    raise ValueError(f"the tied exchange's scheme must be a Plain or EF scheme (no receiver state), got {scheme!r}")
+
+
+def _at(tree, path):
+  for p in path:
+    tree = tree[p]
+  return tree
+
+
+def _set(tree, path, value):
+  if not path:
+    return value
+  return {**tree, path[0]: _set(tree[path[0]], path[1:], value)}
+
+
+def tie_params(params: tuple, pairs) -> tuple:
+  """Per-stage parameter trees in which each pair's second member holds a copy of the first's value."""
+  params = list(params)
+  for (sa, pa), (sb, pb) in pairs:
+    params[sb] = _set(params[sb], pb, jnp.array(_at(params[sa], pa)))
+  return tuple(params)
+
+
+def init_tied_exchange(pairs, scheme, params, replicas: int = 1) -> tuple:
+  """The compressed exchange's state: per pair (member a's, member b's) states, each the scheme's sender state of
+  one [n] row per replica (leaves [replicas, n], n the pair's parameter size); () when `scheme` is None (an exact
+  exchange)."""
+  if scheme is None:
+    return ()
+  member = lambda n: scheme.init_sender(replicas, (n,), jnp.float32)
+  return tuple((member(n), member(n)) for n in (int(jnp.size(_at(params[sa], pa))) for (sa, pa), _ in pairs))
+
+
+def tied_member_key(step_key, pair: int, member):
+  """The key of member `member` (0: a, 1: b; may be traced) of tied pair `pair` in the step of `step_key`."""
+  return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(step_key, 3), pair), member)
+
+
+def _tied_send(scheme, g_n, state, key):
+  """(payload m = C(g + e) of one member's gradient segment [n], its state') for its state of one replica ([1, n]
+  leaves): the scheme's own `send` (EF's error feedback)."""
+  return scheme.send(g_n[None], state, key)
+
+
+def _tied_total(scheme, payload_a, payload_b):
+  """The pair's gradient [n] on both members: D(m_a) + D(m_b), a's first."""
+  return (scheme.codec.decode(payload_a) + scheme.codec.decode(payload_b))[0]
+
+
+def tie_grads(grads: tuple, pairs, scheme=None, state=(), step_key=None) -> tuple:
+  """(gradients, state'): each pair's members both get g_a + g_b, exact (`scheme` None), or D(m_a) + D(m_b) of
+  their compressed messages (`state`: the pairs' member states of one replica, `step_key` the step's)."""
+  grads, states = list(grads), []
+  for k, ((sa, pa), (sb, pb)) in enumerate(pairs):
+    g_a, g_b = _at(grads[sa], pa), _at(grads[sb], pb)
+    if scheme is None:
+      pair_total = g_a + g_b
+    else:
+      sent = [_tied_send(scheme, g.reshape(-1), member_state, tied_member_key(step_key, k, member))
+              for member, (g, member_state) in enumerate(zip((g_a, g_b), state[k]))]
+      pair_total = _tied_total(scheme, sent[0][0], sent[1][0]).reshape(g_a.shape).astype(g_a.dtype)
+      states.append((sent[0][1], sent[1][1]))
+    grads[sa] = _set(grads[sa], pa, pair_total)
+    grads[sb] = _set(grads[sb], pb, pair_total)
+  return tuple(grads), tuple(states)
+
+
+def tied_member_total(scheme, mine, state, key, is_a, exchange):
+  """(the pair's gradient [n], state') on the member holding gradient segment `mine` [n] (`is_a`: member a; may be
+  traced): its message (`mine`, or with `scheme` m = C(g + e) from its `state` of one replica, [1, n] leaves, and
+  its `key`) goes out through `exchange` (message -> the other member's message), and both members sum in a's-first
+  order: g_a + g_b, or D(m_a) + D(m_b). `state'` is () for an exact exchange."""
+  if scheme is not None:
+    mine, state = _tied_send(scheme, mine, state, key)
+  other = exchange(mine)
+  pick = lambda first, second: jax.tree.map(lambda x, y: jnp.where(is_a, x, y), first, second)
+  a, b = pick(mine, other), pick(other, mine)
+  return (a + b, ()) if scheme is None else (_tied_total(scheme, a, b), state)

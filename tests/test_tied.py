@@ -1,5 +1,5 @@
-"""Tied parameters: the compressed tied exchange (`compress.tied`) on both executors, initial copies, and the
-tied and data-parallel exchanges' bytes in the compiled program."""
+"""Tied parameters: the compressed tied exchange (`pipeline.tie_grads`, `pipeline.tied_member_total`) on both
+executors, initial copies, and the tied and data-parallel exchanges' bytes in the compiled program."""
 import dataclasses
 
 import jax

@@ -25,7 +25,6 @@ from jax.sharding import PartitionSpec as P
 
 from jaxcomp import pipeline
 from jaxcomp.compress import packing
-from jaxcomp.compress import tied
 from jaxcomp.compress.boundary import LinkState
 from jaxcomp.parallel import padded_rows
 from jaxcomp.parallel.mesh import DATA, STAGE, TIED
@@ -363,10 +362,10 @@ class StateLayout(StateRows):
 
   def finish(self, grads, tied_state, step_key):
     """(gradient row(s), tied_state'): ties (each member's gradient segment, or with `Pipeline.tied_scheme` its
-    compressed message m = C(g + e) (`compress.tied`), sent to the other member's device: g_a + g_b, or
+    compressed message m = C(g + e) (`pipeline.tie_grads`), sent to the other member's device: g_a + g_b, or
     D(m_a) + D(m_b), on both) and global-norm clipping. `grads`: this device's gradient row [P] (a stage per
     device) or its chunks' rows [V, P]; `tied_state`: per pair this replica's state of the member it holds
-    ([1, n] leaves; () for an exact exchange); `step_key`: the step's (`compress.tied.member_key`)."""
+    ([1, n] leaves; () for an exact exchange); `step_key`: the step's (`pipeline.tied_member_key`)."""
     d, rows, scheme, states = jax.lax.axis_index(STAGE), grads.reshape(self.chunks, -1), self.pipe.tied_scheme, []
     for k, ((da, va, oa), (db, vb, ob), n) in enumerate(self.tied_ends()):
       g_a, g_b = rows[va, oa: oa + n], rows[vb, ob: ob + n]
@@ -376,8 +375,9 @@ class StateLayout(StateRows):
         continue
       is_a = d == da
       exchange = lambda message: exchange_tied(message, [(da, db), (db, da)])
-      total, state = tied.member_total(scheme, jnp.where(is_a, g_a, g_b), tied_state[k] if scheme else (),
-                                       tied.member_key(step_key, k, jnp.where(is_a, 0, 1)), is_a, exchange)
+      key = pipeline.tied_member_key(step_key, k, jnp.where(is_a, 0, 1))
+      total, state = pipeline.tied_member_total(scheme, jnp.where(is_a, g_a, g_b), tied_state[k] if scheme else (),
+                                                key, is_a, exchange)
       if scheme is not None:
         states.append(jax.tree.map(lambda e: jnp.where(is_a | (d == db), e, 0), state))  # zero off the pair
       # one write of the one sum at this device's member: were each member's write its own, XLA would compute the
