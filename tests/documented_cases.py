@@ -377,13 +377,10 @@ REGISTRY = {
         covered="tests/test_protocol_gpt.py::test_a_protocol_cpu_run_records_its_step_to_target_and_stops_there",
         slow=True, why="a protocol-cpu run to its target, stopped there (Muon compiles slowly)"),
     # --- docs/results/codecs_compiled.md
-    "python -m benchmarks.codec_compiled --targets h100,v5e-1 --out runs/codec_compiled": Case(
+    "python -m benchmarks.codec_compiled --targets h100,l4,v5e-1,v6e-1 --out runs/codec_compiled": Case(
         covered="tests/test_codec_compiled.py::test_a_target_fills_every_cell_resumes_and_summarises",
-        why="compiles every codec for GPU and TPU targets (hours; GPU targets need the CUDA PJRT plugin); the test "
-            "fills a toy shape's cells for v5e-1 into --out, resumes and summarises"),
-    "python -m benchmarks.codec_compiled --targets l4,v6e-1 --topk-only --out runs/codec_compiled": Case(
-        covered="tests/test_codec_compiled.py::test_a_target_fills_every_cell_resumes_and_summarises",
-        why="compiles the TopK codecs for GPU and TPU targets; the test fills TopK cells for v5e-1"),
+        why="compiles every codec for GPU and TPU targets (about 45 minutes; GPU targets need the CUDA PJRT plugin); "
+            "the test fills a toy shape's cells for v5e-1 into --out, resumes and summarises"),
     "python -m benchmarks.codec_compiled --report --targets h100,l4,v5e-1,v6e-1 --out runs/codec_compiled": Case(
         covered="tests/test_codec_compiled.py::test_a_target_fills_every_cell_resumes_and_summarises",
         why="the summary of the cells in --out; the test summarises its own"),
