@@ -38,6 +38,15 @@ def test_the_threshold_topk_fits_v5e_at_gpt2_smalls_paper_step_and_sorts_no_row(
   assert threshold.peak_bytes < v5e.chip.hbm_bytes
 
 
+def test_the_threshold_topk_sorts_no_row_on_v6e():
+  """On v6e XLA:TPU runs a scatter on the SparseCore after sorting its indices unless told they are sorted: the
+  stream compaction's scatter (`packing.compact`, whose indices never decrease) says so, and the threshold
+  selection's encode then holds no sort of the row (two when it did not)."""
+  v6e = targets.target("v6e-1")
+  encode, _ = codec_cost.codec_costs(v6e, spec.parse_codec("topk:0.1:q8:threshold"), (2, 256, 512), jnp.float32)
+  assert encode.row_sorts == 0
+
+
 def test_the_default_topk_sorts_no_row_on_gpu():
   """On H100 the default selection is the threshold: its compiled encode has no sort of the row, lax.top_k's has one
   (skipped without the CUDA plugin, which the test extra does not bring)."""
