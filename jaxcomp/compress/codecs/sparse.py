@@ -97,7 +97,7 @@ class TopK(Codec):
   THRESHOLD_FROM_FRACTION_CPU up, sort below); on GPU the threshold, the one selection whose compiled program
   sorts no row (XLA:GPU lowers `lax.top_k` and `approx_max_k` of k in the thousands to a sort of the row) and
   moves the fewest bytes (docs/results/codecs_compiled.md); on TPU sort: the threshold's encode alone compiles
-  there without a row sort (GPT-2 small's message: 4.0 passes against the sort's 3.6 + 2 sorts), but XLA:TPU's
+  there without a row sort (GPT-2 small's message on v5e: 4.3 passes against the sort's 4.4 + 2 sorts), but XLA:TPU's
   layout assignment does not finish on a sharded pipeline step whose stage holds its counting loop (a v5e-8
   MLP step: the sort's compiles in 8-11 s, the same step without the loop in 11 s, on one chip with it in 9 s).
   """
