@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxcomp.compress import codecs
-from jaxcomp.compress.adaptive import TokenAdaptive, peakiness
+from jaxcomp.compress.adaptive import TokenAdaptive, interleave_gathered, interleave_scattered, peakiness
 
 
 def _x(shape, dtype=jnp.float32, seed=0):
@@ -50,3 +50,17 @@ def test_adaptive_sends_nothing_for_a_width_without_rows():
     assert codecs.nbytes(payload) == codec.wire_bytes(shape, x.dtype)
     err = np.abs(np.asarray(codec.decode(payload) - x)).reshape(-1, 16).max(1)
     assert np.all(err <= np.abs(np.asarray(x)).reshape(-1, 16).max(1) / 30 * 1.002 + 1e-6)  # 5 bits: s / (2L)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.booleans(), min_size=2, max_size=40).filter(lambda m: 0 < sum(m) < len(m)))
+def test_both_interleavings_put_each_width_back_in_row_order(mask):
+  """The GPU's gathers and the scatters elsewhere give the same rows: marked row i is the next high row, the others
+  the next low row (the decode's two lowerings; this CPU runs the scatters)."""
+  is_high = np.array(mask)
+  high = np.arange(is_high.sum() * 3, dtype=np.float32).reshape(-1, 3) + 1
+  low = -np.arange((~is_high).sum() * 3, dtype=np.float32).reshape(-1, 3) - 1
+  want = np.zeros((len(mask), 3), np.float32)
+  want[is_high], want[~is_high] = high, low
+  for interleave in (interleave_gathered, interleave_scattered):
+    np.testing.assert_array_equal(np.asarray(jax.jit(interleave)(high, low, jnp.asarray(is_high))), want)
