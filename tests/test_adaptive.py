@@ -55,8 +55,8 @@ def test_adaptive_sends_nothing_for_a_width_without_rows():
 @settings(max_examples=20, deadline=None)
 @given(st.lists(st.booleans(), min_size=2, max_size=40).filter(lambda m: 0 < sum(m) < len(m)))
 def test_both_interleavings_put_each_width_back_in_row_order(mask):
-  """The GPU's gathers and the scatters elsewhere give the same rows: marked row i is the next high row, the others
-  the next low row (the decode's two lowerings; this CPU runs the scatters)."""
+  """The gather (GPU and TPU) and the scatters (CPU) give the same rows: marked row i is the next high row, the
+  others the next low row (the decode's two lowerings; this machine's decode runs the scatters)."""
   is_high = np.array(mask)
   high = np.arange(is_high.sum() * 3, dtype=np.float32).reshape(-1, 3) + 1
   low = -np.arange((~is_high).sum() * 3, dtype=np.float32).reshape(-1, 3) - 1
