@@ -137,10 +137,9 @@ def test_compact_takes_the_first_k_set_positions_and_pads_with_zero(density, k):
 
 
 def test_auto_selects_by_platform_and_fraction():
-  """On CPU the threshold selection from K = 3% up (measured faster there), lax.top_k below; on GPU the threshold
-  (no sort of the row in its compiled program); on TPU lax.top_k (a pipeline step holding the threshold does not
-  finish compiling there)."""
+  """On CPU the threshold selection from K = 3% up (measured faster there), lax.top_k below; on GPU and TPU the
+  threshold (no sort of the row in its compiled program)."""
   assert codecs.TopK(0.1).selector("cpu") == codecs.TopK(codecs.THRESHOLD_FROM_FRACTION_CPU).selector("cpu") == "threshold"
   assert codecs.TopK(0.1).selector("cuda") == codecs.TopK(0.001).selector("cuda") == "threshold"
-  assert codecs.TopK(0.001).selector("cpu") == codecs.TopK(0.1).selector("tpu") == "sort"
-  assert codecs.TopK(0.001, select="threshold").selector("tpu") == "threshold"
+  assert codecs.TopK(0.1).selector("tpu") == codecs.TopK(0.001).selector("tpu") == "threshold"
+  assert codecs.TopK(0.001).selector("cpu") == codecs.TopK(0.1, select="sort").selector("tpu") == "sort"

@@ -8,7 +8,7 @@ are the new backward states* (the "token" pattern): each state row is touched by
 valid call per step, and a call on a bubble tick (`send_ok`/`recv_ok` False) contributes
 zero, so the cotangent summed by autodiff is exactly the new state. Sending and receiving
 run under `lax.cond` on those flags: in SPMD, devices that are not this link's ends do no
-codec work and change no state. `Reuse()` as backward scheme sends the gradient only at the
+codec work (on TPU they run it and drop the result: `_run_if`) and change no state. `Reuse()` as backward scheme sends the gradient only at the
 forward TopK positions (values only: both ends already know the indices).
 The two halves, `forward_half` and `backward_half`, are public for executors that run a
 microbatch's backward explicitly instead of through autodiff.
@@ -119,7 +119,7 @@ class Boundary:
 
   def eval(self, x, compressed: bool, key=None):
     """Stateless inference path: C(x) through the transport, or the dense tensor."""
-    codec = self.fwd.codec if compressed else codecs.Identity()
+    codec = _eval_codec(self, Mode.EVAL_COMPRESSED if compressed else Mode.EVAL_UNCOMPRESSED)
     return codec.decode(self.transport.forward(codec.encode(x, key)))
 
   def __call__(self, x, state: LinkState, key, mode: Mode = Mode.TRAIN, send_ok=True, recv_ok=True):
@@ -157,9 +157,12 @@ def _to_varying(value, axes):
 def _run_if(ok, fun, value, state):
   """(out, state') = fun(value, state) where `ok`; zeros and the old state elsewhere.
 
-  In SPMD every device runs every boundary op; the cond keeps codec work (and any state
-  change) to the device that really sends or receives. Both branches' results vary over the
-  same mesh axes, as shard_map with check_vma requires of a cond (zeros vary over none).
+  The cond keeps codec work (and any state change) to the device that really sends or receives. Both
+  branches' results vary over the same mesh axes, as shard_map with check_vma requires of a cond (zeros vary
+  over none). On TPU the branch runs on every device and its result is selected: XLA:TPU's layout assignment
+  does not finish on a sharded pipeline step whose codec loop (TopK's threshold count) sits inside a
+  conditional. The sharded executor runs one op per tick, direction and activation shape on each device
+  (`StageRunner.exchange_forward`), so there this costs only the idle ticks' work.
   """
   shapes = jax.eval_shape(fun, value, state)
   skip = lambda value, state: (_zeros_like(shapes[0]), state)
@@ -172,29 +175,45 @@ def _run_if(ok, fun, value, state):
       return tree.unflatten([_to_varying(v, a) for v, a in zip(leaves, axes)])
     return run
 
-  return jax.lax.cond(ok, aligned(fun), aligned(skip), value, state)
+  def selected(ok, value, state):
+    return jax.tree.map(lambda a, b: jnp.where(ok, a, b), aligned(fun)(value, state), aligned(skip)(value, state))
+
+  conditional = lambda ok, value, state: jax.lax.cond(ok, aligned(fun), aligned(skip), value, state)
+  return jax.lax.platform_dependent(ok, value, state, default=conditional, tpu=selected)
+
+
+def _eval_codec(link: Boundary, mode: Mode):
+  """The stateless codec of an eval step: the forward scheme's codec, or the dense tensor."""
+  return link.fwd.codec if mode is Mode.EVAL_COMPRESSED else codecs.Identity()
 
 
 def forward_send(link: Boundary, mode: Mode, x, fs, key, send_ok):
   """The sender's part of `forward_half`: (payload = fwd.send(x), fs'); the dense tensor in warm-up and
-  first-visit steps."""
+  first-visit steps; C(x) statelessly in an eval step (`Boundary.eval`)."""
   fwd = link.fwd
-  send = fwd.warmup_send if mode.dense_forward else (lambda x, s: fwd.send(x, s, key))
+  if not mode.trains:
+    send = lambda x, s: (_eval_codec(link, mode).encode(x, key), s)
+  else:
+    send = fwd.warmup_send if mode.dense_forward else (lambda x, s: fwd.send(x, s, key))
   return _run_if(send_ok, send, x, fs)
 
 
 def forward_receive(link: Boundary, mode: Mode, arrived, fr, recv_ok):
   """The receiver's part of `forward_half`: (y = fwd.receive(arrived payload), fr') (AQ-SGD's warm-up and
-  first visit set m(xi) = a)."""
+  first visit set m(xi) = a; an eval step decodes statelessly)."""
   fwd = link.fwd
-  return _run_if(recv_ok, fwd.warmup_receive if mode.dense_forward else fwd.receive, arrived, fr)
+  if not mode.trains:
+    receive = lambda p, s: (_eval_codec(link, mode).decode(p), s)
+  else:
+    receive = fwd.warmup_receive if mode.dense_forward else fwd.receive
+  return _run_if(recv_ok, receive, arrived, fr)
 
 
 def reuse_positions(link: Boundary, mode: Mode, payload):
   """The TopK positions of a forward payload (at either end of the link), as the message carries them
-  (`TopK.where`: its mask or indices), when the backward reuses them (else None): what `backward_send` and
-  `backward_receive` take."""
-  return link.fwd.codec.where(payload) if link.reuse and not mode.dense_forward else None
+  (`TopK.where`: its mask or indices), when a training step's backward reuses them (else None): what
+  `backward_send` and `backward_receive` take."""
+  return link.fwd.codec.where(payload) if link.reuse and mode.trains and not mode.dense_forward else None
 
 
 def forward_half(link: Boundary, mode: Mode, x, fs, fr, key, send_ok, recv_ok):

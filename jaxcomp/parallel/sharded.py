@@ -246,7 +246,7 @@ class ShardedExecutor(pipeline.Executor):
     pipe, local = lay.pipe, lay.local_batch
     m_count, scale = pipe.microbatches, 1 / (pipe.microbatches * self.data)
     explicit = train and self.remat == "stage"
-    # train steps run the schedule's table; eval steps (and GPipe with remat="none") its forward pass
+    # train steps run the schedule's table; eval steps (and GPipe with remat="none") its forward ticks
     table = (self.schedule.train_table if explicit else self.schedule.eval_table)(self.num_stages, m_count)
     runner = (OverlappedRunner if table.overlapped_sends else StageRunner)(pipe, lay.template, local, mode, train,
                                                                                table)
@@ -269,11 +269,8 @@ class ShardedExecutor(pipeline.Executor):
 
       chunk_rows = lambda row: row.reshape(self.chunks, row.shape[-1])  # this device's [V, P]; [1, P] when V = 1
       if not train:
-        if self.chunks > 1:
-          loss, metrics = mean(runner.run_explicit(chunk_rows(state.params[0]), chunk_rows(state.model_state[0]),
-                                                   fwd, bwd, mbs, step_key, None))
-        else:
-          _, (loss, metrics, _, _) = loss_of(state.params[0], bwd)
+        loss, metrics = mean(runner.run_explicit(chunk_rows(state.params[0]), chunk_rows(state.model_state[0]),
+                                                 fwd, bwd, mbs, step_key, None))
         return jax.tree.map(total, {"loss": loss, **metrics})
       if explicit:
         out = runner.run_explicit(chunk_rows(state.params[0]), chunk_rows(state.model_state[0]), fwd, bwd, mbs,

@@ -10,7 +10,10 @@ runner never reads the timetable itself. A device holds V chunks (chunk c on dev
 input its ring holds for that microbatch (`Stash`: delivered when the message arrived, kept for the backward);
 then every boundary b with a message at that tick moves the encoded payload from chunk b's device to chunk
 b+1's with the op of `jaxcomp.ppermute` (`permute`, along `plan.link_perm(b)`: a ring); backwards likewise send
-gradients from b+1 to b, into the receiver's gradient ring. A message may wait in its ring any number of ticks
+gradients from b+1 to b, into the receiver's gradient ring. A device sends at most one message and receives at
+most one each way per tick, so it encodes once and decodes once per direction and activation shape
+(`exchange_forward`, `exchange_backward`): the tick's boundaries of one shape share that op, and only the
+collectives are per boundary. A message may wait in its ring any number of ticks
 before its op runs, so any legal table runs (`plan.check_runnable`). Overlapped sends (a forwarding delay of 2
 ticks) are `overlapped_sends.OverlappedRunner`, which overrides `tick` and `start_carry`. A bubble tick runs the
 no-op branch of the stage switch: no stage compute, nothing saved. The program knows statically which
@@ -24,7 +27,7 @@ Two ways to get the backward pass:
   in the loop. A fused BW is one vjp over (parameters, input); a split B is the vjp over the input only (its
   gradient sent at once) and W the vjp over the parameters only, on the stashed input and the stashed output
   cotangent: each recomputes the stage's forward (ZB-H1's W costs a forward more than its share of BW).
-- `run_forward`: GPipe's forward ticks only (eval steps, and GPipe with `remat="none"`), whose autodiff replays
+- `run_forward`: GPipe's forward ticks only (GPipe with `remat="none"`), whose autodiff replays
   the ticks in reverse: each boundary op's custom_vjp rule sends the encoded gradient from b+1 to b, and every
   stage's internals are saved.
 """
@@ -68,9 +71,10 @@ class Carry(NamedTuple):
 class Stash(NamedTuple):
   """This device's rings, one per chunk it holds, chunk slot v's microbatch m in slot `ring_slot(slots, v, m)`
   (`plan.Lookup`): its chunks' inputs (delivered when they arrive) and model states (at their forward), V x
-  `stash_slots`; per boundary the TopK positions its forward chose (for index reuse), `stash_slots`, slot
-  m % slots; its chunks' output cotangents (delivered when the gradient arrives, for B and W or BW), V x
-  `grad_slots`."""
+  `stash_slots`; per group g of boundaries of one activation shape (`StageRunner.shape_groups`) the (sender's,
+  receiver's) TopK positions their forwards chose (for index reuse), boundary b's microbatch m in slot
+  `StageRunner.index_slot(g, b, m)`; its chunks' output cotangents (delivered when the gradient arrives, for B
+  and W or BW), V x `grad_slots`."""
   x_buf: jax.Array
   model_state: jax.Array
   indices: tuple
@@ -116,6 +120,10 @@ class StageRunner:
     self.act_dtype = jnp.result_type(*[x.dtype for x in self.shapes] or [jnp.float32])
     self.plan = Plan(table, forwards_only=not train).compiled()
     self.metrics = self._last_metrics(mb)
+    by_shape = {}
+    for b, x in enumerate(self.shapes):
+      by_shape.setdefault((x.shape, x.dtype), []).append(b)
+    self.shape_groups = tuple(tuple(group) for group in by_shape.values())
 
   def _last_metrics(self, mb):
     """The last stage's metric structure (ShapeDtypeStructs), traced abstractly."""
@@ -162,6 +170,38 @@ class StageRunner:
     s = jax.lax.axis_index(STAGE)
     sender, receiver = link_ends(b, self.plan.table.num_devices)
     return s == sender, s == receiver
+
+  def own_boundary(self, boundaries, end: int):
+    """(b, whether there is one): the boundary among `boundaries` whose `end` (SENDER or RECEIVER) this device
+    is, traced; boundaries[0] where there is none. There is at most one: a device runs at most one op of a kind
+    per tick, and its ring neighbour sends it at most one message."""
+    b, mine = jnp.int32(boundaries[0]), jnp.bool_(False)
+    for c in boundaries:
+      here = self.at_ends(c)[end]
+      b, mine = jnp.where(here, c, b), mine | here
+    return b, mine
+
+  def group_of(self, b: int) -> int:
+    """The shape group boundary b is in."""
+    return next(g for g, group in enumerate(self.shape_groups) if b in group)
+
+  def tick_groups(self, boundaries):
+    """(g, boundaries of shape group g among `boundaries`) for each group `boundaries` meet, in order."""
+    return [(g, tuple(b for b in group if b in boundaries)) for g, group in enumerate(self.shape_groups)
+            if any(b in boundaries for b in group)]
+
+  def carried(self, boundaries, payload, forward: bool):
+    """What this device receives of the tick's messages over `boundaries` (its own message is `payload`):
+    each boundary's collective moves its sender's payload (`forward`) or its receiver's, and the device keeps
+    the one whose destination it is (zeros where none)."""
+    received = None
+    for b in boundaries:
+      with self.link_scope(b):
+        transport = self.boundary_op(b).transport
+        moved = transport.forward(payload) if forward else transport.backward(payload)
+      here = self.at_ends(b)[RECEIVER if forward else SENDER]
+      received = moved if received is None else jax.tree.map(lambda n, o: jnp.where(here, n, o), moved, received)
+    return received
 
   def global_microbatch(self, m):
     """Index in the global batch of this data shard's microbatch m (keys are drawn by it, so
@@ -283,42 +323,43 @@ class StageRunner:
     boundary = self.pipe.boundary
     return tuple(pipeline.rows(scheme, m, mb_size, ids) for scheme in (boundary.fwd, boundary.bwd))
 
-  def index_shapes(self, b: int):
-    """Shapes of boundary b's (sent, arrived) TopK positions (index reuse), else None."""
-    return None if self.mode.dense_forward else boundary_mod.reuse_index_shapes(self.pipe.boundary, self.shapes[b])
+  def index_shapes(self, g: int):
+    """Shapes of one (sent, arrived) pair of TopK positions of shape group g's boundaries (index reuse in a
+    training step whose forward is compressed), else None."""
+    if not self.mode.trains or self.mode.dense_forward:
+      return None
+    return boundary_mod.reuse_index_shapes(self.pipe.boundary, self.shapes[self.shape_groups[g][0]])
+
+  def index_slot(self, g: int, b, m):
+    """Where boundary b (traced or not) of shape group g keeps its TopK positions of microbatch m in the
+    group's rings: b's place in the group times `stash_slots`, plus m mod `stash_slots`."""
+    group, k = self.shape_groups[g], self.plan.lookup.stash_slots
+    place = jnp.asarray([group.index(c) if c in group else 0 for c in range(len(self.shapes))], jnp.int32)
+    return place[b] * k + m % k
 
   # ---------------------------------------------------------------- GPipe's forward ticks (autodiff backward)
-  def forward_exchange(self, inp: StepInputs, tick, b: int, y_buf, fwd_tables, differentiable: bool):
-    """Boundary b's forward for its microbatch at `tick`: (received activation buffer, forward tables,
-    TopK positions sent or None). `differentiable`: the whole boundary op, whose custom_vjp sends
-    the gradient back under autodiff (`run_forward`; in an eval step its stateless path); else its forward
-    half (`run_explicit`)."""
-    sender, receiver = self.at_ends(b)
+  def forward_exchange(self, inp: StepInputs, tick, b: int, y_buf, fwd_tables):
+    """Boundary b's whole op for its microbatch at `tick`, whose custom_vjp sends the gradient back under
+    autodiff: (received activation buffer, forward tables)."""
     m, shape = self.message_at(tick, b, forward=True), self.shapes[b]
     fwd_rows, bwd_rows = self.link_rows(m, inp.mbs)
     (fs, fr), (bs, br) = fwd_tables, inp.bwd_tables
     y, key = padded_rows.unpad(y_buf, shape), pipeline.link_key(inp.step_key, self.global_microbatch(m), b)
-    sent, arrived = self.end_rows(fs, b, SENDER, fwd_rows, shape), self.end_rows(fr, b, RECEIVER, fwd_rows, shape)
-    if differentiable:
-      link = LinkState(sent, arrived, self.end_rows(bs, b, RECEIVER, bwd_rows, shape),
-                       self.end_rows(br, b, SENDER, bwd_rows, shape))
-      perm = link_perm(b, self.plan.table.num_devices)
-      x, new = permute.CompressedLink(self.pipe.boundary).ppermute(y, link, STAGE, perm, key, mode=self.mode)
-      fs_new, fr_new, idx = new.fwd_send, new.fwd_recv, None
-    else:
-      x, fs_new, fr_new, idx = boundary_mod.forward_half(self.boundary_op(b), self.mode, y, sent, arrived, key,
-                                                         sender, receiver)
+    link = LinkState(self.end_rows(fs, b, SENDER, fwd_rows, shape), self.end_rows(fr, b, RECEIVER, fwd_rows, shape),
+                     self.end_rows(bs, b, RECEIVER, bwd_rows, shape), self.end_rows(br, b, SENDER, bwd_rows, shape))
+    perm = link_perm(b, self.plan.table.num_devices)
+    x, new = permute.CompressedLink(self.pipe.boundary).ppermute(y, link, STAGE, perm, key, mode=self.mode)
     if self.mode.trains:
-      fwd_tables = (self.put_end_rows(fs, b, SENDER, fwd_rows, fs_new),
-                    self.put_end_rows(fr, b, RECEIVER, fwd_rows, fr_new))
-    return padded_rows.pad(x, self.width, self.act_dtype), fwd_tables, idx
+      fwd_tables = (self.put_end_rows(fs, b, SENDER, fwd_rows, new.fwd_send),
+                    self.put_end_rows(fr, b, RECEIVER, fwd_rows, new.fwd_recv))
+    return padded_rows.pad(x, self.width, self.act_dtype), fwd_tables
 
   def forward_tick(self, inp: StepInputs, tick, boundaries, carry: Carry) -> Carry:
     """One tick: this device's stage, then every boundary in `boundaries`."""
     y_buf, ms_row, loss, metrics = self.stage_step(inp, tick, inp.params_row, carry.model_state, carry.x_buf)
     next_x, fwd_tables = jnp.zeros_like(carry.x_buf), carry.fwd_tables
     for b in boundaries:
-      x, fwd_tables, _ = self.forward_exchange(inp, tick, b, y_buf, fwd_tables, differentiable=True)
+      x, fwd_tables = self.forward_exchange(inp, tick, b, y_buf, fwd_tables)
       next_x = jnp.where(self.at_ends(b)[1], x, next_x)
     return Carry(next_x, ms_row, fwd_tables, carry.loss_sum + loss,
                  jax.tree.map(jnp.add, carry.metric_sums, metrics))
@@ -352,51 +393,71 @@ class StageRunner:
     ring = ring.at[slot].set(jnp.where(ok, value, ring[slot]))
     return carry._replace(stash=carry.stash._replace(**{field: ring}))
 
-  def stash_positions(self, carry: ExplicitCarry, b: int, m, positions, end: int | None = None):
-    """Boundary b's TopK positions of microbatch m (index reuse) written to its stash slot: the (sender's,
-    receiver's) pair, or the one `end` (0 sender, 1 receiver) given; none is None."""
+  def stash_positions(self, carry: ExplicitCarry, g: int, b, m, positions, end: int):
+    """Boundary b's (traced or not, of shape group g) TopK positions of microbatch m (index reuse) at its `end`
+    (SENDER or RECEIVER) written to their slot (`index_slot`); none is None."""
     if positions is None:
       return carry
-    slot, old = m % self.plan.lookup.stash_slots, carry.stash.indices[b]
-    put = lambda bufs, new: jax.tree.map(lambda buf, n: buf.at[slot].set(n), bufs, new)
-    stored = put(old, positions) if end is None else tuple(put(part, positions) if i == end else part
-                                                           for i, part in enumerate(old))
-    indices = carry.stash.indices[:b] + (stored,) + carry.stash.indices[b + 1:]
+    slot, old = self.index_slot(g, b, m), carry.stash.indices[g]
+    stored = tuple(jax.tree.map(lambda buf, n: buf.at[slot].set(n), part, positions) if i == end else part
+                   for i, part in enumerate(old))
+    indices = carry.stash.indices[:g] + (stored,) + carry.stash.indices[g + 1:]
     return carry._replace(stash=carry.stash._replace(indices=indices))
 
-  def stashed_positions(self, carry: ExplicitCarry, b: int, m):
-    """Boundary b's (sender's, receiver's) TopK positions of microbatch m for its backward, or None without
-    index reuse (or in a step whose forward is dense)."""
-    if not self.pipe.boundary.reuse or self.mode.dense_forward:
+  def stashed_positions(self, carry: ExplicitCarry, g: int, b, m):
+    """Boundary b's (traced or not, of shape group g) (sender's, receiver's) TopK positions of microbatch m for
+    its backward, or None without index reuse (or in a step whose forward is dense)."""
+    if carry.stash.indices[g] is None:
       return None
-    return jax.tree.map(lambda buf: buf[m % self.plan.lookup.stash_slots], carry.stash.indices[b])
+    return jax.tree.map(lambda buf: buf[self.index_slot(g, b, m)], carry.stash.indices[g])
 
-  def stash_exchange(self, inp: StepInputs, tick, b: int, y_buf, carry: ExplicitCarry) -> ExplicitCarry:
-    """`forward_exchange` (its forward half) of the explicit schedule: the activation delivered to stage
-    b+1's ring, its TopK positions stashed for index reuse; an eval step's the whole stateless op."""
-    sender, receiver = self.at_ends(b)
-    x, tables, idx = self.forward_exchange(inp, tick, b, y_buf, carry.fwd_tables, differentiable=not self.mode.trains)
-    m = self.message_at(tick, b, forward=True)
-    carry = self.stash_positions(carry, b, m, idx)
-    return self.deliver(carry._replace(fwd_tables=tables), b, m, receiver, x, forward=True)
+  def exchange_forward(self, inp: StepInputs, tick, g: int, boundaries, y_buf, carry: ExplicitCarry) -> ExplicitCarry:
+    """The tick's forward messages over `boundaries` (all of shape group g): this device encodes the activation
+    it made (its forward-sender rows, of the boundary it sends on), the collectives carry each boundary's
+    payload, and it decodes the one it receives (its forward-receiver rows, of that boundary) into the ring of
+    the chunk that takes it in; TopK positions stashed at both ends for index reuse."""
+    (b_out, sends), (b_in, takes) = self.own_boundary(boundaries, SENDER), self.own_boundary(boundaries, RECEIVER)
+    link, shape = self.pipe.boundary, self.shapes[boundaries[0]]
+    m_out, m_in = self.message_at(tick, b_out, forward=True), self.message_at(tick, b_in, forward=True)
+    (rows_out, _), (rows_in, _) = self.link_rows(m_out, inp.mbs), self.link_rows(m_in, inp.mbs)
+    fs, fr = carry.fwd_tables
+    payload, fs_new = boundary_mod.forward_send(
+        link, self.mode, padded_rows.unpad(y_buf, shape), self.end_rows(fs, b_out, SENDER, rows_out, shape),
+        pipeline.link_key(inp.step_key, self.global_microbatch(m_out), b_out), sends)
+    arrived = self.carried(boundaries, payload, forward=True)
+    x, fr_new = boundary_mod.forward_receive(link, self.mode, arrived, self.end_rows(fr, b_in, RECEIVER, rows_in, shape),
+                                             takes)
+    if self.mode.trains:
+      carry = carry._replace(fwd_tables=(self.put_end_rows(fs, b_out, SENDER, rows_out, fs_new),
+                                         self.put_end_rows(fr, b_in, RECEIVER, rows_in, fr_new)))
+    carry = self.stash_positions(carry, g, b_out, m_out, boundary_mod.reuse_positions(link, self.mode, payload), SENDER)
+    carry = self.stash_positions(carry, g, b_in, m_in, boundary_mod.reuse_positions(link, self.mode, arrived),
+                                 RECEIVER)
+    return self.deliver(carry, b_in, m_in, takes, padded_rows.pad(x, self.width, self.act_dtype), forward=True)
 
-  def backward_exchange(self, inp: StepInputs, tick, b: int, dx_buf, carry: ExplicitCarry) -> ExplicitCarry:
-    """Boundary b's backward half for the microbatch whose stage b+1 input gradient was made this tick: the
-    gradient delivered to stage b's ring, the carry with the new backward-state rows."""
-    sender, receiver = self.at_ends(b)
-    m = self.message_at(tick, b, forward=False)
-    shape = self.shapes[b]
-    _, rows = self.link_rows(m, inp.mbs)
+  def exchange_backward(self, inp: StepInputs, tick, g: int, boundaries, dx_buf, carry: ExplicitCarry) -> ExplicitCarry:
+    """The tick's gradients over `boundaries` (all of shape group g): this device encodes the input gradient
+    it made (its backward-sender rows, of the boundary whose receiver it is), the collectives carry each back,
+    and it decodes the one it receives (its backward-receiver rows) into the ring of the chunk that takes it in;
+    the carry with the new backward-state rows."""
+    (b_out, sends), (b_in, takes) = self.own_boundary(boundaries, RECEIVER), self.own_boundary(boundaries, SENDER)
+    link, shape = self.pipe.boundary, self.shapes[boundaries[0]]
+    m_out, m_in = self.message_at(tick, b_out, forward=False), self.message_at(tick, b_in, forward=False)
+    (_, rows_out), (_, rows_in) = self.link_rows(m_out, inp.mbs), self.link_rows(m_in, inp.mbs)
+    idx_out, idx_in = self.stashed_positions(carry, g, b_out, m_out), self.stashed_positions(carry, g, b_in, m_in)
     bs_old, br_old = inp.bwd_tables
-    dx, bs_new, br_new = boundary_mod.backward_half(
-        self.boundary_op(b), self.mode, padded_rows.unpad(dx_buf, shape),
-        self.end_rows(bs_old, b, RECEIVER, rows, shape), self.end_rows(br_old, b, SENDER, rows, shape),
-        pipeline.link_key(inp.step_key, self.global_microbatch(m), b), sender, receiver,
-        self.stashed_positions(carry, b, m))
+    payload, bs_new = boundary_mod.backward_send(
+        link, self.mode, padded_rows.unpad(dx_buf, shape), self.end_rows(bs_old, b_out, RECEIVER, rows_out, shape),
+        pipeline.link_key(inp.step_key, self.global_microbatch(m_out), b_out), sends,
+        None if idx_out is None else idx_out[RECEIVER])
+    dx, br_new = boundary_mod.backward_receive(
+        link, self.mode, self.carried(boundaries, payload, forward=False),
+        self.end_rows(br_old, b_in, SENDER, rows_in, shape), takes, None if idx_in is None else idx_in[SENDER],
+        shape.dtype)
     bs, br = carry.bwd_tables
-    tables = (self.keep_end_rows(bs, b, RECEIVER, receiver, rows, shape, bs_new),
-              self.keep_end_rows(br, b, SENDER, sender, rows, shape, br_new))
-    return self.deliver(carry._replace(bwd_tables=tables), b, m, sender,
+    tables = (self.keep_end_rows(bs, b_out, RECEIVER, sends, rows_out, shape, bs_new),
+              self.keep_end_rows(br, b_in, SENDER, takes, rows_in, shape, br_new))
+    return self.deliver(carry._replace(bwd_tables=tables), b_in, m_in, takes,
                         padded_rows.pad(dx, self.width, self.act_dtype), forward=False)
 
   def stage_ops(self, inp: StepInputs, tick, tick_plan: TickPlan, carry: ExplicitCarry):
@@ -430,12 +491,10 @@ class StageRunner:
   def tick(self, inp: StepInputs, tick, tick_plan: TickPlan, carry: ExplicitCarry) -> ExplicitCarry:
     """One tick: this stage's ops, then the boundaries (each message delivered into its receiver's ring)."""
     carry, y_buf, dx_buf = self.stage_ops(inp, tick, tick_plan, carry)
-    for b in tick_plan.fwd_sends:
-      with self.link_scope(b):
-        carry = self.stash_exchange(inp, tick, b, y_buf, carry)
-    for b in tick_plan.bwd_sends:
-      with self.link_scope(b):
-        carry = self.backward_exchange(inp, tick, b, dx_buf, carry)
+    for g, boundaries in self.tick_groups(tick_plan.fwd_sends):
+      carry = self.exchange_forward(inp, tick, g, boundaries, y_buf, carry)
+    for g, boundaries in self.tick_groups(tick_plan.bwd_sends):
+      carry = self.exchange_backward(inp, tick, g, boundaries, dx_buf, carry)
     return carry
 
   def run_explicit(self, params_row, ms_row, fwd_tables, bwd_tables, mbs, step_key, scale) -> ExplicitCarry:
@@ -445,8 +504,8 @@ class StageRunner:
     (`train` False) runs the table's forwards alone: its loss and metrics."""
     chunks = self.plan.table.chunks_per_device
     k, buf = self.plan.lookup.stash_slots, (microbatch_size(mbs), self.width)
-    indices = tuple(jax.tree.map(lambda a: jnp.zeros((k, *a.shape), a.dtype), self.index_shapes(b))
-                    for b in range(self.pipe.num_stages - 1))
+    indices = tuple(jax.tree.map(lambda a: jnp.zeros((len(group) * k, *a.shape), a.dtype), self.index_shapes(g))
+                    for g, group in enumerate(self.shape_groups))
     stash = Stash(jnp.zeros((chunks * k, *buf), self.act_dtype),
                   jnp.zeros((chunks * k, *ms_row.shape[1:]), ms_row.dtype), indices,
                   jnp.zeros((chunks * self.plan.lookup.grad_slots, *buf), self.act_dtype))

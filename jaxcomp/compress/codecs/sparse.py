@@ -74,7 +74,7 @@ def _selected_mask(selector, x_RxF, k):
 
 
 THRESHOLD_FROM_FRACTION_CPU = 0.03  # select="auto" on CPU: threshold from this K up (docs/results/codec_cost_cpu.md)
-AUTO_SELECTION = {"cpu": "threshold", "cuda": "threshold", "rocm": "threshold", "tpu": "sort"}  # select="auto"
+AUTO_SELECTION = {"cpu": "threshold", "cuda": "threshold", "rocm": "threshold", "tpu": "threshold"}  # select="auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,12 +94,9 @@ class TopK(Codec):
   `select`: "threshold" (counting passes + prefix-sum compaction, `jaxcomp.compress.selection`),
   "sort" (`lax.top_k`), "approx" (`lax.approx_max_k`), or "auto": per platform the program is compiled for
   (`jax.lax.platform_dependent`, `AUTO_SELECTION`): on CPU the faster measured (threshold from K =
-  THRESHOLD_FROM_FRACTION_CPU up, sort below); on GPU the threshold, the one selection whose compiled program
-  sorts no row (XLA:GPU lowers `lax.top_k` and `approx_max_k` of k in the thousands to a sort of the row) and
-  moves the fewest bytes (docs/results/codecs_compiled.md); on TPU sort: the threshold's encode alone compiles
-  there without a row sort (GPT-2 small's message on v5e: 4.3 passes against the sort's 4.4 + 2 sorts), but XLA:TPU's
-  layout assignment does not finish on a sharded pipeline step whose stage holds its counting loop (a v5e-8
-  MLP step: the sort's compiles in 8-11 s, the same step without the loop in 11 s, on one chip with it in 9 s).
+  THRESHOLD_FROM_FRACTION_CPU up, sort below); on GPU and TPU the threshold, the one selection whose compiled
+  program sorts no row (XLA lowers `lax.top_k` and `approx_max_k` of k in the thousands to a sort of the row)
+  and moves the fewest bytes (docs/results/codecs_compiled.md).
   """
   fraction: float = 0.1
   per: str = "example"
