@@ -388,6 +388,13 @@ REGISTRY = {
         covered="tests/test_device_check.py::test_sections_past_the_budget_are_skipped_with_the_reason",
         why="a GPU's run; on the CPU --tiny with --budget-s (its --sections in "
             "test_a_failing_step_is_recorded_and_the_next_one_runs)"),
+    "python -m experiments.gpt2_wikitext --recipe paper --preset top10-reuse --compile-for v5e-8 --executor sharded "
+    "--stages 4 --train-only": Case(
+        ("--recipe", "paper", "--preset", "top10-reuse", "--compile-for", "v5e-8", "--executor", "sharded",
+         "--stages", "4", "--train-only", "--model", "tiny", "--block-size", "32", "--batch-size", "4",
+         "--train-examples", "64"), expect="--compile-for v5e-8: run top10-reuse", slow=True,
+        why="compiles GPT-2 small's 4-stage TopK step for a TPU slice (about 4 minutes); by default "
+            "tests/test_dryrun.py compiles a sharded step holding the threshold selection for v5e-8"),
     # --- docs/guide/executors.md
     "python -m benchmarks.pipeline_scale --model gpt2-small --stages 4 --microbatches 8 --mb-size 1 --seq 1024 "
     "--executors 1f1b,zb-h1,gpipe --repeats 0": Case(
