@@ -54,13 +54,13 @@ def assert_trees_close(a, b, atol):
 
 
 def compare_with_simulate(pipe, opt, steps, data=1, sim_pipe=None, modes=(Mode.TRAIN,), atol=2e-6, schedule="gpipe",
-                          overlap=False, stage_devices=None):
+                          overlap=False, stage_devices=None, remat="stage"):
   """`steps` train steps per mode, then eval steps (compressed and not), on the sharded executor (`stage_devices`,
   default one per stage) and on simulate (`sim_pipe`): the same losses and states (the tied exchange's on every
   replica)."""
   sim_pipe = sim_pipe or pipe
   ex = sharded.ShardedExecutor(sharded.make_mesh(stage_devices or pipe.num_stages, data),
-                               schedule=schedules.parse(schedule, overlap))
+                               schedule=schedules.parse(schedule, overlap), remat=remat)
   state = simulate.init_state(sim_pipe, opt, jax.random.key(1), BATCH)
   flat = ex.stack(pipe, opt, state, BATCH)
   for mode in modes:

@@ -29,6 +29,13 @@ def test_matches_simulate(fwd, bwd):
   compare_with_simulate(mlp_pipe(fwd, bwd), optax.sgd(0.1, momentum=0.9), steps=3)
 
 
+@pytest.mark.parametrize("fwd, bwd", [("ef+topk:0.2", "reuse"), slow("aqsgd+maxabs:2", "ef21+quant:2")])
+def test_gpipe_differentiated_by_autodiff_matches_simulate(fwd, bwd):
+  """remat="none" (`AutodiffRunner`: each boundary's custom_vjp op, GPipe's backward by autodiff), M=4: fill,
+  scanned steady and drain ticks."""
+  compare_with_simulate(mlp_pipe(fwd, bwd, m=4), optax.sgd(0.1, momentum=0.9), steps=2, remat="none")
+
+
 # by default 1F1B's numbers are checked by test_index_reuse_... (AQ-SGD + TopK, reuse, M=2)
 @pytest.mark.parametrize("fwd, bwd, schedule", [
     slow(*SCHEMES[-1], "1f1b"), slow(*SCHEMES[-1], "1f1b-fused"),

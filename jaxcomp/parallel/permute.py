@@ -22,8 +22,9 @@ or, optax style, with the specs parsed once: `link = jaxcomp.compressed_link(fwd
 `link.ppermute(x, state, axis_name, perm, key)` (a `CompressedLink`, which says where each part lives).
 
 It is `compress.boundary`'s custom_vjp op with a `Permute` transport. The sharded executor sends every
-stage boundary's messages with the same op (`StageRunner.forward_exchange`) or, where it runs a backward
-explicitly, with its two halves and the same `Permute` transport.
+stage boundary's messages with the same op where autodiff gives its backward (`AutodiffRunner.forward_exchange`),
+and elsewhere with its halves' send and receive parts and the same `Permute` transport
+(`StageRunner.exchange_forward`, `exchange_backward`).
 """
 import dataclasses
 import operator

@@ -23,6 +23,7 @@ from jaxcomp import pipeline
 from jaxcomp.compress import schemes
 from jaxcomp.compress.boundary import LinkState, Mode
 from jaxcomp.parallel import dataparallel, memory, schedules
+from jaxcomp.parallel.autodiff_ticks import AutodiffRunner
 from jaxcomp.parallel.mesh import DATA, STAGE, make_mesh
 from jaxcomp.parallel.overlapped_sends import OverlappedRunner
 from jaxcomp.parallel.stage_runner import REMAT, StageRunner
@@ -248,8 +249,9 @@ class ShardedExecutor(pipeline.Executor):
     explicit = train and self.remat == "stage"
     # train steps run the schedule's table; eval steps (and GPipe with remat="none") its forward ticks
     table = (self.schedule.train_table if explicit else self.schedule.eval_table)(self.num_stages, m_count)
-    runner = (OverlappedRunner if table.overlapped_sends else StageRunner)(pipe, lay.template, local, mode, train,
-                                                                               table)
+    runner_class = (AutodiffRunner if train and not explicit else OverlappedRunner if table.overlapped_sends
+                    else StageRunner)
+    runner = runner_class(pipe, lay.template, local, mode, train, table)
     exchange = dataparallel.exchange_for(optimizer, self.grad_scheme, warmup=mode is Mode.WARMUP)
     total = lambda v: jax.lax.pmean(jax.lax.psum(v, STAGE), DATA)
     mine = lambda tree: jax.tree.map(lambda a: a[0], tree)  # this device's block

@@ -27,9 +27,8 @@ Two ways to get the backward pass:
   in the loop. A fused BW is one vjp over (parameters, input); a split B is the vjp over the input only (its
   gradient sent at once) and W the vjp over the parameters only, on the stashed input and the stashed output
   cotangent: each recomputes the stage's forward (ZB-H1's W costs a forward more than its share of BW).
-- `run_forward`: GPipe's forward ticks only (GPipe with `remat="none"`), whose autodiff replays
-  the ticks in reverse: each boundary op's custom_vjp rule sends the encoded gradient from b+1 to b, and every
-  stage's internals are saved.
+- `autodiff_ticks.AutodiffRunner.run_forward`: GPipe's forward ticks only (GPipe with `remat="none"`), whose
+  autodiff replays the ticks in reverse.
 """
 import contextlib
 import dataclasses
@@ -40,7 +39,7 @@ import jax.numpy as jnp
 
 from jaxcomp import pipeline
 from jaxcomp.compress import boundary as boundary_mod
-from jaxcomp.compress.boundary import LinkState, Mode
+from jaxcomp.compress.boundary import Mode
 from jaxcomp.parallel import padded_rows, permute, schedules
 from jaxcomp.parallel.mesh import DATA, STAGE, WRAPPED
 from jaxcomp.parallel.plan import Plan, TickPlan, link_ends, link_perm, ring_slot
@@ -52,20 +51,11 @@ SENDER, RECEIVER = 0, 1  # boundary b's ends: chunk b (forward sender, backward 
 
 class StepInputs(NamedTuple):
   """What every tick of one step reads and none changes."""
-  params_row: jax.Array  # this device's parameter row ([P], `run_forward`), or its chunks' ([V, P], `run_explicit`)
+  params_row: jax.Array  # this device's parameter row ([P], `AutodiffRunner`), or its chunks' ([V, P], `run_explicit`)
   bwd_tables: tuple  # (backward sender, backward receiver) tables as the step found them
   mbs: Any  # this data shard's microbatches, [M, B/M, ...] per batch key
   step_key: jax.Array
   scale: Any = None  # each microbatch's loss weight, 1 / (M D) (`run_explicit`)
-
-
-class Carry(NamedTuple):
-  """What one forward tick hands the next (`run_forward`)."""
-  x_buf: jax.Array  # the activation this device received, [B/M, F_max]
-  model_state: jax.Array  # this stage's model-state row
-  fwd_tables: tuple  # (forward sender, forward receiver) padded tables
-  loss_sum: jax.Array
-  metric_sums: Any
 
 
 class Stash(NamedTuple):
@@ -336,53 +326,6 @@ class StageRunner:
     group, k = self.shape_groups[g], self.plan.lookup.stash_slots
     place = jnp.asarray([group.index(c) if c in group else 0 for c in range(len(self.shapes))], jnp.int32)
     return place[b] * k + m % k
-
-  # ---------------------------------------------------------------- GPipe's forward ticks (autodiff backward)
-  def forward_exchange(self, inp: StepInputs, tick, b: int, y_buf, fwd_tables):
-    """Boundary b's whole op for its microbatch at `tick`, whose custom_vjp sends the gradient back under
-    autodiff: (received activation buffer, forward tables)."""
-    m, shape = self.message_at(tick, b, forward=True), self.shapes[b]
-    fwd_rows, bwd_rows = self.link_rows(m, inp.mbs)
-    (fs, fr), (bs, br) = fwd_tables, inp.bwd_tables
-    y, key = padded_rows.unpad(y_buf, shape), pipeline.link_key(inp.step_key, self.global_microbatch(m), b)
-    link = LinkState(self.end_rows(fs, b, SENDER, fwd_rows, shape), self.end_rows(fr, b, RECEIVER, fwd_rows, shape),
-                     self.end_rows(bs, b, RECEIVER, bwd_rows, shape), self.end_rows(br, b, SENDER, bwd_rows, shape))
-    perm = link_perm(b, self.plan.table.num_devices)
-    x, new = permute.CompressedLink(self.pipe.boundary).ppermute(y, link, STAGE, perm, key, mode=self.mode)
-    if self.mode.trains:
-      fwd_tables = (self.put_end_rows(fs, b, SENDER, fwd_rows, new.fwd_send),
-                    self.put_end_rows(fr, b, RECEIVER, fwd_rows, new.fwd_recv))
-    return padded_rows.pad(x, self.width, self.act_dtype), fwd_tables
-
-  def forward_tick(self, inp: StepInputs, tick, boundaries, carry: Carry) -> Carry:
-    """One tick: this device's stage, then every boundary in `boundaries`."""
-    y_buf, ms_row, loss, metrics = self.stage_step(inp, tick, inp.params_row, carry.model_state, carry.x_buf)
-    next_x, fwd_tables = jnp.zeros_like(carry.x_buf), carry.fwd_tables
-    for b in boundaries:
-      x, fwd_tables = self.forward_exchange(inp, tick, b, y_buf, fwd_tables)
-      next_x = jnp.where(self.at_ends(b)[1], x, next_x)
-    return Carry(next_x, ms_row, fwd_tables, carry.loss_sum + loss,
-                 jax.tree.map(jnp.add, carry.metric_sums, metrics))
-
-  def run_forward(self, params_row, ms_row, fwd_tables, bwd_tables, mbs, step_key) -> Carry:
-    """The M+S-1 forward ticks (GPipe's table: F(s, m) at tick m + s) on this device: fill and drain unrolled,
-    the steady ticks scanned (differentiable: its autodiff is GPipe's backward)."""
-    s_count = self.pipe.num_stages
-    mb_size = microbatch_size(mbs)
-    carry = Carry(jnp.zeros((mb_size, self.width), self.act_dtype), ms_row, tuple(fwd_tables),
-                  jnp.zeros((), jnp.float32), self.zero_metrics())
-    inp = StepInputs(params_row, tuple(bwd_tables), mbs, step_key)
-    tick = lambda t, c, bs: self.forward_tick(inp, t, bs, c)
-    fill, steady, drain = self.plan.phases
-    for t in fill:
-      carry = tick(t, carry, self.plan.ticks[t].fwd_sends)
-    if len(steady):
-      every = range(s_count - 1)
-      carry, _ = jax.lax.scan(lambda c, t: (tick(t, c, every), None), carry,
-                              jnp.arange(steady.start, steady.stop, dtype=jnp.int32))
-    for t in drain:
-      carry = tick(t, carry, self.plan.ticks[t].fwd_sends)
-    return carry
 
   # ---------------------------------------------------------------- explicit backward
   def deliver(self, carry: ExplicitCarry, b: int, m, ok, value, forward: bool) -> ExplicitCarry:
