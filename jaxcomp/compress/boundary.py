@@ -8,8 +8,9 @@ are the new backward states* (the "token" pattern): each state row is touched by
 valid call per step, and a call on a bubble tick (`send_ok`/`recv_ok` False) contributes
 zero, so the cotangent summed by autodiff is exactly the new state. Sending and receiving
 run under `lax.cond` on those flags: in SPMD, devices that are not this link's ends do no
-codec work (on TPU they run it and drop the result: `_run_if`) and change no state. `Reuse()` as backward scheme sends the gradient only at the
-forward TopK positions (values only: both ends already know the indices).
+codec work (on TPU they run it and drop the result: `_run_if`) and change no state. `Reuse()`
+as backward scheme sends the gradient only at the forward TopK positions (values only: both
+ends already know the indices).
 The two halves, `forward_half` and `backward_half`, are public for executors that run a
 microbatch's backward explicitly instead of through autodiff.
 """

@@ -16,7 +16,7 @@ from jaxcomp import pipeline
 from jaxcomp.compress import boundary as boundary_mod
 from jaxcomp.parallel import padded_rows
 from jaxcomp.parallel.plan import TickPlan
-from jaxcomp.parallel.stage_runner import RECEIVER, SENDER, ExplicitCarry, StageRunner, StepInputs
+from jaxcomp.parallel.stage_runner import RECEIVER, SENDER, ExplicitCarry, StageRunner, StepInputs, replaced
 
 
 class InFlight(NamedTuple):
@@ -28,10 +28,6 @@ class InFlight(NamedTuple):
   fwd_arrived: tuple
   bwd_sent: tuple
   bwd_arrived: tuple
-
-
-def _replaced(items: tuple, g: int, item) -> tuple:
-  return items[:g] + (item,) + items[g + 1:]
 
 
 class OverlappedRunner(StageRunner):
@@ -50,7 +46,7 @@ class OverlappedRunner(StageRunner):
                                                 pipeline.link_key(inp.step_key, self.global_microbatch(m), b), sends)
     carry = self.stash_positions(carry, g, b, m, boundary_mod.reuse_positions(link, self.mode, payload), SENDER)
     return carry._replace(fwd_tables=(self.put_end_rows(fs, b, SENDER, rows, fs_new), fr),
-                          in_flight=carry.in_flight._replace(fwd_sent=_replaced(carry.in_flight.fwd_sent, g, payload)))
+                          in_flight=carry.in_flight._replace(fwd_sent=replaced(carry.in_flight.fwd_sent, g, payload)))
 
   def decode_forward(self, inp: StepInputs, tick, g: int, boundaries, carry: ExplicitCarry) -> ExplicitCarry:
     """This device decodes the payload of shape group g that crossed during the tick before over the boundary
@@ -81,7 +77,7 @@ class OverlappedRunner(StageRunner):
                                                  sends, None if idx is None else idx[RECEIVER])
     bs, br = carry.bwd_tables
     return carry._replace(bwd_tables=(self.keep_end_rows(bs, b, RECEIVER, sends, rows, shape, bs_new), br),
-                          in_flight=carry.in_flight._replace(bwd_sent=_replaced(carry.in_flight.bwd_sent, g, payload)))
+                          in_flight=carry.in_flight._replace(bwd_sent=replaced(carry.in_flight.bwd_sent, g, payload)))
 
   def decode_backward(self, inp: StepInputs, tick, g: int, boundaries, carry: ExplicitCarry) -> ExplicitCarry:
     """This device decodes the gradient payload of shape group g that crossed back during the tick before over
@@ -107,7 +103,7 @@ class OverlappedRunner(StageRunner):
 
     def cross(sent, arrived, crossing, forward):
       for g, boundaries in self.tick_groups(crossing):
-        arrived = _replaced(arrived, g, self.carried(boundaries, sent[g], forward))
+        arrived = replaced(arrived, g, self.carried(boundaries, sent[g], forward))
       return arrived
     fwd_arrived = cross(flight.fwd_sent, flight.fwd_arrived, tick_plan.fwd_crossing, True)
     bwd_arrived = cross(flight.bwd_sent, flight.bwd_arrived, tick_plan.bwd_crossing, False)

@@ -63,7 +63,7 @@ class Stash(NamedTuple):
   (`plan.Lookup`): its chunks' inputs (delivered when they arrive) and model states (at their forward), V x
   `stash_slots`; per group g of boundaries of one activation shape (`StageRunner.shape_groups`) the (sender's,
   receiver's) TopK positions their forwards chose (for index reuse), boundary b's microbatch m in slot
-  `StageRunner.index_slot(g, b, m)`; its chunks' output cotangents (delivered when the gradient arrives, for B
+  `StageRunner.index_slot(b, m)`; its chunks' output cotangents (delivered when the gradient arrives, for B
   and W or BW), V x `grad_slots`."""
   x_buf: jax.Array
   model_state: jax.Array
@@ -86,6 +86,11 @@ class ExplicitCarry(NamedTuple):
 def microbatch_size(mbs) -> int:
   """Examples per microbatch of microbatched inputs [M, B/M, ...]."""
   return jax.tree.leaves(mbs)[0].shape[1]
+
+
+def replaced(items: tuple, i: int, item) -> tuple:
+  """`items` with its entry i replaced by `item`."""
+  return items[:i] + (item,) + items[i + 1:]
 
 
 def no_grads(params_row, ms_row, x_buf, mb, rng, g_buf, scale, grad_sum):
@@ -114,6 +119,8 @@ class StageRunner:
     for b, x in enumerate(self.shapes):
       by_shape.setdefault((x.shape, x.dtype), []).append(b)
     self.shape_groups = tuple(tuple(group) for group in by_shape.values())
+    self.group_place = tuple(next(group.index(b) for group in self.shape_groups if b in group)
+                             for b in range(len(self.shapes)))  # each boundary's place in its shape group
 
   def _last_metrics(self, mb):
     """The last stage's metric structure (ShapeDtypeStructs), traced abstractly."""
@@ -170,10 +177,6 @@ class StageRunner:
       here = self.at_ends(c)[end]
       b, mine = jnp.where(here, c, b), mine | here
     return b, mine
-
-  def group_of(self, b: int) -> int:
-    """The shape group boundary b is in."""
-    return next(g for g, group in enumerate(self.shape_groups) if b in group)
 
   def tick_groups(self, boundaries):
     """(g, boundaries of shape group g among `boundaries`) for each group `boundaries` meet, in order."""
@@ -320,12 +323,11 @@ class StageRunner:
       return None
     return boundary_mod.reuse_index_shapes(self.pipe.boundary, self.shapes[self.shape_groups[g][0]])
 
-  def index_slot(self, g: int, b, m):
-    """Where boundary b (traced or not) of shape group g keeps its TopK positions of microbatch m in the
-    group's rings: b's place in the group times `stash_slots`, plus m mod `stash_slots`."""
-    group, k = self.shape_groups[g], self.plan.lookup.stash_slots
-    place = jnp.asarray([group.index(c) if c in group else 0 for c in range(len(self.shapes))], jnp.int32)
-    return place[b] * k + m % k
+  def index_slot(self, b, m):
+    """Where boundary b (traced or not) keeps its TopK positions of microbatch m in its shape group's rings:
+    b's place in the group (`group_place`) times `stash_slots`, plus m mod `stash_slots`."""
+    k = self.plan.lookup.stash_slots
+    return jnp.asarray(self.group_place, jnp.int32)[b] * k + m % k
 
   # ---------------------------------------------------------------- explicit backward
   def deliver(self, carry: ExplicitCarry, b: int, m, ok, value, forward: bool) -> ExplicitCarry:
@@ -341,18 +343,17 @@ class StageRunner:
     (SENDER or RECEIVER) written to their slot (`index_slot`); none is None."""
     if positions is None:
       return carry
-    slot, old = self.index_slot(g, b, m), carry.stash.indices[g]
+    slot, old = self.index_slot(b, m), carry.stash.indices[g]
     stored = tuple(jax.tree.map(lambda buf, n: buf.at[slot].set(n), part, positions) if i == end else part
                    for i, part in enumerate(old))
-    indices = carry.stash.indices[:g] + (stored,) + carry.stash.indices[g + 1:]
-    return carry._replace(stash=carry.stash._replace(indices=indices))
+    return carry._replace(stash=carry.stash._replace(indices=replaced(carry.stash.indices, g, stored)))
 
   def stashed_positions(self, carry: ExplicitCarry, g: int, b, m):
     """Boundary b's (traced or not, of shape group g) (sender's, receiver's) TopK positions of microbatch m for
     its backward, or None without index reuse (or in a step whose forward is dense)."""
     if carry.stash.indices[g] is None:
       return None
-    return jax.tree.map(lambda buf: buf[self.index_slot(g, b, m)], carry.stash.indices[g])
+    return jax.tree.map(lambda buf: buf[self.index_slot(b, m)], carry.stash.indices[g])
 
   def exchange_forward(self, inp: StepInputs, tick, g: int, boundaries, y_buf, carry: ExplicitCarry) -> ExplicitCarry:
     """The tick's forward messages over `boundaries` (all of shape group g): this device encodes the activation
@@ -368,8 +369,8 @@ class StageRunner:
         link, self.mode, padded_rows.unpad(y_buf, shape), self.end_rows(fs, b_out, SENDER, rows_out, shape),
         pipeline.link_key(inp.step_key, self.global_microbatch(m_out), b_out), sends)
     arrived = self.carried(boundaries, payload, forward=True)
-    x, fr_new = boundary_mod.forward_receive(link, self.mode, arrived, self.end_rows(fr, b_in, RECEIVER, rows_in, shape),
-                                             takes)
+    x, fr_new = boundary_mod.forward_receive(link, self.mode, arrived,
+                                             self.end_rows(fr, b_in, RECEIVER, rows_in, shape), takes)
     if self.mode.trains:
       carry = carry._replace(fwd_tables=(self.put_end_rows(fs, b_out, SENDER, rows_out, fs_new),
                                          self.put_end_rows(fr, b_in, RECEIVER, rows_in, fr_new)))
