@@ -355,54 +355,80 @@ class StageRunner:
       return None
     return jax.tree.map(lambda buf: buf[self.index_slot(b, m)], carry.stash.indices[g])
 
-  def exchange_forward(self, inp: StepInputs, tick, g: int, boundaries, y_buf, carry: ExplicitCarry) -> ExplicitCarry:
-    """The tick's forward messages over `boundaries` (all of shape group g): this device encodes the activation
-    it made (its forward-sender rows, of the boundary it sends on), the collectives carry each boundary's
-    payload, and it decodes the one it receives (its forward-receiver rows, of that boundary) into the ring of
-    the chunk that takes it in; TopK positions stashed at both ends for index reuse."""
-    (b_out, sends), (b_in, takes) = self.own_boundary(boundaries, SENDER), self.own_boundary(boundaries, RECEIVER)
-    link, shape = self.pipe.boundary, self.shapes[boundaries[0]]
-    m_out, m_in = self.message_at(tick, b_out, forward=True), self.message_at(tick, b_in, forward=True)
-    (rows_out, _), (rows_in, _) = self.link_rows(m_out, inp.mbs), self.link_rows(m_in, inp.mbs)
+  def send_forward(self, inp: StepInputs, tick, g: int, boundaries, y_buf, carry: ExplicitCarry):
+    """(carry, payload): this device encodes the activation it made at `tick` for the boundary among
+    `boundaries` (of shape group g) it sends on, with its forward-sender rows (written back in a training step)
+    and, under index reuse, its TopK positions stashed."""
+    (b, sends), shape, link = self.own_boundary(boundaries, SENDER), self.shapes[boundaries[0]], self.pipe.boundary
+    m = self.message_at(tick, b, forward=True)
+    rows, _ = self.link_rows(m, inp.mbs)
     fs, fr = carry.fwd_tables
-    payload, fs_new = boundary_mod.forward_send(
-        link, self.mode, padded_rows.unpad(y_buf, shape), self.end_rows(fs, b_out, SENDER, rows_out, shape),
-        pipeline.link_key(inp.step_key, self.global_microbatch(m_out), b_out), sends)
-    arrived = self.carried(boundaries, payload, forward=True)
-    x, fr_new = boundary_mod.forward_receive(link, self.mode, arrived,
-                                             self.end_rows(fr, b_in, RECEIVER, rows_in, shape), takes)
+    payload, fs_new = boundary_mod.forward_send(link, self.mode, padded_rows.unpad(y_buf, shape),
+                                                self.end_rows(fs, b, SENDER, rows, shape),
+                                                pipeline.link_key(inp.step_key, self.global_microbatch(m), b), sends)
     if self.mode.trains:
-      carry = carry._replace(fwd_tables=(self.put_end_rows(fs, b_out, SENDER, rows_out, fs_new),
-                                         self.put_end_rows(fr, b_in, RECEIVER, rows_in, fr_new)))
-    carry = self.stash_positions(carry, g, b_out, m_out, boundary_mod.reuse_positions(link, self.mode, payload), SENDER)
-    carry = self.stash_positions(carry, g, b_in, m_in, boundary_mod.reuse_positions(link, self.mode, arrived),
-                                 RECEIVER)
-    return self.deliver(carry, b_in, m_in, takes, padded_rows.pad(x, self.width, self.act_dtype), forward=True)
+      carry = carry._replace(fwd_tables=(self.put_end_rows(fs, b, SENDER, rows, fs_new), fr))
+    return self.stash_positions(carry, g, b, m, boundary_mod.reuse_positions(link, self.mode, payload), SENDER), payload
+
+  def receive_forward(self, inp: StepInputs, tick, g: int, boundaries, arrived, carry: ExplicitCarry,
+                      received: bool = False) -> ExplicitCarry:
+    """This device decodes `arrived`, the payload of shape group g it receives over its boundary among
+    `boundaries` (sent at `tick`, or `received` there), into the ring of the chunk that takes it in, with its
+    forward-receiver rows (written back in a training step) and, under index reuse, its copy of the TopK
+    positions stashed."""
+    (b, takes), shape, link = self.own_boundary(boundaries, RECEIVER), self.shapes[boundaries[0]], self.pipe.boundary
+    m = self.message_at(tick, b, forward=True, received=received)
+    rows, _ = self.link_rows(m, inp.mbs)
+    fs, fr = carry.fwd_tables
+    x, fr_new = boundary_mod.forward_receive(link, self.mode, arrived, self.end_rows(fr, b, RECEIVER, rows, shape),
+                                             takes)
+    if self.mode.trains:
+      carry = carry._replace(fwd_tables=(fs, self.put_end_rows(fr, b, RECEIVER, rows, fr_new)))
+    carry = self.stash_positions(carry, g, b, m, boundary_mod.reuse_positions(link, self.mode, arrived), RECEIVER)
+    return self.deliver(carry, b, m, takes, padded_rows.pad(x, self.width, self.act_dtype), forward=True)
+
+  def send_backward(self, inp: StepInputs, tick, g: int, boundaries, dx_buf, carry: ExplicitCarry):
+    """(carry, payload): this device encodes the input gradient it made at `tick` for the boundary among
+    `boundaries` (of shape group g) whose receiver it is, with its backward-sender rows (kept where it sends)."""
+    (b, sends), shape, link = self.own_boundary(boundaries, RECEIVER), self.shapes[boundaries[0]], self.pipe.boundary
+    m = self.message_at(tick, b, forward=False)
+    _, rows = self.link_rows(m, inp.mbs)
+    idx = self.stashed_positions(carry, g, b, m)
+    payload, bs_new = boundary_mod.backward_send(link, self.mode, padded_rows.unpad(dx_buf, shape),
+                                                 self.end_rows(inp.bwd_tables[0], b, RECEIVER, rows, shape),
+                                                 pipeline.link_key(inp.step_key, self.global_microbatch(m), b),
+                                                 sends, None if idx is None else idx[RECEIVER])
+    bs, br = carry.bwd_tables
+    return carry._replace(bwd_tables=(self.keep_end_rows(bs, b, RECEIVER, sends, rows, shape, bs_new), br)), payload
+
+  def receive_backward(self, inp: StepInputs, tick, g: int, boundaries, arrived, carry: ExplicitCarry,
+                       received: bool = False) -> ExplicitCarry:
+    """This device decodes `arrived`, the gradient payload of shape group g it receives back over the boundary
+    among `boundaries` whose sender it is (sent at `tick`, or `received` there), into the ring of the chunk that
+    takes it in, with its backward-receiver rows (kept where it receives)."""
+    (b, takes), shape, link = self.own_boundary(boundaries, SENDER), self.shapes[boundaries[0]], self.pipe.boundary
+    m = self.message_at(tick, b, forward=False, received=received)
+    _, rows = self.link_rows(m, inp.mbs)
+    idx = self.stashed_positions(carry, g, b, m)
+    dx, br_new = boundary_mod.backward_receive(link, self.mode, arrived,
+                                               self.end_rows(inp.bwd_tables[1], b, SENDER, rows, shape), takes,
+                                               None if idx is None else idx[SENDER], shape.dtype)
+    bs, br = carry.bwd_tables
+    carry = carry._replace(bwd_tables=(bs, self.keep_end_rows(br, b, SENDER, takes, rows, shape, br_new)))
+    return self.deliver(carry, b, m, takes, padded_rows.pad(dx, self.width, self.act_dtype), forward=False)
+
+  def exchange_forward(self, inp: StepInputs, tick, g: int, boundaries, y_buf, carry: ExplicitCarry) -> ExplicitCarry:
+    """The tick's forward messages over `boundaries` (all of shape group g): this device encodes the one it
+    sends (`send_forward`), the collectives carry each boundary's payload, and it decodes the one it receives
+    (`receive_forward`)."""
+    carry, payload = self.send_forward(inp, tick, g, boundaries, y_buf, carry)
+    return self.receive_forward(inp, tick, g, boundaries, self.carried(boundaries, payload, forward=True), carry)
 
   def exchange_backward(self, inp: StepInputs, tick, g: int, boundaries, dx_buf, carry: ExplicitCarry) -> ExplicitCarry:
-    """The tick's gradients over `boundaries` (all of shape group g): this device encodes the input gradient
-    it made (its backward-sender rows, of the boundary whose receiver it is), the collectives carry each back,
-    and it decodes the one it receives (its backward-receiver rows) into the ring of the chunk that takes it in;
-    the carry with the new backward-state rows."""
-    (b_out, sends), (b_in, takes) = self.own_boundary(boundaries, RECEIVER), self.own_boundary(boundaries, SENDER)
-    link, shape = self.pipe.boundary, self.shapes[boundaries[0]]
-    m_out, m_in = self.message_at(tick, b_out, forward=False), self.message_at(tick, b_in, forward=False)
-    (_, rows_out), (_, rows_in) = self.link_rows(m_out, inp.mbs), self.link_rows(m_in, inp.mbs)
-    idx_out, idx_in = self.stashed_positions(carry, g, b_out, m_out), self.stashed_positions(carry, g, b_in, m_in)
-    bs_old, br_old = inp.bwd_tables
-    payload, bs_new = boundary_mod.backward_send(
-        link, self.mode, padded_rows.unpad(dx_buf, shape), self.end_rows(bs_old, b_out, RECEIVER, rows_out, shape),
-        pipeline.link_key(inp.step_key, self.global_microbatch(m_out), b_out), sends,
-        None if idx_out is None else idx_out[RECEIVER])
-    dx, br_new = boundary_mod.backward_receive(
-        link, self.mode, self.carried(boundaries, payload, forward=False),
-        self.end_rows(br_old, b_in, SENDER, rows_in, shape), takes, None if idx_in is None else idx_in[SENDER],
-        shape.dtype)
-    bs, br = carry.bwd_tables
-    tables = (self.keep_end_rows(bs, b_out, RECEIVER, sends, rows_out, shape, bs_new),
-              self.keep_end_rows(br, b_in, SENDER, takes, rows_in, shape, br_new))
-    return self.deliver(carry._replace(bwd_tables=tables), b_in, m_in, takes,
-                        padded_rows.pad(dx, self.width, self.act_dtype), forward=False)
+    """The tick's gradients over `boundaries` (all of shape group g): this device encodes the one it sends
+    (`send_backward`), the collectives carry each back, and it decodes the one it receives (`receive_backward`)."""
+    carry, payload = self.send_backward(inp, tick, g, boundaries, dx_buf, carry)
+    return self.receive_backward(inp, tick, g, boundaries, self.carried(boundaries, payload, forward=False), carry)
 
   def stage_ops(self, inp: StepInputs, tick, tick_plan: TickPlan, carry: ExplicitCarry):
     """This device's ops at `tick`, in `ORDER`: its forward on the input its ring holds (stashing its model
