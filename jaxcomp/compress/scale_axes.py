@@ -43,12 +43,14 @@ class AxisChosen(NamedTuple):
 
 
 def _summed(terms, axes):
-  """Each term summed over `axes`: on TPU in one reduction (one read of what the terms are computed from; XLA:TPU
-  otherwise lays each sum out apart), elsewhere one sum each (XLA:GPU fuses those, not a reduction of many)."""
+  """Each term summed over `axes`, in one reduction (one read of what the terms are computed from): on TPU the
+  terms as one variadic reduce (XLA:TPU lays a stack of them out apart), elsewhere their stack, one reduction of
+  [K, ...] (XLA:GPU fuses the terms' computation into it; a variadic reduce there, or K sums, moves more).
+  docs/results/codecs_compiled.md has the traffic of each."""
   one = lambda: jax.lax.reduce(tuple(terms), (jnp.float32(0),) * len(terms),
                                lambda a, b: tuple(p + q for p, q in zip(a, b)), axes)
-  apart = lambda: tuple(jnp.sum(t, axis=axes) for t in terms)
-  return jax.lax.platform_dependent(tpu=one, default=apart)
+  stacked = lambda: tuple(jnp.sum(jnp.stack(terms), axis=tuple(a + 1 for a in axes)))
+  return jax.lax.platform_dependent(tpu=one, default=stacked)
 
 
 def _channel_mean_errors(x32, values, axes):
