@@ -1,3 +1,5 @@
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -68,3 +70,16 @@ def test_join_is_the_arrays_bytes_in_one_buffer_and_split_gives_them_back_bit_fo
   for before, after in zip(arrays, packing.split(buffer, arrays)):
     assert after.shape == np.shape(before) and after.dtype == before.dtype
     np.testing.assert_array_equal(np.asarray(after).view(np.uint8), np.asarray(before).view(np.uint8))
+
+
+def test_a_gather_in_the_rows_own_shape_is_the_flat_gather_and_packing_them_packs_the_flat_rows():
+  """`in_row_shape` (what `at_positions` runs on TPU) reads position i B + j of a row [A, B] at (i, j), and
+  `pack_mask` of rows [R, A, B] is that of the rows flattened."""
+  x = jax.random.normal(jax.random.key(0), (3, 5, 16))
+  positions = jax.random.randint(jax.random.key(1), (3, 7), 0, 80)
+  flat = x.reshape(3, 80)
+  np.testing.assert_array_equal(packing.in_row_shape(x, positions), jnp.take_along_axis(flat, positions, axis=1))
+  np.testing.assert_array_equal(packing.at_positions(x, positions), jnp.take_along_axis(flat, positions, axis=1))
+  np.testing.assert_array_equal(packing.pack_mask(x > 0), packing.pack_mask(flat > 0))
+  with pytest.raises(ValueError, match="whole bytes"):
+    packing.pack_mask(jnp.zeros((2, 3, 12), bool))

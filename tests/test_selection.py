@@ -69,6 +69,27 @@ def test_threshold_mask_on_long_rows(kind, fraction, sizes):
   np.testing.assert_array_equal(mask, _reference_mask(x, k))
 
 
+@pytest.mark.parametrize("kind", ["ties", "normal"])
+@pytest.mark.parametrize("shape", [(3, 40, 16), (2, 5, 1024)])
+def test_rows_in_their_own_shape_select_the_set_of_the_flattened_rows(shape, kind):
+  """Rows [A, B] (the shape a TPU counts them in, `row_view`) give the bitmask of the same rows flattened to [F]:
+  positions i B + j, ties to the lowest, through the counting loop ("tiny" sizes) and the candidates' gather."""
+  key = jax.random.key(3)
+  x = (jax.random.randint(key, shape, -3, 4).astype(jnp.float32) if kind == "ties" else jax.random.normal(key, shape))
+  flat = x.reshape(shape[0], -1)
+  for k in (1, flat.shape[1] // 10, flat.shape[1] // 2):
+    for sizes in ({"thresholds": selection.THRESHOLDS}, {"sample": 16, "thresholds": 3, "candidates": 8}):
+      np.testing.assert_array_equal(selection.top_k_packed(x, k, **sizes), selection.top_k_packed(flat, k, **sizes))
+    np.testing.assert_array_equal(selection.top_k_mask(x, k, thresholds=3), _reference_mask(flat, k))
+
+
+def test_row_view_keeps_the_last_axis_where_it_packs_into_whole_bytes():
+  x = jnp.zeros((2, 3, 4, 16))
+  assert selection.row_view(x).shape == (2, 12, 16)  # an example's tokens x features
+  assert selection.row_view(x, 24).shape == (24, 1, 16)  # rows of the last axis
+  assert selection.row_view(jnp.zeros((2, 3, 12))).shape == (2, 1, 36)  # 12 % 8: flattened
+
+
 @pytest.mark.parametrize("thresholds", [2, 3, selection.THRESHOLDS])
 def test_the_counting_loop_takes_at_most_half_its_bound(thresholds):
   """Its trips on rows of ties (7 integers, 95% zeros, 30% NaN) are within the derivation's count (half the

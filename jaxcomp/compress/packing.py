@@ -195,7 +195,13 @@ def _lanes_or_bytes(how: str, on_tpu, elsewhere, *args):
 
 @functools.partial(jax.jit, static_argnames=("how",))
 def pack_mask(mask_RxF: jnp.ndarray, how: str = "platform") -> jnp.ndarray:
-  """Bool [R, F] -> uint8 [R, ceil(F/8)] bitmask, one row at a time: bit j of byte b is position 8b + j."""
+  """Bool [R, F] -> uint8 [R, ceil(F/8)] bitmask, one row at a time: bit j of byte b is position 8b + j. Rows
+  [R, A, B] (positions i B + j, B % 8 == 0) are packed along B, so the mask keeps its own layout."""
+  if mask_RxF.ndim == 3:
+    r, a, b = mask_RxF.shape
+    if a > 1 and b % 8:
+      raise ValueError(f"rows of [{a}, {b}] pack along their last axis only in whole bytes (B % 8 == 0)")
+    return pack_mask(mask_RxF.reshape(r * a, b), how).reshape(r, -1)
   r, f = mask_RxF.shape
   m = jnp.pad(mask_RxF.astype(jnp.uint8), ((0, 0), (0, (-f) % 8)))
 
@@ -272,7 +278,8 @@ BIT_POSITIONS = np.array([[j for j in range(8) if v >> j & 1] + [0] * (8 - bin(v
 
 @functools.partial(jax.jit, static_argnames=("f", "k"))
 def compact(packed_RxF8: jnp.ndarray, f: int, k: int, operand_RxF=None) -> jnp.ndarray:
-  """[R, k]: operand at the first k set positions of each row, in position order (stream compaction).
+  """[R, k]: operand ([R, F] or [R, A, B]: `at_positions`) at the first k set positions of each row, in position
+  order (stream compaction).
 
   operand None: the positions themselves (int32); slots past a row's set count hold 0. Found
   byte-wise: with c(b) the set bits in bytes before byte b, each byte b marks slot c(b) with b
@@ -297,7 +304,23 @@ def compact(packed_RxF8: jnp.ndarray, f: int, k: int, operand_RxF=None) -> jnp.n
   positions = jnp.where(filled, 8 * byte + bit, 0)
   if operand_RxF is None:
     return positions
-  return jnp.where(filled, jnp.take_along_axis(operand_RxF, positions, axis=1), jnp.zeros((), operand_RxF.dtype))
+  return jnp.where(filled, at_positions(operand_RxF, positions), jnp.zeros((), operand_RxF.dtype))
+
+
+def at_positions(operand, positions_RxK: jnp.ndarray) -> jnp.ndarray:
+  """[R, K]: each row of `operand` ([R, F], or [R, A, B] with position i B + j at (i, j)) at its K positions. Rows
+  [R, A, B] are gathered from in that shape on TPU (`in_row_shape`; flattened, a TPU relays x out: a pass to read
+  it and one to write it), flattened elsewhere (XLA:GPU's gather of flat positions moves less)."""
+  flat = lambda a, p: jnp.take_along_axis(a.reshape(a.shape[0], -1), p, axis=1)
+  if operand.ndim == 2:
+    return flat(operand, positions_RxK)
+  return jax.lax.platform_dependent(operand, positions_RxK, tpu=in_row_shape, default=flat)
+
+
+def in_row_shape(operand_RxAxB: jnp.ndarray, positions_RxK: jnp.ndarray) -> jnp.ndarray:
+  """[R, K]: each row [A, B] of the operand at its K positions p, entry (p // B, p % B)."""
+  rows, b = jnp.arange(operand_RxAxB.shape[0])[:, None], operand_RxAxB.shape[2]
+  return operand_RxAxB[rows, positions_RxK // b, positions_RxK % b]
 
 
 @functools.partial(jax.jit, static_argnames=("f",))

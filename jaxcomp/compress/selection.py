@@ -13,7 +13,9 @@ class is left). Once at most C keys lie in the bracket, a last pass writes the p
 the k - c(hi) largest set in the mask. On continuous data (normal, t3, GELU, bf16 rows of 786,432)
 the first pass at M = 16 leaves at most C and the loop does not run (at the CPU's M = 8, one
 trip): two passes over the row besides its strided sample, no sort of it, no copy of it; rows of a
-few distinct values (ties) take 3-4 trips (`counting_trips`). Entry points are jitted with k and
+few distinct values (ties) take 3-4 trips (`counting_trips`). A row may come as [A, B] (an example's
+tokens x features, B % 8 == 0: `row_view`), its entries in row-major order: on TPU every pass reads it in
+that shape, since flattening it to [F] relays the whole activation out. Entry points are jitted with k and
 the sizes static.
 """
 import functools
@@ -72,9 +74,27 @@ def key_space(dtype) -> KeySpace:
   return _SPACES.get(jnp.dtype(dtype), FP32)
 
 
-def _position_keys(f: int) -> jax.Array:
-  """Int32 [F]: p = F - 1 - position (the first position ranks highest among equal magnitudes)."""
-  return jnp.arange(f - 1, -1, -1, dtype=jnp.int32)
+def _position_keys(a: int, b: int) -> jax.Array:
+  """Int32 [A, B]: p = F - 1 - position, position = i B + j of entry (i, j) of a row [A, B] (F = A B; the first
+  position ranks highest among equal magnitudes)."""
+  return jnp.arange(a * b - 1, -1, -1, dtype=jnp.int32).reshape(a, b)
+
+
+def row_view(x, rows: int | None = None) -> jax.Array:
+  """x's entries as `rows` rows (default: its leading axis) of [A, B] each, in row-major order: B x's last axis
+  where whole bytes of a row's bitmask fall in it (B % 8 == 0) and the rows split x's other axes, else [1, F].
+  The view keeps x's own layout: a TPU tiles an array's last two axes, and a row flattened to [F] is a copy of
+  x relaid out (a pass to read and one to write it back)."""
+  rows = x.shape[0] if rows is None else rows
+  lead = math.prod(x.shape[:-1])
+  if x.ndim >= 2 and x.shape[-1] % 8 == 0 and lead % rows == 0:
+    return x.reshape(rows, lead // rows, x.shape[-1])
+  return x.reshape(rows, 1, -1)
+
+
+def _rows_of(x) -> jax.Array:
+  """[R, A, B]: x itself if 3-D, else its rows [R, F] as [R, 1, F]."""
+  return x if x.ndim == 3 else x.reshape(x.shape[0], 1, -1)
 
 
 def _spaced(lo, hi, m: int):
@@ -92,15 +112,18 @@ def trip_bound(bits: int, f: int, thresholds: int) -> int:
   return 2 * (math.ceil(bits / per_trip) + math.ceil(math.log2(max(f, 2)) / per_trip) + 2)
 
 
-def _bracket(x_RxF, k: int, sample: int, thresholds: int, c_max: int):
+def _bracket(x_RxAxB, k: int, sample: int, thresholds: int, c_max: int):
   """((lo_m, lo_p, c(lo), hi_m, hi_p, c(hi)) per row, with c(lo) >= k > c(hi) and c(lo) - c(hi) <= c_max; the
   counting loop's trips after the first pass)."""
-  r, f = x_RxF.shape
-  space = key_space(x_RxF.dtype)
+  r, a, b = x_RxAxB.shape
+  f = a * b
+  space = key_space(x_RxAxB.dtype)
 
+  # the sample: entries j * stride of the row (position order), gathered (a strided slice of a long row runs out
+  # of TPU VMEM at compile time, and a reshape of its last axis relays x out on a TPU)
   stride = max(1, f // sample)
-  n = min(sample, f // stride)  # entries j * stride, j < n, taken by a reshape (a strided slice of a long row
-  sampled = x_RxF[:, : n * stride].reshape(r, n, stride)[:, :, 0]  # runs out of TPU VMEM at compile time)
+  n = min(sample, f // stride)
+  sampled = packing.at_positions(x_RxAxB, jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32) * stride, (r, n)))
   sampled = jnp.sort(space.lowest(space.keys(sampled)), axis=1)
   q = k / f  # the k-th largest's rank in the sample: n (1 - q) +- 3 binomial deviations (evenly), and +- 6
   z = [-6.0, *[-3.0 + 6.0 * i / max(thresholds - 3, 1) for i in range(thresholds - 2)], 6.0][-thresholds:]
@@ -111,10 +134,11 @@ def _bracket(x_RxF, k: int, sample: int, thresholds: int, c_max: int):
     """The bracket after counting at `thresholds_of(state)` (ascending); rows with at most C left keep theirs."""
     lo_m, lo_p, c_lo, hi_m, hi_p, c_hi = state
     t_m, t_p = thresholds_of(state)
-    # one reduction of [R, F, M] (M counts per read of the row; XLA fuses the keys and positions into it: made
+    # one reduction of [R, A, B, M] (M counts per read of the row; XLA fuses the keys and positions into it: made
     # here, not outside the loop, whose body would read them from memory)
-    ge = space.at_least(space.keys(x_RxF)[:, :, None], _position_keys(f)[None, :, None], t_m[:, None, :], t_p[:, None, :])
-    c = jnp.sum(ge, axis=1, dtype=jnp.float32 if f < 1 << 24 else jnp.int32).astype(jnp.int32)
+    ge = space.at_least(space.keys(x_RxAxB)[..., None], _position_keys(a, b)[None, :, :, None],
+                        t_m[:, None, None, :], t_p[:, None, None, :])
+    c = jnp.sum(ge, axis=(1, 2), dtype=jnp.float32 if f < 1 << 24 else jnp.int32).astype(jnp.int32)
     up = jnp.sum(c >= k, axis=1)  # counts descend: the first `up` thresholds keep c >= k
     below, above = jnp.maximum(up - 1, 0)[:, None], jnp.minimum(up, thresholds - 1)[:, None]
     pick = lambda a, i: jnp.take_along_axis(a, i, axis=1)[:, 0]
@@ -150,35 +174,44 @@ def counting_trips(x_RxF, k: int, sample: int = SAMPLE, thresholds: int = THRESH
   """Int32: the passes over the rows `top_k_packed` counts in after its first (its loop's trips, data-dependent:
   a compiled program's cost counts them once), at `thresholds` (GPU's and TPU's M by default; THRESHOLDS_CPU
   for what a CPU program does)."""
-  return _bracket(x_RxF, k, sample, thresholds, min(candidates, x_RxF.shape[1]))[1]
+  rows = _rows_of(x_RxF)
+  return _bracket(rows, k, sample, thresholds, min(candidates, rows.shape[1] * rows.shape[2]))[1]
 
 
 @functools.partial(jax.jit, static_argnames=("k", "sample", "thresholds", "candidates"))
 def top_k_packed(x_RxF, k: int, sample: int = SAMPLE, thresholds: int | None = None,
                  candidates: int = CANDIDATES) -> jax.Array:
   """Uint8 [R, ceil(F/8)] (`packing.pack_mask`'s layout) with exactly k bits set per row: the entries
-  `lax.top_k(|x|, k)` returns. `sample`, `thresholds`, `candidates`: the sizes above (exact for any;
-  `thresholds` by default THRESHOLDS_CPU in a program compiled for the CPU, THRESHOLDS elsewhere)."""
+  `lax.top_k(|x|, k)` returns. x: rows [R, F], or [R, A, B] (each row's F = A B entries in row-major order,
+  B % 8 == 0 unless A == 1: `row_view`). `sample`, `thresholds`, `candidates`: the sizes above (exact for any;
+  `thresholds` by default THRESHOLDS_CPU in a program compiled for the CPU, THRESHOLDS elsewhere). By default rows
+  [R, A, B] are counted, masked and gathered from in that shape on TPU, where it is x's own layout, and flattened
+  elsewhere (on GPU that moves less); given `thresholds`, in the shape given."""
+  x_RxAxB = _rows_of(x_RxF)
+  flat = lambda x: x.reshape(x.shape[0], 1, -1)
   if thresholds is None:
     return jax.lax.platform_dependent(
-        x_RxF, cpu=lambda x: _packed(x, k, sample, THRESHOLDS_CPU, candidates),
-        default=lambda x: _packed(x, k, sample, THRESHOLDS, candidates))
-  return _packed(x_RxF, k, sample, thresholds, candidates)
+        x_RxAxB, cpu=lambda x: _packed(flat(x), k, sample, THRESHOLDS_CPU, candidates),
+        tpu=lambda x: _packed(x, k, sample, THRESHOLDS, candidates),
+        default=lambda x: _packed(flat(x), k, sample, THRESHOLDS, candidates))
+  return _packed(x_RxAxB, k, sample, thresholds, candidates)
 
 
-def _packed(x_RxF, k: int, sample: int, thresholds: int, candidates: int) -> jax.Array:
-  r, f = x_RxF.shape
-  space = key_space(x_RxF.dtype)
+def _packed(x_RxAxB, k: int, sample: int, thresholds: int, candidates: int) -> jax.Array:
+  r, a, b = x_RxAxB.shape
+  f = a * b
+  space = key_space(x_RxAxB.dtype)
   c_max = min(candidates, f)
-  (lo_m, lo_p, c_lo, hi_m, hi_p, c_hi), _ = _bracket(x_RxF, k, sample, thresholds, c_max)
+  (lo_m, lo_p, c_lo, hi_m, hi_p, c_hi), _ = _bracket(x_RxAxB, k, sample, thresholds, c_max)
 
-  m, p = space.keys(x_RxF), _position_keys(f)[None, :]
-  sure = space.at_least(m, p, hi_m[:, None], hi_p[:, None])
+  m, p = space.keys(x_RxAxB), _position_keys(a, b)[None]
+  at = lambda t: t[:, None, None]
+  sure = space.at_least(m, p, at(hi_m), at(hi_p))
   packed = packing.pack_mask(sure)
-  bracket = packing.pack_mask(space.at_least(m, p, lo_m[:, None], lo_p[:, None]) & ~sure)
+  bracket = packing.pack_mask(space.at_least(m, p, at(lo_m), at(lo_p)) & ~sure)
   slots = packing.compact(bracket, f, c_max)
   filled = jnp.arange(c_max) < (c_lo - c_hi)[:, None]
-  key = space.lowest(space.keys(jnp.take_along_axis(x_RxF, slots, axis=1)))
+  key = space.lowest(space.keys(packing.at_positions(x_RxAxB, slots)))
   # largest key first: class descending (top - class ascending; empty slots last), then position
   _, ranked = jax.lax.sort((jnp.where(filled, space.top - key, space.top + 1), slots), dimension=1, num_keys=2)
   taken = jnp.arange(c_max) < (k - c_hi)[:, None]
@@ -189,7 +222,7 @@ def _packed(x_RxF, k: int, sample: int, thresholds: int, candidates: int) -> jax
 
 def top_k_mask(x_RxF, k: int, **sizes) -> jax.Array:
   """Bool [R, F] with exactly k True per row: the entries `lax.top_k(|x|, k)` returns (`top_k_packed`)."""
-  return packing.unpack_mask(top_k_packed(x_RxF, k, **sizes), x_RxF.shape[1])
+  return packing.unpack_mask(top_k_packed(x_RxF, k, **sizes), math.prod(x_RxF.shape[1:]))
 
 
 @functools.partial(jax.jit, static_argnames=("k", "selector"))

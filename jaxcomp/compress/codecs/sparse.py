@@ -45,13 +45,13 @@ def _index_dtype(f: int):
 TOPK_VALUE_FORMATS = ("native", "bf16", "q8")
 
 
-def _flag_nonfinite_rows(values_RxK, x_RxF):
+def _flag_nonfinite_rows(values_RxK, x_Rx):
   """The values selected from each row of x, their finite ones NaN where the row holds a NaN or
   +-inf: a selection (random, approximate, or of the gradient at reused positions) that skips
-  the non-finite entry still shows the receiver that the row had one. `x_RxF`: the rows, or any
+  the non-finite entry still shows the receiver that the row had one. `x_Rx`: the rows ([R, ...]), or any
   part of each holding all its non-finite entries (an exact top-k's own values do: NaN and +-inf
   rank highest)."""
-  bad_Rx1 = ~jnp.all(jnp.isfinite(x_RxF), axis=1, keepdims=True)
+  bad_Rx1 = ~jnp.all(jnp.isfinite(x_Rx), axis=tuple(range(1, x_Rx.ndim)))[:, None]
   return jnp.where(bad_Rx1 & jnp.isfinite(values_RxK), jnp.nan, values_RxK)
 
 
@@ -64,10 +64,11 @@ def _selected_positions(selector, x_RxF, k):
   return selection.top_k_positions(x_RxF, k, selector)
 
 
-def _selected_mask(selector, x_RxF, k):
-  """Packed bitmask of the k largest |x| per row, selected by `selector`."""
+def _selected_mask(selector, x_RxAxB, k):
+  """Packed bitmask of the k largest |x| per row ([R, A, B]: `selection.row_view`), selected by `selector`."""
   if selector == "threshold":
-    return selection.top_k_packed(x_RxF, k)
+    return selection.top_k_packed(x_RxAxB, k)
+  x_RxF = x_RxAxB.reshape(x_RxAxB.shape[0], -1)
   idx = _selected_positions(selector, x_RxF, k)
   rows = jnp.arange(x_RxF.shape[0])[:, None]
   return packing.pack_mask(jnp.zeros(x_RxF.shape, bool).at[rows, idx].set(True))
@@ -140,9 +141,9 @@ class TopK(Codec):
     r, f = _rows(x.shape, self.per)
     return self._selected(_selected_positions, x.reshape(r, f), self.k(x.shape))
 
-  def _mask(self, x_RxF, k) -> jax.Array:
-    """Packed bitmask [R, ceil(F/8)] of the selected entries."""
-    return self._selected(_selected_mask, x_RxF, k)
+  def _mask(self, x_RxAxB, k) -> jax.Array:
+    """Packed bitmask [R, ceil(F/8)] of the selected entries of the rows [R, A, B] (`selection.row_view`)."""
+    return self._selected(_selected_mask, x_RxAxB, k)
 
   @staticmethod
   def q8(k: int) -> MaxAbsQuant:
@@ -192,12 +193,13 @@ class TopK(Codec):
     """`values_at`; with `exact_top_k` (`where` is the exact top-k of x's rows, which holds every row's non-finite
     entries) the non-finite flag reads the k values, not the row: one pass over x less."""
     r, f = _rows(x.shape, self.per)
-    x_RxF = x.reshape(r, f)
     if self.uses_mask(x.shape):
-      picked = packing.compact(where, f, self.k(x.shape), x_RxF)
+      rows = selection.row_view(x, r)  # x's own layout: the compaction gathers from it
+      picked = packing.compact(where, f, self.k(x.shape), rows)
     else:
-      picked = jnp.take_along_axis(x_RxF, where.astype(jnp.int32), axis=1)
-    return Payload(self._pack_values(_flag_nonfinite_rows(picked, picked if exact_top_k else x_RxF)), x.shape, x.dtype)
+      rows = x.reshape(r, f)
+      picked = jnp.take_along_axis(rows, where.astype(jnp.int32), axis=1)
+    return Payload(self._pack_values(_flag_nonfinite_rows(picked, picked if exact_top_k else rows)), x.shape, x.dtype)
 
   def scatter(self, payload: Payload, where) -> jax.Array:
     """Dense tensor from values at the positions `where`, zero elsewhere: inverse of `values_at`."""
@@ -212,7 +214,7 @@ class TopK(Codec):
   def encode(self, x, key=None):
     r, f = _rows(x.shape, self.per)
     if self.uses_mask(x.shape):
-      where = self._mask(x.reshape(r, f), self.k(x.shape))
+      where = self._mask(selection.row_view(x, r), self.k(x.shape))
       sent = {"mask": where}
     else:
       where = self.positions(x)
