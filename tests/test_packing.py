@@ -83,3 +83,16 @@ def test_a_gather_in_the_rows_own_shape_is_the_flat_gather_and_packing_them_pack
   np.testing.assert_array_equal(packing.pack_mask(x > 0), packing.pack_mask(flat > 0))
   with pytest.raises(ValueError, match="whole bytes"):
     packing.pack_mask(jnp.zeros((2, 3, 12), bool))
+
+
+@pytest.mark.parametrize("a, b", [(5, 16), (3, 40)])
+def test_expanding_into_rows_of_their_own_shape_is_the_flat_expand(a, b):
+  """`expand_in_row_shape` (what `expand_rows` runs on TPU) puts the k values where `expand` does, in [R, A, B]."""
+  f = a * b
+  mask = jax.random.uniform(jax.random.key(2), (3, f)) < 0.3
+  packed = packing.pack_mask(mask)
+  k = int(mask.sum(axis=1).max())
+  values = jax.random.normal(jax.random.key(3), (3, k))
+  want = packing.expand(packed, f, values).reshape(3, a, b)
+  np.testing.assert_array_equal(packing.expand_in_row_shape(packed, a, b, values), want)
+  np.testing.assert_array_equal(packing.expand_rows(packed, a, b, values), want)

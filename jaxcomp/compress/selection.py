@@ -86,10 +86,15 @@ def row_view(x, rows: int | None = None) -> jax.Array:
   The view keeps x's own layout: a TPU tiles an array's last two axes, and a row flattened to [F] is a copy of
   x relaid out (a pass to read and one to write it back)."""
   rows = x.shape[0] if rows is None else rows
-  lead = math.prod(x.shape[:-1])
-  if x.ndim >= 2 and x.shape[-1] % 8 == 0 and lead % rows == 0:
-    return x.reshape(rows, lead // rows, x.shape[-1])
-  return x.reshape(rows, 1, -1)
+  return x.reshape(rows, *row_shape(x.shape, rows))
+
+
+def row_shape(shape, rows: int) -> tuple[int, int]:
+  """(A, B): the shape of each of `rows` rows of an array of `shape` in `row_view`."""
+  lead = math.prod(shape[:-1])
+  if len(shape) >= 2 and shape[-1] % 8 == 0 and lead % rows == 0:
+    return lead // rows, shape[-1]
+  return 1, math.prod(shape) // rows
 
 
 def _rows_of(x) -> jax.Array:

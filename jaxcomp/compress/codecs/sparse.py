@@ -203,10 +203,10 @@ class TopK(Codec):
 
   def scatter(self, payload: Payload, where) -> jax.Array:
     """Dense tensor from values at the positions `where`, zero elsewhere: inverse of `values_at`."""
-    _, f = _rows(payload.shape, self.per)
+    r, f = _rows(payload.shape, self.per)
     values = self._unpack_values(payload.arrays, payload.dtype)
-    if self.uses_mask(payload.shape):
-      return packing.expand(where, f, values).reshape(payload.shape)
+    if self.uses_mask(payload.shape):  # in the rows' own shape (`selection.row_view`): on TPU the tensor's layout
+      return packing.expand_rows(where, *selection.row_shape(payload.shape, r), values).reshape(payload.shape)
     return _scatter_rows(values, where.astype(jnp.int32), f).reshape(payload.shape)
 
   @checked
