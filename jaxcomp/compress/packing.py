@@ -250,6 +250,16 @@ def _set_bits_before(packed_RxF8: jnp.ndarray):
   return per_byte, _prefix_sum(per_byte) - per_byte
 
 
+def _gathered_ranks(packed_RxB: jnp.ndarray, before_RxB: jnp.ndarray, f: int, top: int, width: int = CHUNK):
+  """(int32 ranks, uint32 bytes), [R, f] each: at each position of a row the mask bits set before it (`before` of
+  its byte, at most `top`, plus the bits below it in its byte) and the byte holding it, gathered within chunks of
+  `width` positions (`_byte_at_each_position`)."""
+  byte = _byte_at_each_position(packed_RxB, f, width=width).astype(jnp.uint32)
+  low_bits = (jnp.uint32(1) << (jnp.arange(f, dtype=jnp.uint32) & 7)) - 1  # the bits below each position's
+  ranks = _byte_at_each_position(before_RxB, f, top=top, width=width)
+  return ranks + jax.lax.population_count(byte & low_bits).astype(jnp.int32), byte
+
+
 @functools.partial(jax.jit, static_argnames=("f", "how"))
 def mask_ranks(packed_RxF8: jnp.ndarray, f: int, how: str = "platform") -> jnp.ndarray:
   """Int32 [R, F]: how many mask bits are set before each position (exclusive prefix count).
@@ -260,9 +270,7 @@ def mask_ranks(packed_RxF8: jnp.ndarray, f: int, how: str = "platform") -> jnp.n
   _, before = _set_bits_before(packed_RxF8)
 
   def by_gathers(packed, before):
-    low_bits = (jnp.uint32(1) << (jnp.arange(f, dtype=jnp.uint32) & 7)) - 1  # the bits below each position's
-    byte = _byte_at_each_position(packed, f).astype(jnp.uint32)
-    return _byte_at_each_position(before, f, top=f) + jax.lax.population_count(byte & low_bits).astype(jnp.int32)
+    return _gathered_ranks(packed, before, f, top=f)[0]
 
   def by_bytes(packed, before):
     low_bits = (jnp.uint32(1) << jnp.arange(8, dtype=jnp.uint32)) - 1
@@ -347,16 +355,13 @@ def expand_rows(packed_RxF8: jnp.ndarray, a: int, b: int, values_RxK: jnp.ndarra
 
 def expand_in_row_shape(packed_RxF8: jnp.ndarray, a: int, b: int, values_RxK: jnp.ndarray) -> jnp.ndarray:
   """`expand` built in rows [A, B] (B % 8 == 0): each row of B positions reads its B/8 bytes and their ranks
-  (`_byte_at_each_position` of width B), and the values are gathered at [R, A, B] slots."""
+  (`_gathered_ranks` of width B), and the values are gathered at [R, A, B] slots."""
   r, k = values_RxK.shape
   _, before = _set_bits_before(packed_RxF8)
   by_row = lambda q: q.reshape(r * a, b // 8)
-  position = jnp.arange(b, dtype=jnp.uint32)
-  byte = _byte_at_each_position(by_row(packed_RxF8), b, width=b).astype(jnp.uint32)
-  rank = (_byte_at_each_position(by_row(before), b, top=a * b, width=b)
-          + jax.lax.population_count(byte & ((jnp.uint32(1) << (position & 7)) - 1)).astype(jnp.int32))
+  rank, byte = _gathered_ranks(by_row(packed_RxF8), by_row(before), b, top=a * b, width=b)
   gathered = values_RxK[jnp.arange(r)[:, None, None], jnp.minimum(rank, k - 1).reshape(r, a, b)]
-  is_set = (((byte >> (position & 7)) & 1) > 0).reshape(r, a, b)
+  is_set = (((byte >> (jnp.arange(b, dtype=jnp.uint32) & 7)) & 1) > 0).reshape(r, a, b)
   return jnp.where(is_set, gathered, jnp.zeros((), values_RxK.dtype))
 
 
